@@ -1,0 +1,62 @@
+//! Decoding errors, each mapped to the reply code RabbitMQ sends for it.
+
+use crate::constants;
+
+/// Why bytes from the network could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The payload ended before the structure it announced.
+    #[error("payload truncated")]
+    Truncated,
+    /// Bytes were left over after a method's last argument.
+    #[error("{0} trailing bytes after the method arguments")]
+    TrailingBytes(usize),
+    /// A field table value had a type tag that RabbitMQ does not define.
+    #[error("unknown field value type {0:#04x}")]
+    UnknownFieldType(u8),
+    /// Field tables and arrays nest deeper than we accept.
+    #[error("field table nesting deeper than {0}")]
+    NestingTooDeep(usize),
+    /// The class and method ids name no method.
+    #[error("unknown method {class_id}/{method_id}")]
+    UnknownMethod {
+        /// The class id read.
+        class_id: u16,
+        /// The method id read.
+        method_id: u16,
+    },
+    /// The frame type octet is not method, header, body or heartbeat.
+    #[error("unknown frame type {0}")]
+    UnknownFrameType(u8),
+    /// The octet after the payload was not 0xCE.
+    #[error("bad frame end marker {0:#04x}")]
+    BadFrameEnd(u8),
+    /// The frame is larger than the negotiated maximum.
+    #[error("frame size {size} exceeds frame_max {frame_max}")]
+    FrameTooLarge {
+        /// The size the frame header announced (payload plus the 8 bytes of framing).
+        size: u64,
+        /// The negotiated maximum.
+        frame_max: u32,
+    },
+    /// A content header whose property flags announce properties we cannot parse.
+    #[error("bad content header: {0}")]
+    BadContentHeader(&'static str),
+}
+
+impl DecodeError {
+    /// The connection-level reply code RabbitMQ answers this error with.
+    pub fn reply_code(&self) -> u16 {
+        match self {
+            DecodeError::UnknownFrameType(_)
+            | DecodeError::BadFrameEnd(_)
+            | DecodeError::FrameTooLarge { .. } => constants::FRAME_ERROR,
+            DecodeError::UnknownMethod { .. } => constants::COMMAND_INVALID,
+            DecodeError::Truncated
+            | DecodeError::TrailingBytes(_)
+            | DecodeError::UnknownFieldType(_)
+            | DecodeError::NestingTooDeep(_)
+            | DecodeError::BadContentHeader(_) => constants::SYNTAX_ERROR,
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Frames: the 7-byte header (type, channel, size), the payload and the frame-end octet.
+
+use crate::constants::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD};
+use crate::properties::ContentHeader;
+use crate::reader::Reader;
+use crate::{DecodeError, Method};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+/// What a 0-9-1 client sends first.
+pub const PROTOCOL_HEADER: &[u8; 8] = b"AMQP\x00\x00\x09\x01";
+/// Type, channel and size.
+pub const FRAME_HEADER_BYTES: usize = 7;
+/// Header plus the frame-end octet: what a frame costs beyond its payload.
+pub const FRAME_OVERHEAD_BYTES: usize = FRAME_HEADER_BYTES + 1;
+
+/// One decoded frame.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    /// The channel it was sent on (0 is the connection itself).
+    pub channel: u16,
+    /// What it carries.
+    pub payload: FramePayload,
+}
+
+/// The four kinds of frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FramePayload {
+    /// A method with its arguments.
+    Method(Method),
+    /// A content header, after a content-bearing method.
+    Header(ContentHeader),
+    /// A piece of a message body.
+    Body(Bytes),
+    /// A heartbeat.
+    Heartbeat,
+}
+
+/// Takes one complete frame off the front of `buffer`, or returns `None` when more bytes are needed.
+///
+/// `frame_max` is the negotiated maximum frame size including the 8 bytes of framing (0 means no
+/// limit). A frame that announces more than that is an error before its payload arrives, so a
+/// hostile size never makes us buffer it.
+pub fn decode_frame(buffer: &mut BytesMut, frame_max: u32) -> Result<Option<Frame>, DecodeError> {
+    if buffer.len() < FRAME_HEADER_BYTES {
+        return Ok(None);
+    }
+    let kind = buffer[0];
+    let channel = u16::from_be_bytes([buffer[1], buffer[2]]);
+    let size = u32::from_be_bytes([buffer[3], buffer[4], buffer[5], buffer[6]]) as usize;
+    if !matches!(
+        kind,
+        FRAME_METHOD | FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT
+    ) {
+        return Err(DecodeError::UnknownFrameType(kind));
+    }
+    let frame_bytes = size as u64 + FRAME_OVERHEAD_BYTES as u64;
+    if frame_max != 0 && frame_bytes > u64::from(frame_max) {
+        return Err(DecodeError::FrameTooLarge {
+            size: frame_bytes,
+            frame_max,
+        });
+    }
+    if buffer.len() < FRAME_HEADER_BYTES + size + 1 {
+        buffer.reserve(FRAME_HEADER_BYTES + size + 1 - buffer.len());
+        return Ok(None);
+    }
+    let end = buffer[FRAME_HEADER_BYTES + size];
+    if end != FRAME_END {
+        return Err(DecodeError::BadFrameEnd(end));
+    }
+    buffer.advance(FRAME_HEADER_BYTES);
+    let payload = buffer.split_to(size).freeze();
+    buffer.advance(1);
+    let payload = match kind {
+        FRAME_METHOD => FramePayload::Method(decode_method(payload)?),
+        FRAME_HEADER => FramePayload::Header(ContentHeader::decode(payload)?),
+        FRAME_BODY => FramePayload::Body(payload),
+        _ => FramePayload::Heartbeat,
+    };
+    Ok(Some(Frame { channel, payload }))
+}
+
+fn decode_method(payload: Bytes) -> Result<Method, DecodeError> {
+    let mut reader = Reader::new(payload);
+    let class_id = reader.read_u16()?;
+    let method_id = reader.read_u16()?;
+    let method = Method::decode(class_id, method_id, &mut reader)?;
+    reader.finish()?;
+    Ok(method)
+}
+
+fn begin_frame(writer: &mut BytesMut, kind: u8, channel: u16) -> usize {
+    writer.put_u8(kind);
+    writer.put_u16(channel);
+    let size_at = writer.len();
+    writer.put_u32(0);
+    size_at
+}
+
+fn end_frame(writer: &mut BytesMut, size_at: usize) {
+    let size = (writer.len() - size_at - 4) as u32;
+    writer[size_at..size_at + 4].copy_from_slice(&size.to_be_bytes());
+    writer.put_u8(FRAME_END);
+}
+
+/// Appends a method frame.
+pub fn encode_method_frame(writer: &mut BytesMut, channel: u16, method: &Method) {
+    let size_at = begin_frame(writer, FRAME_METHOD, channel);
+    method.encode(writer);
+    end_frame(writer, size_at);
+}
+
+/// Appends a content header frame.
+pub fn encode_content_header(writer: &mut BytesMut, channel: u16, header: &ContentHeader) {
+    let size_at = begin_frame(writer, FRAME_HEADER, channel);
+    writer.put_u16(header.class_id);
+    writer.put_u16(0);
+    writer.put_u64(header.body_size);
+    writer.put_u16(header.property_flags);
+    writer.put_slice(&header.properties_raw);
+    end_frame(writer, size_at);
+}
+
+/// Appends the body as as many body frames as `frame_max` requires (none for an empty body).
+pub fn encode_body_frames(writer: &mut BytesMut, channel: u16, body: &[u8], frame_max: u32) {
+    let chunk_bytes_max = if frame_max == 0 {
+        usize::MAX
+    } else {
+        frame_max as usize - FRAME_OVERHEAD_BYTES
+    };
+    assert!(
+        chunk_bytes_max > 0,
+        "frame_max {frame_max} leaves no room for a body"
+    );
+    for chunk in body.chunks(chunk_bytes_max) {
+        let size_at = begin_frame(writer, FRAME_BODY, channel);
+        writer.put_slice(chunk);
+        end_frame(writer, size_at);
+    }
+}
+
+/// Appends a heartbeat frame.
+pub fn encode_heartbeat(writer: &mut BytesMut) {
+    writer.put_slice(&[FRAME_HEARTBEAT, 0, 0, 0, 0, 0, 0, FRAME_END]);
+}

@@ -1,0 +1,254 @@
+//! Content headers and the basic class's message properties.
+//!
+//! The broker never needs most properties, so a [`ContentHeader`] keeps them as the raw bytes the
+//! publisher sent: a delivery writes them back out unchanged, with no decode and no encode. The few
+//! properties the broker acts on (`delivery-mode`, `headers`, `user-id`) are read on demand.
+
+use crate::reader::{write_short_str, write_table, Reader};
+use crate::types::{FieldTable, ShortStr};
+use crate::DecodeError;
+use bytes::{BufMut, Bytes, BytesMut};
+
+const FLAG_CONTENT_TYPE: u16 = 1 << 15;
+const FLAG_CONTENT_ENCODING: u16 = 1 << 14;
+const FLAG_HEADERS: u16 = 1 << 13;
+const FLAG_DELIVERY_MODE: u16 = 1 << 12;
+const FLAG_PRIORITY: u16 = 1 << 11;
+const FLAG_CORRELATION_ID: u16 = 1 << 10;
+const FLAG_REPLY_TO: u16 = 1 << 9;
+const FLAG_EXPIRATION: u16 = 1 << 8;
+const FLAG_MESSAGE_ID: u16 = 1 << 7;
+const FLAG_TIMESTAMP: u16 = 1 << 6;
+const FLAG_TYPE: u16 = 1 << 5;
+const FLAG_USER_ID: u16 = 1 << 4;
+const FLAG_APP_ID: u16 = 1 << 3;
+const FLAG_CLUSTER_ID: u16 = 1 << 2;
+/// Bits 1 and 0 are unused by the basic class (bit 0 would announce a second flags word).
+const FLAGS_UNUSED: u16 = 0b11;
+
+/// A content header frame's payload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContentHeader {
+    /// The class of the method this content belongs to (60, basic).
+    pub class_id: u16,
+    /// The total size of the body frames that follow.
+    pub body_size: u64,
+    /// Which properties are present.
+    pub property_flags: u16,
+    /// The encoded properties, exactly as received.
+    pub properties_raw: Bytes,
+}
+
+impl ContentHeader {
+    /// Decodes a content header payload, checking that the properties it announces parse.
+    pub fn decode(payload: Bytes) -> Result<ContentHeader, DecodeError> {
+        let mut reader = Reader::new(payload);
+        let class_id = reader.read_u16()?;
+        let _weight = reader.read_u16()?;
+        let body_size = reader.read_u64()?;
+        let property_flags = reader.read_u16()?;
+        if property_flags & FLAGS_UNUSED != 0 {
+            return Err(DecodeError::BadContentHeader("unknown property flags"));
+        }
+        let properties_raw = reader.take(reader.remaining())?;
+        // Parse once to reject malformed properties at the door, as RabbitMQ does, so that a
+        // delivery never carries bytes a consumer's client cannot decode.
+        let header = ContentHeader {
+            class_id,
+            body_size,
+            property_flags,
+            properties_raw,
+        };
+        header.properties()?;
+        Ok(header)
+    }
+
+    /// Builds a header from decoded properties.
+    pub fn from_properties(
+        class_id: u16,
+        body_size: u64,
+        properties: &BasicProperties,
+    ) -> ContentHeader {
+        let mut raw = BytesMut::new();
+        let property_flags = properties.encode(&mut raw);
+        ContentHeader {
+            class_id,
+            body_size,
+            property_flags,
+            properties_raw: raw.freeze(),
+        }
+    }
+
+    /// Decodes the properties.
+    pub fn properties(&self) -> Result<BasicProperties, DecodeError> {
+        BasicProperties::decode(self.property_flags, self.properties_raw.clone())
+    }
+
+    /// The delivery mode (2 = persistent) without decoding the other properties.
+    pub fn delivery_mode(&self) -> Option<u8> {
+        if self.property_flags & FLAG_DELIVERY_MODE == 0 {
+            return None;
+        }
+        let mut reader = Reader::new(self.properties_raw.clone());
+        let skip = || -> Result<u8, DecodeError> {
+            if self.property_flags & FLAG_CONTENT_TYPE != 0 {
+                let length = usize::from(reader.read_u8()?);
+                reader.take(length)?;
+            }
+            if self.property_flags & FLAG_CONTENT_ENCODING != 0 {
+                let length = usize::from(reader.read_u8()?);
+                reader.take(length)?;
+            }
+            if self.property_flags & FLAG_HEADERS != 0 {
+                let length = reader.read_u32()? as usize;
+                reader.take(length)?;
+            }
+            reader.read_u8()
+        };
+        let mut skip = skip;
+        skip().ok()
+    }
+}
+
+/// The properties of a message (the basic class's content header fields).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BasicProperties {
+    /// MIME content type.
+    pub content_type: Option<ShortStr>,
+    /// MIME content encoding.
+    pub content_encoding: Option<ShortStr>,
+    /// Application headers.
+    pub headers: Option<FieldTable>,
+    /// 1 = transient, 2 = persistent.
+    pub delivery_mode: Option<u8>,
+    /// Priority 0-9.
+    pub priority: Option<u8>,
+    /// Correlation id.
+    pub correlation_id: Option<ShortStr>,
+    /// Address to reply to.
+    pub reply_to: Option<ShortStr>,
+    /// Expiration (milliseconds, as text).
+    pub expiration: Option<ShortStr>,
+    /// Application message id.
+    pub message_id: Option<ShortStr>,
+    /// Seconds since the epoch.
+    pub timestamp: Option<u64>,
+    /// Message type name.
+    pub message_type: Option<ShortStr>,
+    /// Creating user id (validated by the broker).
+    pub user_id: Option<ShortStr>,
+    /// Creating application id.
+    pub app_id: Option<ShortStr>,
+    /// Deprecated cluster id.
+    pub cluster_id: Option<ShortStr>,
+}
+
+impl BasicProperties {
+    /// Decodes the properties present in `flags` from `raw`.
+    pub fn decode(flags: u16, raw: Bytes) -> Result<BasicProperties, DecodeError> {
+        let mut reader = Reader::new(raw);
+        let short = |flag: u16, reader: &mut Reader| -> Result<Option<ShortStr>, DecodeError> {
+            if flags & flag != 0 {
+                reader.read_short_str().map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let content_type = short(FLAG_CONTENT_TYPE, &mut reader)?;
+        let content_encoding = short(FLAG_CONTENT_ENCODING, &mut reader)?;
+        let headers = if flags & FLAG_HEADERS != 0 {
+            Some(reader.read_table()?)
+        } else {
+            None
+        };
+        let delivery_mode = if flags & FLAG_DELIVERY_MODE != 0 {
+            Some(reader.read_u8()?)
+        } else {
+            None
+        };
+        let priority = if flags & FLAG_PRIORITY != 0 {
+            Some(reader.read_u8()?)
+        } else {
+            None
+        };
+        let correlation_id = short(FLAG_CORRELATION_ID, &mut reader)?;
+        let reply_to = short(FLAG_REPLY_TO, &mut reader)?;
+        let expiration = short(FLAG_EXPIRATION, &mut reader)?;
+        let message_id = short(FLAG_MESSAGE_ID, &mut reader)?;
+        let timestamp = if flags & FLAG_TIMESTAMP != 0 {
+            Some(reader.read_u64()?)
+        } else {
+            None
+        };
+        let message_type = short(FLAG_TYPE, &mut reader)?;
+        let user_id = short(FLAG_USER_ID, &mut reader)?;
+        let app_id = short(FLAG_APP_ID, &mut reader)?;
+        let cluster_id = short(FLAG_CLUSTER_ID, &mut reader)?;
+        reader.finish()?;
+        Ok(BasicProperties {
+            content_type,
+            content_encoding,
+            headers,
+            delivery_mode,
+            priority,
+            correlation_id,
+            reply_to,
+            expiration,
+            message_id,
+            timestamp,
+            message_type,
+            user_id,
+            app_id,
+            cluster_id,
+        })
+    }
+
+    /// Encodes the properties that are set and returns the property flags.
+    pub fn encode(&self, writer: &mut BytesMut) -> u16 {
+        let mut flags = 0u16;
+        let short =
+            |flag: u16, value: &Option<ShortStr>, writer: &mut BytesMut, flags: &mut u16| {
+                if let Some(value) = value {
+                    *flags |= flag;
+                    write_short_str(writer, value);
+                }
+            };
+        short(FLAG_CONTENT_TYPE, &self.content_type, writer, &mut flags);
+        short(
+            FLAG_CONTENT_ENCODING,
+            &self.content_encoding,
+            writer,
+            &mut flags,
+        );
+        if let Some(headers) = &self.headers {
+            flags |= FLAG_HEADERS;
+            write_table(writer, headers);
+        }
+        if let Some(mode) = self.delivery_mode {
+            flags |= FLAG_DELIVERY_MODE;
+            writer.put_u8(mode);
+        }
+        if let Some(priority) = self.priority {
+            flags |= FLAG_PRIORITY;
+            writer.put_u8(priority);
+        }
+        short(
+            FLAG_CORRELATION_ID,
+            &self.correlation_id,
+            writer,
+            &mut flags,
+        );
+        short(FLAG_REPLY_TO, &self.reply_to, writer, &mut flags);
+        short(FLAG_EXPIRATION, &self.expiration, writer, &mut flags);
+        short(FLAG_MESSAGE_ID, &self.message_id, writer, &mut flags);
+        if let Some(timestamp) = self.timestamp {
+            flags |= FLAG_TIMESTAMP;
+            writer.put_u64(timestamp);
+        }
+        short(FLAG_TYPE, &self.message_type, writer, &mut flags);
+        short(FLAG_USER_ID, &self.user_id, writer, &mut flags);
+        short(FLAG_APP_ID, &self.app_id, writer, &mut flags);
+        short(FLAG_CLUSTER_ID, &self.cluster_id, writer, &mut flags);
+        flags
+    }
+}

@@ -1,0 +1,157 @@
+//! Exchanges and their bindings: where a message goes, given its routing key and headers.
+
+mod headers;
+mod topic;
+
+pub use headers::headers_match;
+pub use topic::topic_matches;
+
+use amqp_codec::{FieldTable, ShortStr};
+
+/// The exchange types RabbitMQ ships.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExchangeKind {
+    /// Routing key equals binding key.
+    Direct,
+    /// Every binding.
+    Fanout,
+    /// Dotted words with `*` and `#` wildcards.
+    Topic,
+    /// Header values against binding arguments (`x-match`).
+    Headers,
+}
+
+impl ExchangeKind {
+    /// Parses the type name a client declares.
+    pub fn parse(name: &[u8]) -> Option<ExchangeKind> {
+        match name {
+            b"direct" => Some(ExchangeKind::Direct),
+            b"fanout" => Some(ExchangeKind::Fanout),
+            b"topic" => Some(ExchangeKind::Topic),
+            b"headers" => Some(ExchangeKind::Headers),
+            _ => None,
+        }
+    }
+
+    /// The type name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExchangeKind::Direct => "direct",
+            ExchangeKind::Fanout => "fanout",
+            ExchangeKind::Topic => "topic",
+            ExchangeKind::Headers => "headers",
+        }
+    }
+}
+
+/// What a binding points at.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Destination {
+    /// A queue, by name.
+    Queue(ShortStr),
+    /// Another exchange (exchange-to-exchange binding), by name.
+    Exchange(ShortStr),
+}
+
+/// A binding from an exchange to a destination.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Binding {
+    /// Where matching messages go.
+    pub destination: Destination,
+    /// The binding key.
+    pub routing_key: ShortStr,
+    /// Binding arguments (used by headers exchanges; part of a binding's identity).
+    pub arguments: FieldTable,
+}
+
+/// An exchange and its outgoing bindings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exchange {
+    /// Its name ("" is the default exchange).
+    pub name: ShortStr,
+    /// Its type.
+    pub kind: ExchangeKind,
+    /// Whether it survives a restart.
+    pub durable: bool,
+    /// Whether it goes away when its last binding does.
+    pub auto_delete: bool,
+    /// Whether clients may not publish to it directly.
+    pub internal: bool,
+    /// Declaration arguments, compared on redeclaration.
+    pub arguments: FieldTable,
+    /// Outgoing bindings, in creation order.
+    pub bindings: Vec<Binding>,
+}
+
+impl Exchange {
+    /// A new exchange with no bindings.
+    pub fn new(
+        name: ShortStr,
+        kind: ExchangeKind,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: FieldTable,
+    ) -> Exchange {
+        Exchange {
+            name,
+            kind,
+            durable,
+            auto_delete,
+            internal,
+            arguments,
+            bindings: Vec::new(),
+        }
+    }
+
+    /// The `alternate-exchange` argument, if any.
+    pub fn alternate_exchange(&self) -> Option<String> {
+        self.arguments
+            .get("alternate-exchange")
+            .and_then(|value| value.as_text())
+    }
+
+    /// Calls `found` with each destination whose binding matches.
+    pub fn route(
+        &self,
+        routing_key: &[u8],
+        headers: Option<&FieldTable>,
+        mut found: impl FnMut(&Destination),
+    ) {
+        for binding in &self.bindings {
+            let matches = match self.kind {
+                ExchangeKind::Direct => binding.routing_key.as_bytes() == routing_key,
+                ExchangeKind::Fanout => true,
+                ExchangeKind::Topic => topic_matches(binding.routing_key.as_bytes(), routing_key),
+                ExchangeKind::Headers => headers_match(&binding.arguments, headers),
+            };
+            if matches {
+                found(&binding.destination);
+            }
+        }
+    }
+
+    /// Adds a binding unless the same one exists; returns whether it was added.
+    pub fn bind(&mut self, binding: Binding) -> bool {
+        if self.bindings.contains(&binding) {
+            return false;
+        }
+        self.bindings.push(binding);
+        true
+    }
+
+    /// Removes a binding; returns whether it existed.
+    pub fn unbind(&mut self, binding: &Binding) -> bool {
+        let before = self.bindings.len();
+        self.bindings.retain(|existing| existing != binding);
+        before != self.bindings.len()
+    }
+
+    /// Removes every binding to `destination`; returns how many went.
+    pub fn unbind_destination(&mut self, destination: &Destination) -> usize {
+        let before = self.bindings.len();
+        self.bindings
+            .retain(|existing| &existing.destination != destination);
+        before - self.bindings.len()
+    }
+}

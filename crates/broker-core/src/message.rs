@@ -1,0 +1,25 @@
+//! A published message as the broker holds it: shared by every queue it was routed to.
+
+use amqp_codec::{ContentHeader, ShortStr};
+use bytes::Bytes;
+
+/// A message, immutable once published. Queues hold it behind an `Arc`, so fanning out to many
+/// queues copies nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// The exchange it was published to.
+    pub exchange: ShortStr,
+    /// The routing key it was published with.
+    pub routing_key: ShortStr,
+    /// The content header, properties kept raw.
+    pub header: ContentHeader,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Message {
+    /// Whether the publisher asked for it to survive a restart (delivery-mode 2).
+    pub fn is_persistent(&self) -> bool {
+        self.header.delivery_mode() == Some(2)
+    }
+}

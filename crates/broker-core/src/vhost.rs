@@ -1,0 +1,655 @@
+//! A virtual host's topology: exchanges, queues and bindings, and the rules RabbitMQ applies when
+//! a client declares, binds or deletes them. Generic over `Q`, the runtime's queue handle, so that
+//! routing hands the runtime its queues directly without a second lookup.
+
+use crate::error::AmqpError;
+use crate::exchange::{Binding, Destination, Exchange, ExchangeKind};
+use amqp_codec::{FieldTable, FieldValue, ShortStr};
+use std::collections::HashMap;
+
+/// How many exchange-to-exchange hops a message may take; guards against binding cycles and
+/// pathological chains (a cycle is also cut by the visited check).
+pub const ROUTING_HOPS_MAX: usize = 64;
+
+/// The properties of a queue fixed at declaration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueDefinition {
+    /// Its name.
+    pub name: ShortStr,
+    /// Whether it survives a restart.
+    pub durable: bool,
+    /// The connection that owns it, for exclusive queues.
+    pub exclusive_owner: Option<u64>,
+    /// Whether it goes away with its last consumer.
+    pub auto_delete: bool,
+    /// Declaration arguments.
+    pub arguments: FieldTable,
+}
+
+/// A queue in the topology: its definition and the runtime's handle.
+#[derive(Debug)]
+pub struct QueueEntry<Q> {
+    /// Fixed properties.
+    pub definition: QueueDefinition,
+    /// The runtime handle.
+    pub handle: Q,
+}
+
+/// Arguments of exchange.declare, after decoding.
+#[derive(Debug, Clone)]
+pub struct ExchangeDeclaration {
+    /// Name.
+    pub name: ShortStr,
+    /// Type name as sent.
+    pub kind: ShortStr,
+    /// Passive: only check it exists.
+    pub passive: bool,
+    /// Durable.
+    pub durable: bool,
+    /// Auto-delete.
+    pub auto_delete: bool,
+    /// Internal.
+    pub internal: bool,
+    /// Arguments.
+    pub arguments: FieldTable,
+}
+
+/// Queue arguments RabbitMQ has and Lepus does not implement yet: declaring one fails with 540
+/// rather than silently ignoring what the client asked for.
+const UNSUPPORTED_QUEUE_ARGUMENTS: &[&str] = &[
+    "x-message-ttl",
+    "x-expires",
+    "x-max-length-bytes",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-dead-letter-strategy",
+    "x-max-priority",
+    "x-single-active-consumer",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-delivery-limit",
+    "x-quorum-initial-group-size",
+];
+
+/// A virtual host.
+#[derive(Debug)]
+pub struct Vhost<Q> {
+    /// Its name ("/").
+    pub name: String,
+    exchanges: HashMap<ShortStr, Exchange>,
+    queues: HashMap<ShortStr, QueueEntry<Q>>,
+}
+
+fn equivalence(
+    what: &str,
+    name: &ShortStr,
+    vhost: &str,
+    argument: &str,
+    received: String,
+    current: String,
+) -> AmqpError {
+    AmqpError::precondition(format!(
+        "inequivalent arg '{argument}' for {what} '{name}' in vhost '{vhost}': received {received} but current is {current}"
+    ))
+}
+
+fn quoted_bool(value: bool) -> String {
+    format!("'{value}'")
+}
+
+fn describe(value: Option<&FieldValue>) -> String {
+    match value {
+        None => "none".to_string(),
+        Some(FieldValue::LongStr(text)) => format!(
+            "the value '{}' of type 'longstr'",
+            String::from_utf8_lossy(text)
+        ),
+        Some(other) => format!("the value '{other:?}'"),
+    }
+}
+
+/// Compares the arguments RabbitMQ compares on redeclaration: for exchanges `alternate-exchange`,
+/// for queues every `x-` argument.
+fn compare_arguments(
+    what: &str,
+    name: &ShortStr,
+    vhost: &str,
+    current: &FieldTable,
+    received: &FieldTable,
+) -> Result<(), AmqpError> {
+    let relevant = |key: &[u8]| {
+        if what == "exchange" {
+            key == b"alternate-exchange"
+        } else {
+            key.starts_with(b"x-")
+        }
+    };
+    let mut keys: Vec<&ShortStr> = current
+        .iter()
+        .chain(received.iter())
+        .map(|(key, _)| key)
+        .filter(|key| relevant(key.as_bytes()))
+        .collect();
+    keys.dedup();
+    for key in keys {
+        let key_text = key.to_string_lossy();
+        let (old, new) = (current.get(&key_text), received.get(&key_text));
+        if old != new {
+            return Err(equivalence(
+                what,
+                name,
+                vhost,
+                &key_text,
+                describe(new),
+                describe(old),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl<Q: Clone> Vhost<Q> {
+    /// A vhost with the default exchange and the `amq.*` exchanges RabbitMQ predeclares.
+    pub fn new(name: &str) -> Vhost<Q> {
+        let mut vhost = Vhost {
+            name: name.to_string(),
+            exchanges: HashMap::new(),
+            queues: HashMap::new(),
+        };
+        let predeclared: [(&str, ExchangeKind, bool); 7] = [
+            ("", ExchangeKind::Direct, false),
+            ("amq.direct", ExchangeKind::Direct, false),
+            ("amq.fanout", ExchangeKind::Fanout, false),
+            ("amq.topic", ExchangeKind::Topic, false),
+            ("amq.headers", ExchangeKind::Headers, false),
+            ("amq.match", ExchangeKind::Headers, false),
+            ("amq.rabbitmq.trace", ExchangeKind::Topic, true),
+        ];
+        for (exchange_name, kind, internal) in predeclared {
+            let name = ShortStr::from(exchange_name);
+            vhost.exchanges.insert(
+                name.clone(),
+                Exchange::new(name, kind, true, false, internal, FieldTable::new()),
+            );
+        }
+        vhost
+    }
+
+    /// An exchange by name.
+    pub fn exchange(&self, name: &ShortStr) -> Option<&Exchange> {
+        self.exchanges.get(name)
+    }
+
+    /// Every exchange.
+    pub fn exchanges(&self) -> impl Iterator<Item = &Exchange> {
+        self.exchanges.values()
+    }
+
+    /// A queue by name.
+    pub fn queue(&self, name: &ShortStr) -> Option<&QueueEntry<Q>> {
+        self.queues.get(name)
+    }
+
+    /// Every queue.
+    pub fn queues(&self) -> impl Iterator<Item = &QueueEntry<Q>> {
+        self.queues.values()
+    }
+
+    /// 404 unless the exchange exists.
+    pub fn require_exchange(&self, name: &ShortStr) -> Result<&Exchange, AmqpError> {
+        self.exchanges
+            .get(name)
+            .ok_or_else(|| AmqpError::no_exchange(&name.to_string_lossy(), &self.name))
+    }
+
+    /// The queue, checked for existence (404) and exclusive ownership (405).
+    pub fn require_queue(
+        &self,
+        name: &ShortStr,
+        connection_id: u64,
+    ) -> Result<&QueueEntry<Q>, AmqpError> {
+        let entry = self
+            .queues
+            .get(name)
+            .ok_or_else(|| AmqpError::no_queue(&name.to_string_lossy(), &self.name))?;
+        self.check_exclusive(&entry.definition, connection_id)?;
+        Ok(entry)
+    }
+
+    fn check_exclusive(
+        &self,
+        definition: &QueueDefinition,
+        connection_id: u64,
+    ) -> Result<(), AmqpError> {
+        match definition.exclusive_owner {
+            Some(owner) if owner != connection_id => Err(AmqpError::resource_locked(format!(
+                "cannot obtain exclusive access to locked queue '{}' in vhost '{}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.",
+                definition.name, self.name
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn refuse_default_exchange(name: &ShortStr) -> Result<(), AmqpError> {
+        if name.is_empty() {
+            return Err(AmqpError::access_refused(
+                "operation not permitted on the default exchange",
+            ));
+        }
+        Ok(())
+    }
+
+    /// exchange.declare. Returns whether the exchange was created (so the caller persists it).
+    pub fn declare_exchange(
+        &mut self,
+        declaration: &ExchangeDeclaration,
+    ) -> Result<bool, AmqpError> {
+        Self::refuse_default_exchange(&declaration.name)?;
+        if declaration.passive {
+            self.require_exchange(&declaration.name)?;
+            return Ok(false);
+        }
+        let kind = ExchangeKind::parse(declaration.kind.as_bytes()).ok_or_else(|| {
+            AmqpError::command_invalid(format!("unknown exchange type '{}'", declaration.kind))
+        })?;
+        if let Some(existing) = self.exchanges.get(&declaration.name) {
+            let name = &declaration.name;
+            if existing.kind != kind {
+                return Err(equivalence(
+                    "exchange",
+                    name,
+                    &self.name,
+                    "type",
+                    format!("'{}'", kind.name()),
+                    format!("'{}'", existing.kind.name()),
+                ));
+            }
+            for (argument, received, current) in [
+                ("durable", declaration.durable, existing.durable),
+                ("auto_delete", declaration.auto_delete, existing.auto_delete),
+                ("internal", declaration.internal, existing.internal),
+            ] {
+                if received != current {
+                    return Err(equivalence(
+                        "exchange",
+                        name,
+                        &self.name,
+                        argument,
+                        quoted_bool(received),
+                        quoted_bool(current),
+                    ));
+                }
+            }
+            compare_arguments(
+                "exchange",
+                name,
+                &self.name,
+                &existing.arguments,
+                &declaration.arguments,
+            )?;
+            return Ok(false);
+        }
+        if declaration.name.as_bytes().starts_with(b"amq.") {
+            return Err(AmqpError::access_refused(format!(
+                "exchange name '{}' contains reserved prefix 'amq.*'",
+                declaration.name
+            )));
+        }
+        let exchange = Exchange::new(
+            declaration.name.clone(),
+            kind,
+            declaration.durable,
+            declaration.auto_delete,
+            declaration.internal,
+            declaration.arguments.clone(),
+        );
+        self.exchanges.insert(declaration.name.clone(), exchange);
+        Ok(true)
+    }
+
+    /// Inserts an exchange as recovered from disk, bypassing the client-facing checks.
+    pub fn restore_exchange(&mut self, exchange: Exchange) {
+        self.exchanges.insert(exchange.name.clone(), exchange);
+    }
+
+    /// exchange.delete. Returns the deleted exchange (None if it did not exist: RabbitMQ answers
+    /// delete-ok for a missing exchange).
+    pub fn delete_exchange(
+        &mut self,
+        name: &ShortStr,
+        if_unused: bool,
+    ) -> Result<Option<Exchange>, AmqpError> {
+        Self::refuse_default_exchange(name)?;
+        if name.as_bytes().starts_with(b"amq.") {
+            return Err(AmqpError::access_refused(format!(
+                "exchange name '{name}' contains reserved prefix 'amq.*'"
+            )));
+        }
+        let Some(exchange) = self.exchanges.get(name) else {
+            return Ok(None);
+        };
+        let destination = Destination::Exchange(name.clone());
+        let bound_as_destination = self
+            .exchanges
+            .values()
+            .any(|source| source.bindings.iter().any(|b| b.destination == destination));
+        if if_unused && (!exchange.bindings.is_empty() || bound_as_destination) {
+            return Err(AmqpError::precondition(format!(
+                "exchange '{name}' in vhost '{}' in use",
+                self.name
+            )));
+        }
+        let removed = self.exchanges.remove(name);
+        self.remove_bindings_to(&destination);
+        Ok(removed)
+    }
+
+    /// queue.declare. `make_handle` creates the runtime handle when the queue is new. Returns the
+    /// entry and whether it was created.
+    pub fn declare_queue(
+        &mut self,
+        definition: QueueDefinition,
+        passive: bool,
+        server_named: bool,
+        connection_id: u64,
+        make_handle: impl FnOnce(&QueueDefinition) -> Q,
+    ) -> Result<(&QueueEntry<Q>, bool), AmqpError> {
+        if passive {
+            return Ok((self.require_queue(&definition.name, connection_id)?, false));
+        }
+        if let Some(existing) = self.queues.get(&definition.name) {
+            self.check_exclusive(&existing.definition, connection_id)?;
+            let current = &existing.definition;
+            let name = &definition.name;
+            for (argument, received, now) in [
+                ("durable", definition.durable, current.durable),
+                (
+                    "exclusive",
+                    definition.exclusive_owner.is_some(),
+                    current.exclusive_owner.is_some(),
+                ),
+                ("auto_delete", definition.auto_delete, current.auto_delete),
+            ] {
+                if received != now {
+                    return Err(equivalence(
+                        "queue",
+                        name,
+                        &self.name,
+                        argument,
+                        quoted_bool(received),
+                        quoted_bool(now),
+                    ));
+                }
+            }
+            compare_arguments(
+                "queue",
+                name,
+                &self.name,
+                &current.arguments,
+                &definition.arguments,
+            )?;
+            let entry = self.queues.get(&definition.name).expect("checked above");
+            return Ok((entry, false));
+        }
+        if !server_named && definition.name.as_bytes().starts_with(b"amq.") {
+            return Err(AmqpError::access_refused(format!(
+                "queue name '{}' contains reserved prefix 'amq.*'",
+                definition.name
+            )));
+        }
+        check_queue_arguments(&definition.name, &self.name, &definition.arguments)?;
+        let handle = make_handle(&definition);
+        let name = definition.name.clone();
+        self.queues
+            .insert(name.clone(), QueueEntry { definition, handle });
+        Ok((self.queues.get(&name).expect("just inserted"), true))
+    }
+
+    /// Inserts a queue as recovered from disk.
+    pub fn restore_queue(&mut self, definition: QueueDefinition, handle: Q) {
+        self.queues
+            .insert(definition.name.clone(), QueueEntry { definition, handle });
+    }
+
+    /// Removes a queue and every binding to it. Returns the entry and the auto-delete exchanges
+    /// that lost their last binding and went with it.
+    pub fn remove_queue(&mut self, name: &ShortStr) -> Option<(QueueEntry<Q>, Vec<Exchange>)> {
+        let entry = self.queues.remove(name)?;
+        let removed_exchanges = self.remove_bindings_to(&Destination::Queue(name.clone()));
+        Some((entry, removed_exchanges))
+    }
+
+    fn remove_bindings_to(&mut self, destination: &Destination) -> Vec<Exchange> {
+        let mut emptied = Vec::new();
+        for exchange in self.exchanges.values_mut() {
+            if exchange.unbind_destination(destination) > 0
+                && exchange.auto_delete
+                && exchange.bindings.is_empty()
+            {
+                emptied.push(exchange.name.clone());
+            }
+        }
+        emptied
+            .into_iter()
+            .filter_map(|name| self.exchanges.remove(&name))
+            .collect()
+    }
+
+    /// queue.bind / exchange.bind. Returns whether the binding is new.
+    pub fn bind(&mut self, source: &ShortStr, binding: Binding) -> Result<bool, AmqpError> {
+        Self::refuse_default_exchange(source)?;
+        if let Destination::Exchange(destination) = &binding.destination {
+            Self::refuse_default_exchange(destination)?;
+            self.require_exchange(destination)?;
+        }
+        let vhost = self.name.clone();
+        let exchange = self
+            .exchanges
+            .get_mut(source)
+            .ok_or_else(|| AmqpError::no_exchange(&source.to_string_lossy(), &vhost))?;
+        Ok(exchange.bind(binding))
+    }
+
+    /// queue.unbind / exchange.unbind. Returns whether a binding was removed, and the source if it
+    /// was auto-delete and lost its last binding.
+    pub fn unbind(
+        &mut self,
+        source: &ShortStr,
+        binding: &Binding,
+    ) -> Result<(bool, Option<Exchange>), AmqpError> {
+        Self::refuse_default_exchange(source)?;
+        if let Destination::Exchange(destination) = &binding.destination {
+            Self::refuse_default_exchange(destination)?;
+        }
+        let vhost = self.name.clone();
+        let exchange = self
+            .exchanges
+            .get_mut(source)
+            .ok_or_else(|| AmqpError::no_exchange(&source.to_string_lossy(), &vhost))?;
+        let removed = exchange.unbind(binding);
+        if removed && exchange.auto_delete && exchange.bindings.is_empty() {
+            return Ok((true, self.exchanges.remove(source)));
+        }
+        Ok((removed, None))
+    }
+
+    /// Routes a message published to `exchange` with `routing_key`: follows exchange-to-exchange
+    /// bindings and alternate exchanges, and pushes each matched queue's handle once into `out`.
+    /// `headers` is called at most once, and only when a headers exchange is on the way.
+    pub fn route(
+        &self,
+        exchange: &ShortStr,
+        routing_key: &ShortStr,
+        headers: &mut dyn FnMut() -> Option<FieldTable>,
+        out: &mut Vec<Q>,
+    ) {
+        let mut matched_names: Vec<ShortStr> = Vec::new();
+        let mut decoded_headers: Option<Option<FieldTable>> = None;
+        let mut visited: Vec<ShortStr> = Vec::new();
+        let mut pending: Vec<ShortStr> = vec![exchange.clone()];
+        while let Some(current) = pending.pop() {
+            if visited.contains(&current) || visited.len() >= ROUTING_HOPS_MAX {
+                continue;
+            }
+            visited.push(current.clone());
+            let Some(source) = self.exchanges.get(&current) else {
+                continue;
+            };
+            let before = matched_names.len();
+            if current.is_empty() {
+                if self.queues.contains_key(routing_key) && !matched_names.contains(routing_key) {
+                    matched_names.push(routing_key.clone());
+                }
+            } else {
+                if source.kind == ExchangeKind::Headers && decoded_headers.is_none() {
+                    decoded_headers = Some(headers());
+                }
+                let header_table = decoded_headers.as_ref().and_then(|table| table.as_ref());
+                let mut routed_somewhere = false;
+                source.route(routing_key.as_bytes(), header_table, |destination| {
+                    routed_somewhere = true;
+                    match destination {
+                        Destination::Queue(name) => {
+                            if !matched_names.contains(name) {
+                                matched_names.push(name.clone());
+                            }
+                        }
+                        Destination::Exchange(name) => pending.push(name.clone()),
+                    }
+                });
+                // The alternate exchange takes what this exchange could not route anywhere.
+                if !routed_somewhere && matched_names.len() == before {
+                    if let Some(alternate) = source.alternate_exchange() {
+                        pending.push(ShortStr::truncating(alternate));
+                    }
+                }
+            }
+        }
+        for name in matched_names {
+            if let Some(entry) = self.queues.get(&name) {
+                out.push(entry.handle.clone());
+            }
+        }
+    }
+
+    /// Every binding, as (source exchange, binding), for persistence and listing.
+    pub fn bindings(&self) -> impl Iterator<Item = (&Exchange, &Binding)> {
+        self.exchanges.values().flat_map(|exchange| {
+            exchange
+                .bindings
+                .iter()
+                .map(move |binding| (exchange, binding))
+        })
+    }
+}
+
+/// The overflow behaviour of a queue with `x-max-length`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// Drop the oldest ready message to make room (RabbitMQ's default).
+    DropHead,
+    /// Refuse the new message: the publisher gets basic.nack in confirm mode.
+    RejectPublish,
+}
+
+/// The length limit a queue was declared with, if any.
+pub fn queue_length_limit(arguments: &FieldTable) -> Option<(u64, Overflow)> {
+    let limit = arguments.get("x-max-length")?.as_i64()?;
+    let overflow = match arguments
+        .get("x-overflow")
+        .and_then(FieldValue::as_text)
+        .as_deref()
+    {
+        Some("reject-publish") | Some("reject-publish-dlx") => Overflow::RejectPublish,
+        _ => Overflow::DropHead,
+    };
+    Some((limit.max(0) as u64, overflow))
+}
+
+fn invalid_argument(key: &str, queue: &ShortStr, vhost: &str, problem: String) -> AmqpError {
+    AmqpError::precondition(format!(
+        "invalid arg '{key}' for queue '{queue}' in vhost '{vhost}': {problem}"
+    ))
+}
+
+fn check_queue_arguments(
+    queue: &ShortStr,
+    vhost: &str,
+    arguments: &FieldTable,
+) -> Result<(), AmqpError> {
+    for (key, value) in arguments.iter() {
+        let key_text = key.to_string_lossy();
+        match key_text.as_str() {
+            "x-max-length" => match value.as_i64() {
+                Some(limit) if limit >= 0 => {}
+                Some(limit) => {
+                    return Err(invalid_argument(
+                        &key_text,
+                        queue,
+                        vhost,
+                        format!("{{value_negative,{limit}}}"),
+                    ))
+                }
+                None => {
+                    return Err(invalid_argument(
+                        &key_text,
+                        queue,
+                        vhost,
+                        format!("{{unacceptable_type,{}}}", type_name(value)),
+                    ))
+                }
+            },
+            "x-overflow" => match value.as_text().as_deref() {
+                Some("drop-head" | "reject-publish" | "reject-publish-dlx") => {}
+                Some(other) => {
+                    return Err(invalid_argument(
+                        &key_text,
+                        queue,
+                        vhost,
+                        format!("{{unacceptable_value,<<\"{other}\">>}}"),
+                    ))
+                }
+                None => {
+                    return Err(invalid_argument(
+                        &key_text,
+                        queue,
+                        vhost,
+                        format!("{{unacceptable_type,{}}}", type_name(value)),
+                    ))
+                }
+            },
+            _ => {}
+        }
+        if UNSUPPORTED_QUEUE_ARGUMENTS.contains(&key_text.as_str()) {
+            return Err(AmqpError::not_implemented(format!(
+                "queue argument '{key_text}' is not supported by Lepus yet"
+            )));
+        }
+        if key_text == "x-queue-type" {
+            let kind = value.as_text().unwrap_or_default();
+            if kind != "classic" {
+                return Err(AmqpError::not_implemented(format!(
+                    "queue type '{kind}' is not supported by Lepus yet"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The AMQP type name RabbitMQ reports for a value of the wrong type.
+fn type_name(value: &FieldValue) -> &'static str {
+    match value {
+        FieldValue::Bool(_) => "bool",
+        FieldValue::LongStr(_) => "longstr",
+        FieldValue::Bytes(_) => "binary",
+        FieldValue::Table(_) => "table",
+        FieldValue::Array(_) => "array",
+        FieldValue::Timestamp(_) => "timestamp",
+        FieldValue::Void => "void",
+        FieldValue::F32(_) => "float",
+        FieldValue::F64(_) => "double",
+        FieldValue::Decimal(_) => "decimal",
+        _ => "long",
+    }
+}

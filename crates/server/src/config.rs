@@ -1,0 +1,37 @@
+//! The broker's settings, with the embedded defaults that `lepus server` starts with.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+/// Settings for one broker process.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where definitions and message logs live.
+    pub data_dir: PathBuf,
+    /// The address AMQP listens on.
+    pub bind_address: IpAddr,
+    /// The AMQP port.
+    pub amqp_port: u16,
+    /// The largest frame we accept and offer in connection.tune, in bytes (RabbitMQ's default).
+    pub frame_bytes_max: u32,
+    /// The most channels per connection we offer in connection.tune (RabbitMQ's default).
+    pub channels_per_connection_max: u16,
+    /// The heartbeat interval we propose, in seconds (RabbitMQ's default).
+    pub heartbeat_interval_s: u16,
+    /// The largest message body we accept (RabbitMQ 3.10's default max_message_size).
+    pub message_bytes_max: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            data_dir: PathBuf::from("lepus-data"),
+            bind_address: IpAddr::from([0, 0, 0, 0]),
+            amqp_port: 5672,
+            frame_bytes_max: 131_072,
+            channels_per_connection_max: 2047,
+            heartbeat_interval_s: 60,
+            message_bytes_max: 128 * 1024 * 1024,
+        }
+    }
+}

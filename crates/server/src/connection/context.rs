@@ -1,0 +1,45 @@
+//! What channel handlers need from their connection: the broker, the writer, who is logged in.
+
+use crate::broker::Broker;
+use crate::outbound::{ConnectionShared, Outbound};
+use amqp_codec::{encode_method_frame, Method, ShortStr};
+use bytes::BytesMut;
+use std::sync::Arc;
+
+/// The connection as channel handlers see it.
+pub struct Context {
+    /// The broker.
+    pub broker: Arc<Broker>,
+    /// The shared half of the connection.
+    pub connection: Arc<ConnectionShared>,
+    /// The vhost opened.
+    pub vhost: String,
+    /// The logged-in user.
+    pub user: String,
+    /// Negotiated frame_max.
+    pub frame_max: u32,
+    /// Exclusive queues this connection declared (deleted when it closes).
+    pub exclusive_queues: Vec<ShortStr>,
+}
+
+impl Context {
+    /// A context before the handshake.
+    pub fn new(broker: Arc<Broker>, connection: Arc<ConnectionShared>) -> Context {
+        let frame_max = broker.config.frame_bytes_max;
+        Context {
+            broker,
+            connection,
+            vhost: String::new(),
+            user: String::new(),
+            frame_max,
+            exclusive_queues: Vec::new(),
+        }
+    }
+
+    /// Sends a method frame.
+    pub fn reply(&self, channel: u16, method: Method) {
+        let mut frames = BytesMut::with_capacity(64);
+        encode_method_frame(&mut frames, channel, &method);
+        self.connection.send(Outbound::Frames(frames.freeze()));
+    }
+}

@@ -1,0 +1,499 @@
+//! One client connection: the protocol header, the handshake (start, tune, open), then frames in a
+//! loop handed to channels, until either side closes.
+//!
+//! The reader side (this task) owns every channel's state; a separate writer task owns the socket's
+//! write half, so a client that stops reading never stops us from reading its frames.
+
+mod channel;
+mod context;
+mod writer;
+
+use crate::broker::Broker;
+use crate::outbound::{ConnectionShared, Outbound};
+use amqp_codec::{
+    constants, decode_frame, ConnectionClose, ConnectionCloseOk, ConnectionOpenOk, ConnectionStart,
+    ConnectionTune, ConnectionUpdateSecretOk, DecodeError, FieldTable, FieldValue, Frame,
+    FramePayload, LongStr, Method, ShortStr, PROTOCOL_HEADER,
+};
+use broker_core::{AmqpError, ErrorScope};
+use bytes::{Bytes, BytesMut};
+use channel::Channel;
+use context::Context;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use writer::{run_writer, WriterSettings};
+
+/// How long a client has to complete the handshake (RabbitMQ's handshake_timeout).
+pub const HANDSHAKE_TIMEOUT_S: u64 = 10;
+/// How long we wait for close-ok after sending connection.close.
+pub const CLOSE_OK_TIMEOUT_S: u64 = 3;
+/// The size of one socket read.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Where the connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    AwaitStartOk,
+    AwaitTuneOk,
+    AwaitOpen,
+    Open,
+    /// We sent connection.close and wait for close-ok, ignoring everything else.
+    Closing,
+    Done,
+}
+
+/// Serves one accepted socket to the end.
+pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let (mut read_half, mut write_half) = stream.into_split();
+    let mut header = [0u8; 8];
+    let header_read = tokio::time::timeout(
+        Duration::from_secs(HANDSHAKE_TIMEOUT_S),
+        read_half.read_exact(&mut header),
+    )
+    .await;
+    match header_read {
+        Ok(Ok(_)) if &header == PROTOCOL_HEADER => {}
+        Ok(Ok(_)) => {
+            // RabbitMQ answers a wrong protocol header with the one it speaks, then closes.
+            tracing::info!(%peer, header = ?header, "wrong protocol header; closing");
+            let _ = write_half.write_all(PROTOCOL_HEADER).await;
+            let _ = write_half.shutdown().await;
+            return;
+        }
+        _ => return,
+    }
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let shared = Arc::new(ConnectionShared {
+        id: broker.next_connection_id(),
+        outbound: sender,
+        outbound_deliveries: AtomicUsize::new(0),
+        stalled_queues: Default::default(),
+        consumer_cancel_notify: AtomicBool::new(false),
+    });
+    let frame_max = Arc::new(AtomicU32::new(broker.config.frame_bytes_max));
+    let heartbeat_s = Arc::new(AtomicU32::new(0));
+    let writer_settings = WriterSettings {
+        frame_max: frame_max.clone(),
+        heartbeat_s: heartbeat_s.clone(),
+    };
+    let writer = tokio::spawn(run_writer(
+        write_half,
+        receiver,
+        shared.clone(),
+        writer_settings,
+    ));
+    let mut connection = Connection {
+        context: Context::new(broker.clone(), shared.clone()),
+        peer,
+        reader: read_half,
+        buffer: BytesMut::with_capacity(READ_BUFFER_BYTES),
+        phase: Phase::AwaitStartOk,
+        channels: HashMap::new(),
+        channel_max: broker.config.channels_per_connection_max,
+        frame_max,
+        heartbeat_s,
+        authentication_failure_close: false,
+    };
+    tracing::debug!(%peer, id = shared.id, "connection accepted");
+    connection.send_start();
+    if let Err(error) = connection.run().await {
+        tracing::info!(%peer, %error, "connection ended");
+    }
+    connection.release_everything();
+    shared.send(Outbound::Shutdown);
+    let _ = writer.await;
+}
+
+struct Connection {
+    context: Context,
+    peer: SocketAddr,
+    reader: OwnedReadHalf,
+    buffer: BytesMut,
+    phase: Phase,
+    channels: HashMap<u16, Channel>,
+    channel_max: u16,
+    frame_max: Arc<AtomicU32>,
+    heartbeat_s: Arc<AtomicU32>,
+    authentication_failure_close: bool,
+}
+
+/// Why the read loop ended.
+#[derive(Debug, thiserror::Error)]
+enum EndReason {
+    #[error("socket closed by the client")]
+    Eof,
+    #[error("socket error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("no frame within two heartbeat intervals")]
+    MissedHeartbeats,
+    #[error("handshake not completed in time")]
+    HandshakeTimeout,
+    #[error("closed")]
+    Closed,
+}
+
+impl Connection {
+    fn send_start(&mut self) {
+        let start = ConnectionStart {
+            version_major: 0,
+            version_minor: 9,
+            server_properties: server_properties(),
+            mechanisms: LongStr::from("AMQPLAIN PLAIN"),
+            locales: LongStr::from("en_US"),
+        };
+        self.context.reply(0, start.into());
+    }
+
+    async fn run(&mut self) -> Result<(), EndReason> {
+        let handshake_deadline =
+            tokio::time::Instant::now() + Duration::from_secs(HANDSHAKE_TIMEOUT_S);
+        loop {
+            while let Some(frame) = self.next_buffered_frame()? {
+                self.handle_frame(frame);
+                if self.phase == Phase::Done {
+                    return Err(EndReason::Closed);
+                }
+            }
+            let timeout = match self.phase {
+                Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => {
+                    handshake_deadline.saturating_duration_since(tokio::time::Instant::now())
+                }
+                Phase::Closing => Duration::from_secs(CLOSE_OK_TIMEOUT_S),
+                _ => match self.heartbeat_s.load(Ordering::Acquire) {
+                    0 => Duration::from_secs(u64::from(u32::MAX)),
+                    interval => Duration::from_secs(2 * u64::from(interval)),
+                },
+            };
+            match tokio::time::timeout(timeout, self.reader.read_buf(&mut self.buffer)).await {
+                Ok(Ok(0)) => return Err(EndReason::Eof),
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => return Err(EndReason::Io(error)),
+                Err(_) => {
+                    return Err(match self.phase {
+                        Phase::Open => EndReason::MissedHeartbeats,
+                        Phase::Closing => EndReason::Closed,
+                        _ => EndReason::HandshakeTimeout,
+                    })
+                }
+            }
+            if self.buffer.capacity() - self.buffer.len() < 4096 {
+                self.buffer.reserve(READ_BUFFER_BYTES);
+            }
+        }
+    }
+
+    /// Decodes the next complete frame; a decoding error closes the connection with its code.
+    fn next_buffered_frame(&mut self) -> Result<Option<Frame>, EndReason> {
+        let frame_max = self.frame_max.load(Ordering::Acquire);
+        match decode_frame(&mut self.buffer, frame_max) {
+            Ok(frame) => Ok(frame),
+            Err(error) => {
+                self.fail_decode(error);
+                Err(EndReason::Closed)
+            }
+        }
+    }
+
+    fn fail_decode(&mut self, error: DecodeError) {
+        tracing::warn!(peer = %self.peer, %error, "malformed frame");
+        let (class_id, method_id) = match error {
+            DecodeError::UnknownMethod {
+                class_id,
+                method_id,
+            } => (class_id, method_id),
+            _ => (0, 0),
+        };
+        let text = match &error {
+            DecodeError::UnknownMethod {
+                class_id,
+                method_id,
+            } => format!("unknown method {class_id}/{method_id}"),
+            other => other.to_string(),
+        };
+        let amqp_error = AmqpError::new(error.reply_code(), text).during(class_id, method_id);
+        if matches!(
+            self.phase,
+            Phase::Open | Phase::AwaitOpen | Phase::AwaitTuneOk
+        ) {
+            self.send_connection_close(&amqp_error);
+        }
+        // The stream can no longer be parsed, so nothing after this point can be read.
+        self.phase = Phase::Done;
+    }
+
+    fn handle_frame(&mut self, frame: Frame) {
+        let result = match self.phase {
+            Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => {
+                self.handle_handshake(frame)
+            }
+            Phase::Open => self.handle_open(frame),
+            Phase::Closing => {
+                if let (
+                    0,
+                    FramePayload::Method(Method::ConnectionCloseOk(_) | Method::ConnectionClose(_)),
+                ) = (frame.channel, &frame.payload)
+                {
+                    self.phase = Phase::Done;
+                }
+                Ok(())
+            }
+            Phase::Done => Ok(()),
+        };
+        if let Err(error) = result {
+            self.fail(error);
+        }
+    }
+
+    fn fail(&mut self, error: AmqpError) {
+        if self.phase == Phase::AwaitStartOk {
+            self.phase = Phase::Done;
+            return;
+        }
+        tracing::warn!(peer = %self.peer, code = error.code, text = %error.text, "connection error");
+        self.send_connection_close(&error);
+    }
+
+    fn send_connection_close(&mut self, error: &AmqpError) {
+        let close = ConnectionClose {
+            reply_code: error.code,
+            reply_text: ShortStr::truncating(error.text.clone()),
+            class_id: error.class_id,
+            method_id: error.method_id,
+        };
+        self.context.reply(0, close.into());
+        self.release_everything();
+        self.phase = Phase::Closing;
+    }
+
+    fn handle_handshake(&mut self, frame: Frame) -> Result<(), AmqpError> {
+        let FramePayload::Method(method) = frame.payload else {
+            return Err(AmqpError::unexpected_frame(
+                "expected a method frame during the handshake",
+            ));
+        };
+        if frame.channel != 0 {
+            return Err(AmqpError::command_invalid(
+                "handshake methods must be sent on channel 0",
+            ));
+        }
+        match (self.phase, method) {
+            (Phase::AwaitStartOk, Method::ConnectionStartOk(start_ok)) => {
+                let capabilities = match start_ok.client_properties.get("capabilities") {
+                    Some(FieldValue::Table(table)) => table.clone(),
+                    _ => FieldTable::new(),
+                };
+                let flag = |name: &str| {
+                    capabilities
+                        .get(name)
+                        .and_then(FieldValue::as_bool)
+                        .unwrap_or(false)
+                };
+                self.context
+                    .connection
+                    .consumer_cancel_notify
+                    .store(flag("consumer_cancel_notify"), Ordering::Release);
+                self.authentication_failure_close = flag("authentication_failure_close");
+                match self.context.broker.users.authenticate(
+                    start_ok.mechanism.as_bytes(),
+                    &start_ok.response.0,
+                    self.peer.ip(),
+                ) {
+                    Ok(user) => {
+                        self.context.user = user;
+                        let tune = ConnectionTune {
+                            channel_max: self.channel_max,
+                            frame_max: self.context.broker.config.frame_bytes_max,
+                            heartbeat: self.context.broker.config.heartbeat_interval_s,
+                        };
+                        self.context.reply(0, tune.into());
+                        self.phase = Phase::AwaitTuneOk;
+                        Ok(())
+                    }
+                    Err(error) => {
+                        tracing::warn!(peer = %self.peer, %error, "login refused");
+                        if self.authentication_failure_close {
+                            let text = format!(
+                                "Login was refused using authentication mechanism {}. For details see the broker logfile.",
+                                start_ok.mechanism
+                            );
+                            self.send_connection_close(&AmqpError::access_refused(text));
+                        }
+                        self.phase = Phase::Done;
+                        Ok(())
+                    }
+                }
+            }
+            (Phase::AwaitTuneOk, Method::ConnectionTuneOk(tune_ok)) => {
+                let ours = self.context.broker.config.frame_bytes_max;
+                if tune_ok.frame_max != 0 && tune_ok.frame_max < constants::FRAME_MIN_SIZE {
+                    return Err(AmqpError::not_allowed(format!(
+                        "frame_max={} < {} min size",
+                        tune_ok.frame_max,
+                        constants::FRAME_MIN_SIZE
+                    )));
+                }
+                if tune_ok.frame_max > ours {
+                    return Err(AmqpError::not_allowed(format!(
+                        "frame_max={} > {} max size",
+                        tune_ok.frame_max, ours
+                    )));
+                }
+                let frame_max = if tune_ok.frame_max == 0 {
+                    ours
+                } else {
+                    tune_ok.frame_max
+                };
+                self.frame_max.store(frame_max, Ordering::Release);
+                self.context.frame_max = frame_max;
+                if tune_ok.channel_max != 0 && tune_ok.channel_max < self.channel_max {
+                    self.channel_max = tune_ok.channel_max;
+                }
+                self.heartbeat_s
+                    .store(u32::from(tune_ok.heartbeat), Ordering::Release);
+                self.phase = Phase::AwaitOpen;
+                Ok(())
+            }
+            (Phase::AwaitOpen, Method::ConnectionOpen(open)) => {
+                let vhost = open.virtual_host.to_string_lossy();
+                if !self.context.broker.has_vhost(&vhost) {
+                    return Err(
+                        AmqpError::not_allowed(format!("vhost {vhost} not found")).during(10, 40)
+                    );
+                }
+                self.context.vhost = vhost;
+                self.context.reply(
+                    0,
+                    ConnectionOpenOk {
+                        known_hosts: ShortStr::from(""),
+                    }
+                    .into(),
+                );
+                self.phase = Phase::Open;
+                Ok(())
+            }
+            (_, Method::ConnectionClose(_)) => {
+                self.context.reply(0, ConnectionCloseOk {}.into());
+                self.phase = Phase::Done;
+                Ok(())
+            }
+            (_, other) => Err(AmqpError::command_invalid(format!(
+                "unexpected {} during the handshake",
+                other.name()
+            ))
+            .during(other.class_id(), other.method_id())),
+        }
+    }
+
+    fn handle_open(&mut self, frame: Frame) -> Result<(), AmqpError> {
+        if frame.channel == 0 {
+            return self.handle_channel_zero(frame.payload);
+        }
+        if frame.channel > self.channel_max {
+            return Err(AmqpError::channel_error(format!(
+                "channel {} is above the negotiated channel_max {}",
+                frame.channel, self.channel_max
+            )));
+        }
+        if !self.channels.contains_key(&frame.channel) {
+            return match frame.payload {
+                FramePayload::Method(Method::ChannelOpen(_)) => {
+                    let channel = Channel::open(frame.channel, &self.context);
+                    self.channels.insert(frame.channel, channel);
+                    Ok(())
+                }
+                // A close-ok for a channel already forgotten, or a close of an unknown one: harmless.
+                FramePayload::Method(Method::ChannelCloseOk(_)) => Ok(()),
+                _ => Err(AmqpError::channel_error("expected 'channel.open'")),
+            };
+        }
+        let channel = self
+            .channels
+            .get_mut(&frame.channel)
+            .expect("checked above");
+        match channel.handle(&mut self.context, frame.payload) {
+            Ok(channel::After::KeepOpen) => Ok(()),
+            Ok(channel::After::Forget) => {
+                self.channels.remove(&frame.channel);
+                Ok(())
+            }
+            Err(error) if error.scope() == ErrorScope::Channel => {
+                tracing::info!(peer = %self.peer, channel = frame.channel, code = error.code, text = %error.text, "channel error");
+                channel.fail(&mut self.context, &error);
+                Ok(())
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    fn handle_channel_zero(&mut self, payload: FramePayload) -> Result<(), AmqpError> {
+        match payload {
+            FramePayload::Heartbeat => Ok(()),
+            FramePayload::Method(Method::ConnectionClose(_)) => {
+                self.release_everything();
+                self.context.reply(0, ConnectionCloseOk {}.into());
+                self.phase = Phase::Done;
+                Ok(())
+            }
+            FramePayload::Method(Method::ConnectionUpdateSecret(_)) => {
+                self.context.reply(0, ConnectionUpdateSecretOk {}.into());
+                Ok(())
+            }
+            FramePayload::Method(Method::ConnectionBlocked(_) | Method::ConnectionUnblocked(_)) => {
+                Ok(())
+            }
+            FramePayload::Method(other) => Err(AmqpError::command_invalid(format!(
+                "unexpected {} on channel 0",
+                other.name()
+            ))
+            .during(other.class_id(), other.method_id())),
+            FramePayload::Header(_) | FramePayload::Body(_) => {
+                Err(AmqpError::unexpected_frame("content frame on channel 0"))
+            }
+        }
+    }
+
+    /// Closes every channel (requeueing unacked deliveries, removing consumers) and deletes the
+    /// connection's exclusive queues.
+    fn release_everything(&mut self) {
+        for (_, mut channel) in self.channels.drain() {
+            channel.release(&self.context);
+        }
+        for name in std::mem::take(&mut self.context.exclusive_queues) {
+            self.context.broker.remove_queue(&self.context.vhost, &name);
+        }
+    }
+}
+
+fn server_properties() -> FieldTable {
+    let text = |value: &str| FieldValue::LongStr(Bytes::copy_from_slice(value.as_bytes()));
+    let mut capabilities = FieldTable::new();
+    for capability in [
+        "publisher_confirms",
+        "exchange_exchange_bindings",
+        "basic.nack",
+        "consumer_cancel_notify",
+        "connection.blocked",
+        "consumer_priorities",
+        "authentication_failure_close",
+        "per_consumer_qos",
+    ] {
+        capabilities.insert(capability, FieldValue::Bool(true));
+    }
+    let mut properties = FieldTable::new();
+    properties.insert("capabilities", FieldValue::Table(capabilities));
+    properties.insert("cluster_name", text("lepus"));
+    properties.insert("copyright", text("Copyright (c) the Lepus authors"));
+    properties.insert("information", text("Licensed under the Apache License 2.0"));
+    properties.insert("platform", text("Rust"));
+    properties.insert("product", text("Lepus"));
+    properties.insert("version", text(env!("CARGO_PKG_VERSION")));
+    properties
+}

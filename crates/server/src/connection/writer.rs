@@ -1,0 +1,165 @@
+//! A connection's writer task: takes what channels and queues queued for the client, encodes it
+//! into one buffer and writes it with as few syscalls as the backlog allows.
+
+use crate::outbound::{ConnectionShared, Outbound, OUTBOUND_DELIVERIES_RESUME};
+use amqp_codec::{
+    encode_body_frames, encode_content_header, encode_heartbeat, encode_method_frame, BasicDeliver,
+    BasicGetOk, BasicReturn, Method,
+};
+use broker_core::Message;
+use bytes::BytesMut;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+/// How many items one write gathers at most, so a busy connection still writes regularly.
+pub const WRITE_BATCH_ITEMS_MAX: usize = 1024;
+/// How many bytes one write gathers at most.
+pub const WRITE_BATCH_BYTES_MAX: usize = 1 << 20;
+
+/// Settings the handshake fixes and the writer needs.
+pub struct WriterSettings {
+    /// Negotiated frame_max (0 until tune-ok).
+    pub frame_max: Arc<AtomicU32>,
+    /// Heartbeat interval, when negotiated, in seconds (0 = none).
+    pub heartbeat_s: Arc<AtomicU32>,
+}
+
+fn encode_content(
+    buffer: &mut BytesMut,
+    channel: u16,
+    method: &Method,
+    message: &Message,
+    frame_max: u32,
+) {
+    encode_method_frame(buffer, channel, method);
+    encode_content_header(buffer, channel, &message.header);
+    encode_body_frames(buffer, channel, &message.body, frame_max);
+}
+
+fn encode_item(
+    buffer: &mut BytesMut,
+    item: Outbound,
+    frame_max: u32,
+    connection: &ConnectionShared,
+) -> bool {
+    match item {
+        Outbound::Frames(frames) => buffer.extend_from_slice(&frames),
+        Outbound::Deliver {
+            channel,
+            consumer_tag,
+            delivery_tag,
+            redelivered,
+            message,
+        } => {
+            let method = Method::BasicDeliver(BasicDeliver {
+                consumer_tag,
+                delivery_tag,
+                redelivered,
+                exchange: message.exchange.clone(),
+                routing_key: message.routing_key.clone(),
+            });
+            encode_content(buffer, channel, &method, &message, frame_max);
+            connection
+                .outbound_deliveries
+                .fetch_sub(1, Ordering::AcqRel);
+        }
+        Outbound::GetOk {
+            channel,
+            delivery_tag,
+            redelivered,
+            message_count,
+            message,
+        } => {
+            let method = Method::BasicGetOk(BasicGetOk {
+                delivery_tag,
+                redelivered,
+                exchange: message.exchange.clone(),
+                routing_key: message.routing_key.clone(),
+                message_count,
+            });
+            encode_content(buffer, channel, &method, &message, frame_max);
+        }
+        Outbound::Return {
+            channel,
+            reply_code,
+            reply_text,
+            message,
+        } => {
+            let method = Method::BasicReturn(BasicReturn {
+                reply_code,
+                reply_text,
+                exchange: message.exchange.clone(),
+                routing_key: message.routing_key.clone(),
+            });
+            encode_content(buffer, channel, &method, &message, frame_max);
+        }
+        Outbound::Shutdown => return false,
+    }
+    true
+}
+
+/// Runs until the connection shuts down or the socket fails.
+pub async fn run_writer<W: AsyncWrite + Unpin>(
+    mut socket: W,
+    mut receiver: mpsc::UnboundedReceiver<Outbound>,
+    connection: Arc<ConnectionShared>,
+    settings: WriterSettings,
+) {
+    let mut buffer = BytesMut::with_capacity(64 * 1024);
+    let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+    let mut since_last_write_s = 0u32;
+    loop {
+        let first = tokio::select! {
+            item = receiver.recv() => item,
+            _ = heartbeat.tick() => {
+                since_last_write_s += 1;
+                let interval = settings.heartbeat_s.load(Ordering::Acquire);
+                // Send a heartbeat after half the interval of silence, as RabbitMQ does.
+                if interval > 0 && since_last_write_s * 2 >= interval {
+                    encode_heartbeat(&mut buffer);
+                    if socket.write_all(&buffer).await.is_err() { return; }
+                    buffer.clear();
+                    since_last_write_s = 0;
+                }
+                continue;
+            }
+        };
+        let Some(first) = first else { break };
+        let frame_max = settings.frame_max.load(Ordering::Acquire);
+        let mut keep_going = encode_item(&mut buffer, first, frame_max, &connection);
+        let mut items = 1;
+        while keep_going && items < WRITE_BATCH_ITEMS_MAX && buffer.len() < WRITE_BATCH_BYTES_MAX {
+            match receiver.try_recv() {
+                Ok(item) => keep_going = encode_item(&mut buffer, item, frame_max, &connection),
+                Err(_) => break,
+            }
+            items += 1;
+        }
+        if socket.write_all(&buffer).await.is_err() {
+            break;
+        }
+        buffer.clear();
+        since_last_write_s = 0;
+        if !keep_going {
+            let _ = socket.flush().await;
+            let _ = socket.shutdown().await;
+            break;
+        }
+        wake_stalled_queues(&connection);
+    }
+    // Whatever is still queued is dropped: the channels' cleanup requeues unacked deliveries.
+    receiver.close();
+}
+
+fn wake_stalled_queues(connection: &ConnectionShared) {
+    if connection.outbound_deliveries.load(Ordering::Acquire) > OUTBOUND_DELIVERIES_RESUME {
+        return;
+    }
+    let stalled = std::mem::take(&mut *connection.stalled_queues.lock());
+    for queue in stalled.iter().filter_map(|weak| weak.upgrade()) {
+        queue.dispatch();
+    }
+}

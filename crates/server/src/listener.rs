@@ -1,0 +1,39 @@
+//! The AMQP listener: accepts sockets and starts a connection task for each.
+
+use crate::broker::Broker;
+use crate::config::ServerConfig;
+use std::net::SocketAddr;
+
+/// Opens the data directory, listens, and serves until SIGINT or SIGTERM.
+pub fn run(config: ServerConfig) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| error.to_string())?;
+    runtime.block_on(async move {
+        let broker = Broker::open(config.clone())?;
+        let address = SocketAddr::new(config.bind_address, config.amqp_port);
+        let listener = tokio::net::TcpListener::bind(address).await.map_err(|error| format!("listening on {address}: {error}"))?;
+        tracing::info!(%address, data_dir = %config.data_dir.display(), "Lepus is accepting AMQP 0-9-1 connections");
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|error| error.to_string())?;
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        tokio::spawn(crate::connection::serve(broker.clone(), stream, peer));
+                    }
+                    Err(error) => {
+                        // Out of file descriptors and the like: keep serving the others.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                },
+                _ = tokio::signal::ctrl_c() => break,
+                _ = terminate.recv() => break,
+            }
+        }
+        tracing::info!("shutting down");
+        broker.flush_all();
+        Ok(())
+    })
+}

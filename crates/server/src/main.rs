@@ -1,0 +1,74 @@
+//! `lepus`: the Lepus broker and its tools, one binary with subcommands.
+
+mod auth;
+mod broker;
+mod config;
+mod connection;
+mod listener;
+mod outbound;
+mod queue_runtime;
+
+use clap::{Parser, Subcommand};
+use config::ServerConfig;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Lepus: an AMQP 0-9-1 message broker that RabbitMQ clients use unchanged.
+#[derive(Parser)]
+#[command(name = "lepus", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs a single-node broker.
+    Server(ServerArguments),
+}
+
+#[derive(Parser)]
+struct ServerArguments {
+    /// Directory for definitions and message logs (created if missing).
+    #[arg(long, env = "LEPUS_DATA_DIR", default_value = "lepus-data")]
+    data_dir: PathBuf,
+    /// AMQP port.
+    #[arg(long, env = "LEPUS_AMQP_PORT", default_value_t = 5672)]
+    amqp_port: u16,
+    /// Address to listen on.
+    #[arg(long, env = "LEPUS_BIND", default_value = "0.0.0.0")]
+    bind: IpAddr,
+    /// Heartbeat interval proposed to clients, in seconds (0 disables).
+    #[arg(long, default_value_t = 60)]
+    heartbeat_s: u16,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LEPUS_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Server(arguments) => {
+            let config = ServerConfig {
+                data_dir: arguments.data_dir,
+                amqp_port: arguments.amqp_port,
+                bind_address: arguments.bind,
+                heartbeat_interval_s: arguments.heartbeat_s,
+                ..ServerConfig::default()
+            };
+            match listener::run(config) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    tracing::error!(%error, "the broker stopped");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! What the rest of the broker asks a connection's writer to send, and the state a connection and
+//! its channels share with the queues that deliver to them.
+
+use crate::queue_runtime::QueueRuntime;
+use amqp_codec::ShortStr;
+use broker_core::Message;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use tokio::sync::mpsc;
+
+/// How many deliveries may wait in a connection's writer before queues stop handing it more. This
+/// is the bound for no-ack consumers and consumers without a prefetch limit; a slow socket then
+/// holds messages in their queues, not in memory here.
+pub const OUTBOUND_DELIVERIES_MAX: usize = 4096;
+/// When the writer's backlog falls to this, stalled queues are woken to deliver again.
+pub const OUTBOUND_DELIVERIES_RESUME: usize = OUTBOUND_DELIVERIES_MAX / 4;
+
+/// One item for a connection's writer.
+#[derive(Debug)]
+pub enum Outbound {
+    /// Frames already encoded.
+    Frames(Bytes),
+    /// basic.deliver with content.
+    Deliver {
+        /// Channel.
+        channel: u16,
+        /// Consumer tag.
+        consumer_tag: ShortStr,
+        /// Delivery tag.
+        delivery_tag: u64,
+        /// Redelivered flag.
+        redelivered: bool,
+        /// The message.
+        message: Arc<Message>,
+    },
+    /// basic.get-ok with content.
+    GetOk {
+        /// Channel.
+        channel: u16,
+        /// Delivery tag.
+        delivery_tag: u64,
+        /// Redelivered flag.
+        redelivered: bool,
+        /// Messages left in the queue.
+        message_count: u32,
+        /// The message.
+        message: Arc<Message>,
+    },
+    /// basic.return with content.
+    Return {
+        /// Channel.
+        channel: u16,
+        /// Reply code (312).
+        reply_code: u16,
+        /// Reply text.
+        reply_text: ShortStr,
+        /// The message.
+        message: Arc<Message>,
+    },
+    /// Flush what is queued, then close the socket.
+    Shutdown,
+}
+
+/// What a connection shares with queues and the syncer.
+#[derive(Debug)]
+pub struct ConnectionShared {
+    /// Unique per broker process.
+    pub id: u64,
+    /// The writer's queue.
+    pub outbound: mpsc::UnboundedSender<Outbound>,
+    /// Deliveries handed to the writer and not written yet.
+    pub outbound_deliveries: AtomicUsize,
+    /// Queues that skipped this connection's consumers because the writer was full.
+    pub stalled_queues: Mutex<Vec<Weak<QueueRuntime>>>,
+    /// Whether the client understands broker-initiated basic.cancel.
+    pub consumer_cancel_notify: AtomicBool,
+}
+
+impl ConnectionShared {
+    /// Queues an item for the writer; a closed writer means the connection is going away, and
+    /// whatever was meant for it is requeued by the channel cleanup.
+    pub fn send(&self, item: Outbound) {
+        let _ = self.outbound.send(item);
+    }
+
+    /// Remembers a queue to wake when the writer drains.
+    pub fn note_stalled(&self, queue: &Arc<QueueRuntime>) {
+        let mut stalled = self.stalled_queues.lock();
+        if !stalled
+            .iter()
+            .any(|weak| weak.as_ptr() == Arc::as_ptr(queue))
+        {
+            stalled.push(Arc::downgrade(queue));
+        }
+    }
+}
+
+/// A delivery waiting for ack, nack or reject.
+#[derive(Debug)]
+pub struct Unacked {
+    /// The queue it came from.
+    pub queue: Arc<QueueRuntime>,
+    /// Its position there.
+    pub position: u64,
+    /// The consumer it went to (None for basic.get).
+    pub consumer: Option<Arc<ConsumerHandle>>,
+}
+
+/// Delivery tags and unacked deliveries of a channel. Tags are assigned and the delivery queued to
+/// the writer under this lock, so a channel's deliveries reach the client in tag order.
+#[derive(Debug, Default)]
+pub struct DeliveryLedger {
+    /// The last tag handed out.
+    pub last_tag: u64,
+    /// Unacked deliveries by tag.
+    pub unacked: BTreeMap<u64, Unacked>,
+    /// False once the channel closes: no more deliveries.
+    pub open: bool,
+}
+
+/// What a channel shares with queues.
+#[derive(Debug)]
+pub struct ChannelShared {
+    /// Channel number.
+    pub id: u16,
+    /// Its connection.
+    pub connection: Arc<ConnectionShared>,
+    /// Tags and unacked deliveries.
+    pub ledger: Mutex<DeliveryLedger>,
+    /// basic.qos global=true limit (0 = none).
+    pub prefetch_global: AtomicU32,
+    /// Unacked deliveries to consumers on this channel.
+    pub unacked_consumer_deliveries: AtomicU32,
+    /// channel.flow state.
+    pub flow_active: AtomicBool,
+}
+
+impl ChannelShared {
+    /// A newly opened channel.
+    pub fn new(id: u16, connection: Arc<ConnectionShared>) -> ChannelShared {
+        ChannelShared {
+            id,
+            connection,
+            ledger: Mutex::new(DeliveryLedger {
+                open: true,
+                ..Default::default()
+            }),
+            prefetch_global: AtomicU32::new(0),
+            unacked_consumer_deliveries: AtomicU32::new(0),
+            flow_active: AtomicBool::new(true),
+        }
+    }
+}
+
+/// A consumer, shared by its channel and its queue.
+#[derive(Debug)]
+pub struct ConsumerHandle {
+    /// Consumer tag.
+    pub tag: ShortStr,
+    /// Its channel.
+    pub channel: Arc<ChannelShared>,
+    /// Whether deliveries need no ack.
+    pub no_ack: bool,
+    /// basic.qos global=false limit in force when it was created (0 = none).
+    pub prefetch: u32,
+    /// Its unacked deliveries.
+    pub unacked: AtomicU32,
+    /// x-priority argument.
+    pub priority: i64,
+    /// Set when the consumer is cancelled by either side.
+    pub cancelled: AtomicBool,
+}
+
+/// Why a consumer cannot take a message now.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// It can.
+    Ready,
+    /// Its prefetch, channel flow or cancellation stops it.
+    Blocked,
+    /// Its connection's writer is full.
+    WriterFull,
+}
+
+impl ConsumerHandle {
+    /// Whether the consumer can take one more message now.
+    pub fn readiness(&self) -> Readiness {
+        if self.cancelled.load(Ordering::Acquire)
+            || !self.channel.flow_active.load(Ordering::Acquire)
+        {
+            return Readiness::Blocked;
+        }
+        if !self.no_ack {
+            if self.prefetch != 0 && self.unacked.load(Ordering::Acquire) >= self.prefetch {
+                return Readiness::Blocked;
+            }
+            let global = self.channel.prefetch_global.load(Ordering::Acquire);
+            if global != 0
+                && self
+                    .channel
+                    .unacked_consumer_deliveries
+                    .load(Ordering::Acquire)
+                    >= global
+            {
+                return Readiness::Blocked;
+            }
+        }
+        if self
+            .channel
+            .connection
+            .outbound_deliveries
+            .load(Ordering::Acquire)
+            >= OUTBOUND_DELIVERIES_MAX
+        {
+            return Readiness::WriterFull;
+        }
+        Readiness::Ready
+    }
+
+    /// Counts a delivery against the consumer's and the channel's prefetch.
+    pub fn count_delivery(&self) {
+        self.unacked.fetch_add(1, Ordering::AcqRel);
+        self.channel
+            .unacked_consumer_deliveries
+            .fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Releases a settled or requeued delivery from the prefetch counts.
+    pub fn release_delivery(&self) {
+        let before = self.unacked.fetch_sub(1, Ordering::AcqRel);
+        assert!(before > 0, "consumer unacked count underflow");
+        let before = self
+            .channel
+            .unacked_consumer_deliveries
+            .fetch_sub(1, Ordering::AcqRel);
+        assert!(before > 0, "channel unacked count underflow");
+    }
+}

@@ -1,0 +1,126 @@
+//! Durable definitions: exchanges, queues and bindings of every vhost, in one JSON file that is
+//! replaced atomically on each change, so a crash never leaves half a declaration.
+//!
+//! Argument tables are stored as the hex of their AMQP encoding, so they come back byte-exact.
+
+use crate::{write_atomically, StorageError};
+use amqp_codec::{write_table, FieldTable, Reader};
+use bytes::{Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// A durable exchange.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExchangeRecord {
+    /// Vhost name.
+    pub vhost: String,
+    /// Exchange name.
+    pub name: String,
+    /// Type name.
+    pub kind: String,
+    /// Auto-delete flag.
+    pub auto_delete: bool,
+    /// Internal flag.
+    pub internal: bool,
+    /// Arguments, hex of the AMQP table encoding.
+    pub arguments_hex: String,
+}
+
+/// A durable queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueRecord {
+    /// Vhost name.
+    pub vhost: String,
+    /// Queue name.
+    pub name: String,
+    /// Auto-delete flag.
+    pub auto_delete: bool,
+    /// Arguments, hex of the AMQP table encoding.
+    pub arguments_hex: String,
+}
+
+/// A binding between durable ends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BindingRecord {
+    /// Vhost name.
+    pub vhost: String,
+    /// Source exchange.
+    pub source: String,
+    /// Destination name.
+    pub destination: String,
+    /// Whether the destination is an exchange (else a queue).
+    pub destination_is_exchange: bool,
+    /// Binding key.
+    pub routing_key: String,
+    /// Arguments, hex of the AMQP table encoding.
+    pub arguments_hex: String,
+}
+
+/// Everything durable.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Definitions {
+    /// Exchanges (not the predeclared ones).
+    pub exchanges: Vec<ExchangeRecord>,
+    /// Queues.
+    pub queues: Vec<QueueRecord>,
+    /// Bindings.
+    pub bindings: Vec<BindingRecord>,
+}
+
+/// Encodes a table for a record.
+pub fn table_to_hex(table: &FieldTable) -> String {
+    let mut bytes = BytesMut::new();
+    write_table(&mut bytes, table);
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Decodes a table from a record.
+pub fn table_from_hex(hex: &str) -> Option<FieldTable> {
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|index| u8::from_str_radix(hex.get(index..index + 2)?, 16).ok())
+        .collect();
+    Reader::new(Bytes::from(bytes?)).read_table().ok()
+}
+
+/// The definitions file of a data directory.
+#[derive(Debug, Clone)]
+pub struct DefinitionsStore {
+    path: PathBuf,
+}
+
+impl DefinitionsStore {
+    /// The store in `data_dir`.
+    pub fn new(data_dir: &Path) -> DefinitionsStore {
+        DefinitionsStore {
+            path: data_dir.join("definitions.json"),
+        }
+    }
+
+    /// Reads the definitions; empty when the file does not exist yet.
+    pub fn load(&self) -> Result<Definitions, StorageError> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| StorageError::Corrupt {
+                path: self.path.display().to_string(),
+                detail: error.to_string(),
+            }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                Ok(Definitions::default())
+            }
+            Err(error) => Err(StorageError::io(&self.path, error)),
+        }
+    }
+
+    /// Replaces the definitions atomically.
+    pub fn save(&self, definitions: &Definitions) -> Result<(), StorageError> {
+        let bytes =
+            serde_json::to_vec_pretty(definitions).map_err(|error| StorageError::Corrupt {
+                path: self.path.display().to_string(),
+                detail: error.to_string(),
+            })?;
+        write_atomically(&self.path, &bytes)
+    }
+}

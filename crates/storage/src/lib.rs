@@ -1,0 +1,63 @@
+//! Lepus's storage: what must survive a restart.
+//!
+//! - [`definitions`]: durable exchanges, queues and bindings, rewritten atomically on each change.
+//! - [`queue_log`]: one append-only log per durable queue; each record carries a length, a CRC32C
+//!   and the message's queue position. Recovery replays it and cuts a torn tail.
+//! - [`syncer`]: one thread that writes and fdatasyncs every dirty log in a batch (group commit)
+//!   and only then runs the callbacks that send publisher confirms.
+
+pub mod definitions;
+pub mod queue_log;
+pub mod syncer;
+
+/// A storage failure, with the file it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// An I/O error on a file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A file that does not parse.
+    #[error("{path}: corrupt: {detail}")]
+    Corrupt {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+impl StorageError {
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> StorageError {
+        StorageError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+/// Writes `bytes` to `path` so that a crash leaves either the old or the new content: write a
+/// temporary file, fsync it, rename it over, fsync the directory.
+pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(), StorageError> {
+    use std::io::Write;
+    let temporary = path.with_extension("tmp");
+    let mut file =
+        std::fs::File::create(&temporary).map_err(|error| StorageError::io(&temporary, error))?;
+    file.write_all(bytes)
+        .map_err(|error| StorageError::io(&temporary, error))?;
+    file.sync_all()
+        .map_err(|error| StorageError::io(&temporary, error))?;
+    std::fs::rename(&temporary, path).map_err(|error| StorageError::io(path, error))?;
+    if let Some(directory) = path.parent() {
+        let directory_file =
+            std::fs::File::open(directory).map_err(|error| StorageError::io(directory, error))?;
+        directory_file
+            .sync_all()
+            .map_err(|error| StorageError::io(directory, error))?;
+    }
+    Ok(())
+}
