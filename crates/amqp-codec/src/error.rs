@@ -32,12 +32,24 @@ pub enum DecodeError {
     #[error("bad frame end marker {0:#04x}")]
     BadFrameEnd(u8),
     /// The frame is larger than the negotiated maximum.
-    #[error("frame size {size} exceeds frame_max {frame_max}")]
+    #[error("type {kind}: {{frame_too_large,{size},{frame_max}}}")]
     FrameTooLarge {
+        /// The frame type.
+        kind: u8,
         /// The size the frame header announced (payload plus the 8 bytes of framing).
         size: u64,
         /// The negotiated maximum.
         frame_max: u32,
+    },
+    /// A method's arguments could not be decoded.
+    #[error("cannot decode the arguments of method {class_id}/{method_id}: {detail}")]
+    MethodArguments {
+        /// The class id read.
+        class_id: u16,
+        /// The method id read.
+        method_id: u16,
+        /// What went wrong.
+        detail: String,
     },
     /// A content header whose property flags announce properties we cannot parse.
     #[error("bad content header: {0}")]
@@ -47,16 +59,11 @@ pub enum DecodeError {
 impl DecodeError {
     /// The connection-level reply code RabbitMQ answers this error with.
     pub fn reply_code(&self) -> u16 {
+        // RabbitMQ reports any frame or method it cannot decode as 501 FRAME_ERROR; an unknown
+        // method is a feature we do not have, 540.
         match self {
-            DecodeError::UnknownFrameType(_)
-            | DecodeError::BadFrameEnd(_)
-            | DecodeError::FrameTooLarge { .. } => constants::FRAME_ERROR,
-            DecodeError::UnknownMethod { .. } => constants::COMMAND_INVALID,
-            DecodeError::Truncated
-            | DecodeError::TrailingBytes(_)
-            | DecodeError::UnknownFieldType(_)
-            | DecodeError::NestingTooDeep(_)
-            | DecodeError::BadContentHeader(_) => constants::SYNTAX_ERROR,
+            DecodeError::UnknownMethod { .. } => constants::NOT_IMPLEMENTED,
+            _ => constants::FRAME_ERROR,
         }
     }
 }

@@ -56,6 +56,7 @@ pub fn decode_frame(buffer: &mut BytesMut, frame_max: u32) -> Result<Option<Fram
     let frame_bytes = size as u64 + FRAME_OVERHEAD_BYTES as u64;
     if frame_max != 0 && frame_bytes > u64::from(frame_max) {
         return Err(DecodeError::FrameTooLarge {
+            kind,
             size: frame_bytes,
             frame_max,
         });
@@ -84,8 +85,16 @@ fn decode_method(payload: Bytes) -> Result<Method, DecodeError> {
     let mut reader = Reader::new(payload);
     let class_id = reader.read_u16()?;
     let method_id = reader.read_u16()?;
-    let method = Method::decode(class_id, method_id, &mut reader)?;
-    reader.finish()?;
+    let wrap = |error: DecodeError| match error {
+        DecodeError::UnknownMethod { .. } => error,
+        other => DecodeError::MethodArguments {
+            class_id,
+            method_id,
+            detail: other.to_string(),
+        },
+    };
+    let method = Method::decode(class_id, method_id, &mut reader).map_err(wrap)?;
+    reader.finish().map_err(wrap)?;
     Ok(method)
 }
 

@@ -84,6 +84,11 @@ impl ContentHeader {
         BasicProperties::decode(self.property_flags, self.properties_raw.clone())
     }
 
+    /// Whether the publisher set a per-message expiration.
+    pub fn has_expiration(&self) -> bool {
+        self.property_flags & FLAG_EXPIRATION != 0
+    }
+
     /// The delivery mode (2 = persistent) without decoding the other properties.
     pub fn delivery_mode(&self) -> Option<u8> {
         if self.property_flags & FLAG_DELIVERY_MODE == 0 {

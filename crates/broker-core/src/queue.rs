@@ -15,6 +15,9 @@ pub struct QueuedMessage {
     pub message: Arc<Message>,
     /// Whether it was handed out before.
     pub redelivered: bool,
+    /// When it expires (per-message expiration or the queue's x-message-ttl), in milliseconds
+    /// since the epoch.
+    pub expires_at_ms: Option<u64>,
 }
 
 /// The messages of one queue.
@@ -37,6 +40,11 @@ impl QueueState {
 
     /// Appends a message; returns its position.
     pub fn push(&mut self, message: Arc<Message>) -> u64 {
+        self.push_expiring(message, None)
+    }
+
+    /// Appends a message that expires at `expires_at_ms`; returns its position.
+    pub fn push_expiring(&mut self, message: Arc<Message>, expires_at_ms: Option<u64>) -> u64 {
         let position = self.next_position;
         self.next_position += 1;
         self.ready.insert(
@@ -44,9 +52,25 @@ impl QueueState {
             QueuedMessage {
                 message,
                 redelivered: false,
+                expires_at_ms,
             },
         );
         position
+    }
+
+    /// Removes expired messages from the head of the queue, as RabbitMQ does: a message expires
+    /// when it reaches the head past its time, never from the middle.
+    pub fn drop_expired_head(&mut self, now_ms: u64) -> Vec<(u64, QueuedMessage)> {
+        let mut dropped = Vec::new();
+        while let Some(entry) = self.ready.first_entry() {
+            match entry.get().expires_at_ms {
+                Some(expires_at_ms) if expires_at_ms <= now_ms => {
+                    dropped.push(entry.remove_entry())
+                }
+                _ => break,
+            }
+        }
+        dropped
     }
 
     /// Puts back a message recovered from disk at its old position.
@@ -61,6 +85,7 @@ impl QueueState {
             QueuedMessage {
                 message,
                 redelivered,
+                expires_at_ms: None,
             },
         );
     }

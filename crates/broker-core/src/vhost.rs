@@ -57,7 +57,6 @@ pub struct ExchangeDeclaration {
 /// Queue arguments RabbitMQ has and Lepus does not implement yet: declaring one fails with 540
 /// rather than silently ignoring what the client asked for.
 const UNSUPPORTED_QUEUE_ARGUMENTS: &[&str] = &[
-    "x-message-ttl",
     "x-expires",
     "x-max-length-bytes",
     "x-dead-letter-exchange",
@@ -322,7 +321,8 @@ impl<Q: Clone> Vhost<Q> {
         Self::refuse_default_exchange(name)?;
         if name.as_bytes().starts_with(b"amq.") {
             return Err(AmqpError::access_refused(format!(
-                "exchange name '{name}' contains reserved prefix 'amq.*'"
+                "deletion of system exchange '{name}' in vhost '{}' not allowed",
+                self.name
             )));
         }
         let Some(exchange) = self.exchanges.get(name) else {
@@ -360,6 +360,13 @@ impl<Q: Clone> Vhost<Q> {
         if let Some(existing) = self.queues.get(&definition.name) {
             self.check_exclusive(&existing.definition, connection_id)?;
             let current = &existing.definition;
+            // RabbitMQ answers an exclusive flag that differs from the original with 405, not 406.
+            if current.exclusive_owner.is_some() != definition.exclusive_owner.is_some() {
+                return Err(AmqpError::resource_locked(format!(
+                    "cannot obtain exclusive access to locked queue '{}' in vhost '{}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.",
+                    definition.name, self.name
+                )));
+            }
             let name = &definition.name;
             for (argument, received, now) in [
                 ("durable", definition.durable, current.durable),
@@ -438,6 +445,21 @@ impl<Q: Clone> Vhost<Q> {
     /// queue.bind / exchange.bind. Returns whether the binding is new.
     pub fn bind(&mut self, source: &ShortStr, binding: Binding) -> Result<bool, AmqpError> {
         Self::refuse_default_exchange(source)?;
+        if let Some(mode) = binding.arguments.get("x-match") {
+            let valid = mode.as_text().is_some_and(|text| {
+                matches!(text.as_str(), "all" | "any" | "all-with-x" | "any-with-x")
+            });
+            if !valid
+                && self
+                    .exchanges
+                    .get(source)
+                    .is_some_and(|exchange| exchange.kind == ExchangeKind::Headers)
+            {
+                return Err(AmqpError::precondition(format!(
+                    "Invalid x-match field value {mode:?}; expected all, any, all-with-x, or any-with-x"
+                )));
+            }
+        }
         if let Destination::Exchange(destination) = &binding.destination {
             Self::refuse_default_exchange(destination)?;
             self.require_exchange(destination)?;
@@ -588,6 +610,25 @@ fn check_queue_arguments(
                         queue,
                         vhost,
                         format!("{{value_negative,{limit}}}"),
+                    ))
+                }
+                None => {
+                    return Err(invalid_argument(
+                        &key_text,
+                        queue,
+                        vhost,
+                        format!("{{unacceptable_type,{}}}", type_name(value)),
+                    ))
+                }
+            },
+            "x-message-ttl" => match value.as_i64() {
+                Some(ttl) if ttl >= 0 => {}
+                Some(ttl) => {
+                    return Err(invalid_argument(
+                        &key_text,
+                        queue,
+                        vhost,
+                        format!("{{value_negative,{ttl}}}"),
                     ))
                 }
                 None => {

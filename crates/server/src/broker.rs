@@ -23,6 +23,9 @@ use storage::definitions::{
 use storage::queue_log::QueueLog;
 use storage::syncer::Syncer;
 
+/// A file written after a graceful shutdown flushed every log; its absence at start means a crash.
+const CLEAN_SHUTDOWN_MARKER: &str = "clean-shutdown";
+
 /// A queue handle as the topology holds it.
 pub type QueueHandle = Arc<QueueRuntime>;
 
@@ -72,6 +75,12 @@ impl Broker {
     }
 
     fn recover(&mut self) -> Result<(), String> {
+        let marker = self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER);
+        let clean_shutdown = marker.exists();
+        if clean_shutdown {
+            std::fs::remove_file(&marker)
+                .map_err(|error| format!("{}: {error}", marker.display()))?;
+        }
         let definitions = self.definitions.load().map_err(|error| error.to_string())?;
         for record in &definitions.exchanges {
             let Some(vhost) = self.vhosts.get(&record.vhost) else {
@@ -112,7 +121,13 @@ impl Broker {
                 QueueState::new(recovery.next_position),
             );
             for recovered in recovery.messages {
-                queue.restore(recovered.position, recovered.message, recovered.delivered);
+                // After a crash the delivered markers may be missing, so every recovered message
+                // may have been delivered: flag them all, as at-least-once allows.
+                queue.restore(
+                    recovered.position,
+                    recovered.message,
+                    recovered.delivered || !clean_shutdown,
+                );
                 restored_messages += 1;
             }
             vhost.write().restore_queue(definition, queue);
@@ -168,6 +183,11 @@ impl Broker {
                     Err(error) => tracing::error!(%error, "writing a queue log at shutdown failed"),
                 }
             }
+        }
+        if let Err(error) =
+            storage::write_atomically(&self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER), b"")
+        {
+            tracing::error!(%error, "writing the clean-shutdown marker failed");
         }
     }
 

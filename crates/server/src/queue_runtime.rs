@@ -25,6 +25,7 @@ pub struct QueueRuntime {
     /// The message log, for durable queues.
     pub log: Option<SharedLog>,
     length_limit: Option<(u64, Overflow)>,
+    message_ttl_ms: Option<u64>,
     inner: Mutex<QueueInner>,
     deleted: AtomicBool,
 }
@@ -70,6 +71,11 @@ impl QueueRuntime {
     ) -> Arc<QueueRuntime> {
         Arc::new(QueueRuntime {
             length_limit: queue_length_limit(&definition.arguments),
+            message_ttl_ms: definition
+                .arguments
+                .get("x-message-ttl")
+                .and_then(|value| value.as_i64())
+                .map(|ttl| ttl.max(0) as u64),
             definition,
             vhost: vhost.to_string(),
             log,
@@ -119,7 +125,8 @@ impl QueueRuntime {
                 }
             }
         }
-        let position = inner.messages.push(message.clone());
+        let expires_at_ms = self.expiry(&message);
+        let position = inner.messages.push_expiring(message.clone(), expires_at_ms);
         let log = self.logs(&message).cloned();
         if let Some(log) = &log {
             log.lock().append_publish(position, &message);
@@ -145,7 +152,36 @@ impl QueueRuntime {
         self.dispatch_locked(&mut inner);
     }
 
+    /// When a message published now expires: the sooner of its own expiration and the queue's TTL.
+    fn expiry(&self, message: &Message) -> Option<u64> {
+        let own = if message.header.has_expiration() {
+            message
+                .header
+                .properties()
+                .ok()
+                .and_then(|properties| properties.expiration)
+                .and_then(|text| text.to_string_lossy().parse::<u64>().ok())
+        } else {
+            None
+        };
+        let ttl_ms = match (own, self.message_ttl_ms) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        Some(now_ms().saturating_add(ttl_ms))
+    }
+
+    /// Drops expired messages at the head (settling them in the log).
+    fn expire_head(&self, inner: &mut QueueInner) {
+        for (position, expired) in inner.messages.drop_expired_head(now_ms()) {
+            if let Some(log) = self.logs(&expired.message) {
+                log.lock().append_settled(position);
+            }
+        }
+    }
+
     fn dispatch_locked(self: &Arc<Self>, inner: &mut QueueInner) {
+        self.expire_head(inner);
         while inner.messages.ready_count() > 0 {
             let Some(consumer) = self.pick_consumer(inner) else {
                 return;
@@ -154,6 +190,7 @@ impl QueueRuntime {
                 // The channel closed under us: its cleanup removes the consumer; try the others.
                 consumer.cancelled.store(true, Ordering::Release);
             }
+            self.expire_head(inner);
         }
     }
 
@@ -242,6 +279,7 @@ impl QueueRuntime {
         no_ack: bool,
     ) -> Option<Outbound> {
         let mut inner = self.inner.lock();
+        self.expire_head(&mut inner);
         let mut ledger = channel.ledger.lock();
         let (position, queued) = inner.messages.pop(!no_ack)?;
         ledger.last_tag += 1;
@@ -338,7 +376,8 @@ impl QueueRuntime {
 
     /// Ready messages and consumers, for declare-ok.
     pub fn counts(&self) -> (u32, u32) {
-        let inner = self.inner.lock();
+        let mut inner = self.inner.lock();
+        self.expire_head(&mut inner);
         let consumers = inner
             .consumers
             .iter()
@@ -374,4 +413,11 @@ impl QueueRuntime {
         }
         (count, consumers)
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_millis() as u64)
+        .unwrap_or(0)
 }

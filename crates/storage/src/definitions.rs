@@ -76,7 +76,7 @@ pub fn table_to_hex(table: &FieldTable) -> String {
 
 /// Decodes a table from a record.
 pub fn table_from_hex(hex: &str) -> Option<FieldTable> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..hex.len())

@@ -139,11 +139,17 @@ impl Channel {
         }
         match payload {
             FramePayload::Method(method) => {
-                if self.content.is_some() {
+                if let Some(content) = &self.content {
+                    let expected = if content.header.is_none() {
+                        "content header for class 60"
+                    } else {
+                        "content body"
+                    };
                     return Err(AmqpError::unexpected_frame(format!(
-                        "expected content header for class 60, got non content header frame instead (method {})",
+                        "expected {expected}, got non content frame instead (method {})",
                         method.name()
-                    )));
+                    ))
+                    .during(60, 40));
                 }
                 let (class_id, method_id) = (method.class_id(), method.method_id());
                 self.handle_method(context, method).map_err(|error| {
@@ -162,8 +168,7 @@ impl Channel {
                 self.handle_body(context, body)?;
                 Ok(After::KeepOpen)
             }
-            FramePayload::Heartbeat => Err(AmqpError::new(
-                constants::FRAME_ERROR,
+            FramePayload::Heartbeat => Err(AmqpError::unexpected_frame(
                 "heartbeat frame on a non-zero channel",
             )),
         }
@@ -209,13 +214,15 @@ impl Channel {
         if content.header.is_some() {
             return Err(AmqpError::unexpected_frame(
                 "expected content body, got non content body frame instead",
-            ));
+            )
+            .during(60, 40));
         }
         if header.class_id != amqp_codec::class_id::BASIC {
             return Err(AmqpError::unexpected_frame(format!(
                 "content header for class {} does not match class 60",
                 header.class_id
-            )));
+            ))
+            .during(60, 40));
         }
         if header.body_size > context.broker.config.message_bytes_max {
             return Err(AmqpError::precondition(format!(
@@ -241,7 +248,8 @@ impl Channel {
         let Some(header) = &content.header else {
             return Err(AmqpError::unexpected_frame(
                 "expected content header for class 60, got non content header frame instead",
-            ));
+            )
+            .during(60, 40));
         };
         let expected = header.body_size;
         content.body_received += body.len() as u64;
@@ -278,6 +286,14 @@ impl Channel {
             None => content.body.freeze(),
         };
         if let Ok(properties) = header.properties() {
+            if let Some(mode) = properties.delivery_mode {
+                if mode != 1 && mode != 2 {
+                    return Err(AmqpError::precondition(format!(
+                        "invalid message: {{delivery_mode_unknown,{mode}}}"
+                    ))
+                    .during(60, 40));
+                }
+            }
             if let Some(user_id) = &properties.user_id {
                 if user_id.as_bytes() != context.user.as_bytes() {
                     return Err(AmqpError::precondition(format!(

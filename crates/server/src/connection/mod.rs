@@ -46,6 +46,11 @@ enum Phase {
     Open,
     /// We sent connection.close and wait for close-ok, ignoring everything else.
     Closing,
+    /// The byte stream could not be decoded; we sent connection.close and discard input.
+    Draining,
+    /// We sent close-ok to the client's close; the client closes the socket (as RabbitMQ
+    /// expects), we only wait a bounded time for that.
+    AwaitClientEof,
     Done,
 }
 
@@ -156,6 +161,9 @@ impl Connection {
         let handshake_deadline =
             tokio::time::Instant::now() + Duration::from_secs(HANDSHAKE_TIMEOUT_S);
         loop {
+            if self.phase == Phase::Draining {
+                self.buffer.clear();
+            }
             while let Some(frame) = self.next_buffered_frame()? {
                 self.handle_frame(frame);
                 if self.phase == Phase::Done {
@@ -166,7 +174,9 @@ impl Connection {
                 Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => {
                     handshake_deadline.saturating_duration_since(tokio::time::Instant::now())
                 }
-                Phase::Closing => Duration::from_secs(CLOSE_OK_TIMEOUT_S),
+                Phase::Closing | Phase::AwaitClientEof | Phase::Draining => {
+                    Duration::from_secs(CLOSE_OK_TIMEOUT_S)
+                }
                 _ => match self.heartbeat_s.load(Ordering::Acquire) {
                     0 => Duration::from_secs(u64::from(u32::MAX)),
                     interval => Duration::from_secs(2 * u64::from(interval)),
@@ -179,7 +189,9 @@ impl Connection {
                 Err(_) => {
                     return Err(match self.phase {
                         Phase::Open => EndReason::MissedHeartbeats,
-                        Phase::Closing => EndReason::Closed,
+                        Phase::Closing | Phase::AwaitClientEof | Phase::Draining => {
+                            EndReason::Closed
+                        }
                         _ => EndReason::HandshakeTimeout,
                     })
                 }
@@ -197,7 +209,8 @@ impl Connection {
             Ok(frame) => Ok(frame),
             Err(error) => {
                 self.fail_decode(error);
-                Err(EndReason::Closed)
+                self.buffer.clear();
+                Ok(None)
             }
         }
     }
@@ -208,6 +221,11 @@ impl Connection {
             DecodeError::UnknownMethod {
                 class_id,
                 method_id,
+            }
+            | DecodeError::MethodArguments {
+                class_id,
+                method_id,
+                ..
             } => (class_id, method_id),
             _ => (0, 0),
         };
@@ -225,8 +243,9 @@ impl Connection {
         ) {
             self.send_connection_close(&amqp_error);
         }
-        // The stream can no longer be parsed, so nothing after this point can be read.
-        self.phase = Phase::Done;
+        // The stream can no longer be parsed: drain what the client still sends for a bounded
+        // time (closing at once would make its pending writes fail), then close, as RabbitMQ does.
+        self.phase = Phase::Draining;
     }
 
     fn handle_frame(&mut self, frame: Frame) {
@@ -245,7 +264,7 @@ impl Connection {
                 }
                 Ok(())
             }
-            Phase::Done => Ok(()),
+            Phase::AwaitClientEof | Phase::Draining | Phase::Done => Ok(()),
         };
         if let Err(error) = result {
             self.fail(error);
@@ -319,7 +338,9 @@ impl Connection {
                     }
                     Err(error) => {
                         tracing::warn!(peer = %self.peer, %error, "login refused");
-                        if self.authentication_failure_close {
+                        let unknown_mechanism =
+                            matches!(error, crate::auth::LoginError::UnsupportedMechanism(_));
+                        if self.authentication_failure_close && !unknown_mechanism {
                             let text = format!(
                                 "Login was refused using authentication mechanism {}. For details see the broker logfile.",
                                 start_ok.mechanism
@@ -353,9 +374,13 @@ impl Connection {
                 };
                 self.frame_max.store(frame_max, Ordering::Release);
                 self.context.frame_max = frame_max;
-                if tune_ok.channel_max != 0 && tune_ok.channel_max < self.channel_max {
-                    self.channel_max = tune_ok.channel_max;
+                // channel_max 0 means "no limit", which exceeds ours: RabbitMQ drops the socket.
+                if tune_ok.channel_max == 0 || tune_ok.channel_max > self.channel_max {
+                    tracing::warn!(peer = %self.peer, channel_max = tune_ok.channel_max, "tune-ok channel_max above ours; closing");
+                    self.phase = Phase::Done;
+                    return Ok(());
                 }
+                self.channel_max = tune_ok.channel_max;
                 self.heartbeat_s
                     .store(u32::from(tune_ok.heartbeat), Ordering::Release);
                 self.phase = Phase::AwaitOpen;
@@ -381,7 +406,7 @@ impl Connection {
             }
             (_, Method::ConnectionClose(_)) => {
                 self.context.reply(0, ConnectionCloseOk {}.into());
-                self.phase = Phase::Done;
+                self.phase = Phase::AwaitClientEof;
                 Ok(())
             }
             (_, other) => Err(AmqpError::command_invalid(format!(
@@ -396,22 +421,36 @@ impl Connection {
         if frame.channel == 0 {
             return self.handle_channel_zero(frame.payload);
         }
-        if frame.channel > self.channel_max {
-            return Err(AmqpError::channel_error(format!(
-                "channel {} is above the negotiated channel_max {}",
-                frame.channel, self.channel_max
-            )));
-        }
         if !self.channels.contains_key(&frame.channel) {
             return match frame.payload {
                 FramePayload::Method(Method::ChannelOpen(_)) => {
+                    // Like RabbitMQ 3.10, channel_max bounds how many channels are open, not their numbers.
+                    if self.channels.len() >= usize::from(self.channel_max) {
+                        return Err(AmqpError::not_allowed(format!(
+                            "number of channels opened ({}) has reached the negotiated channel_max ({})",
+                            self.channels.len(),
+                            self.channel_max
+                        ))
+                        .during(20, 10));
+                    }
                     let channel = Channel::open(frame.channel, &self.context);
                     self.channels.insert(frame.channel, channel);
                     Ok(())
                 }
-                // A close-ok for a channel already forgotten, or a close of an unknown one: harmless.
+                // A close-ok for a channel already forgotten: harmless.
                 FramePayload::Method(Method::ChannelCloseOk(_)) => Ok(()),
-                _ => Err(AmqpError::channel_error("expected 'channel.open'")),
+                FramePayload::Method(other) => {
+                    Err(AmqpError::channel_error("expected 'channel.open'")
+                        .during(other.class_id(), other.method_id()))
+                }
+                FramePayload::Header(_) | FramePayload::Body(_) => {
+                    Err(AmqpError::unexpected_frame(
+                        "expected method frame, got non method frame instead",
+                    ))
+                }
+                FramePayload::Heartbeat => Err(AmqpError::unexpected_frame(
+                    "heartbeat frame on a non-zero channel",
+                )),
             };
         }
         let channel = self
@@ -439,7 +478,7 @@ impl Connection {
             FramePayload::Method(Method::ConnectionClose(_)) => {
                 self.release_everything();
                 self.context.reply(0, ConnectionCloseOk {}.into());
-                self.phase = Phase::Done;
+                self.phase = Phase::AwaitClientEof;
                 Ok(())
             }
             FramePayload::Method(Method::ConnectionUpdateSecret(_)) => {
@@ -449,14 +488,13 @@ impl Connection {
             FramePayload::Method(Method::ConnectionBlocked(_) | Method::ConnectionUnblocked(_)) => {
                 Ok(())
             }
-            FramePayload::Method(other) => Err(AmqpError::command_invalid(format!(
-                "unexpected {} on channel 0",
-                other.name()
-            ))
+            FramePayload::Method(other) => Err(AmqpError::channel_error(
+                "unexpected method in connection state running",
+            )
             .during(other.class_id(), other.method_id())),
-            FramePayload::Header(_) | FramePayload::Body(_) => {
-                Err(AmqpError::unexpected_frame("content frame on channel 0"))
-            }
+            FramePayload::Header(_) | FramePayload::Body(_) => Err(AmqpError::unexpected_frame(
+                "expected method frame, got non method frame instead",
+            )),
         }
     }
 
