@@ -386,6 +386,15 @@ fn generate_enum(methods: &[MethodSpec], out: &mut String) {
         );
     }
     out.push_str("        }\n    }\n}\n\n");
+    out.push_str("/// One instance of every method, with default arguments (for round-trip tests).\npub fn every_method() -> Vec<Method> {\n    vec![\n");
+    for method in methods {
+        let _ = writeln!(
+            out,
+            "        Method::{0}({0}::default()),",
+            method.type_name
+        );
+    }
+    out.push_str("    ]\n}\n\n");
     for method in methods {
         let _ = writeln!(
             out,
