@@ -18,6 +18,14 @@ pub const OUTBOUND_DELIVERIES_MAX: usize = 4096;
 /// When the writer's backlog falls to this, stalled queues are woken to deliver again.
 pub const OUTBOUND_DELIVERIES_RESUME: usize = OUTBOUND_DELIVERIES_MAX / 4;
 
+/// How much work may wait for one connection (items queued to its writer plus publishes waiting
+/// for their fsync) before its reader stops reading the socket. TCP then pushes back on the
+/// client, the way RabbitMQ's credit flow does, so a client that publishes faster than the disk
+/// syncs, or never reads its confirms, cannot grow the broker's memory without bound.
+pub const CONNECTION_PENDING_WORK_MAX: usize = 65_536;
+/// The reader resumes once the pending work falls to this.
+pub const CONNECTION_PENDING_WORK_RESUME: usize = CONNECTION_PENDING_WORK_MAX / 2;
+
 /// One item for a connection's writer.
 #[derive(Debug)]
 pub enum Outbound {
@@ -77,13 +85,53 @@ pub struct ConnectionShared {
     pub stalled_queues: Mutex<Vec<Weak<QueueRuntime>>>,
     /// Whether the client understands broker-initiated basic.cancel.
     pub consumer_cancel_notify: AtomicBool,
+    /// Items queued to the writer plus publishes waiting for a sync (see [`CONNECTION_PENDING_WORK_MAX`]).
+    pub pending_work: AtomicUsize,
+    /// Signalled when the pending work falls to [`CONNECTION_PENDING_WORK_RESUME`].
+    pub pending_work_drained: tokio::sync::Notify,
 }
 
 impl ConnectionShared {
     /// Queues an item for the writer; a closed writer means the connection is going away, and
     /// whatever was meant for it is requeued by the channel cleanup.
     pub fn send(&self, item: Outbound) {
-        let _ = self.outbound.send(item);
+        self.pending_work.fetch_add(1, Ordering::AcqRel);
+        if self.outbound.send(item).is_err() {
+            self.pending_work.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Counts work that will end in a send (a publish waiting for its sync).
+    pub fn begin_pending(&self) {
+        self.pending_work.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Ends work counted by [`ConnectionShared::begin_pending`], or an item the writer wrote.
+    pub fn end_pending(&self, count: usize) {
+        let before = self.pending_work.fetch_sub(count, Ordering::AcqRel);
+        assert!(before >= count, "connection pending work underflow");
+        if before - count <= CONNECTION_PENDING_WORK_RESUME
+            && before > CONNECTION_PENDING_WORK_RESUME
+        {
+            self.pending_work_drained.notify_waiters();
+        }
+    }
+
+    /// Waits while too much work is pending for this connection.
+    pub async fn wait_for_capacity(&self) {
+        while self.pending_work.load(Ordering::Acquire) > CONNECTION_PENDING_WORK_MAX {
+            let drained = self.pending_work_drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.pending_work.load(Ordering::Acquire) <= CONNECTION_PENDING_WORK_MAX {
+                return;
+            }
+            tokio::select! {
+                _ = drained => {}
+                // The writer is gone (socket failed): stop waiting; the next read ends the connection.
+                _ = self.outbound.closed() => return,
+            }
+        }
     }
 
     /// Remembers a queue to wake when the writer drains.

@@ -82,6 +82,8 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
         outbound_deliveries: AtomicUsize::new(0),
         stalled_queues: Default::default(),
         consumer_cancel_notify: AtomicBool::new(false),
+        pending_work: AtomicUsize::new(0),
+        pending_work_drained: tokio::sync::Notify::new(),
     });
     let frame_max = Arc::new(AtomicU32::new(broker.config.frame_bytes_max));
     let heartbeat_s = Arc::new(AtomicU32::new(0));
@@ -182,6 +184,8 @@ impl Connection {
                     interval => Duration::from_secs(2 * u64::from(interval)),
                 },
             };
+            // Backpressure: stop reading while this connection's writer and syncs are behind.
+            self.context.connection.wait_for_capacity().await;
             match tokio::time::timeout(timeout, self.reader.read_buf(&mut self.buffer)).await {
                 Ok(Ok(0)) => return Err(EndReason::Eof),
                 Ok(Ok(_)) => {}

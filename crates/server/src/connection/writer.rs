@@ -138,7 +138,9 @@ pub async fn run_writer<W: AsyncWrite + Unpin>(
             }
             items += 1;
         }
-        if socket.write_all(&buffer).await.is_err() {
+        let written = socket.write_all(&buffer).await;
+        connection.end_pending(items);
+        if written.is_err() {
             break;
         }
         buffer.clear();

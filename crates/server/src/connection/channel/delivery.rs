@@ -1,0 +1,224 @@
+//! Consumers, acknowledgements, recovery and transactions: what happens after a delivery.
+
+#[allow(unused_imports)]
+use super::*;
+
+impl Channel {
+    /// An empty queue name means the last queue declared on this channel, as in RabbitMQ.
+    pub(super) fn queue_name(&self, name: &ShortStr) -> Result<ShortStr, AmqpError> {
+        if !name.is_empty() {
+            return Ok(name.clone());
+        }
+        self.last_declared_queue
+            .clone()
+            .ok_or_else(|| AmqpError::new(constants::NOT_FOUND, "no previously declared queue"))
+    }
+
+    pub(super) fn require_queue(
+        &self,
+        context: &Context,
+        name: &ShortStr,
+    ) -> Result<Arc<QueueRuntime>, AmqpError> {
+        let vhost = context.broker.vhost(&context.vhost).read();
+        Ok(vhost
+            .require_queue(name, context.connection.id)?
+            .handle
+            .clone())
+    }
+
+    pub(super) fn consume(
+        &mut self,
+        context: &Context,
+        consume: amqp_codec::BasicConsume,
+    ) -> Result<(), AmqpError> {
+        let name = self.queue_name(&consume.queue)?;
+        let queue = self.require_queue(context, &name)?;
+        let tag = if consume.consumer_tag.is_empty() {
+            random_name("amq.ctag-")
+        } else {
+            consume.consumer_tag.clone()
+        };
+        if self.consumers.contains_key(&tag) {
+            return Err(AmqpError::not_allowed(format!(
+                "attempt to reuse consumer tag '{tag}'"
+            )));
+        }
+        let priority = match consume.arguments.get("x-priority") {
+            None => 0,
+            Some(value) => value.as_i64().ok_or_else(|| {
+                AmqpError::precondition("invalid arg 'x-priority': expected an integer")
+            })?,
+        };
+        let consumer = Arc::new(ConsumerHandle {
+            tag: tag.clone(),
+            channel: self.shared.clone(),
+            no_ack: consume.no_ack,
+            prefetch: self.consumer_prefetch,
+            unacked: Default::default(),
+            priority,
+            cancelled: Default::default(),
+        });
+        let id = self.id();
+        let reply = (!consume.nowait).then(|| {
+            let mut frames = BytesMut::new();
+            encode_method_frame(
+                &mut frames,
+                id,
+                &BasicConsumeOk {
+                    consumer_tag: tag.clone(),
+                }
+                .into(),
+            );
+            frames.freeze()
+        });
+        let connection = context.connection.clone();
+        queue.add_consumer(consumer.clone(), consume.exclusive, move || {
+            if let Some(frames) = reply {
+                connection.send(Outbound::Frames(frames));
+            }
+        })?;
+        self.consumers.insert(tag, (consumer, queue));
+        Ok(())
+    }
+
+    /// Takes deliveries off the ledger: one tag, every tag up to it (`multiple`), or all (tag 0
+    /// with `multiple`). An unknown tag is a 406, as in RabbitMQ.
+    pub(super) fn take_deliveries(
+        &self,
+        delivery_tag: u64,
+        multiple: bool,
+    ) -> Result<Vec<Unacked>, AmqpError> {
+        let mut ledger = self.shared.ledger.lock();
+        let taken: Vec<Unacked> = if multiple {
+            let keep = if delivery_tag == 0 {
+                std::collections::BTreeMap::new()
+            } else {
+                ledger.unacked.split_off(&(delivery_tag + 1))
+            };
+            std::mem::replace(&mut ledger.unacked, keep)
+                .into_values()
+                .collect()
+        } else {
+            ledger.unacked.remove(&delivery_tag).into_iter().collect()
+        };
+        if taken.is_empty() && !(multiple && delivery_tag == 0) {
+            return Err(AmqpError::precondition(format!(
+                "unknown delivery tag {delivery_tag}"
+            )));
+        }
+        Ok(taken)
+    }
+
+    /// basic.ack (`requeue` None), basic.nack and basic.reject.
+    pub(super) fn settle(
+        &mut self,
+        _context: &Context,
+        delivery_tag: u64,
+        multiple: bool,
+        requeue: Option<bool>,
+    ) -> Result<(), AmqpError> {
+        if let Some(transaction) = self.transaction.as_mut() {
+            let known = delivery_tag == 0 && multiple
+                || self
+                    .shared
+                    .ledger
+                    .lock()
+                    .unacked
+                    .contains_key(&delivery_tag);
+            if !known {
+                return Err(AmqpError::precondition(format!(
+                    "unknown delivery tag {delivery_tag}"
+                )));
+            }
+            transaction.settles.push(PendingSettle {
+                delivery_tag,
+                multiple,
+                requeue,
+            });
+            return Ok(());
+        }
+        let taken = self.take_deliveries(delivery_tag, multiple)?;
+        finish_grouped(taken.into_iter(), requeue.unwrap_or(false));
+        if self.shared.prefetch_global.load(Ordering::Acquire) != 0 {
+            self.dispatch_consumed_queues();
+        }
+        Ok(())
+    }
+
+    pub(super) fn recover(&mut self, requeue: bool) -> Result<(), AmqpError> {
+        if !requeue {
+            return Err(AmqpError::not_implemented("requeue=false"));
+        }
+        let taken = std::mem::take(&mut self.shared.ledger.lock().unacked);
+        finish_grouped(taken.into_values(), true);
+        Ok(())
+    }
+
+    pub(super) fn commit(&mut self, context: &Context) -> Result<(), AmqpError> {
+        let Some(transaction) = self.transaction.as_mut() else {
+            return Err(AmqpError::precondition("channel is not transactional"));
+        };
+        let Transaction { publishes, settles } = std::mem::take(transaction);
+        let mut logs: Vec<SharedLog> = Vec::new();
+        for publish in &publishes {
+            for log in self.route(context, publish).logs {
+                if !logs.iter().any(|known| Arc::ptr_eq(known, &log)) {
+                    logs.push(log);
+                }
+            }
+        }
+        for settle in settles {
+            // A tag settled twice in one transaction is already gone; RabbitMQ ignores it too.
+            if let Ok(taken) = self.take_deliveries(settle.delivery_tag, settle.multiple) {
+                finish_grouped(taken.into_iter(), settle.requeue.unwrap_or(false));
+            }
+        }
+        self.dispatch_consumed_queues();
+        let id = self.id();
+        if logs.is_empty() {
+            context.reply(id, TxCommitOk {}.into());
+        } else {
+            // commit-ok promises the transaction's persistent messages are on disk.
+            let connection = context.connection.clone();
+            context.broker.syncer.sync(
+                logs,
+                Some(Box::new(move |_durable| {
+                    let mut frames = BytesMut::new();
+                    encode_method_frame(&mut frames, id, &TxCommitOk {}.into());
+                    connection.send(Outbound::Frames(frames.freeze()));
+                })),
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn dispatch_consumed_queues(&self) {
+        let mut seen: Vec<*const QueueRuntime> = Vec::new();
+        for (_, queue) in self.consumers.values() {
+            if !seen.contains(&Arc::as_ptr(queue)) {
+                seen.push(Arc::as_ptr(queue));
+                queue.dispatch();
+            }
+        }
+    }
+}
+
+/// Settles (or requeues) deliveries, grouped per queue so each queue is locked once.
+pub(super) fn finish_grouped(deliveries: impl Iterator<Item = Unacked>, requeue: bool) {
+    let mut groups: Vec<(Arc<QueueRuntime>, Vec<u64>)> = Vec::new();
+    for delivery in deliveries {
+        if let Some(consumer) = &delivery.consumer {
+            consumer.release_delivery();
+        }
+        match groups
+            .iter_mut()
+            .find(|(queue, _)| Arc::ptr_eq(queue, &delivery.queue))
+        {
+            Some((_, positions)) => positions.push(delivery.position),
+            None => groups.push((delivery.queue, vec![delivery.position])),
+        }
+    }
+    for (queue, positions) in groups {
+        queue.finish_deliveries(&positions, requeue);
+    }
+}

@@ -1,0 +1,317 @@
+//! The methods a client sends on a channel, dispatched to what each does.
+
+#[allow(unused_imports)]
+use super::*;
+
+impl Channel {
+    pub(super) fn handle_method(
+        &mut self,
+        context: &mut Context,
+        method: Method,
+    ) -> Result<After, AmqpError> {
+        let id = self.id();
+        match method {
+            Method::BasicPublish(publish) => {
+                if publish.immediate {
+                    return Err(AmqpError::not_implemented("immediate=true"));
+                }
+                self.content = Some(Content {
+                    exchange: publish.exchange,
+                    routing_key: publish.routing_key,
+                    mandatory: publish.mandatory,
+                    header: None,
+                    body: BytesMut::new(),
+                    first_body_frame: None,
+                    body_received: 0,
+                });
+            }
+            Method::BasicAck(ack) => self.settle(context, ack.delivery_tag, ack.multiple, None)?,
+            Method::BasicNack(nack) => self.settle(
+                context,
+                nack.delivery_tag,
+                nack.multiple,
+                Some(nack.requeue),
+            )?,
+            Method::BasicReject(reject) => {
+                self.settle(context, reject.delivery_tag, false, Some(reject.requeue))?
+            }
+            Method::ChannelClose(_) => {
+                self.release(context);
+                context.reply(id, ChannelCloseOk {}.into());
+                return Ok(After::Forget);
+            }
+            Method::ChannelCloseOk(_) => return Ok(After::Forget),
+            Method::ChannelOpen(_) => {
+                return Err(AmqpError::channel_error("second 'channel.open' seen"))
+            }
+            Method::ChannelFlow(flow) => {
+                if !flow.active {
+                    // RabbitMQ 3.x refuses client-side flow control the same way.
+                    return Err(AmqpError::not_implemented("active=false"));
+                }
+                self.shared.flow_active.store(true, Ordering::Release);
+                context.reply(id, ChannelFlowOk { active: true }.into());
+            }
+            Method::ChannelFlowOk(_) => {}
+            Method::AccessRequest(_) => {
+                context.reply(id, amqp_codec::AccessRequestOk { ticket: 1 }.into())
+            }
+            Method::ExchangeDeclare(declare) => {
+                let declaration = ExchangeDeclaration {
+                    name: declare.exchange,
+                    kind: declare.exchange_type,
+                    passive: declare.passive,
+                    durable: declare.durable,
+                    auto_delete: declare.auto_delete,
+                    internal: declare.internal,
+                    arguments: declare.arguments,
+                };
+                context
+                    .broker
+                    .declare_exchange(&context.vhost, &declaration)?;
+                if !declare.nowait {
+                    context.reply(id, ExchangeDeclareOk {}.into());
+                }
+            }
+            Method::ExchangeDelete(delete) => {
+                context.broker.delete_exchange(
+                    &context.vhost,
+                    &delete.exchange,
+                    delete.if_unused,
+                )?;
+                if !delete.nowait {
+                    context.reply(id, ExchangeDeleteOk {}.into());
+                }
+            }
+            Method::ExchangeBind(bind) => {
+                let binding = Binding {
+                    destination: Destination::Exchange(bind.destination),
+                    routing_key: bind.routing_key,
+                    arguments: bind.arguments,
+                };
+                context.broker.bind(&context.vhost, &bind.source, binding)?;
+                if !bind.nowait {
+                    context.reply(id, ExchangeBindOk {}.into());
+                }
+            }
+            Method::ExchangeUnbind(unbind) => {
+                let binding = Binding {
+                    destination: Destination::Exchange(unbind.destination),
+                    routing_key: unbind.routing_key,
+                    arguments: unbind.arguments,
+                };
+                context
+                    .broker
+                    .unbind(&context.vhost, &unbind.source, &binding)?;
+                if !unbind.nowait {
+                    context.reply(id, ExchangeUnbindOk {}.into());
+                }
+            }
+            Method::QueueDeclare(declare) => {
+                let server_named = declare.queue.is_empty() && !declare.passive;
+                let name = if server_named {
+                    random_name("amq.gen-")
+                } else {
+                    declare.queue.clone()
+                };
+                let name = if declare.passive && name.is_empty() {
+                    self.queue_name(&name)?
+                } else {
+                    name
+                };
+                let exclusive_owner = declare.exclusive.then_some(context.connection.id);
+                let definition = QueueDefinition {
+                    name,
+                    durable: declare.durable,
+                    exclusive_owner,
+                    auto_delete: declare.auto_delete,
+                    arguments: declare.arguments,
+                };
+                let (name, message_count, consumer_count) = context.broker.declare_queue(
+                    &context.vhost,
+                    definition,
+                    declare.passive,
+                    server_named,
+                    context.connection.id,
+                )?;
+                if declare.exclusive
+                    && !declare.passive
+                    && !context.exclusive_queues.contains(&name)
+                {
+                    context.exclusive_queues.push(name.clone());
+                }
+                self.last_declared_queue = Some(name.clone());
+                if !declare.nowait {
+                    context.reply(
+                        id,
+                        QueueDeclareOk {
+                            queue: name,
+                            message_count,
+                            consumer_count,
+                        }
+                        .into(),
+                    );
+                }
+            }
+            Method::QueueBind(bind) => {
+                let queue = self.queue_name(&bind.queue)?;
+                self.require_queue(context, &queue)?;
+                let binding = Binding {
+                    destination: Destination::Queue(queue),
+                    routing_key: bind.routing_key,
+                    arguments: bind.arguments,
+                };
+                context
+                    .broker
+                    .bind(&context.vhost, &bind.exchange, binding)?;
+                if !bind.nowait {
+                    context.reply(id, QueueBindOk {}.into());
+                }
+            }
+            Method::QueueUnbind(unbind) => {
+                let queue = self.queue_name(&unbind.queue)?;
+                self.require_queue(context, &queue)?;
+                let binding = Binding {
+                    destination: Destination::Queue(queue),
+                    routing_key: unbind.routing_key,
+                    arguments: unbind.arguments,
+                };
+                context
+                    .broker
+                    .unbind(&context.vhost, &unbind.exchange, &binding)?;
+                context.reply(id, QueueUnbindOk {}.into());
+            }
+            Method::QueuePurge(purge) => {
+                let name = self.queue_name(&purge.queue)?;
+                let queue = self.require_queue(context, &name)?;
+                let message_count = queue.purge();
+                if !purge.nowait {
+                    context.reply(id, QueuePurgeOk { message_count }.into());
+                }
+            }
+            Method::QueueDelete(delete) => {
+                let name = self.queue_name(&delete.queue)?;
+                let exists = context
+                    .broker
+                    .vhost(&context.vhost)
+                    .read()
+                    .queue(&name)
+                    .is_some();
+                let message_count = if exists {
+                    let queue = self.require_queue(context, &name)?;
+                    let (ready, consumers) = queue.counts();
+                    if delete.if_unused && consumers > 0 {
+                        return Err(AmqpError::precondition(format!(
+                            "queue '{name}' in vhost '{}' in use",
+                            context.vhost
+                        )));
+                    }
+                    if delete.if_empty && ready > 0 {
+                        return Err(AmqpError::precondition(format!(
+                            "queue '{name}' in vhost '{}' not empty",
+                            context.vhost
+                        )));
+                    }
+                    context
+                        .exclusive_queues
+                        .retain(|exclusive| exclusive != &name);
+                    context.broker.remove_queue(&context.vhost, &name)
+                } else {
+                    0
+                };
+                if !delete.nowait {
+                    context.reply(id, QueueDeleteOk { message_count }.into());
+                }
+            }
+            Method::BasicQos(qos) => {
+                if qos.prefetch_size != 0 {
+                    return Err(AmqpError::not_implemented(format!(
+                        "prefetch_size!=0 ({})",
+                        qos.prefetch_size
+                    )));
+                }
+                if qos.global {
+                    self.shared
+                        .prefetch_global
+                        .store(u32::from(qos.prefetch_count), Ordering::Release);
+                } else {
+                    self.consumer_prefetch = u32::from(qos.prefetch_count);
+                }
+                context.reply(id, BasicQosOk {}.into());
+                self.dispatch_consumed_queues();
+            }
+            Method::BasicConsume(consume) => self.consume(context, consume)?,
+            Method::BasicCancel(cancel) => {
+                if let Some((consumer, queue)) = self.consumers.remove(&cancel.consumer_tag) {
+                    consumer.cancelled.store(true, Ordering::Release);
+                    if queue.remove_consumer(&consumer) == ConsumerRemoval::DeleteQueue {
+                        context.broker.remove_queue(&context.vhost, queue.name());
+                    }
+                }
+                if !cancel.nowait {
+                    context.reply(
+                        id,
+                        BasicCancelOk {
+                            consumer_tag: cancel.consumer_tag,
+                        }
+                        .into(),
+                    );
+                }
+            }
+            Method::BasicGet(get) => {
+                let name = self.queue_name(&get.queue)?;
+                let queue = self.require_queue(context, &name)?;
+                match queue.get(&self.shared, get.no_ack) {
+                    Some(get_ok) => context.connection.send(get_ok),
+                    None => context.reply(
+                        id,
+                        BasicGetEmpty {
+                            cluster_id: ShortStr::from(""),
+                        }
+                        .into(),
+                    ),
+                }
+            }
+            Method::BasicRecover(recover) => {
+                self.recover(recover.requeue)?;
+                context.reply(id, BasicRecoverOk {}.into());
+            }
+            Method::BasicRecoverAsync(recover) => self.recover(recover.requeue)?,
+            Method::TxSelect(_) => {
+                if self.confirm_sequence.is_some() {
+                    return Err(AmqpError::precondition(
+                        "cannot switch from confirm to tx mode",
+                    ));
+                }
+                self.transaction.get_or_insert_with(Transaction::default);
+                context.reply(id, TxSelectOk {}.into());
+            }
+            Method::TxCommit(_) => self.commit(context)?,
+            Method::TxRollback(_) => {
+                let Some(transaction) = self.transaction.as_mut() else {
+                    return Err(AmqpError::precondition("channel is not transactional"));
+                };
+                *transaction = Transaction::default();
+                context.reply(id, TxRollbackOk {}.into());
+            }
+            Method::ConfirmSelect(select) => {
+                if self.transaction.is_some() {
+                    return Err(AmqpError::precondition(
+                        "cannot switch from tx to confirm mode",
+                    ));
+                }
+                self.confirm_sequence.get_or_insert(0);
+                if !select.nowait {
+                    context.reply(id, ConfirmSelectOk {}.into());
+                }
+            }
+            other => {
+                return Err(AmqpError::command_invalid(format!(
+                    "a client may not send {} on a channel",
+                    other.name()
+                )));
+            }
+        }
+        Ok(After::KeepOpen)
+    }
+}

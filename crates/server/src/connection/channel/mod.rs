@@ -1,0 +1,213 @@
+//! One channel: assembling published content, and the exchange, queue, basic, tx and confirm
+//! methods. Runs on the connection's reader task, which owns this state alone; what queues must
+//! see lives in [`ChannelShared`].
+
+use super::context::Context;
+
+mod delivery;
+mod methods;
+mod publish;
+
+use crate::outbound::{ChannelShared, ConsumerHandle, Outbound, Unacked};
+use crate::queue_runtime::{ConsumerRemoval, Enqueued, QueueRuntime};
+use amqp_codec::{
+    constants, encode_method_frame, BasicAck, BasicCancelOk, BasicConsumeOk, BasicGetEmpty,
+    BasicNack, BasicQosOk, BasicRecoverOk, ChannelClose, ChannelCloseOk, ChannelFlowOk,
+    ChannelOpenOk, ConfirmSelectOk, ContentHeader, ExchangeBindOk, ExchangeDeclareOk,
+    ExchangeDeleteOk, ExchangeUnbindOk, FramePayload, LongStr, Method, QueueBindOk, QueueDeclareOk,
+    QueueDeleteOk, QueuePurgeOk, QueueUnbindOk, ShortStr, TxCommitOk, TxRollbackOk, TxSelectOk,
+};
+use broker_core::exchange::{Binding, Destination};
+use broker_core::vhost::{ExchangeDeclaration, QueueDefinition};
+use broker_core::{AmqpError, Message};
+use bytes::{Bytes, BytesMut};
+use delivery::finish_grouped;
+use rand::RngCore;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use storage::syncer::SharedLog;
+
+/// How many publishes and acks one transaction may hold before commit (a bound on memory).
+pub const TRANSACTION_OPERATIONS_MAX: usize = 1_000_000;
+
+/// What the connection does with the channel after a frame.
+pub enum After {
+    /// Keep it.
+    KeepOpen,
+    /// It is closed: forget it.
+    Forget,
+}
+
+/// A publish whose content is still arriving.
+struct Content {
+    exchange: ShortStr,
+    routing_key: ShortStr,
+    mandatory: bool,
+    header: Option<ContentHeader>,
+    body: BytesMut,
+    first_body_frame: Option<Bytes>,
+    body_received: u64,
+}
+
+/// A completed publish.
+struct Publish {
+    mandatory: bool,
+    message: Arc<Message>,
+}
+
+/// Where a publish went.
+struct Routed {
+    /// Logs written, to sync before confirming.
+    logs: Vec<SharedLog>,
+    /// Whether a queue refused the message (x-overflow reject-publish).
+    rejected: bool,
+}
+
+/// Acks, nacks and rejects wait in a transaction until commit.
+struct PendingSettle {
+    delivery_tag: u64,
+    multiple: bool,
+    requeue: Option<bool>,
+}
+
+#[derive(Default)]
+struct Transaction {
+    publishes: Vec<Publish>,
+    settles: Vec<PendingSettle>,
+}
+
+/// A channel's state on the reader task.
+pub struct Channel {
+    shared: Arc<ChannelShared>,
+    closing: bool,
+    content: Option<Content>,
+    consumers: HashMap<ShortStr, (Arc<ConsumerHandle>, Arc<QueueRuntime>)>,
+    consumer_prefetch: u32,
+    /// In confirm mode: the sequence number of the last publish.
+    confirm_sequence: Option<u64>,
+    transaction: Option<Transaction>,
+    last_declared_queue: Option<ShortStr>,
+}
+
+fn random_name(prefix: &str) -> ShortStr {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut bytes = [0u8; 22];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    let suffix: String = bytes
+        .iter()
+        .map(|byte| ALPHABET[usize::from(byte % 64)] as char)
+        .collect();
+    ShortStr::from(format!("{prefix}{suffix}"))
+}
+
+impl Channel {
+    /// channel.open: replies open-ok.
+    pub fn open(id: u16, context: &Context) -> Channel {
+        context.reply(
+            id,
+            ChannelOpenOk {
+                channel_id: LongStr::default(),
+            }
+            .into(),
+        );
+        Channel {
+            shared: Arc::new(ChannelShared::new(id, context.connection.clone())),
+            closing: false,
+            content: None,
+            consumers: HashMap::new(),
+            consumer_prefetch: 0,
+            confirm_sequence: None,
+            transaction: None,
+            last_declared_queue: None,
+        }
+    }
+
+    fn id(&self) -> u16 {
+        self.shared.id
+    }
+
+    /// Handles one frame for this channel.
+    pub fn handle(
+        &mut self,
+        context: &mut Context,
+        payload: FramePayload,
+    ) -> Result<After, AmqpError> {
+        if self.closing {
+            return Ok(match payload {
+                FramePayload::Method(Method::ChannelCloseOk(_)) => After::Forget,
+                FramePayload::Method(Method::ChannelClose(_)) => {
+                    context.reply(self.id(), ChannelCloseOk {}.into());
+                    After::KeepOpen
+                }
+                _ => After::KeepOpen,
+            });
+        }
+        match payload {
+            FramePayload::Method(method) => {
+                if let Some(content) = &self.content {
+                    let expected = if content.header.is_none() {
+                        "content header for class 60"
+                    } else {
+                        "content body"
+                    };
+                    return Err(AmqpError::unexpected_frame(format!(
+                        "expected {expected}, got non content frame instead (method {})",
+                        method.name()
+                    ))
+                    .during(60, 40));
+                }
+                let (class_id, method_id) = (method.class_id(), method.method_id());
+                self.handle_method(context, method).map_err(|error| {
+                    if error.class_id == 0 {
+                        error.during(class_id, method_id)
+                    } else {
+                        error
+                    }
+                })
+            }
+            FramePayload::Header(header) => {
+                self.handle_header(context, header)?;
+                Ok(After::KeepOpen)
+            }
+            FramePayload::Body(body) => {
+                self.handle_body(context, body)?;
+                Ok(After::KeepOpen)
+            }
+            FramePayload::Heartbeat => Err(AmqpError::unexpected_frame(
+                "heartbeat frame on a non-zero channel",
+            )),
+        }
+    }
+
+    /// Sends channel.close for a soft error and releases the channel's deliveries and consumers.
+    pub fn fail(&mut self, context: &mut Context, error: &AmqpError) {
+        let close = ChannelClose {
+            reply_code: error.code,
+            reply_text: ShortStr::truncating(error.text.clone()),
+            class_id: error.class_id,
+            method_id: error.method_id,
+        };
+        context.reply(self.id(), close.into());
+        self.release(context);
+        self.closing = true;
+    }
+
+    /// Stops deliveries, removes consumers (auto-deleting queues) and requeues unacked messages.
+    pub fn release(&mut self, context: &Context) {
+        self.content = None;
+        self.transaction = None;
+        let unacked = {
+            let mut ledger = self.shared.ledger.lock();
+            ledger.open = false;
+            std::mem::take(&mut ledger.unacked)
+        };
+        for (_, (consumer, queue)) in self.consumers.drain() {
+            consumer.cancelled.store(true, Ordering::Release);
+            if queue.remove_consumer(&consumer) == ConsumerRemoval::DeleteQueue {
+                context.broker.remove_queue(&context.vhost, queue.name());
+            }
+        }
+        finish_grouped(unacked.into_values(), true);
+    }
+}

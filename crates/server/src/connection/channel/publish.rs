@@ -1,0 +1,240 @@
+//! Publishing: assembling content frames into a message, routing it, and confirming it.
+
+#[allow(unused_imports)]
+use super::*;
+
+impl Channel {
+    pub(super) fn handle_header(
+        &mut self,
+        context: &Context,
+        header: ContentHeader,
+    ) -> Result<(), AmqpError> {
+        let Some(content) = self.content.as_mut() else {
+            return Err(AmqpError::unexpected_frame(
+                "expected method frame, got non method frame instead",
+            ));
+        };
+        if content.header.is_some() {
+            return Err(AmqpError::unexpected_frame(
+                "expected content body, got non content body frame instead",
+            )
+            .during(60, 40));
+        }
+        if header.class_id != amqp_codec::class_id::BASIC {
+            return Err(AmqpError::unexpected_frame(format!(
+                "content header for class {} does not match class 60",
+                header.class_id
+            ))
+            .during(60, 40));
+        }
+        if header.body_size > context.broker.config.message_bytes_max {
+            return Err(AmqpError::precondition(format!(
+                "message size {} is larger than configured max size {}",
+                header.body_size, context.broker.config.message_bytes_max
+            ))
+            .during(60, 40));
+        }
+        let complete = header.body_size == 0;
+        content.header = Some(header);
+        if complete {
+            self.finish_publish(context)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn handle_body(&mut self, context: &Context, body: Bytes) -> Result<(), AmqpError> {
+        let Some(content) = self.content.as_mut() else {
+            return Err(AmqpError::unexpected_frame(
+                "expected method frame, got non method frame instead",
+            ));
+        };
+        let Some(header) = &content.header else {
+            return Err(AmqpError::unexpected_frame(
+                "expected content header for class 60, got non content header frame instead",
+            )
+            .during(60, 40));
+        };
+        let expected = header.body_size;
+        content.body_received += body.len() as u64;
+        if content.body_received > expected {
+            return Err(AmqpError::new(
+                constants::FRAME_ERROR,
+                format!(
+                    "body frames carry {} bytes, more than the announced {expected}",
+                    content.body_received
+                ),
+            ));
+        }
+        // A body in one frame stays the frame's own bytes; only multi-frame bodies are copied.
+        if content.first_body_frame.is_none() && content.body.is_empty() {
+            content.first_body_frame = Some(body);
+        } else {
+            if let Some(first) = content.first_body_frame.take() {
+                content.body.reserve(expected as usize);
+                content.body.extend_from_slice(&first);
+            }
+            content.body.extend_from_slice(&body);
+        }
+        if content.body_received == expected {
+            self.finish_publish(context)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn finish_publish(&mut self, context: &Context) -> Result<(), AmqpError> {
+        let content = self.content.take().expect("called with content present");
+        let header = content.header.expect("header arrived");
+        let body = match content.first_body_frame {
+            Some(body) => body,
+            None => content.body.freeze(),
+        };
+        if let Ok(properties) = header.properties() {
+            if let Some(mode) = properties.delivery_mode {
+                if mode != 1 && mode != 2 {
+                    return Err(AmqpError::precondition(format!(
+                        "invalid message: {{delivery_mode_unknown,{mode}}}"
+                    ))
+                    .during(60, 40));
+                }
+            }
+            if let Some(user_id) = &properties.user_id {
+                if user_id.as_bytes() != context.user.as_bytes() {
+                    return Err(AmqpError::precondition(format!(
+                        "user_id property set to '{}' but authenticated user was '{}'",
+                        user_id, context.user
+                    ))
+                    .during(60, 40));
+                }
+            }
+        }
+        {
+            let vhost = context.broker.vhost(&context.vhost).read();
+            let exchange = vhost
+                .require_exchange(&content.exchange)
+                .map_err(|error| error.during(60, 40))?;
+            if exchange.internal {
+                return Err(AmqpError::access_refused(format!(
+                    "cannot publish to internal exchange '{}' in vhost '{}'",
+                    content.exchange, context.vhost
+                ))
+                .during(60, 40));
+            }
+        }
+        let message = Arc::new(Message {
+            exchange: content.exchange,
+            routing_key: content.routing_key,
+            header,
+            body,
+        });
+        let publish = Publish {
+            mandatory: content.mandatory,
+            message,
+        };
+        if let Some(transaction) = self.transaction.as_mut() {
+            if transaction.publishes.len() + transaction.settles.len() >= TRANSACTION_OPERATIONS_MAX
+            {
+                return Err(AmqpError::precondition(format!(
+                    "transaction holds more than {TRANSACTION_OPERATIONS_MAX} operations"
+                )));
+            }
+            transaction.publishes.push(publish);
+            return Ok(());
+        }
+        let Routed { logs, rejected } = self.route(context, &publish);
+        match self.confirm_sequence.as_mut() {
+            Some(sequence) => {
+                *sequence += 1;
+                let delivery_tag = *sequence;
+                if rejected {
+                    // A queue at its x-max-length with reject-publish refused it: nack, as RabbitMQ does.
+                    send_confirm(&self.shared, delivery_tag, false);
+                } else if logs.is_empty() {
+                    send_confirm(&self.shared, delivery_tag, true);
+                } else {
+                    let shared = self.shared.clone();
+                    shared.connection.begin_pending();
+                    context.broker.syncer.sync(
+                        logs,
+                        Some(Box::new(move |durable| {
+                            send_confirm(&shared, delivery_tag, durable);
+                            shared.connection.end_pending(1);
+                        })),
+                    );
+                }
+            }
+            None => {
+                if !logs.is_empty() {
+                    context.broker.syncer.sync(logs, None);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Routes a publish into its queues; returns the logs written, to sync before confirming.
+    pub(super) fn route(&self, context: &Context, publish: &Publish) -> Routed {
+        let message = &publish.message;
+        let mut queues: Vec<Arc<QueueRuntime>> = Vec::new();
+        {
+            let vhost = context.broker.vhost(&context.vhost).read();
+            let mut headers = || {
+                message
+                    .header
+                    .properties()
+                    .ok()
+                    .and_then(|properties| properties.headers)
+            };
+            vhost.route(
+                &message.exchange,
+                &message.routing_key,
+                &mut headers,
+                &mut queues,
+            );
+        }
+        if queues.is_empty() {
+            if publish.mandatory {
+                context.connection.send(Outbound::Return {
+                    channel: self.id(),
+                    reply_code: constants::NO_ROUTE,
+                    reply_text: ShortStr::from("NO_ROUTE"),
+                    message: message.clone(),
+                });
+            }
+            return Routed {
+                logs: Vec::new(),
+                rejected: false,
+            };
+        }
+        let mut logs = Vec::new();
+        let mut rejected = false;
+        for queue in &queues {
+            match queue.publish(message.clone()) {
+                Enqueued::Logged(log) => logs.push(log),
+                Enqueued::InMemory => {}
+                Enqueued::Rejected => rejected = true,
+            }
+        }
+        Routed { logs, rejected }
+    }
+}
+
+/// Sends basic.ack (or basic.nack when the message could not be made durable) to a publisher.
+pub(super) fn send_confirm(channel: &ChannelShared, delivery_tag: u64, durable: bool) {
+    let method: Method = if durable {
+        BasicAck {
+            delivery_tag,
+            multiple: false,
+        }
+        .into()
+    } else {
+        BasicNack {
+            delivery_tag,
+            multiple: false,
+            requeue: false,
+        }
+        .into()
+    };
+    let mut frames = BytesMut::with_capacity(32);
+    encode_method_frame(&mut frames, channel.id, &method);
+    channel.connection.send(Outbound::Frames(frames.freeze()));
+}
