@@ -3,7 +3,7 @@
 
 use crate::auth::Users;
 use crate::config::ServerConfig;
-use crate::outbound::{ConsumerHandle, Outbound};
+use crate::outbound::{ConnectionShared, ConsumerHandle, Outbound};
 use crate::queue_runtime::QueueRuntime;
 use amqp_codec::{encode_method_frame, BasicCancel, Method, ShortStr};
 use broker_core::exchange::{Binding, Destination, Exchange, ExchangeKind};
@@ -42,6 +42,8 @@ pub struct Broker {
     /// Serialises rewrites of the definitions file, so the newest topology is the one on disk.
     definitions_write: Mutex<()>,
     next_connection_id: AtomicU64,
+    /// Open connections, to close them at shutdown (and, later, to list them).
+    connections: Mutex<HashMap<u64, Arc<ConnectionShared>>>,
 }
 
 fn queue_log_path(data_dir: &std::path::Path, vhost: &str, name: &ShortStr) -> PathBuf {
@@ -65,6 +67,7 @@ impl Broker {
             definitions,
             definitions_write: Mutex::new(()),
             next_connection_id: AtomicU64::new(1),
+            connections: Mutex::new(HashMap::new()),
             config,
         };
         broker
@@ -188,6 +191,28 @@ impl Broker {
             storage::write_atomically(&self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER), b"")
         {
             tracing::error!(%error, "writing the clean-shutdown marker failed");
+        }
+    }
+
+    /// Records an open connection.
+    pub fn register_connection(&self, connection: Arc<ConnectionShared>) {
+        self.connections.lock().insert(connection.id, connection);
+    }
+
+    /// Forgets a closed connection.
+    pub fn unregister_connection(&self, id: u64) {
+        self.connections.lock().remove(&id);
+    }
+
+    /// How many connections are open.
+    pub fn connection_count(&self) -> usize {
+        self.connections.lock().len()
+    }
+
+    /// Asks every connection to close with 320 CONNECTION_FORCED (graceful shutdown).
+    pub fn close_all_connections(&self) {
+        for connection in self.connections.lock().values() {
+            connection.force_close.notify_one();
         }
     }
 

@@ -4,6 +4,9 @@ use crate::broker::Broker;
 use crate::config::ServerConfig;
 use std::net::SocketAddr;
 
+/// How long a graceful shutdown waits for clients to answer connection.close.
+pub const SHUTDOWN_CONNECTIONS_WAIT_S: u64 = 5;
+
 /// Opens the data directory, listens, and serves until SIGINT or SIGTERM.
 pub fn run(config: ServerConfig) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -32,7 +35,13 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
                 _ = terminate.recv() => break,
             }
         }
-        tracing::info!("shutting down");
+        tracing::info!(connections = broker.connection_count(), "shutting down: closing connections with 320 CONNECTION_FORCED");
+        drop(listener);
+        broker.close_all_connections();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(SHUTDOWN_CONNECTIONS_WAIT_S);
+        while broker.connection_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         broker.flush_all();
         Ok(())
     })

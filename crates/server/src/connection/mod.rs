@@ -84,7 +84,9 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
         consumer_cancel_notify: AtomicBool::new(false),
         pending_work: AtomicUsize::new(0),
         pending_work_drained: tokio::sync::Notify::new(),
+        force_close: tokio::sync::Notify::new(),
     });
+    broker.register_connection(shared.clone());
     let frame_max = Arc::new(AtomicU32::new(broker.config.frame_bytes_max));
     let heartbeat_s = Arc::new(AtomicU32::new(0));
     let writer_settings = WriterSettings {
@@ -117,6 +119,7 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
     connection.release_everything();
     shared.send(Outbound::Shutdown);
     let _ = writer.await;
+    broker.unregister_connection(shared.id);
 }
 
 struct Connection {
@@ -186,7 +189,14 @@ impl Connection {
             };
             // Backpressure: stop reading while this connection's writer and syncs are behind.
             self.context.connection.wait_for_capacity().await;
-            match tokio::time::timeout(timeout, self.reader.read_buf(&mut self.buffer)).await {
+            let read = tokio::select! {
+                read = tokio::time::timeout(timeout, self.reader.read_buf(&mut self.buffer)) => read,
+                _ = self.context.connection.force_close.notified() => {
+                    self.force_close();
+                    continue;
+                }
+            };
+            match read {
                 Ok(Ok(0)) => return Err(EndReason::Eof),
                 Ok(Ok(_)) => {}
                 Ok(Err(error)) => return Err(EndReason::Io(error)),
@@ -272,6 +282,21 @@ impl Connection {
         };
         if let Err(error) = result {
             self.fail(error);
+        }
+    }
+
+    /// The broker is shutting down: tell the client, as RabbitMQ does, and wait for close-ok.
+    fn force_close(&mut self) {
+        match self.phase {
+            Phase::Open => {
+                let error = AmqpError::new(
+                    amqp_codec::constants::CONNECTION_FORCED,
+                    "broker forced connection closure with reason 'shutdown'",
+                );
+                self.send_connection_close(&error);
+            }
+            Phase::Closing | Phase::AwaitClientEof | Phase::Draining | Phase::Done => {}
+            _ => self.phase = Phase::Done,
         }
     }
 
