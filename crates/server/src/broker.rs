@@ -51,7 +51,7 @@ fn queue_log_path(data_dir: &std::path::Path, vhost: &str, name: &ShortStr) -> P
     key.push(0);
     key.extend_from_slice(name.as_bytes());
     let hex: String = key.iter().map(|byte| format!("{byte:02x}")).collect();
-    data_dir.join("queues").join(format!("{hex}.log"))
+    data_dir.join("queues").join(hex)
 }
 
 impl Broker {
@@ -116,7 +116,11 @@ impl Broker {
                 arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
             };
             let path = queue_log_path(&self.config.data_dir, &record.vhost, &definition.name);
-            let (log, recovery) = QueueLog::open(&path).map_err(|error| error.to_string())?;
+            let (log, recovery) = QueueLog::open(&path, self.config.segment_bytes_max)
+                .map_err(|error| error.to_string())?;
+            for (file, offset) in &recovery.truncated {
+                tracing::error!(file = %file.display(), offset, queue = %definition.name, "recovered the intact part of a damaged segment");
+            }
             let queue = QueueRuntime::new(
                 definition.clone(),
                 &record.vhost,
@@ -176,14 +180,16 @@ impl Broker {
                     continue;
                 };
                 let written = log.lock().write_pending();
-                match written {
-                    Ok(Some(file)) => {
-                        if let Err(error) = file.sync_data() {
-                            tracing::error!(%error, "syncing a queue log at shutdown failed");
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(error) => tracing::error!(%error, "writing a queue log at shutdown failed"),
+                let synced = written
+                    .map_err(|error| error.to_string())
+                    .and_then(|files| {
+                        files
+                            .iter()
+                            .try_for_each(|file| file.sync_data())
+                            .map_err(|error| error.to_string())
+                    });
+                if let Err(error) = synced {
+                    tracing::error!(%error, "writing or syncing a queue log at shutdown failed");
                 }
             }
         }
@@ -336,6 +342,7 @@ impl Broker {
         connection_id: u64,
     ) -> Result<(ShortStr, u32, u32), AmqpError> {
         let data_dir = self.config.data_dir.clone();
+        let segment_bytes_max = self.config.segment_bytes_max;
         let mut log_error = None;
         let (queue, created) = {
             let mut vhost = self.vhost(vhost_name).write();
@@ -349,8 +356,8 @@ impl Broker {
                         let path = queue_log_path(&data_dir, vhost_name, &definition.name);
                         // A queue declared anew starts with an empty log, whatever an older queue of
                         // the same name left behind.
-                        let _ = std::fs::remove_file(&path);
-                        match QueueLog::open(&path) {
+                        let _ = std::fs::remove_dir_all(&path);
+                        match QueueLog::open(&path, segment_bytes_max) {
                             Ok((log, _)) => Some(Arc::new(Mutex::new(log))),
                             Err(error) => {
                                 log_error = Some(error.to_string());

@@ -20,6 +20,8 @@ pub struct ServerConfig {
     pub heartbeat_interval_s: u16,
     /// The largest message body we accept (RabbitMQ 3.10's default max_message_size).
     pub message_bytes_max: u64,
+    /// A queue log segment takes new messages until it holds this many bytes.
+    pub segment_bytes_max: u64,
 }
 
 impl Default for ServerConfig {
@@ -32,6 +34,7 @@ impl Default for ServerConfig {
             channels_per_connection_max: 2047,
             heartbeat_interval_s: 60,
             message_bytes_max: 128 * 1024 * 1024,
+            segment_bytes_max: storage::queue_log::SEGMENT_BYTES_MAX_DEFAULT,
         }
     }
 }

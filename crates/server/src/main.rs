@@ -42,6 +42,9 @@ struct ServerArguments {
     /// Heartbeat interval proposed to clients, in seconds (0 disables).
     #[arg(long, default_value_t = 60)]
     heartbeat_s: u16,
+    /// A queue log segment takes new messages until it holds this many bytes.
+    #[arg(long, env = "LEPUS_SEGMENT_BYTES_MAX", default_value_t = storage::queue_log::SEGMENT_BYTES_MAX_DEFAULT)]
+    segment_bytes_max: u64,
 }
 
 fn main() -> ExitCode {
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
                 amqp_port: arguments.amqp_port,
                 bind_address: arguments.bind,
                 heartbeat_interval_s: arguments.heartbeat_s,
+                segment_bytes_max: arguments.segment_bytes_max.max(1),
                 ..ServerConfig::default()
             };
             match listener::run(config) {

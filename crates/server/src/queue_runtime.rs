@@ -318,13 +318,6 @@ impl QueueRuntime {
                 }
             }
         }
-        if !requeue && inner.messages.is_empty() {
-            if let Some(log) = &self.log {
-                if let Err(error) = log.lock().compact_if_settled() {
-                    tracing::error!(%error, "compacting a queue log failed");
-                }
-            }
-        }
         self.dispatch_locked(&mut inner);
     }
 

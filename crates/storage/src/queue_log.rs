@@ -1,4 +1,4 @@
-//! One durable queue's message log: an append-only file of checksummed records.
+//! One durable queue's message log: a directory of segment files of checksummed records.
 //!
 //! Record layout (all integers big-endian):
 //!
@@ -8,9 +8,15 @@
 //!
 //! `length` counts kind, position and payload; the CRC covers the same bytes. Kinds: publish
 //! (payload: exchange, routing key, property flags, properties, body), delivered (the message was
-//! handed to a consumer, so it comes back with `redelivered` set) and settled (acked, rejected or
-//! purged). Records are buffered in memory and written by the syncer, which fdatasyncs before any
-//! confirm goes out.
+//! handed to a consumer, so it comes back with `redelivered` set) and settled (acked, rejected,
+//! expired or purged). Records are buffered in memory and written by the syncer, which fdatasyncs
+//! before any confirm goes out.
+//!
+//! A segment is named after the first queue position published into it (`{position:020}.seg`)
+//! and holds the publishes of a contiguous range of positions; settle and delivered records go to
+//! the newest segment whatever position they name. Each segment counts its unsettled publishes;
+//! an older segment whose count reaches zero is deleted, so the log's size follows the backlog.
+//! When a segment stops being the active one, a seal record with its length closes it.
 
 use crate::StorageError;
 #[cfg(test)]
@@ -27,12 +33,16 @@ use std::sync::Arc;
 const KIND_PUBLISH: u8 = 1;
 const KIND_DELIVERED: u8 = 2;
 const KIND_SETTLED: u8 = 3;
+/// Closes a segment that is no longer active; its payload is the segment's length before it. An
+/// older segment without its seal was truncated, even when the cut fell between two records.
+const KIND_SEALED: u8 = 4;
 const RECORD_HEADER_BYTES: usize = 8;
 /// No record may claim more than this; a larger length is corruption, not a message (RabbitMQ's
 /// largest message is 512 MiB).
 pub const RECORD_BYTES_MAX: usize = 600 * 1024 * 1024;
-/// When a queue is empty and its log has grown past this, the log is truncated.
-pub const LOG_BYTES_COMPACT_THRESHOLD: u64 = 16 * 1024 * 1024;
+/// A segment takes new publishes until it holds this many bytes.
+pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+const SEGMENT_SUFFIX: &str = ".seg";
 
 /// A message recovered from a log.
 #[derive(Debug)]
@@ -52,56 +62,146 @@ pub struct Recovery {
     pub messages: Vec<RecoveredMessage>,
     /// One past the highest position seen.
     pub next_position: u64,
-    /// Where the valid records end, if a torn or corrupt tail was cut there.
-    pub truncated_at: Option<u64>,
+    /// Segments whose tail was cut (torn or corrupt records), with the offset of the cut.
+    pub truncated: Vec<(PathBuf, u64)>,
+}
+
+#[derive(Debug)]
+struct Segment {
+    first_position: u64,
+    path: PathBuf,
+    unsettled: u64,
 }
 
 /// An open queue log.
 #[derive(Debug)]
 pub struct QueueLog {
-    path: PathBuf,
-    file: File,
+    directory: PathBuf,
+    segments: Vec<Segment>,
+    active: File,
+    active_bytes: u64,
+    segment_bytes_max: u64,
     pending: BytesMut,
-    bytes_on_disk: u64,
+    /// Older segments written since the last sync, which the next sync must cover too.
+    unsynced: Vec<File>,
     deleted: bool,
 }
 
-impl QueueLog {
-    /// Opens (creating) the log at `path`, replays it and cuts any invalid tail.
-    pub fn open(path: &Path) -> Result<(QueueLog, Recovery), StorageError> {
-        let file = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .open(path)
-            .map_err(|error| StorageError::io(path, error))?;
-        let recovery = replay(path, &file)?;
-        let valid_bytes = match recovery.truncated_at {
-            Some(offset) => {
-                file.set_len(offset)
-                    .map_err(|error| StorageError::io(path, error))?;
-                file.sync_all()
-                    .map_err(|error| StorageError::io(path, error))?;
-                offset
+fn segment_path(directory: &Path, first_position: u64) -> PathBuf {
+    directory.join(format!("{first_position:020}{SEGMENT_SUFFIX}"))
+}
+
+fn list_segments(directory: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
+    let mut segments = Vec::new();
+    let entries =
+        std::fs::read_dir(directory).map_err(|error| StorageError::io(directory, error))?;
+    for entry in entries {
+        let entry = entry.map_err(|error| StorageError::io(directory, error))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match name
+            .strip_suffix(SEGMENT_SUFFIX)
+            .and_then(|stem| stem.parse::<u64>().ok())
+        {
+            Some(first_position) => segments.push((first_position, entry.path())),
+            None => {
+                tracing::warn!(file = %entry.path().display(), "ignoring a file that is not a segment")
             }
-            None => file
-                .metadata()
-                .map_err(|error| StorageError::io(path, error))?
-                .len(),
-        };
-        let log = QueueLog {
-            path: path.to_path_buf(),
-            file,
+        }
+    }
+    segments.sort();
+    Ok(segments)
+}
+
+fn open_append(path: &Path) -> Result<File, StorageError> {
+    OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(path)
+        .map_err(|error| StorageError::io(path, error))
+}
+
+impl QueueLog {
+    /// Opens (creating) the log in `directory`, replays every segment, cuts invalid tails and
+    /// deletes older segments with nothing unsettled.
+    pub fn open(
+        directory: &Path,
+        segment_bytes_max: u64,
+    ) -> Result<(QueueLog, Recovery), StorageError> {
+        std::fs::create_dir_all(directory).map_err(|error| StorageError::io(directory, error))?;
+        let mut replayed = Replayed::default();
+        let mut segments = Vec::new();
+        let mut recovery = Recovery::default();
+        let listed = list_segments(directory)?;
+        let last = listed.len().saturating_sub(1);
+        for (index, (first_position, path)) in listed.into_iter().enumerate() {
+            let file = open_append(&path)?;
+            let replay = replay_segment(&path, &file, segments.len(), &mut replayed)?;
+            if let Some(offset) = replay.cut_at {
+                file.set_len(offset)
+                    .map_err(|error| StorageError::io(&path, error))?;
+                file.sync_all()
+                    .map_err(|error| StorageError::io(&path, error))?;
+                recovery.truncated.push((path.clone(), offset));
+            } else if index < last && !replay.sealed {
+                tracing::error!(file = %path.display(), offset = replay.end, "segment ends without its seal: it was truncated, messages after this offset are lost");
+                recovery.truncated.push((path.clone(), replay.end));
+            }
+            segments.push(Segment {
+                first_position,
+                path,
+                unsettled: 0,
+            });
+        }
+        for (segment, _, _) in replayed.published.values() {
+            segments[*segment].unsettled += 1;
+        }
+        recovery.next_position = replayed.next_position;
+        recovery.messages = replayed
+            .published
+            .into_iter()
+            .map(|(position, (_, message, delivered))| RecoveredMessage {
+                position,
+                message,
+                delivered,
+            })
+            .collect();
+        if segments.is_empty() {
+            let path = segment_path(directory, recovery.next_position);
+            segments.push(Segment {
+                first_position: recovery.next_position,
+                path,
+                unsettled: 0,
+            });
+        }
+        let active_path = segments.last().expect("at least one segment").path.clone();
+        let active = open_append(&active_path)?;
+        let active_bytes = active
+            .metadata()
+            .map_err(|error| StorageError::io(&active_path, error))?
+            .len();
+        let mut log = QueueLog {
+            directory: directory.to_path_buf(),
+            segments,
+            active,
+            active_bytes,
+            segment_bytes_max,
             pending: BytesMut::new(),
-            bytes_on_disk: valid_bytes,
+            unsynced: Vec::new(),
             deleted: false,
         };
+        log.delete_settled_segments();
         Ok((log, recovery))
     }
 
-    /// The file.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The directory.
+    pub fn directory(&self) -> &Path {
+        &self.directory
+    }
+
+    /// How many segment files the log has.
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
     }
 
     fn append(&mut self, kind: u8, position: u64, payload: impl FnOnce(&mut BytesMut)) {
@@ -115,13 +215,23 @@ impl QueueLog {
         self.pending.put_u64(position);
         payload(&mut self.pending);
         let length = self.pending.len() - start - RECORD_HEADER_BYTES;
+        assert!(length <= RECORD_BYTES_MAX, "record of {length} bytes");
         let checksum = crc32c::crc32c(&self.pending[start + RECORD_HEADER_BYTES..]);
         self.pending[start..start + 4].copy_from_slice(&(length as u32).to_be_bytes());
         self.pending[start + 4..start + 8].copy_from_slice(&checksum.to_be_bytes());
     }
 
-    /// Buffers a publish record.
+    /// Buffers a publish record, starting a new segment first when the active one is full.
     pub fn append_publish(&mut self, position: u64, message: &Message) {
+        if self.deleted {
+            return;
+        }
+        if self.active_bytes + self.pending.len() as u64 >= self.segment_bytes_max {
+            if let Err(error) = self.roll_segment(position) {
+                // Keep appending to the full segment rather than lose the record.
+                tracing::error!(%error, "starting a new segment failed");
+            }
+        }
         self.append(KIND_PUBLISH, position, |buffer| {
             buffer.put_u8(message.exchange.len() as u8);
             buffer.put_slice(message.exchange.as_bytes());
@@ -132,6 +242,35 @@ impl QueueLog {
             buffer.put_slice(&message.header.properties_raw);
             buffer.put_slice(&message.body);
         });
+        let active = self
+            .segments
+            .last_mut()
+            .expect("a log always has an active segment");
+        assert!(
+            position >= active.first_position,
+            "publish position {position} before its segment"
+        );
+        active.unsettled += 1;
+    }
+
+    fn roll_segment(&mut self, first_position: u64) -> Result<(), StorageError> {
+        let path = segment_path(&self.directory, first_position);
+        let file = open_append(&path)?;
+        let sealed_length = self.active_bytes + self.pending.len() as u64;
+        self.append(KIND_SEALED, first_position, |buffer| {
+            buffer.put_u64(sealed_length)
+        });
+        self.write_to_active()?;
+        let previous = std::mem::replace(&mut self.active, file);
+        self.unsynced.push(previous);
+        self.active_bytes = 0;
+        self.segments.push(Segment {
+            first_position,
+            path,
+            unsettled: 0,
+        });
+        self.delete_settled_segments();
+        Ok(())
     }
 
     /// Buffers a delivered marker.
@@ -139,81 +278,137 @@ impl QueueLog {
         self.append(KIND_DELIVERED, position, |_| {});
     }
 
-    /// Buffers a settled record.
+    /// Buffers a settled record and releases the position from its segment.
     pub fn append_settled(&mut self, position: u64) {
         self.append(KIND_SETTLED, position, |_| {});
+        let index = self
+            .segments
+            .partition_point(|segment| segment.first_position <= position);
+        if index == 0 {
+            return;
+        }
+        let segment = &mut self.segments[index - 1];
+        if segment.unsettled > 0 {
+            segment.unsettled -= 1;
+            if segment.unsettled == 0 && index < self.segments.len() {
+                self.delete_settled_segments();
+            }
+        }
+    }
+
+    /// Deletes older segments that hold nothing unsettled (never the active one).
+    fn delete_settled_segments(&mut self) {
+        let mut index = 0;
+        while index + 1 < self.segments.len() {
+            if self.segments[index].unsettled == 0 {
+                let segment = self.segments.remove(index);
+                if let Err(error) = std::fs::remove_file(&segment.path) {
+                    tracing::error!(file = %segment.path.display(), %error, "deleting a settled segment failed");
+                }
+            } else {
+                index += 1;
+            }
+        }
     }
 
     /// Whether records wait to be written.
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        !self.pending.is_empty() || !self.unsynced.is_empty()
     }
 
-    /// Writes the buffered records; returns a handle to fdatasync outside the caller's lock.
-    pub fn write_pending(&mut self) -> Result<Option<File>, StorageError> {
-        if self.deleted {
-            return Ok(None);
-        }
+    fn write_to_active(&mut self) -> Result<(), StorageError> {
         if !self.pending.is_empty() {
-            self.file
+            let path = &self.segments.last().expect("active segment").path;
+            self.active
                 .write_all(&self.pending)
-                .map_err(|error| StorageError::io(&self.path, error))?;
-            self.bytes_on_disk += self.pending.len() as u64;
+                .map_err(|error| StorageError::io(path, error))?;
+            self.active_bytes += self.pending.len() as u64;
             self.pending.clear();
         }
-        self.file
-            .try_clone()
-            .map(Some)
-            .map_err(|error| StorageError::io(&self.path, error))
-    }
-
-    /// Empties the log once every message in it is settled, so it does not grow forever.
-    pub fn compact_if_settled(&mut self) -> Result<(), StorageError> {
-        if self.deleted
-            || self.bytes_on_disk + self.pending.len() as u64 <= LOG_BYTES_COMPACT_THRESHOLD
-        {
-            return Ok(());
-        }
-        self.pending.clear();
-        self.file
-            .set_len(0)
-            .map_err(|error| StorageError::io(&self.path, error))?;
-        self.file
-            .sync_all()
-            .map_err(|error| StorageError::io(&self.path, error))?;
-        self.bytes_on_disk = 0;
         Ok(())
     }
 
-    /// Deletes the file (queue deleted); later appends are dropped.
+    /// Writes the buffered records; returns the files to fdatasync outside the caller's lock.
+    pub fn write_pending(&mut self) -> Result<Vec<File>, StorageError> {
+        if self.deleted {
+            return Ok(Vec::new());
+        }
+        self.write_to_active()?;
+        let mut files = std::mem::take(&mut self.unsynced);
+        let path = &self.segments.last().expect("active segment").path;
+        files.push(
+            self.active
+                .try_clone()
+                .map_err(|error| StorageError::io(path, error))?,
+        );
+        Ok(files)
+    }
+
+    /// Deletes every segment (queue deleted); later appends are dropped.
     pub fn delete(&mut self) -> Result<(), StorageError> {
         self.deleted = true;
         self.pending.clear();
-        match std::fs::remove_file(&self.path) {
+        self.unsynced.clear();
+        match std::fs::remove_dir_all(&self.directory) {
             Ok(()) => Ok(()),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(error) => Err(StorageError::io(&self.path, error)),
+            Err(error) => Err(StorageError::io(&self.directory, error)),
         }
     }
 }
 
-fn replay(path: &Path, file: &File) -> Result<Recovery, StorageError> {
+/// Replay state across the segments of one log.
+#[derive(Default)]
+struct Replayed {
+    /// Unsettled publishes: position -> (segment index, message, delivered).
+    published: BTreeMap<u64, (usize, Arc<Message>, bool)>,
+    next_position: u64,
+}
+
+/// What replaying one segment found.
+struct SegmentReplay {
+    /// Where to cut the file, if its tail is torn or corrupt.
+    cut_at: Option<u64>,
+    /// Whether it ends with a valid seal.
+    sealed: bool,
+    /// The offset after the last valid record.
+    end: u64,
+}
+
+/// Replays one segment into `replayed`.
+fn replay_segment(
+    path: &Path,
+    file: &File,
+    segment: usize,
+    replayed: &mut Replayed,
+) -> Result<SegmentReplay, StorageError> {
     let mut reader = BufReader::with_capacity(
         1 << 20,
         file.try_clone()
             .map_err(|error| StorageError::io(path, error))?,
     );
-    let mut published: BTreeMap<u64, (Arc<Message>, bool)> = BTreeMap::new();
-    let mut recovery = Recovery::default();
     let mut offset = 0u64;
+    let mut sealed = false;
+    let cut = |offset: u64| {
+        Ok(SegmentReplay {
+            cut_at: Some(offset),
+            sealed: false,
+            end: offset,
+        })
+    };
     loop {
         let mut header = [0u8; RECORD_HEADER_BYTES];
         match read_full(&mut reader, &mut header) {
-            Ok(0) => break,
+            Ok(0) => {
+                return Ok(SegmentReplay {
+                    cut_at: None,
+                    sealed,
+                    end: offset,
+                })
+            }
             Ok(count) if count < RECORD_HEADER_BYTES => {
-                tracing::warn!(file = %path.display(), offset, "torn record header at the log's tail; truncating");
-                recovery.truncated_at = Some(offset);
-                break;
+                tracing::warn!(file = %path.display(), offset, "torn record header at the segment's tail; truncating");
+                return cut(offset);
             }
             Ok(_) => {}
             Err(error) => return Err(StorageError::io(path, error)),
@@ -221,57 +416,53 @@ fn replay(path: &Path, file: &File) -> Result<Recovery, StorageError> {
         let length = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
         let checksum = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
         if !(9..=RECORD_BYTES_MAX).contains(&length) {
-            tracing::error!(file = %path.display(), offset, length, "record with an impossible length; truncating the log here");
-            recovery.truncated_at = Some(offset);
-            break;
+            tracing::error!(file = %path.display(), offset, length, "record with an impossible length; truncating the segment here");
+            return cut(offset);
         }
         let mut record = vec![0u8; length];
         let count =
             read_full(&mut reader, &mut record).map_err(|error| StorageError::io(path, error))?;
         if count < length || crc32c::crc32c(&record) != checksum {
-            tracing::error!(file = %path.display(), offset, "torn or corrupt record (checksum mismatch); truncating the log here");
-            recovery.truncated_at = Some(offset);
-            break;
+            tracing::error!(file = %path.display(), offset, "torn or corrupt record (checksum mismatch); truncating the segment here");
+            return cut(offset);
         }
         let kind = record[0];
         let position = u64::from_be_bytes(record[1..9].try_into().expect("length checked above"));
-        recovery.next_position = recovery.next_position.max(position + 1);
         match kind {
             KIND_PUBLISH => match decode_publish(Bytes::from(record).slice(9..)) {
                 Some(message) => {
-                    published.insert(position, (Arc::new(message), false));
+                    replayed.next_position = replayed.next_position.max(position + 1);
+                    replayed
+                        .published
+                        .insert(position, (segment, Arc::new(message), false));
                 }
                 None => {
-                    tracing::error!(file = %path.display(), offset, "publish record does not parse; truncating the log here");
-                    recovery.truncated_at = Some(offset);
-                    break;
+                    tracing::error!(file = %path.display(), offset, "publish record does not parse; truncating the segment here");
+                    return cut(offset);
                 }
             },
             KIND_DELIVERED => {
-                if let Some(entry) = published.get_mut(&position) {
-                    entry.1 = true;
+                if let Some(entry) = replayed.published.get_mut(&position) {
+                    entry.2 = true;
                 }
             }
             KIND_SETTLED => {
-                published.remove(&position);
+                replayed.published.remove(&position);
+            }
+            KIND_SEALED
+                if record.len() == 17
+                    && u64::from_be_bytes(record[9..17].try_into().expect("17 bytes"))
+                        == offset =>
+            {
+                sealed = true;
             }
             other => {
-                tracing::error!(file = %path.display(), offset, kind = other, "unknown record kind; truncating the log here");
-                recovery.truncated_at = Some(offset);
-                break;
+                tracing::error!(file = %path.display(), offset, kind = other, "unknown record kind; truncating the segment here");
+                return cut(offset);
             }
         }
         offset += (RECORD_HEADER_BYTES + length) as u64;
     }
-    recovery.messages = published
-        .into_iter()
-        .map(|(position, (message, delivered))| RecoveredMessage {
-            position,
-            message,
-            delivered,
-        })
-        .collect();
-    Ok(recovery)
 }
 
 fn read_full(reader: &mut impl Read, buffer: &mut [u8]) -> std::io::Result<usize> {
@@ -336,8 +527,8 @@ mod tests {
 
     #[test]
     fn replays_unsettled_messages_with_delivered_marks() {
-        let path = temporary_dir("replay").join("q.log");
-        let (mut log, recovery) = QueueLog::open(&path).expect("open");
+        let path = temporary_dir("replay").join("q");
+        let (mut log, recovery) = QueueLog::open(&path, SEGMENT_BYTES_MAX_DEFAULT).expect("open");
         assert!(recovery.messages.is_empty());
         for position in 0..3 {
             log.append_publish(position, &message(&format!("m{position}")));
@@ -346,7 +537,7 @@ mod tests {
         log.append_settled(0);
         log.write_pending().expect("write");
         drop(log);
-        let (_, recovery) = QueueLog::open(&path).expect("reopen");
+        let (_, recovery) = QueueLog::open(&path, SEGMENT_BYTES_MAX_DEFAULT).expect("reopen");
         let bodies: Vec<(u64, Bytes, bool)> = recovery
             .messages
             .iter()
@@ -360,24 +551,32 @@ mod tests {
         assert_eq!(recovery.messages[0].message.as_ref(), &message("m1"));
     }
 
+    fn only_segment(directory: &Path) -> PathBuf {
+        let segments = list_segments(directory).expect("list");
+        assert_eq!(segments.len(), 1);
+        segments[0].1.clone()
+    }
+
     #[test]
     fn torn_tail_and_flipped_byte_are_cut() {
-        let path = temporary_dir("torn").join("q.log");
-        let (mut log, _) = QueueLog::open(&path).expect("open");
+        let directory = temporary_dir("torn").join("q");
+        let (mut log, _) = QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect("open");
         log.append_publish(0, &message("keep"));
         log.append_publish(1, &message("torn"));
         log.write_pending().expect("write");
         drop(log);
+        let path = only_segment(&directory);
         let full = std::fs::metadata(&path).expect("meta").len();
         // Flip a byte in the second record's body: its checksum no longer matches.
         let mut bytes = std::fs::read(&path).expect("read");
         let last = bytes.len() - 1;
         bytes[last] ^= 0xff;
         std::fs::write(&path, &bytes).expect("write");
-        let (_, recovery) = QueueLog::open(&path).expect("reopen");
+        let (_, recovery) = QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect("reopen");
         assert_eq!(recovery.messages.len(), 1);
         assert_eq!(recovery.messages[0].message.body, Bytes::from("keep"));
-        let cut = recovery.truncated_at.expect("cut");
+        let (cut_path, cut) = recovery.truncated[0].clone();
+        assert_eq!(cut_path, path);
         assert!(cut < full);
         assert_eq!(std::fs::metadata(&path).expect("meta").len(), cut);
         // Half a header at the tail is cut too.
@@ -387,8 +586,39 @@ mod tests {
             .expect("open")
             .write_all(&[0, 0, 1])
             .expect("append");
-        let (_, recovery) = QueueLog::open(&path).expect("reopen again");
-        assert_eq!(recovery.truncated_at, Some(cut));
+        let (_, recovery) =
+            QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect("reopen again");
+        assert_eq!(recovery.truncated, vec![(path, cut)]);
         assert_eq!(recovery.messages.len(), 1);
+    }
+
+    #[test]
+    fn settled_segments_are_deleted_and_a_missing_one_loses_only_itself() {
+        let directory = temporary_dir("segments").join("q");
+        // Tiny segments: every publish starts a new one.
+        let (mut log, _) = QueueLog::open(&directory, 1).expect("open");
+        for position in 0..4 {
+            log.append_publish(position, &message(&format!("m{position}")));
+            log.write_pending().expect("write");
+        }
+        assert_eq!(log.segment_count(), 4);
+        log.append_settled(0);
+        log.append_settled(2);
+        log.write_pending().expect("write");
+        assert_eq!(
+            log.segment_count(),
+            2,
+            "segments 0 and 2 hold nothing unsettled"
+        );
+        drop(log);
+        let (_, recovery) = QueueLog::open(&directory, 1).expect("reopen");
+        let positions: Vec<u64> = recovery.messages.iter().map(|m| m.position).collect();
+        assert_eq!(positions, vec![1, 3]);
+        // A segment file that disappears takes only its own messages with it.
+        std::fs::remove_file(segment_path(&directory, 1)).expect("remove");
+        let (_, recovery) = QueueLog::open(&directory, 1).expect("reopen after loss");
+        let positions: Vec<u64> = recovery.messages.iter().map(|m| m.position).collect();
+        assert_eq!(positions, vec![3]);
+        assert_eq!(recovery.next_position, 4);
     }
 }

@@ -101,8 +101,10 @@ fn sync_all(logs: &[SharedLog]) -> bool {
     for log in logs {
         let written = log.lock().write_pending();
         let result = match written {
-            Ok(Some(file)) => file.sync_data().map_err(|error| error.to_string()),
-            Ok(None) => Ok(()),
+            Ok(files) => files
+                .iter()
+                .try_for_each(|file| file.sync_data())
+                .map_err(|error| error.to_string()),
             Err(error) => Err(error.to_string()),
         };
         if let Err(error) = result {
