@@ -42,6 +42,12 @@ pub struct Broker {
     /// Serialises rewrites of the definitions file, so the newest topology is the one on disk.
     definitions_write: Mutex<()>,
     next_connection_id: AtomicU64,
+    /// Raised while free disk space is below the limit (see `disk.rs`).
+    pub disk_alarm: std::sync::atomic::AtomicBool,
+    /// Signalled when the disk alarm is raised.
+    pub disk_alarm_raised: tokio::sync::Notify,
+    /// Signalled when the disk alarm clears.
+    pub disk_alarm_cleared: tokio::sync::Notify,
     /// Open connections, to close them at shutdown (and, later, to list them).
     connections: Mutex<HashMap<u64, Arc<ConnectionShared>>>,
 }
@@ -68,6 +74,9 @@ impl Broker {
             definitions_write: Mutex::new(()),
             next_connection_id: AtomicU64::new(1),
             connections: Mutex::new(HashMap::new()),
+            disk_alarm: std::sync::atomic::AtomicBool::new(false),
+            disk_alarm_cleared: tokio::sync::Notify::new(),
+            disk_alarm_raised: tokio::sync::Notify::new(),
             config,
         };
         broker

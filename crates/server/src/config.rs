@@ -22,6 +22,9 @@ pub struct ServerConfig {
     pub message_bytes_max: u64,
     /// A queue log segment takes new messages until it holds this many bytes.
     pub segment_bytes_max: u64,
+    /// Publishers are blocked while the data directory's filesystem has less free space than
+    /// this (RabbitMQ's default disk_free_limit).
+    pub disk_free_limit_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -35,6 +38,7 @@ impl Default for ServerConfig {
             heartbeat_interval_s: 60,
             message_bytes_max: 128 * 1024 * 1024,
             segment_bytes_max: storage::queue_log::SEGMENT_BYTES_MAX_DEFAULT,
+            disk_free_limit_bytes: 50_000_000,
         }
     }
 }

@@ -18,6 +18,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         let address = SocketAddr::new(config.bind_address, config.amqp_port);
         let listener = tokio::net::TcpListener::bind(address).await.map_err(|error| format!("listening on {address}: {error}"))?;
         tracing::info!(%address, data_dir = %config.data_dir.display(), "Lepus is accepting AMQP 0-9-1 connections");
+        tokio::spawn(crate::disk::monitor(broker.clone()));
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|error| error.to_string())?;
         loop {
             tokio::select! {

@@ -4,6 +4,7 @@ mod auth;
 mod broker;
 mod config;
 mod connection;
+mod disk;
 mod listener;
 mod outbound;
 mod queue_runtime;
@@ -45,6 +46,9 @@ struct ServerArguments {
     /// A queue log segment takes new messages until it holds this many bytes.
     #[arg(long, env = "LEPUS_SEGMENT_BYTES_MAX", default_value_t = storage::queue_log::SEGMENT_BYTES_MAX_DEFAULT)]
     segment_bytes_max: u64,
+    /// Publishers are blocked while the data directory's filesystem has less free space than this.
+    #[arg(long, env = "LEPUS_DISK_FREE_LIMIT_BYTES", default_value_t = 50_000_000)]
+    disk_free_limit_bytes: u64,
 }
 
 fn main() -> ExitCode {
@@ -64,6 +68,7 @@ fn main() -> ExitCode {
                 bind_address: arguments.bind,
                 heartbeat_interval_s: arguments.heartbeat_s,
                 segment_bytes_max: arguments.segment_bytes_max.max(1),
+                disk_free_limit_bytes: arguments.disk_free_limit_bytes,
                 ..ServerConfig::default()
             };
             match listener::run(config) {

@@ -89,6 +89,8 @@ pub struct ConnectionShared {
     pub pending_work: AtomicUsize,
     /// Signalled when the pending work falls to [`CONNECTION_PENDING_WORK_RESUME`].
     pub pending_work_drained: tokio::sync::Notify,
+    /// Set once the client published: only publishing connections are blocked by alarms.
+    pub has_published: AtomicBool,
     /// Signalled when the broker closes the connection (shutdown): 320 CONNECTION_FORCED.
     pub force_close: tokio::sync::Notify,
 }

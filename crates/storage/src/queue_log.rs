@@ -316,18 +316,24 @@ impl QueueLog {
         !self.pending.is_empty() || !self.unsynced.is_empty()
     }
 
+    /// Writes the buffered records to the active segment. A failed write (ENOSPC, EIO) may leave
+    /// part of a record behind; the file is cut back to its last whole record so a later write
+    /// does not append after garbage, and the records stay buffered for the next attempt.
     fn write_to_active(&mut self) -> Result<(), StorageError> {
-        if !self.pending.is_empty() {
-            let path = &self.segments.last().expect("active segment").path;
-            self.active
-                .write_all(&self.pending)
-                .map_err(|error| StorageError::io(path, error))?;
-            self.active_bytes += self.pending.len() as u64;
-            self.pending.clear();
+        if self.pending.is_empty() {
+            return Ok(());
         }
+        let path = &self.segments.last().expect("active segment").path;
+        if let Err(error) = self.active.write_all(&self.pending) {
+            if let Err(cut_error) = self.active.set_len(self.active_bytes) {
+                tracing::error!(file = %path.display(), %cut_error, "cutting a failed write back failed; recovery will cut it by checksum");
+            }
+            return Err(StorageError::io(path, error));
+        }
+        self.active_bytes += self.pending.len() as u64;
+        self.pending.clear();
         Ok(())
     }
-
     /// Writes the buffered records; returns the files to fdatasync outside the caller's lock.
     pub fn write_pending(&mut self) -> Result<Vec<File>, StorageError> {
         if self.deleted {

@@ -85,6 +85,7 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
         pending_work: AtomicUsize::new(0),
         pending_work_drained: tokio::sync::Notify::new(),
         force_close: tokio::sync::Notify::new(),
+        has_published: AtomicBool::new(false),
     });
     broker.register_connection(shared.clone());
     let frame_max = Arc::new(AtomicU32::new(broker.config.frame_bytes_max));
@@ -110,6 +111,7 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
         frame_max,
         heartbeat_s,
         authentication_failure_close: false,
+        blocked_notify: false,
     };
     tracing::debug!(%peer, id = shared.id, "connection accepted");
     connection.send_start();
@@ -133,6 +135,8 @@ struct Connection {
     frame_max: Arc<AtomicU32>,
     heartbeat_s: Arc<AtomicU32>,
     authentication_failure_close: bool,
+    /// Whether the client understands connection.blocked / unblocked.
+    blocked_notify: bool,
 }
 
 /// Why the read loop ended.
@@ -189,12 +193,17 @@ impl Connection {
             };
             // Backpressure: stop reading while this connection's writer and syncs are behind.
             self.context.connection.wait_for_capacity().await;
+            self.wait_out_disk_alarm().await;
+            let broker = self.context.broker.clone();
+            let alarm_raised = broker.disk_alarm_raised.notified();
             let read = tokio::select! {
                 read = tokio::time::timeout(timeout, self.reader.read_buf(&mut self.buffer)) => read,
                 _ = self.context.connection.force_close.notified() => {
                     self.force_close();
                     continue;
                 }
+                // A publisher learns of a disk alarm at once, not at its next frame.
+                _ = alarm_raised, if self.context.connection.has_published.load(Ordering::Acquire) => continue,
             };
             match read {
                 Ok(Ok(0)) => return Err(EndReason::Eof),
@@ -285,6 +294,53 @@ impl Connection {
         }
     }
 
+    /// While the disk alarm is raised, a connection that publishes is not read (RabbitMQ's
+    /// blocking); it is told with connection.blocked when it asked for that capability.
+    async fn wait_out_disk_alarm(&mut self) {
+        let broker = self.context.broker.clone();
+        if self.phase != Phase::Open
+            || !self
+                .context
+                .connection
+                .has_published
+                .load(Ordering::Acquire)
+        {
+            return;
+        }
+        let mut told_blocked = false;
+        while broker.disk_alarm.load(Ordering::Acquire) {
+            let cleared = broker.disk_alarm_cleared.notified();
+            tokio::pin!(cleared);
+            cleared.as_mut().enable();
+            if !broker.disk_alarm.load(Ordering::Acquire) {
+                break;
+            }
+            if !told_blocked && self.blocked_notify {
+                self.context.reply(
+                    0,
+                    amqp_codec::ConnectionBlocked {
+                        reason: ShortStr::from("low on disk"),
+                    }
+                    .into(),
+                );
+                told_blocked = true;
+            }
+            tokio::select! {
+                _ = &mut cleared => {}
+                _ = self.context.connection.force_close.notified() => {
+                    self.force_close();
+                    return;
+                }
+                // Re-check now and then, so a missed wake-up cannot block forever.
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+        if told_blocked {
+            self.context
+                .reply(0, amqp_codec::ConnectionUnblocked {}.into());
+        }
+    }
+
     /// The broker is shutting down: tell the client, as RabbitMQ does, and wait for close-ok.
     fn force_close(&mut self) {
         match self.phase {
@@ -349,6 +405,7 @@ impl Connection {
                     .consumer_cancel_notify
                     .store(flag("consumer_cancel_notify"), Ordering::Release);
                 self.authentication_failure_close = flag("authentication_failure_close");
+                self.blocked_notify = flag("connection.blocked");
                 match self.context.broker.users.authenticate(
                     start_ok.mechanism.as_bytes(),
                     &start_ok.response.0,

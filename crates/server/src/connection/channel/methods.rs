@@ -12,6 +12,10 @@ impl Channel {
         let id = self.id();
         match method {
             Method::BasicPublish(publish) => {
+                context
+                    .connection
+                    .has_published
+                    .store(true, Ordering::Release);
                 if publish.immediate {
                     return Err(AmqpError::not_implemented("immediate=true"));
                 }
