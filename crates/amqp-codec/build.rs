@@ -17,8 +17,7 @@ fn main() {
     let text = std::fs::read_to_string(SPEC_PATH).expect("the AMQP spec JSON is part of the crate");
     let spec: Value = serde_json::from_str(&text).expect("the AMQP spec is valid JSON");
     let code = generate(&spec);
-    let out =
-        PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("methods.rs");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("methods.rs");
     std::fs::write(out, code).expect("OUT_DIR is writable");
 }
 
@@ -108,10 +107,7 @@ fn parse_methods(spec: &Value) -> Vec<MethodSpec> {
     let mut domains = std::collections::HashMap::new();
     for domain in spec["domains"].as_array().expect("domains") {
         let pair = domain.as_array().expect("domain pair");
-        domains.insert(
-            pair[0].as_str().expect("domain name").to_string(),
-            pair[1].as_str().expect("domain type").to_string(),
-        );
+        domains.insert(pair[0].as_str().expect("domain name").to_string(), pair[1].as_str().expect("domain type").to_string());
     }
     let mut methods = Vec::new();
     for class in spec["classes"].as_array().expect("classes") {
@@ -128,10 +124,7 @@ fn parse_methods(spec: &Value) -> Vec<MethodSpec> {
                         Some(wire) => wire.to_string(),
                         None => domains[argument["domain"].as_str().expect("domain")].clone(),
                     };
-                    Argument {
-                        field: field_name(argument["name"].as_str().expect("argument name")),
-                        wire: WireType::parse(&wire),
-                    }
+                    Argument { field: field_name(argument["name"].as_str().expect("argument name")), wire: WireType::parse(&wire) }
                 })
                 .collect();
             methods.push(MethodSpec {
@@ -140,14 +133,8 @@ fn parse_methods(spec: &Value) -> Vec<MethodSpec> {
                 class_id,
                 method_id: method["id"].as_u64().expect("method id"),
                 type_name: camel(class_name) + &camel(method_name),
-                content: method
-                    .get("content")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
-                synchronous: method
-                    .get("synchronous")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
+                content: method.get("content").and_then(Value::as_bool).unwrap_or(false),
+                synchronous: method.get("synchronous").and_then(Value::as_bool).unwrap_or(false),
                 arguments,
             });
         }
@@ -168,55 +155,34 @@ fn generate(spec: &Value) -> String {
 }
 
 fn generate_constants(spec: &Value, out: &mut String) {
-    out.push_str(
-        "/// Frame types, sizes and reply codes named by the specification.\npub mod constants {\n",
-    );
+    out.push_str("/// Frame types, sizes and reply codes named by the specification.\npub mod constants {\n");
     for constant in spec["constants"].as_array().expect("constants") {
         let name = constant_name(constant["name"].as_str().expect("constant name"));
         let value = constant["value"].as_u64().expect("constant value");
         let rust_type = match name.as_str() {
-            "FRAME_METHOD" | "FRAME_HEADER" | "FRAME_BODY" | "FRAME_HEARTBEAT" | "FRAME_END" => {
-                "u8"
-            }
+            "FRAME_METHOD" | "FRAME_HEADER" | "FRAME_BODY" | "FRAME_HEARTBEAT" | "FRAME_END" => "u8",
             "FRAME_MIN_SIZE" => "u32",
             _ => "u16",
         };
-        let _ = writeln!(
-            out,
-            "    /// `{}` from the specification.",
-            constant["name"].as_str().unwrap_or_default()
-        );
+        let _ = writeln!(out, "    /// `{}` from the specification.", constant["name"].as_str().unwrap_or_default());
         let _ = writeln!(out, "    pub const {name}: {rust_type} = {value};");
     }
     out.push_str("}\n\n/// Class ids.\npub mod class_id {\n");
     for class in spec["classes"].as_array().expect("classes") {
         let name = constant_name(class["name"].as_str().expect("class name"));
-        let _ = writeln!(
-            out,
-            "    /// The `{}` class.",
-            class["name"].as_str().unwrap_or_default()
-        );
+        let _ = writeln!(out, "    /// The `{}` class.", class["name"].as_str().unwrap_or_default());
         let _ = writeln!(out, "    pub const {name}: u16 = {};", class["id"]);
     }
     out.push_str("}\n\n");
 }
 
 fn generate_struct(method: &MethodSpec, out: &mut String) {
-    let _ = writeln!(
-        out,
-        "/// `{}.{}` (class {}, method {}).",
-        method.class_name, method.method_name, method.class_id, method.method_id
-    );
+    let _ = writeln!(out, "/// `{}.{}` (class {}, method {}).", method.class_name, method.method_name, method.class_id, method.method_id);
     out.push_str("#[derive(Debug, Clone, PartialEq, Default)]\n");
     let _ = writeln!(out, "pub struct {} {{", method.type_name);
     for argument in &method.arguments {
         let _ = writeln!(out, "    /// The `{}` argument.", argument.field);
-        let _ = writeln!(
-            out,
-            "    pub {}: {},",
-            argument.field,
-            argument.wire.rust_type()
-        );
+        let _ = writeln!(out, "    pub {}: {},", argument.field, argument.wire.rust_type());
     }
     out.push_str("}\n\n");
     let _ = writeln!(out, "impl {} {{", method.type_name);
@@ -227,19 +193,9 @@ fn generate_struct(method: &MethodSpec, out: &mut String) {
     for argument in &method.arguments {
         if argument.wire == WireType::Bit {
             if bit_index % 8 == 0 {
-                let _ = writeln!(
-                    out,
-                    "        let bits_{} = reader.read_u8()?;",
-                    bit_index / 8
-                );
+                let _ = writeln!(out, "        let bits_{} = reader.read_u8()?;", bit_index / 8);
             }
-            let _ = writeln!(
-                out,
-                "        let {} = bits_{} & (1 << {}) != 0;",
-                argument.field,
-                bit_index / 8,
-                bit_index % 8
-            );
+            let _ = writeln!(out, "        let {} = bits_{} & (1 << {}) != 0;", argument.field, bit_index / 8, bit_index % 8);
             bit_index += 1;
         } else {
             bit_index = 0;
@@ -275,11 +231,7 @@ fn generate_struct(method: &MethodSpec, out: &mut String) {
                     out.push_str("        writer.put_u8(bits);\n        bits = 0;\n");
                     bit = 0;
                 }
-                let _ = writeln!(
-                    out,
-                    "        if self.{} {{ bits |= 1 << {bit}; }}",
-                    method.arguments[index].field
-                );
+                let _ = writeln!(out, "        if self.{} {{ bits |= 1 << {bit}; }}", method.arguments[index].field);
                 bit += 1;
                 index += 1;
             }
@@ -308,17 +260,11 @@ fn generate_struct(method: &MethodSpec, out: &mut String) {
 fn generate_enum(methods: &[MethodSpec], out: &mut String) {
     out.push_str("/// Every AMQP 0-9-1 method, with its arguments.\n#[derive(Debug, Clone, PartialEq)]\npub enum Method {\n");
     for method in methods {
-        let _ = writeln!(
-            out,
-            "    /// `{}.{}`.",
-            method.class_name, method.method_name
-        );
+        let _ = writeln!(out, "    /// `{}.{}`.", method.class_name, method.method_name);
         let _ = writeln!(out, "    {0}({0}),", method.type_name);
     }
     out.push_str("}\n\nimpl Method {\n");
-    out.push_str(
-        "    /// Decodes the arguments of the method named by `class_id` and `method_id`.\n",
-    );
+    out.push_str("    /// Decodes the arguments of the method named by `class_id` and `method_id`.\n");
     out.push_str("    pub fn decode(class_id: u16, method_id: u16, reader: &mut Reader) -> Result<Method, DecodeError> {\n        match (class_id, method_id) {\n");
     for method in methods {
         let _ = writeln!(
@@ -328,71 +274,31 @@ fn generate_enum(methods: &[MethodSpec], out: &mut String) {
         );
     }
     out.push_str("            _ => Err(DecodeError::UnknownMethod { class_id, method_id }),\n        }\n    }\n\n");
-    let simple =
-        |out: &mut String, doc: &str, signature: &str, value: &dyn Fn(&MethodSpec) -> String| {
-            let _ = writeln!(
-                out,
-                "    /// {doc}\n    pub fn {signature} {{\n        match self {{"
-            );
-            for method in methods {
-                let _ = writeln!(
-                    out,
-                    "            Method::{}(_) => {},",
-                    method.type_name,
-                    value(method)
-                );
-            }
-            out.push_str("        }\n    }\n\n");
-        };
-    simple(
-        out,
-        "The class id on the wire.",
-        "class_id(&self) -> u16",
-        &|m| m.class_id.to_string(),
-    );
-    simple(
-        out,
-        "The method id on the wire.",
-        "method_id(&self) -> u16",
-        &|m| m.method_id.to_string(),
-    );
-    simple(
-        out,
-        "The name RabbitMQ uses in reply texts, such as `basic.publish`.",
-        "name(&self) -> &'static str",
-        &|m| format!("\"{}.{}\"", m.class_name, m.method_name),
-    );
-    simple(
-        out,
-        "Whether a content header and body frames follow this method.",
-        "has_content(&self) -> bool",
-        &|m| m.content.to_string(),
-    );
-    simple(
-        out,
-        "Whether the specification marks the method as expecting a reply.",
-        "is_synchronous(&self) -> bool",
-        &|m| m.synchronous.to_string(),
-    );
-    out.push_str(
-        "    /// Encodes class id, method id and arguments (the method frame's payload).\n",
-    );
+    let simple = |out: &mut String, doc: &str, signature: &str, value: &dyn Fn(&MethodSpec) -> String| {
+        let _ = writeln!(out, "    /// {doc}\n    pub fn {signature} {{\n        match self {{");
+        for method in methods {
+            let _ = writeln!(out, "            Method::{}(_) => {},", method.type_name, value(method));
+        }
+        out.push_str("        }\n    }\n\n");
+    };
+    simple(out, "The class id on the wire.", "class_id(&self) -> u16", &|m| m.class_id.to_string());
+    simple(out, "The method id on the wire.", "method_id(&self) -> u16", &|m| m.method_id.to_string());
+    simple(out, "The name RabbitMQ uses in reply texts, such as `basic.publish`.", "name(&self) -> &'static str", &|m| {
+        format!("\"{}.{}\"", m.class_name, m.method_name)
+    });
+    simple(out, "Whether a content header and body frames follow this method.", "has_content(&self) -> bool", &|m| m.content.to_string());
+    simple(out, "Whether the specification marks the method as expecting a reply.", "is_synchronous(&self) -> bool", &|m| {
+        m.synchronous.to_string()
+    });
+    out.push_str("    /// Encodes class id, method id and arguments (the method frame's payload).\n");
     out.push_str("    pub fn encode(&self, writer: &mut BytesMut) {\n        writer.put_u16(self.class_id());\n        writer.put_u16(self.method_id());\n        match self {\n");
     for method in methods {
-        let _ = writeln!(
-            out,
-            "            Method::{}(arguments) => arguments.encode_arguments(writer),",
-            method.type_name
-        );
+        let _ = writeln!(out, "            Method::{}(arguments) => arguments.encode_arguments(writer),", method.type_name);
     }
     out.push_str("        }\n    }\n}\n\n");
     out.push_str("/// One instance of every method, with default arguments (for round-trip tests).\npub fn every_method() -> Vec<Method> {\n    vec![\n");
     for method in methods {
-        let _ = writeln!(
-            out,
-            "        Method::{0}({0}::default()),",
-            method.type_name
-        );
+        let _ = writeln!(out, "        Method::{0}({0}::default()),", method.type_name);
     }
     out.push_str("    ]\n}\n\n");
     for method in methods {

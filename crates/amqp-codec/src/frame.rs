@@ -47,19 +47,12 @@ pub fn decode_frame(buffer: &mut BytesMut, frame_max: u32) -> Result<Option<Fram
     let kind = buffer[0];
     let channel = u16::from_be_bytes([buffer[1], buffer[2]]);
     let size = u32::from_be_bytes([buffer[3], buffer[4], buffer[5], buffer[6]]) as usize;
-    if !matches!(
-        kind,
-        FRAME_METHOD | FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT
-    ) {
+    if !matches!(kind, FRAME_METHOD | FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT) {
         return Err(DecodeError::UnknownFrameType(kind));
     }
     let frame_bytes = size as u64 + FRAME_OVERHEAD_BYTES as u64;
     if frame_max != 0 && frame_bytes > u64::from(frame_max) {
-        return Err(DecodeError::FrameTooLarge {
-            kind,
-            size: frame_bytes,
-            frame_max,
-        });
+        return Err(DecodeError::FrameTooLarge { kind, size: frame_bytes, frame_max });
     }
     if buffer.len() < FRAME_HEADER_BYTES + size + 1 {
         buffer.reserve(FRAME_HEADER_BYTES + size + 1 - buffer.len());
@@ -87,11 +80,7 @@ fn decode_method(payload: Bytes) -> Result<Method, DecodeError> {
     let method_id = reader.read_u16()?;
     let wrap = |error: DecodeError| match error {
         DecodeError::UnknownMethod { .. } => error,
-        other => DecodeError::MethodArguments {
-            class_id,
-            method_id,
-            detail: other.to_string(),
-        },
+        other => DecodeError::MethodArguments { class_id, method_id, detail: other.to_string() },
     };
     let method = Method::decode(class_id, method_id, &mut reader).map_err(wrap)?;
     reader.finish().map_err(wrap)?;
@@ -132,15 +121,8 @@ pub fn encode_content_header(writer: &mut BytesMut, channel: u16, header: &Conte
 
 /// Appends the body as as many body frames as `frame_max` requires (none for an empty body).
 pub fn encode_body_frames(writer: &mut BytesMut, channel: u16, body: &[u8], frame_max: u32) {
-    let chunk_bytes_max = if frame_max == 0 {
-        usize::MAX
-    } else {
-        frame_max as usize - FRAME_OVERHEAD_BYTES
-    };
-    assert!(
-        chunk_bytes_max > 0,
-        "frame_max {frame_max} leaves no room for a body"
-    );
+    let chunk_bytes_max = if frame_max == 0 { usize::MAX } else { frame_max as usize - FRAME_OVERHEAD_BYTES };
+    assert!(chunk_bytes_max > 0, "frame_max {frame_max} leaves no room for a body");
     for chunk in body.chunks(chunk_bytes_max) {
         let size_at = begin_frame(writer, FRAME_BODY, channel);
         writer.put_slice(chunk);

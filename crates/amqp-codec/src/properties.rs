@@ -53,30 +53,16 @@ impl ContentHeader {
         let properties_raw = reader.take(reader.remaining())?;
         // Parse once to reject malformed properties at the door, as RabbitMQ does, so that a
         // delivery never carries bytes a consumer's client cannot decode.
-        let header = ContentHeader {
-            class_id,
-            body_size,
-            property_flags,
-            properties_raw,
-        };
+        let header = ContentHeader { class_id, body_size, property_flags, properties_raw };
         header.properties()?;
         Ok(header)
     }
 
     /// Builds a header from decoded properties.
-    pub fn from_properties(
-        class_id: u16,
-        body_size: u64,
-        properties: &BasicProperties,
-    ) -> ContentHeader {
+    pub fn from_properties(class_id: u16, body_size: u64, properties: &BasicProperties) -> ContentHeader {
         let mut raw = BytesMut::new();
         let property_flags = properties.encode(&mut raw);
-        ContentHeader {
-            class_id,
-            body_size,
-            property_flags,
-            properties_raw: raw.freeze(),
-        }
+        ContentHeader { class_id, body_size, property_flags, properties_raw: raw.freeze() }
     }
 
     /// Decodes the properties.
@@ -161,30 +147,14 @@ impl BasicProperties {
         };
         let content_type = short(FLAG_CONTENT_TYPE, &mut reader)?;
         let content_encoding = short(FLAG_CONTENT_ENCODING, &mut reader)?;
-        let headers = if flags & FLAG_HEADERS != 0 {
-            Some(reader.read_table()?)
-        } else {
-            None
-        };
-        let delivery_mode = if flags & FLAG_DELIVERY_MODE != 0 {
-            Some(reader.read_u8()?)
-        } else {
-            None
-        };
-        let priority = if flags & FLAG_PRIORITY != 0 {
-            Some(reader.read_u8()?)
-        } else {
-            None
-        };
+        let headers = if flags & FLAG_HEADERS != 0 { Some(reader.read_table()?) } else { None };
+        let delivery_mode = if flags & FLAG_DELIVERY_MODE != 0 { Some(reader.read_u8()?) } else { None };
+        let priority = if flags & FLAG_PRIORITY != 0 { Some(reader.read_u8()?) } else { None };
         let correlation_id = short(FLAG_CORRELATION_ID, &mut reader)?;
         let reply_to = short(FLAG_REPLY_TO, &mut reader)?;
         let expiration = short(FLAG_EXPIRATION, &mut reader)?;
         let message_id = short(FLAG_MESSAGE_ID, &mut reader)?;
-        let timestamp = if flags & FLAG_TIMESTAMP != 0 {
-            Some(reader.read_u64()?)
-        } else {
-            None
-        };
+        let timestamp = if flags & FLAG_TIMESTAMP != 0 { Some(reader.read_u64()?) } else { None };
         let message_type = short(FLAG_TYPE, &mut reader)?;
         let user_id = short(FLAG_USER_ID, &mut reader)?;
         let app_id = short(FLAG_APP_ID, &mut reader)?;
@@ -211,20 +181,14 @@ impl BasicProperties {
     /// Encodes the properties that are set and returns the property flags.
     pub fn encode(&self, writer: &mut BytesMut) -> u16 {
         let mut flags = 0u16;
-        let short =
-            |flag: u16, value: &Option<ShortStr>, writer: &mut BytesMut, flags: &mut u16| {
-                if let Some(value) = value {
-                    *flags |= flag;
-                    write_short_str(writer, value);
-                }
-            };
+        let short = |flag: u16, value: &Option<ShortStr>, writer: &mut BytesMut, flags: &mut u16| {
+            if let Some(value) = value {
+                *flags |= flag;
+                write_short_str(writer, value);
+            }
+        };
         short(FLAG_CONTENT_TYPE, &self.content_type, writer, &mut flags);
-        short(
-            FLAG_CONTENT_ENCODING,
-            &self.content_encoding,
-            writer,
-            &mut flags,
-        );
+        short(FLAG_CONTENT_ENCODING, &self.content_encoding, writer, &mut flags);
         if let Some(headers) = &self.headers {
             flags |= FLAG_HEADERS;
             write_table(writer, headers);
@@ -237,12 +201,7 @@ impl BasicProperties {
             flags |= FLAG_PRIORITY;
             writer.put_u8(priority);
         }
-        short(
-            FLAG_CORRELATION_ID,
-            &self.correlation_id,
-            writer,
-            &mut flags,
-        );
+        short(FLAG_CORRELATION_ID, &self.correlation_id, writer, &mut flags);
         short(FLAG_REPLY_TO, &self.reply_to, writer, &mut flags);
         short(FLAG_EXPIRATION, &self.expiration, writer, &mut flags);
         short(FLAG_MESSAGE_ID, &self.message_id, writer, &mut flags);

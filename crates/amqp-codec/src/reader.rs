@@ -17,10 +17,7 @@ pub struct Reader {
 impl Reader {
     /// Starts reading at the first byte of `payload`.
     pub fn new(payload: Bytes) -> Reader {
-        Reader {
-            payload,
-            position: 0,
-        }
+        Reader { payload, position: 0 }
     }
 
     /// Bytes not read yet.
@@ -127,10 +124,7 @@ impl Reader {
             b'l' => FieldValue::I64(self.read_u64()? as i64),
             b'f' => FieldValue::F32(f32::from_bits(self.read_u32()?)),
             b'd' => FieldValue::F64(f64::from_bits(self.read_u64()?)),
-            b'D' => FieldValue::Decimal(Decimal {
-                scale: self.read_u8()?,
-                value: self.read_u32()?,
-            }),
+            b'D' => FieldValue::Decimal(Decimal { scale: self.read_u8()?, value: self.read_u32()? }),
             b'S' => FieldValue::LongStr(self.read_long_str()?.0),
             b'x' => FieldValue::Bytes(self.read_long_str()?.0),
             b'A' => {

@@ -19,11 +19,7 @@ impl ShortStr {
     /// # Panics
     /// When `bytes` is longer than 255: that is a bug in the caller, not bad input.
     pub fn from_bytes(bytes: Bytes) -> ShortStr {
-        assert!(
-            bytes.len() <= SHORT_STR_BYTES_MAX,
-            "shortstr of {} bytes",
-            bytes.len()
-        );
+        assert!(bytes.len() <= SHORT_STR_BYTES_MAX, "shortstr of {} bytes", bytes.len());
         ShortStr(bytes)
     }
 
@@ -228,10 +224,7 @@ impl FieldTable {
 
     /// The value under `key`, if any (the first one, should a client repeat a key).
     pub fn get(&self, key: &str) -> Option<&FieldValue> {
-        self.0
-            .iter()
-            .find(|(name, _)| name.as_bytes() == key.as_bytes())
-            .map(|(_, value)| value)
+        self.0.iter().find(|(name, _)| name.as_bytes() == key.as_bytes()).map(|(_, value)| value)
     }
 
     /// Appends a value (no check for an existing key).

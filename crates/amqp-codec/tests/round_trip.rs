@@ -8,9 +8,7 @@ use proptest::prelude::*;
 fn round_trip(channel: u16, method: &Method) -> Method {
     let mut buffer = BytesMut::new();
     encode_method_frame(&mut buffer, channel, method);
-    let frame = decode_frame(&mut buffer, 0)
-        .expect("decodes")
-        .expect("complete");
+    let frame = decode_frame(&mut buffer, 0).expect("decodes").expect("complete");
     assert!(buffer.is_empty(), "the frame consumed exactly its bytes");
     assert_eq!(frame.channel, channel);
     match frame.payload {
@@ -29,8 +27,7 @@ fn every_method_of_the_spec_round_trips() {
 }
 
 fn short_str() -> impl Strategy<Value = ShortStr> {
-    proptest::collection::vec(any::<u8>(), 0..=255)
-        .prop_map(|bytes| ShortStr::from_bytes(Bytes::from(bytes)))
+    proptest::collection::vec(any::<u8>(), 0..=255).prop_map(|bytes| ShortStr::from_bytes(Bytes::from(bytes)))
 }
 
 fn field_value() -> impl Strategy<Value = FieldValue> {
@@ -45,20 +42,16 @@ fn field_value() -> impl Strategy<Value = FieldValue> {
         any::<i64>().prop_map(FieldValue::I64),
         any::<u32>().prop_map(|bits| FieldValue::F32(f32::from_bits(bits & 0x7f7f_ffff))),
         any::<u64>().prop_map(|bits| FieldValue::F64(f64::from_bits(bits & 0x7fef_ffff_ffff_ffff))),
-        (any::<u8>(), any::<u32>())
-            .prop_map(|(scale, value)| FieldValue::Decimal(Decimal { scale, value })),
-        proptest::collection::vec(any::<u8>(), 0..64)
-            .prop_map(|bytes| FieldValue::LongStr(Bytes::from(bytes))),
-        proptest::collection::vec(any::<u8>(), 0..64)
-            .prop_map(|bytes| FieldValue::Bytes(Bytes::from(bytes))),
+        (any::<u8>(), any::<u32>()).prop_map(|(scale, value)| FieldValue::Decimal(Decimal { scale, value })),
+        proptest::collection::vec(any::<u8>(), 0..64).prop_map(|bytes| FieldValue::LongStr(Bytes::from(bytes))),
+        proptest::collection::vec(any::<u8>(), 0..64).prop_map(|bytes| FieldValue::Bytes(Bytes::from(bytes))),
         any::<u64>().prop_map(FieldValue::Timestamp),
         Just(FieldValue::Void),
     ];
     leaf.prop_recursive(4, 64, 8, |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..8).prop_map(FieldValue::Array),
-            proptest::collection::vec((short_str(), inner), 0..8)
-                .prop_map(|entries| FieldValue::Table(FieldTable(entries))),
+            proptest::collection::vec((short_str(), inner), 0..8).prop_map(|entries| FieldValue::Table(FieldTable(entries))),
         ]
     })
 }

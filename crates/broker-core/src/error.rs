@@ -54,12 +54,7 @@ pub fn code_name(code: u16) -> &'static str {
 impl AmqpError {
     /// An error with `code` and a detail text; the code's name is prefixed as RabbitMQ does.
     pub fn new(code: u16, detail: impl AsRef<str>) -> AmqpError {
-        AmqpError {
-            code,
-            text: format!("{} - {}", code_name(code), detail.as_ref()),
-            class_id: 0,
-            method_id: 0,
-        }
+        AmqpError { code, text: format!("{} - {}", code_name(code), detail.as_ref()), class_id: 0, method_id: 0 }
     }
 
     /// Names the method that failed (RabbitMQ reports it in channel.close and connection.close).
@@ -85,18 +80,12 @@ impl AmqpError {
 
     /// 404 for a missing exchange.
     pub fn no_exchange(name: &str, vhost: &str) -> AmqpError {
-        AmqpError::new(
-            constants::NOT_FOUND,
-            format!("no exchange '{name}' in vhost '{vhost}'"),
-        )
+        AmqpError::new(constants::NOT_FOUND, format!("no exchange '{name}' in vhost '{vhost}'"))
     }
 
     /// 404 for a missing queue.
     pub fn no_queue(name: &str, vhost: &str) -> AmqpError {
-        AmqpError::new(
-            constants::NOT_FOUND,
-            format!("no queue '{name}' in vhost '{vhost}'"),
-        )
+        AmqpError::new(constants::NOT_FOUND, format!("no queue '{name}' in vhost '{vhost}'"))
     }
 
     /// 406.

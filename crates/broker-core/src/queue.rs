@@ -18,44 +18,91 @@ pub struct QueuedMessage {
     /// When it expires (per-message expiration or the queue's x-message-ttl), in milliseconds
     /// since the epoch.
     pub expires_at_ms: Option<u64>,
+    /// Whether the message has a record in the queue's log (to settle there too).
+    pub logged: bool,
 }
 
-/// The messages of one queue.
+/// The messages of one queue. Ready messages are either in memory or *paged*: on disk only,
+/// behind every in-memory one (paged positions are always the newest), to be paged in in order.
 #[derive(Debug, Default)]
 pub struct QueueState {
     next_position: u64,
     ready: BTreeMap<u64, QueuedMessage>,
+    ready_bytes: u64,
+    paged: u64,
     unacked: HashMap<u64, QueuedMessage>,
 }
 
 impl QueueState {
     /// An empty queue whose positions start at `next_position` (after recovery, past the last one used).
     pub fn new(next_position: u64) -> QueueState {
-        QueueState {
-            next_position,
-            ready: BTreeMap::new(),
-            unacked: HashMap::new(),
-        }
+        QueueState::with_paged(next_position, 0)
+    }
+
+    /// A queue recovered from disk: `paged` ready messages, all still on disk.
+    pub fn with_paged(next_position: u64, paged: u64) -> QueueState {
+        QueueState { next_position, ready: BTreeMap::new(), ready_bytes: 0, paged, unacked: HashMap::new() }
+    }
+
+    fn insert_ready(&mut self, position: u64, queued: QueuedMessage) {
+        self.ready_bytes += queued.message.body.len() as u64;
+        self.ready.insert(position, queued);
+    }
+
+    fn take_first_ready(&mut self) -> Option<(u64, QueuedMessage)> {
+        let (position, queued) = self.ready.pop_first()?;
+        self.ready_bytes -= queued.message.body.len() as u64;
+        Some((position, queued))
     }
 
     /// Appends a message; returns its position.
     pub fn push(&mut self, message: Arc<Message>) -> u64 {
-        self.push_expiring(message, None)
+        self.push_expiring(message, None, false)
     }
 
     /// Appends a message that expires at `expires_at_ms`; returns its position.
-    pub fn push_expiring(&mut self, message: Arc<Message>, expires_at_ms: Option<u64>) -> u64 {
+    pub fn push_expiring(&mut self, message: Arc<Message>, expires_at_ms: Option<u64>, logged: bool) -> u64 {
+        assert_eq!(self.paged, 0, "a queue that pages takes new messages on disk");
         let position = self.next_position;
         self.next_position += 1;
-        self.ready.insert(
-            position,
-            QueuedMessage {
-                message,
-                redelivered: false,
-                expires_at_ms,
-            },
-        );
+        self.insert_ready(position, QueuedMessage { message, redelivered: false, expires_at_ms, logged });
         position
+    }
+
+    /// Appends a message that stays on disk (the caller writes it); returns its position.
+    pub fn push_paged(&mut self) -> u64 {
+        let position = self.next_position;
+        self.next_position += 1;
+        self.paged += 1;
+        position
+    }
+
+    /// Brings the oldest paged message into memory, read back from disk.
+    pub fn page_in(&mut self, position: u64, message: Arc<Message>, redelivered: bool, expires_at_ms: Option<u64>) {
+        assert!(self.paged > 0, "page-in with nothing paged");
+        assert!(position < self.next_position, "paged-in position {position} was never pushed");
+        self.paged -= 1;
+        self.insert_ready(position, QueuedMessage { message, redelivered, expires_at_ms, logged: true });
+    }
+
+    /// Forgets the paged messages (purged, or lost to a disk error); returns how many there were.
+    pub fn take_paged(&mut self) -> u64 {
+        std::mem::take(&mut self.paged)
+    }
+
+    /// Ready messages on disk only.
+    pub fn paged_count(&self) -> u64 {
+        self.paged
+    }
+
+    /// Ready messages in memory.
+    pub fn ready_in_memory(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Body bytes of the ready messages in memory.
+    pub fn ready_bytes_in_memory(&self) -> u64 {
+        self.ready_bytes
     }
 
     /// Removes expired messages from the head of the queue, as RabbitMQ does: a message expires
@@ -65,29 +112,14 @@ impl QueueState {
         while let Some(entry) = self.ready.first_entry() {
             match entry.get().expires_at_ms {
                 Some(expires_at_ms) if expires_at_ms <= now_ms => {
-                    dropped.push(entry.remove_entry())
+                    let (position, queued) = entry.remove_entry();
+                    self.ready_bytes -= queued.message.body.len() as u64;
+                    dropped.push((position, queued));
                 }
                 _ => break,
             }
         }
         dropped
-    }
-
-    /// Puts back a message recovered from disk at its old position.
-    pub fn restore(&mut self, position: u64, message: Arc<Message>, redelivered: bool) {
-        assert!(
-            !self.unacked.contains_key(&position),
-            "restored position {position} is unacked"
-        );
-        self.next_position = self.next_position.max(position + 1);
-        self.ready.insert(
-            position,
-            QueuedMessage {
-                message,
-                redelivered,
-                expires_at_ms: None,
-            },
-        );
     }
 
     /// The position the next message will get.
@@ -98,7 +130,7 @@ impl QueueState {
     /// Takes the first ready message. With `track`, it waits in the unacked set for a settle or a
     /// requeue; without, it leaves the queue (no-ack delivery).
     pub fn pop(&mut self, track: bool) -> Option<(u64, QueuedMessage)> {
-        let (position, queued) = self.ready.pop_first()?;
+        let (position, queued) = self.take_first_ready()?;
         if track {
             self.unacked.insert(position, queued.clone());
         }
@@ -115,23 +147,23 @@ impl QueueState {
         match self.unacked.remove(&position) {
             Some(mut queued) => {
                 queued.redelivered = true;
-                self.ready.insert(position, queued);
+                self.insert_ready(position, queued);
                 true
             }
             None => false,
         }
     }
 
-    /// Drops every ready message; returns their positions (unacked ones stay, as in RabbitMQ).
-    pub fn purge(&mut self) -> Vec<u64> {
-        let positions = self.ready.keys().copied().collect();
-        self.ready.clear();
-        positions
+    /// Drops every ready message in memory; returns them (unacked ones stay, as in RabbitMQ).
+    /// Paged ones are the caller's to settle on disk, then [`QueueState::take_paged`].
+    pub fn purge(&mut self) -> Vec<(u64, QueuedMessage)> {
+        self.ready_bytes = 0;
+        std::mem::take(&mut self.ready).into_iter().collect()
     }
 
     /// Messages ready for delivery.
     pub fn ready_count(&self) -> usize {
-        self.ready.len()
+        self.ready.len() + self.paged as usize
     }
 
     /// Messages delivered and not settled.
@@ -141,7 +173,7 @@ impl QueueState {
 
     /// Whether the queue holds no message at all.
     pub fn is_empty(&self) -> bool {
-        self.ready.is_empty() && self.unacked.is_empty()
+        self.ready.is_empty() && self.paged == 0 && self.unacked.is_empty()
     }
 }
 
@@ -232,7 +264,8 @@ mod tests {
                         model_ready.sort_unstable();
                     }
                     Operation::Purge => {
-                        prop_assert_eq!(queue.purge(), model_ready.clone());
+                        let purged: Vec<u64> = queue.purge().into_iter().map(|(position, _)| position).collect();
+                        prop_assert_eq!(purged, model_ready.clone());
                         model_ready.clear();
                     }
                     _ => {}

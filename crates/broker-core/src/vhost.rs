@@ -79,14 +79,7 @@ pub struct Vhost<Q> {
     queues: HashMap<ShortStr, QueueEntry<Q>>,
 }
 
-fn equivalence(
-    what: &str,
-    name: &ShortStr,
-    vhost: &str,
-    argument: &str,
-    received: String,
-    current: String,
-) -> AmqpError {
+fn equivalence(what: &str, name: &ShortStr, vhost: &str, argument: &str, received: String, current: String) -> AmqpError {
     AmqpError::precondition(format!(
         "inequivalent arg '{argument}' for {what} '{name}' in vhost '{vhost}': received {received} but current is {current}"
     ))
@@ -99,23 +92,14 @@ fn quoted_bool(value: bool) -> String {
 fn describe(value: Option<&FieldValue>) -> String {
     match value {
         None => "none".to_string(),
-        Some(FieldValue::LongStr(text)) => format!(
-            "the value '{}' of type 'longstr'",
-            String::from_utf8_lossy(text)
-        ),
+        Some(FieldValue::LongStr(text)) => format!("the value '{}' of type 'longstr'", String::from_utf8_lossy(text)),
         Some(other) => format!("the value '{other:?}'"),
     }
 }
 
 /// Compares the arguments RabbitMQ compares on redeclaration: for exchanges `alternate-exchange`,
 /// for queues every `x-` argument.
-fn compare_arguments(
-    what: &str,
-    name: &ShortStr,
-    vhost: &str,
-    current: &FieldTable,
-    received: &FieldTable,
-) -> Result<(), AmqpError> {
+fn compare_arguments(what: &str, name: &ShortStr, vhost: &str, current: &FieldTable, received: &FieldTable) -> Result<(), AmqpError> {
     let relevant = |key: &[u8]| {
         if what == "exchange" {
             key == b"alternate-exchange"
@@ -123,25 +107,14 @@ fn compare_arguments(
             key.starts_with(b"x-")
         }
     };
-    let mut keys: Vec<&ShortStr> = current
-        .iter()
-        .chain(received.iter())
-        .map(|(key, _)| key)
-        .filter(|key| relevant(key.as_bytes()))
-        .collect();
+    let mut keys: Vec<&ShortStr> =
+        current.iter().chain(received.iter()).map(|(key, _)| key).filter(|key| relevant(key.as_bytes())).collect();
     keys.dedup();
     for key in keys {
         let key_text = key.to_string_lossy();
         let (old, new) = (current.get(&key_text), received.get(&key_text));
         if old != new {
-            return Err(equivalence(
-                what,
-                name,
-                vhost,
-                &key_text,
-                describe(new),
-                describe(old),
-            ));
+            return Err(equivalence(what, name, vhost, &key_text, describe(new), describe(old)));
         }
     }
     Ok(())
@@ -150,11 +123,7 @@ fn compare_arguments(
 impl<Q: Clone> Vhost<Q> {
     /// A vhost with the default exchange and the `amq.*` exchanges RabbitMQ predeclares.
     pub fn new(name: &str) -> Vhost<Q> {
-        let mut vhost = Vhost {
-            name: name.to_string(),
-            exchanges: HashMap::new(),
-            queues: HashMap::new(),
-        };
+        let mut vhost = Vhost { name: name.to_string(), exchanges: HashMap::new(), queues: HashMap::new() };
         let predeclared: [(&str, ExchangeKind, bool); 7] = [
             ("", ExchangeKind::Direct, false),
             ("amq.direct", ExchangeKind::Direct, false),
@@ -166,10 +135,7 @@ impl<Q: Clone> Vhost<Q> {
         ];
         for (exchange_name, kind, internal) in predeclared {
             let name = ShortStr::from(exchange_name);
-            vhost.exchanges.insert(
-                name.clone(),
-                Exchange::new(name, kind, true, false, internal, FieldTable::new()),
-            );
+            vhost.exchanges.insert(name.clone(), Exchange::new(name, kind, true, false, internal, FieldTable::new()));
         }
         vhost
     }
@@ -196,30 +162,17 @@ impl<Q: Clone> Vhost<Q> {
 
     /// 404 unless the exchange exists.
     pub fn require_exchange(&self, name: &ShortStr) -> Result<&Exchange, AmqpError> {
-        self.exchanges
-            .get(name)
-            .ok_or_else(|| AmqpError::no_exchange(&name.to_string_lossy(), &self.name))
+        self.exchanges.get(name).ok_or_else(|| AmqpError::no_exchange(&name.to_string_lossy(), &self.name))
     }
 
     /// The queue, checked for existence (404) and exclusive ownership (405).
-    pub fn require_queue(
-        &self,
-        name: &ShortStr,
-        connection_id: u64,
-    ) -> Result<&QueueEntry<Q>, AmqpError> {
-        let entry = self
-            .queues
-            .get(name)
-            .ok_or_else(|| AmqpError::no_queue(&name.to_string_lossy(), &self.name))?;
+    pub fn require_queue(&self, name: &ShortStr, connection_id: u64) -> Result<&QueueEntry<Q>, AmqpError> {
+        let entry = self.queues.get(name).ok_or_else(|| AmqpError::no_queue(&name.to_string_lossy(), &self.name))?;
         self.check_exclusive(&entry.definition, connection_id)?;
         Ok(entry)
     }
 
-    fn check_exclusive(
-        &self,
-        definition: &QueueDefinition,
-        connection_id: u64,
-    ) -> Result<(), AmqpError> {
+    fn check_exclusive(&self, definition: &QueueDefinition, connection_id: u64) -> Result<(), AmqpError> {
         match definition.exclusive_owner {
             Some(owner) if owner != connection_id => Err(AmqpError::resource_locked(format!(
                 "cannot obtain exclusive access to locked queue '{}' in vhost '{}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.",
@@ -231,26 +184,20 @@ impl<Q: Clone> Vhost<Q> {
 
     fn refuse_default_exchange(name: &ShortStr) -> Result<(), AmqpError> {
         if name.is_empty() {
-            return Err(AmqpError::access_refused(
-                "operation not permitted on the default exchange",
-            ));
+            return Err(AmqpError::access_refused("operation not permitted on the default exchange"));
         }
         Ok(())
     }
 
     /// exchange.declare. Returns whether the exchange was created (so the caller persists it).
-    pub fn declare_exchange(
-        &mut self,
-        declaration: &ExchangeDeclaration,
-    ) -> Result<bool, AmqpError> {
+    pub fn declare_exchange(&mut self, declaration: &ExchangeDeclaration) -> Result<bool, AmqpError> {
         Self::refuse_default_exchange(&declaration.name)?;
         if declaration.passive {
             self.require_exchange(&declaration.name)?;
             return Ok(false);
         }
-        let kind = ExchangeKind::parse(declaration.kind.as_bytes()).ok_or_else(|| {
-            AmqpError::command_invalid(format!("unknown exchange type '{}'", declaration.kind))
-        })?;
+        let kind = ExchangeKind::parse(declaration.kind.as_bytes())
+            .ok_or_else(|| AmqpError::command_invalid(format!("unknown exchange type '{}'", declaration.kind)))?;
         if let Some(existing) = self.exchanges.get(&declaration.name) {
             let name = &declaration.name;
             if existing.kind != kind {
@@ -269,30 +216,14 @@ impl<Q: Clone> Vhost<Q> {
                 ("internal", declaration.internal, existing.internal),
             ] {
                 if received != current {
-                    return Err(equivalence(
-                        "exchange",
-                        name,
-                        &self.name,
-                        argument,
-                        quoted_bool(received),
-                        quoted_bool(current),
-                    ));
+                    return Err(equivalence("exchange", name, &self.name, argument, quoted_bool(received), quoted_bool(current)));
                 }
             }
-            compare_arguments(
-                "exchange",
-                name,
-                &self.name,
-                &existing.arguments,
-                &declaration.arguments,
-            )?;
+            compare_arguments("exchange", name, &self.name, &existing.arguments, &declaration.arguments)?;
             return Ok(false);
         }
         if declaration.name.as_bytes().starts_with(b"amq.") {
-            return Err(AmqpError::access_refused(format!(
-                "exchange name '{}' contains reserved prefix 'amq.*'",
-                declaration.name
-            )));
+            return Err(AmqpError::access_refused(format!("exchange name '{}' contains reserved prefix 'amq.*'", declaration.name)));
         }
         let exchange = Exchange::new(
             declaration.name.clone(),
@@ -313,31 +244,18 @@ impl<Q: Clone> Vhost<Q> {
 
     /// exchange.delete. Returns the deleted exchange (None if it did not exist: RabbitMQ answers
     /// delete-ok for a missing exchange).
-    pub fn delete_exchange(
-        &mut self,
-        name: &ShortStr,
-        if_unused: bool,
-    ) -> Result<Option<Exchange>, AmqpError> {
+    pub fn delete_exchange(&mut self, name: &ShortStr, if_unused: bool) -> Result<Option<Exchange>, AmqpError> {
         Self::refuse_default_exchange(name)?;
         if name.as_bytes().starts_with(b"amq.") {
-            return Err(AmqpError::access_refused(format!(
-                "deletion of system exchange '{name}' in vhost '{}' not allowed",
-                self.name
-            )));
+            return Err(AmqpError::access_refused(format!("deletion of system exchange '{name}' in vhost '{}' not allowed", self.name)));
         }
         let Some(exchange) = self.exchanges.get(name) else {
             return Ok(None);
         };
         let destination = Destination::Exchange(name.clone());
-        let bound_as_destination = self
-            .exchanges
-            .values()
-            .any(|source| source.bindings.iter().any(|b| b.destination == destination));
+        let bound_as_destination = self.exchanges.values().any(|source| source.bindings.iter().any(|b| b.destination == destination));
         if if_unused && (!exchange.bindings.is_empty() || bound_as_destination) {
-            return Err(AmqpError::precondition(format!(
-                "exchange '{name}' in vhost '{}' in use",
-                self.name
-            )));
+            return Err(AmqpError::precondition(format!("exchange '{name}' in vhost '{}' in use", self.name)));
         }
         let removed = self.exchanges.remove(name);
         self.remove_bindings_to(&destination);
@@ -370,52 +288,30 @@ impl<Q: Clone> Vhost<Q> {
             let name = &definition.name;
             for (argument, received, now) in [
                 ("durable", definition.durable, current.durable),
-                (
-                    "exclusive",
-                    definition.exclusive_owner.is_some(),
-                    current.exclusive_owner.is_some(),
-                ),
+                ("exclusive", definition.exclusive_owner.is_some(), current.exclusive_owner.is_some()),
                 ("auto_delete", definition.auto_delete, current.auto_delete),
             ] {
                 if received != now {
-                    return Err(equivalence(
-                        "queue",
-                        name,
-                        &self.name,
-                        argument,
-                        quoted_bool(received),
-                        quoted_bool(now),
-                    ));
+                    return Err(equivalence("queue", name, &self.name, argument, quoted_bool(received), quoted_bool(now)));
                 }
             }
-            compare_arguments(
-                "queue",
-                name,
-                &self.name,
-                &current.arguments,
-                &definition.arguments,
-            )?;
+            compare_arguments("queue", name, &self.name, &current.arguments, &definition.arguments)?;
             let entry = self.queues.get(&definition.name).expect("checked above");
             return Ok((entry, false));
         }
         if !server_named && definition.name.as_bytes().starts_with(b"amq.") {
-            return Err(AmqpError::access_refused(format!(
-                "queue name '{}' contains reserved prefix 'amq.*'",
-                definition.name
-            )));
+            return Err(AmqpError::access_refused(format!("queue name '{}' contains reserved prefix 'amq.*'", definition.name)));
         }
         check_queue_arguments(&definition.name, &self.name, &definition.arguments)?;
         let handle = make_handle(&definition);
         let name = definition.name.clone();
-        self.queues
-            .insert(name.clone(), QueueEntry { definition, handle });
+        self.queues.insert(name.clone(), QueueEntry { definition, handle });
         Ok((self.queues.get(&name).expect("just inserted"), true))
     }
 
     /// Inserts a queue as recovered from disk.
     pub fn restore_queue(&mut self, definition: QueueDefinition, handle: Q) {
-        self.queues
-            .insert(definition.name.clone(), QueueEntry { definition, handle });
+        self.queues.insert(definition.name.clone(), QueueEntry { definition, handle });
     }
 
     /// Removes a queue and every binding to it. Returns the entry and the auto-delete exchanges
@@ -429,32 +325,19 @@ impl<Q: Clone> Vhost<Q> {
     fn remove_bindings_to(&mut self, destination: &Destination) -> Vec<Exchange> {
         let mut emptied = Vec::new();
         for exchange in self.exchanges.values_mut() {
-            if exchange.unbind_destination(destination) > 0
-                && exchange.auto_delete
-                && exchange.bindings.is_empty()
-            {
+            if exchange.unbind_destination(destination) > 0 && exchange.auto_delete && exchange.bindings.is_empty() {
                 emptied.push(exchange.name.clone());
             }
         }
-        emptied
-            .into_iter()
-            .filter_map(|name| self.exchanges.remove(&name))
-            .collect()
+        emptied.into_iter().filter_map(|name| self.exchanges.remove(&name)).collect()
     }
 
     /// queue.bind / exchange.bind. Returns whether the binding is new.
     pub fn bind(&mut self, source: &ShortStr, binding: Binding) -> Result<bool, AmqpError> {
         Self::refuse_default_exchange(source)?;
         if let Some(mode) = binding.arguments.get("x-match") {
-            let valid = mode.as_text().is_some_and(|text| {
-                matches!(text.as_str(), "all" | "any" | "all-with-x" | "any-with-x")
-            });
-            if !valid
-                && self
-                    .exchanges
-                    .get(source)
-                    .is_some_and(|exchange| exchange.kind == ExchangeKind::Headers)
-            {
+            let valid = mode.as_text().is_some_and(|text| matches!(text.as_str(), "all" | "any" | "all-with-x" | "any-with-x"));
+            if !valid && self.exchanges.get(source).is_some_and(|exchange| exchange.kind == ExchangeKind::Headers) {
                 return Err(AmqpError::precondition(format!(
                     "Invalid x-match field value {mode:?}; expected all, any, all-with-x, or any-with-x"
                 )));
@@ -465,29 +348,19 @@ impl<Q: Clone> Vhost<Q> {
             self.require_exchange(destination)?;
         }
         let vhost = self.name.clone();
-        let exchange = self
-            .exchanges
-            .get_mut(source)
-            .ok_or_else(|| AmqpError::no_exchange(&source.to_string_lossy(), &vhost))?;
+        let exchange = self.exchanges.get_mut(source).ok_or_else(|| AmqpError::no_exchange(&source.to_string_lossy(), &vhost))?;
         Ok(exchange.bind(binding))
     }
 
     /// queue.unbind / exchange.unbind. Returns whether a binding was removed, and the source if it
     /// was auto-delete and lost its last binding.
-    pub fn unbind(
-        &mut self,
-        source: &ShortStr,
-        binding: &Binding,
-    ) -> Result<(bool, Option<Exchange>), AmqpError> {
+    pub fn unbind(&mut self, source: &ShortStr, binding: &Binding) -> Result<(bool, Option<Exchange>), AmqpError> {
         Self::refuse_default_exchange(source)?;
         if let Destination::Exchange(destination) = &binding.destination {
             Self::refuse_default_exchange(destination)?;
         }
         let vhost = self.name.clone();
-        let exchange = self
-            .exchanges
-            .get_mut(source)
-            .ok_or_else(|| AmqpError::no_exchange(&source.to_string_lossy(), &vhost))?;
+        let exchange = self.exchanges.get_mut(source).ok_or_else(|| AmqpError::no_exchange(&source.to_string_lossy(), &vhost))?;
         let removed = exchange.unbind(binding);
         if removed && exchange.auto_delete && exchange.bindings.is_empty() {
             return Ok((true, self.exchanges.remove(source)));
@@ -498,13 +371,7 @@ impl<Q: Clone> Vhost<Q> {
     /// Routes a message published to `exchange` with `routing_key`: follows exchange-to-exchange
     /// bindings and alternate exchanges, and pushes each matched queue's handle once into `out`.
     /// `headers` is called at most once, and only when a headers exchange is on the way.
-    pub fn route(
-        &self,
-        exchange: &ShortStr,
-        routing_key: &ShortStr,
-        headers: &mut dyn FnMut() -> Option<FieldTable>,
-        out: &mut Vec<Q>,
-    ) {
+    pub fn route(&self, exchange: &ShortStr, routing_key: &ShortStr, headers: &mut dyn FnMut() -> Option<FieldTable>, out: &mut Vec<Q>) {
         let mut matched_names: Vec<ShortStr> = Vec::new();
         let mut decoded_headers: Option<Option<FieldTable>> = None;
         let mut visited: Vec<ShortStr> = Vec::new();
@@ -556,12 +423,7 @@ impl<Q: Clone> Vhost<Q> {
 
     /// Every binding, as (source exchange, binding), for persistence and listing.
     pub fn bindings(&self) -> impl Iterator<Item = (&Exchange, &Binding)> {
-        self.exchanges.values().flat_map(|exchange| {
-            exchange
-                .bindings
-                .iter()
-                .map(move |binding| (exchange, binding))
-        })
+        self.exchanges.values().flat_map(|exchange| exchange.bindings.iter().map(move |binding| (exchange, binding)))
     }
 }
 
@@ -577,11 +439,7 @@ pub enum Overflow {
 /// The length limit a queue was declared with, if any.
 pub fn queue_length_limit(arguments: &FieldTable) -> Option<(u64, Overflow)> {
     let limit = arguments.get("x-max-length")?.as_i64()?;
-    let overflow = match arguments
-        .get("x-overflow")
-        .and_then(FieldValue::as_text)
-        .as_deref()
-    {
+    let overflow = match arguments.get("x-overflow").and_then(FieldValue::as_text).as_deref() {
         Some("reject-publish") | Some("reject-publish-dlx") => Overflow::RejectPublish,
         _ => Overflow::DropHead,
     };
@@ -589,89 +447,37 @@ pub fn queue_length_limit(arguments: &FieldTable) -> Option<(u64, Overflow)> {
 }
 
 fn invalid_argument(key: &str, queue: &ShortStr, vhost: &str, problem: String) -> AmqpError {
-    AmqpError::precondition(format!(
-        "invalid arg '{key}' for queue '{queue}' in vhost '{vhost}': {problem}"
-    ))
+    AmqpError::precondition(format!("invalid arg '{key}' for queue '{queue}' in vhost '{vhost}': {problem}"))
 }
 
-fn check_queue_arguments(
-    queue: &ShortStr,
-    vhost: &str,
-    arguments: &FieldTable,
-) -> Result<(), AmqpError> {
+fn check_queue_arguments(queue: &ShortStr, vhost: &str, arguments: &FieldTable) -> Result<(), AmqpError> {
     for (key, value) in arguments.iter() {
         let key_text = key.to_string_lossy();
         match key_text.as_str() {
             "x-max-length" => match value.as_i64() {
                 Some(limit) if limit >= 0 => {}
-                Some(limit) => {
-                    return Err(invalid_argument(
-                        &key_text,
-                        queue,
-                        vhost,
-                        format!("{{value_negative,{limit}}}"),
-                    ))
-                }
-                None => {
-                    return Err(invalid_argument(
-                        &key_text,
-                        queue,
-                        vhost,
-                        format!("{{unacceptable_type,{}}}", type_name(value)),
-                    ))
-                }
+                Some(limit) => return Err(invalid_argument(&key_text, queue, vhost, format!("{{value_negative,{limit}}}"))),
+                None => return Err(invalid_argument(&key_text, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
             },
             "x-message-ttl" => match value.as_i64() {
                 Some(ttl) if ttl >= 0 => {}
-                Some(ttl) => {
-                    return Err(invalid_argument(
-                        &key_text,
-                        queue,
-                        vhost,
-                        format!("{{value_negative,{ttl}}}"),
-                    ))
-                }
-                None => {
-                    return Err(invalid_argument(
-                        &key_text,
-                        queue,
-                        vhost,
-                        format!("{{unacceptable_type,{}}}", type_name(value)),
-                    ))
-                }
+                Some(ttl) => return Err(invalid_argument(&key_text, queue, vhost, format!("{{value_negative,{ttl}}}"))),
+                None => return Err(invalid_argument(&key_text, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
             },
             "x-overflow" => match value.as_text().as_deref() {
                 Some("drop-head" | "reject-publish" | "reject-publish-dlx") => {}
-                Some(other) => {
-                    return Err(invalid_argument(
-                        &key_text,
-                        queue,
-                        vhost,
-                        format!("{{unacceptable_value,<<\"{other}\">>}}"),
-                    ))
-                }
-                None => {
-                    return Err(invalid_argument(
-                        &key_text,
-                        queue,
-                        vhost,
-                        format!("{{unacceptable_type,{}}}", type_name(value)),
-                    ))
-                }
+                Some(other) => return Err(invalid_argument(&key_text, queue, vhost, format!("{{unacceptable_value,<<\"{other}\">>}}"))),
+                None => return Err(invalid_argument(&key_text, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
             },
             _ => {}
         }
         if UNSUPPORTED_QUEUE_ARGUMENTS.contains(&key_text.as_str()) {
-            return Err(AmqpError::not_implemented(format!(
-                "queue argument '{key_text}' is not supported by Lepus yet"
-            )));
+            return Err(AmqpError::not_implemented(format!("queue argument '{key_text}' is not supported by Lepus yet")));
         }
         if key_text == "x-queue-type" {
             let kind = value.as_text().unwrap_or_default();
             if kind != "classic" {
-                return Err(AmqpError::not_implemented(format!(
-                    "queue type '{kind}' is not supported by Lepus yet"
-                )));
+                return Err(AmqpError::not_implemented(format!("queue type '{kind}' is not supported by Lepus yet")));
             }
         }
     }

@@ -41,42 +41,22 @@ pub struct Users {
 
 impl Default for Users {
     fn default() -> Users {
-        Users {
-            users: vec![User {
-                name: "guest".to_string(),
-                password: "guest".to_string(),
-                loopback_only: true,
-            }],
-        }
+        Users { users: vec![User { name: "guest".to_string(), password: "guest".to_string(), loopback_only: true }] }
     }
 }
 
 impl Users {
     /// Checks a start-ok response; returns the user name.
-    pub fn authenticate(
-        &self,
-        mechanism: &[u8],
-        response: &Bytes,
-        peer: IpAddr,
-    ) -> Result<String, LoginError> {
+    pub fn authenticate(&self, mechanism: &[u8], response: &Bytes, peer: IpAddr) -> Result<String, LoginError> {
         let (name, password) = match mechanism {
             b"PLAIN" => parse_plain(response)?,
             b"AMQPLAIN" => parse_amqplain(response)?,
-            other => {
-                return Err(LoginError::UnsupportedMechanism(
-                    String::from_utf8_lossy(other).into_owned(),
-                ))
-            }
+            other => return Err(LoginError::UnsupportedMechanism(String::from_utf8_lossy(other).into_owned())),
         };
-        let user = self
-            .users
-            .iter()
-            .find(|user| user.name == name && user.password == password);
+        let user = self.users.iter().find(|user| user.name == name && user.password == password);
         match user {
             None => Err(LoginError::InvalidCredentials(name)),
-            Some(user) if user.loopback_only && !peer.is_loopback() => {
-                Err(LoginError::LoopbackOnly(name))
-            }
+            Some(user) if user.loopback_only && !peer.is_loopback() => Err(LoginError::LoopbackOnly(name)),
             Some(user) => Ok(user.name.clone()),
         }
     }
@@ -88,25 +68,14 @@ fn parse_plain(response: &Bytes) -> Result<(String, String), LoginError> {
     if parts.len() != 3 {
         return Err(LoginError::Malformed("PLAIN"));
     }
-    Ok((
-        String::from_utf8_lossy(parts[1]).into_owned(),
-        String::from_utf8_lossy(parts[2]).into_owned(),
-    ))
+    Ok((String::from_utf8_lossy(parts[1]).into_owned(), String::from_utf8_lossy(parts[2]).into_owned()))
 }
 
 /// AMQPLAIN: a field table without its length prefix, holding LOGIN and PASSWORD.
 fn parse_amqplain(response: &Bytes) -> Result<(String, String), LoginError> {
-    let table = Reader::new(response.clone())
-        .read_table_entries(0)
-        .map_err(|_| LoginError::Malformed("AMQPLAIN"))?;
-    let login = table
-        .get("LOGIN")
-        .and_then(|value| value.as_text())
-        .ok_or(LoginError::Malformed("AMQPLAIN"))?;
-    let password = table
-        .get("PASSWORD")
-        .and_then(|value| value.as_text())
-        .ok_or(LoginError::Malformed("AMQPLAIN"))?;
+    let table = Reader::new(response.clone()).read_table_entries(0).map_err(|_| LoginError::Malformed("AMQPLAIN"))?;
+    let login = table.get("LOGIN").and_then(|value| value.as_text()).ok_or(LoginError::Malformed("AMQPLAIN"))?;
+    let password = table.get("PASSWORD").and_then(|value| value.as_text()).ok_or(LoginError::Malformed("AMQPLAIN"))?;
     Ok((login, password))
 }
 
@@ -118,18 +87,12 @@ mod tests {
     fn guest_is_loopback_only() {
         let users = Users::default();
         let response = Bytes::from_static(b"\0guest\0guest");
-        assert_eq!(
-            users.authenticate(b"PLAIN", &response, IpAddr::from([127, 0, 0, 1])),
-            Ok("guest".to_string())
-        );
+        assert_eq!(users.authenticate(b"PLAIN", &response, IpAddr::from([127, 0, 0, 1])), Ok("guest".to_string()));
         assert_eq!(
             users.authenticate(b"PLAIN", &response, IpAddr::from([10, 0, 0, 1])),
             Err(LoginError::LoopbackOnly("guest".to_string()))
         );
         let wrong = Bytes::from_static(b"\0guest\0nope");
-        assert!(matches!(
-            users.authenticate(b"PLAIN", &wrong, IpAddr::from([127, 0, 0, 1])),
-            Err(LoginError::InvalidCredentials(_))
-        ));
+        assert!(matches!(users.authenticate(b"PLAIN", &wrong, IpAddr::from([127, 0, 0, 1])), Err(LoginError::InvalidCredentials(_))));
     }
 }

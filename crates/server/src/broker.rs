@@ -4,7 +4,7 @@
 use crate::auth::Users;
 use crate::config::ServerConfig;
 use crate::outbound::{ConnectionShared, ConsumerHandle, Outbound};
-use crate::queue_runtime::QueueRuntime;
+use crate::queue_runtime::{Pager, QueueRuntime};
 use amqp_codec::{encode_method_frame, BasicCancel, Method, ShortStr};
 use broker_core::exchange::{Binding, Destination, Exchange, ExchangeKind};
 use broker_core::queue::QueueState;
@@ -16,10 +16,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use storage::definitions::{
-    table_from_hex, table_to_hex, BindingRecord, Definitions, DefinitionsStore, ExchangeRecord,
-    QueueRecord,
-};
+use storage::definitions::{table_from_hex, table_to_hex, BindingRecord, Definitions, DefinitionsStore, ExchangeRecord, QueueRecord};
 use storage::queue_log::QueueLog;
 use storage::syncer::Syncer;
 
@@ -63,8 +60,7 @@ fn queue_log_path(data_dir: &std::path::Path, vhost: &str, name: &ShortStr) -> P
 impl Broker {
     /// Opens the data directory, recovers definitions and messages, starts the syncer.
     pub fn open(config: ServerConfig) -> Result<Arc<Broker>, String> {
-        std::fs::create_dir_all(config.data_dir.join("queues"))
-            .map_err(|error| format!("{}: {error}", config.data_dir.display()))?;
+        std::fs::create_dir_all(config.data_dir.join("queues")).map_err(|error| format!("{}: {error}", config.data_dir.display()))?;
         let definitions = DefinitionsStore::new(&config.data_dir);
         let mut broker = Broker {
             users: Users::default(),
@@ -79,9 +75,7 @@ impl Broker {
             disk_alarm_raised: tokio::sync::Notify::new(),
             config,
         };
-        broker
-            .vhosts
-            .insert("/".to_string(), RwLock::new(Vhost::new("/")));
+        broker.vhosts.insert("/".to_string(), RwLock::new(Vhost::new("/")));
         broker.recover()?;
         Ok(Arc::new(broker))
     }
@@ -90,8 +84,7 @@ impl Broker {
         let marker = self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER);
         let clean_shutdown = marker.exists();
         if clean_shutdown {
-            std::fs::remove_file(&marker)
-                .map_err(|error| format!("{}: {error}", marker.display()))?;
+            std::fs::remove_file(&marker).map_err(|error| format!("{}: {error}", marker.display()))?;
         }
         let definitions = self.definitions.load().map_err(|error| error.to_string())?;
         for record in &definitions.exchanges {
@@ -102,14 +95,8 @@ impl Broker {
                 continue;
             };
             let arguments = table_from_hex(&record.arguments_hex).unwrap_or_default();
-            let exchange = Exchange::new(
-                ShortStr::truncating(record.name.clone()),
-                kind,
-                true,
-                record.auto_delete,
-                record.internal,
-                arguments,
-            );
+            let exchange =
+                Exchange::new(ShortStr::truncating(record.name.clone()), kind, true, record.auto_delete, record.internal, arguments);
             vhost.write().restore_exchange(exchange);
         }
         let mut restored_messages = 0usize;
@@ -125,27 +112,17 @@ impl Broker {
                 arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
             };
             let path = queue_log_path(&self.config.data_dir, &record.vhost, &definition.name);
-            let (log, recovery) = QueueLog::open(&path, self.config.segment_bytes_max)
-                .map_err(|error| error.to_string())?;
+            let (log, recovery) = QueueLog::open(&path, self.config.segment_bytes_max).map_err(|error| error.to_string())?;
             for (file, offset) in &recovery.truncated {
                 tracing::error!(file = %file.display(), offset, queue = %definition.name, "recovered the intact part of a damaged segment");
             }
-            let queue = QueueRuntime::new(
-                definition.clone(),
-                &record.vhost,
-                Some(Arc::new(Mutex::new(log))),
-                QueueState::new(recovery.next_position),
-            );
-            for recovered in recovery.messages {
-                // After a crash the delivered markers may be missing, so every recovered message
-                // may have been delivered: flag them all, as at-least-once allows.
-                queue.restore(
-                    recovered.position,
-                    recovered.message,
-                    recovered.delivered || !clean_shutdown,
-                );
-                restored_messages += 1;
-            }
+            // Recovered messages stay on disk; the queue pages them in as consumers need them. After a
+            // crash the delivered markers may be missing, so every recovered message may have been
+            // delivered: the pager flags them all, as at-least-once allows.
+            let pager = Pager::recovered(&log, &recovery, clean_shutdown);
+            let messages = QueueState::with_paged(recovery.next_position, recovery.live_count);
+            restored_messages += recovery.live_count as usize;
+            let queue = QueueRuntime::new(definition.clone(), &record.vhost, Some(Arc::new(Mutex::new(log))), messages, pager);
             vhost.write().restore_queue(definition, queue);
         }
         for record in &definitions.bindings {
@@ -153,20 +130,14 @@ impl Broker {
                 continue;
             };
             let destination_name = ShortStr::truncating(record.destination.clone());
-            let destination = if record.destination_is_exchange {
-                Destination::Exchange(destination_name)
-            } else {
-                Destination::Queue(destination_name)
-            };
+            let destination =
+                if record.destination_is_exchange { Destination::Exchange(destination_name) } else { Destination::Queue(destination_name) };
             let binding = Binding {
                 destination,
                 routing_key: ShortStr::truncating(record.routing_key.clone()),
                 arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
             };
-            if let Err(error) = vhost
-                .write()
-                .bind(&ShortStr::truncating(record.source.clone()), binding)
-            {
+            if let Err(error) = vhost.write().bind(&ShortStr::truncating(record.source.clone()), binding) {
                 tracing::warn!(%error, "a stored binding could not be restored");
             }
         }
@@ -191,20 +162,13 @@ impl Broker {
                 let written = log.lock().write_pending();
                 let synced = written
                     .map_err(|error| error.to_string())
-                    .and_then(|files| {
-                        files
-                            .iter()
-                            .try_for_each(|file| file.sync_data())
-                            .map_err(|error| error.to_string())
-                    });
+                    .and_then(|files| files.iter().try_for_each(|file| file.sync_data()).map_err(|error| error.to_string()));
                 if let Err(error) = synced {
                     tracing::error!(%error, "writing or syncing a queue log at shutdown failed");
                 }
             }
         }
-        if let Err(error) =
-            storage::write_atomically(&self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER), b"")
-        {
+        if let Err(error) = storage::write_atomically(&self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER), b"") {
             tracing::error!(%error, "writing the clean-shutdown marker failed");
         }
     }
@@ -243,9 +207,7 @@ impl Broker {
 
     /// A vhost's topology.
     pub fn vhost(&self, name: &str) -> &RwLock<Vhost<QueueHandle>> {
-        self.vhosts
-            .get(name)
-            .expect("connections only hold vhosts that exist")
+        self.vhosts.get(name).expect("connections only hold vhosts that exist")
     }
 
     /// Writes every durable definition. Called after each change of a durable object.
@@ -254,16 +216,9 @@ impl Broker {
         let mut definitions = Definitions::default();
         for (vhost_name, vhost) in &self.vhosts {
             let vhost = vhost.read();
-            let durable_exchange = |name: &ShortStr| {
-                vhost
-                    .exchange(name)
-                    .is_some_and(|exchange| exchange.durable)
-            };
+            let durable_exchange = |name: &ShortStr| vhost.exchange(name).is_some_and(|exchange| exchange.durable);
             for exchange in vhost.exchanges() {
-                if exchange.durable
-                    && !exchange.name.is_empty()
-                    && !exchange.name.as_bytes().starts_with(b"amq.")
-                {
+                if exchange.durable && !exchange.name.is_empty() && !exchange.name.as_bytes().starts_with(b"amq.") {
                     definitions.exchanges.push(ExchangeRecord {
                         vhost: vhost_name.clone(),
                         name: exchange.name.to_string_lossy(),
@@ -287,13 +242,9 @@ impl Broker {
             }
             for (source, binding) in vhost.bindings() {
                 let (destination, is_exchange, durable) = match &binding.destination {
-                    Destination::Queue(name) => (
-                        name,
-                        false,
-                        vhost.queue(name).is_some_and(|q| {
-                            q.definition.durable && q.definition.exclusive_owner.is_none()
-                        }),
-                    ),
+                    Destination::Queue(name) => {
+                        (name, false, vhost.queue(name).is_some_and(|q| q.definition.durable && q.definition.exclusive_owner.is_none()))
+                    }
                     Destination::Exchange(name) => (name, true, durable_exchange(name)),
                 };
                 if source.durable && durable {
@@ -315,11 +266,7 @@ impl Broker {
     }
 
     /// exchange.declare.
-    pub fn declare_exchange(
-        &self,
-        vhost: &str,
-        declaration: &ExchangeDeclaration,
-    ) -> Result<(), AmqpError> {
+    pub fn declare_exchange(&self, vhost: &str, declaration: &ExchangeDeclaration) -> Result<(), AmqpError> {
         let created = self.vhost(vhost).write().declare_exchange(declaration)?;
         if created && declaration.durable {
             self.persist()?;
@@ -328,12 +275,7 @@ impl Broker {
     }
 
     /// exchange.delete.
-    pub fn delete_exchange(
-        &self,
-        vhost: &str,
-        name: &ShortStr,
-        if_unused: bool,
-    ) -> Result<(), AmqpError> {
+    pub fn delete_exchange(&self, vhost: &str, name: &ShortStr, if_unused: bool) -> Result<(), AmqpError> {
         let removed = self.vhost(vhost).write().delete_exchange(name, if_unused)?;
         if removed.is_some_and(|exchange| exchange.durable) {
             self.persist()?;
@@ -355,38 +297,30 @@ impl Broker {
         let mut log_error = None;
         let (queue, created) = {
             let mut vhost = self.vhost(vhost_name).write();
-            let (entry, created) = vhost.declare_queue(
-                definition,
-                passive,
-                server_named,
-                connection_id,
-                |definition| {
-                    let log = if definition.durable && definition.exclusive_owner.is_none() {
-                        let path = queue_log_path(&data_dir, vhost_name, &definition.name);
-                        // A queue declared anew starts with an empty log, whatever an older queue of
-                        // the same name left behind.
-                        let _ = std::fs::remove_dir_all(&path);
-                        match QueueLog::open(&path, segment_bytes_max) {
-                            Ok((log, _)) => Some(Arc::new(Mutex::new(log))),
-                            Err(error) => {
-                                log_error = Some(error.to_string());
-                                None
-                            }
+            let (entry, created) = vhost.declare_queue(definition, passive, server_named, connection_id, |definition| {
+                let log = if definition.durable && definition.exclusive_owner.is_none() {
+                    let path = queue_log_path(&data_dir, vhost_name, &definition.name);
+                    // A queue declared anew starts with an empty log, whatever an older queue of
+                    // the same name left behind.
+                    let _ = std::fs::remove_dir_all(&path);
+                    match QueueLog::open(&path, segment_bytes_max) {
+                        Ok((log, _)) => Some(Arc::new(Mutex::new(log))),
+                        Err(error) => {
+                            log_error = Some(error.to_string());
+                            None
                         }
-                    } else {
-                        None
-                    };
-                    QueueRuntime::new(definition.clone(), vhost_name, log, QueueState::new(0))
-                },
-            )?;
+                    }
+                } else {
+                    None
+                };
+                QueueRuntime::new(definition.clone(), vhost_name, log, QueueState::new(0), None)
+            })?;
             (entry.handle.clone(), created)
         };
         if let Some(error) = log_error {
             tracing::error!(%error, "creating a queue log failed");
             self.remove_queue(vhost_name, queue.name());
-            return Err(AmqpError::internal(format!(
-                "could not create the queue's log: {error}"
-            )));
+            return Err(AmqpError::internal(format!("could not create the queue's log: {error}")));
         }
         if created && queue.definition.durable && queue.definition.exclusive_owner.is_none() {
             self.persist()?;
@@ -414,12 +348,7 @@ impl Broker {
     }
 
     /// queue.bind / exchange.bind.
-    pub fn bind(
-        &self,
-        vhost_name: &str,
-        source: &ShortStr,
-        binding: Binding,
-    ) -> Result<(), AmqpError> {
+    pub fn bind(&self, vhost_name: &str, source: &ShortStr, binding: Binding) -> Result<(), AmqpError> {
         let added = self.vhost(vhost_name).write().bind(source, binding)?;
         if added {
             self.persist()?;
@@ -428,12 +357,7 @@ impl Broker {
     }
 
     /// queue.unbind / exchange.unbind.
-    pub fn unbind(
-        &self,
-        vhost_name: &str,
-        source: &ShortStr,
-        binding: &Binding,
-    ) -> Result<(), AmqpError> {
+    pub fn unbind(&self, vhost_name: &str, source: &ShortStr, binding: &Binding) -> Result<(), AmqpError> {
         let (removed, _) = self.vhost(vhost_name).write().unbind(source, binding)?;
         if removed {
             self.persist()?;
@@ -448,14 +372,9 @@ pub fn notify_cancelled(consumers: &[Arc<ConsumerHandle>]) {
     for consumer in consumers {
         consumer.cancelled.store(true, Ordering::Release);
         let connection = &consumer.channel.connection;
-        if connection.consumer_cancel_notify.load(Ordering::Acquire)
-            && consumer.channel.ledger.lock().open
-        {
+        if connection.consumer_cancel_notify.load(Ordering::Acquire) && consumer.channel.ledger.lock().open {
             let mut frames = BytesMut::new();
-            let cancel = Method::BasicCancel(BasicCancel {
-                consumer_tag: consumer.tag.clone(),
-                nowait: true,
-            });
+            let cancel = Method::BasicCancel(BasicCancel { consumer_tag: consumer.tag.clone(), nowait: true });
             encode_method_frame(&mut frames, consumer.channel.id, &cancel);
             connection.send(Outbound::Frames(frames.freeze()));
         }

@@ -14,8 +14,7 @@ pub const DISK_CHECK_INTERVAL_MS: u64 = 500;
 /// Free bytes for unprivileged writers on the filesystem holding `path`.
 pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::other("path contains NUL"))?;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| std::io::Error::other("path contains NUL"))?;
     let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: c_path is a valid NUL-terminated string and stats a valid, writable statvfs.
     let result = unsafe { libc::statvfs(c_path.as_ptr(), &mut stats) };
@@ -40,19 +39,11 @@ pub async fn monitor(broker: Arc<Broker>) {
         let limit = broker.config.disk_free_limit_bytes;
         let alarmed = broker.disk_alarm.load(Ordering::Acquire);
         if free < limit && !alarmed {
-            tracing::warn!(
-                free,
-                limit,
-                "free disk space below the limit: blocking publishers"
-            );
+            tracing::warn!(free, limit, "free disk space below the limit: blocking publishers");
             broker.disk_alarm.store(true, Ordering::Release);
             broker.disk_alarm_raised.notify_waiters();
         } else if free >= limit && alarmed {
-            tracing::info!(
-                free,
-                limit,
-                "free disk space back above the limit: unblocking publishers"
-            );
+            tracing::info!(free, limit, "free disk space back above the limit: unblocking publishers");
             broker.disk_alarm.store(false, Ordering::Release);
             broker.disk_alarm_cleared.notify_waiters();
         }

@@ -9,10 +9,7 @@ pub const SHUTDOWN_CONNECTIONS_WAIT_S: u64 = 5;
 
 /// Opens the data directory, listens, and serves until SIGINT or SIGTERM.
 pub fn run(config: ServerConfig) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|error| error.to_string())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|error| error.to_string())?;
     runtime.block_on(async move {
         let broker = Broker::open(config.clone())?;
         let address = SocketAddr::new(config.bind_address, config.amqp_port);

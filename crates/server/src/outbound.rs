@@ -114,9 +114,7 @@ impl ConnectionShared {
     pub fn end_pending(&self, count: usize) {
         let before = self.pending_work.fetch_sub(count, Ordering::AcqRel);
         assert!(before >= count, "connection pending work underflow");
-        if before - count <= CONNECTION_PENDING_WORK_RESUME
-            && before > CONNECTION_PENDING_WORK_RESUME
-        {
+        if before - count <= CONNECTION_PENDING_WORK_RESUME && before > CONNECTION_PENDING_WORK_RESUME {
             self.pending_work_drained.notify_waiters();
         }
     }
@@ -141,10 +139,7 @@ impl ConnectionShared {
     /// Remembers a queue to wake when the writer drains.
     pub fn note_stalled(&self, queue: &Arc<QueueRuntime>) {
         let mut stalled = self.stalled_queues.lock();
-        if !stalled
-            .iter()
-            .any(|weak| weak.as_ptr() == Arc::as_ptr(queue))
-        {
+        if !stalled.iter().any(|weak| weak.as_ptr() == Arc::as_ptr(queue)) {
             stalled.push(Arc::downgrade(queue));
         }
     }
@@ -196,10 +191,7 @@ impl ChannelShared {
         ChannelShared {
             id,
             connection,
-            ledger: Mutex::new(DeliveryLedger {
-                open: true,
-                ..Default::default()
-            }),
+            ledger: Mutex::new(DeliveryLedger { open: true, ..Default::default() }),
             prefetch_global: AtomicU32::new(0),
             unacked_consumer_deliveries: AtomicU32::new(0),
             flow_active: AtomicBool::new(true),
@@ -240,9 +232,7 @@ pub enum Readiness {
 impl ConsumerHandle {
     /// Whether the consumer can take one more message now.
     pub fn readiness(&self) -> Readiness {
-        if self.cancelled.load(Ordering::Acquire)
-            || !self.channel.flow_active.load(Ordering::Acquire)
-        {
+        if self.cancelled.load(Ordering::Acquire) || !self.channel.flow_active.load(Ordering::Acquire) {
             return Readiness::Blocked;
         }
         if !self.no_ack {
@@ -250,23 +240,11 @@ impl ConsumerHandle {
                 return Readiness::Blocked;
             }
             let global = self.channel.prefetch_global.load(Ordering::Acquire);
-            if global != 0
-                && self
-                    .channel
-                    .unacked_consumer_deliveries
-                    .load(Ordering::Acquire)
-                    >= global
-            {
+            if global != 0 && self.channel.unacked_consumer_deliveries.load(Ordering::Acquire) >= global {
                 return Readiness::Blocked;
             }
         }
-        if self
-            .channel
-            .connection
-            .outbound_deliveries
-            .load(Ordering::Acquire)
-            >= OUTBOUND_DELIVERIES_MAX
-        {
+        if self.channel.connection.outbound_deliveries.load(Ordering::Acquire) >= OUTBOUND_DELIVERIES_MAX {
             return Readiness::WriterFull;
         }
         Readiness::Ready
@@ -275,19 +253,14 @@ impl ConsumerHandle {
     /// Counts a delivery against the consumer's and the channel's prefetch.
     pub fn count_delivery(&self) {
         self.unacked.fetch_add(1, Ordering::AcqRel);
-        self.channel
-            .unacked_consumer_deliveries
-            .fetch_add(1, Ordering::AcqRel);
+        self.channel.unacked_consumer_deliveries.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Releases a settled or requeued delivery from the prefetch counts.
     pub fn release_delivery(&self) {
         let before = self.unacked.fetch_sub(1, Ordering::AcqRel);
         assert!(before > 0, "consumer unacked count underflow");
-        let before = self
-            .channel
-            .unacked_consumer_deliveries
-            .fetch_sub(1, Ordering::AcqRel);
+        let before = self.channel.unacked_consumer_deliveries.fetch_sub(1, Ordering::AcqRel);
         assert!(before > 0, "channel unacked count underflow");
     }
 }

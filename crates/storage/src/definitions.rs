@@ -79,10 +79,7 @@ pub fn table_from_hex(hex: &str) -> Option<FieldTable> {
     if !hex.len().is_multiple_of(2) {
         return None;
     }
-    let bytes: Option<Vec<u8>> = (0..hex.len())
-        .step_by(2)
-        .map(|index| u8::from_str_radix(hex.get(index..index + 2)?, 16).ok())
-        .collect();
+    let bytes: Option<Vec<u8>> = (0..hex.len()).step_by(2).map(|index| u8::from_str_radix(hex.get(index..index + 2)?, 16).ok()).collect();
     Reader::new(Bytes::from(bytes?)).read_table().ok()
 }
 
@@ -95,32 +92,23 @@ pub struct DefinitionsStore {
 impl DefinitionsStore {
     /// The store in `data_dir`.
     pub fn new(data_dir: &Path) -> DefinitionsStore {
-        DefinitionsStore {
-            path: data_dir.join("definitions.json"),
-        }
+        DefinitionsStore { path: data_dir.join("definitions.json") }
     }
 
     /// Reads the definitions; empty when the file does not exist yet.
     pub fn load(&self) -> Result<Definitions, StorageError> {
         match std::fs::read(&self.path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| StorageError::Corrupt {
-                path: self.path.display().to_string(),
-                detail: error.to_string(),
-            }),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                Ok(Definitions::default())
-            }
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|error| StorageError::Corrupt { path: self.path.display().to_string(), detail: error.to_string() }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Definitions::default()),
             Err(error) => Err(StorageError::io(&self.path, error)),
         }
     }
 
     /// Replaces the definitions atomically.
     pub fn save(&self, definitions: &Definitions) -> Result<(), StorageError> {
-        let bytes =
-            serde_json::to_vec_pretty(definitions).map_err(|error| StorageError::Corrupt {
-                path: self.path.display().to_string(),
-                detail: error.to_string(),
-            })?;
+        let bytes = serde_json::to_vec_pretty(definitions)
+            .map_err(|error| StorageError::Corrupt { path: self.path.display().to_string(), detail: error.to_string() })?;
         write_atomically(&self.path, &bytes)
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod definitions;
 pub mod queue_log;
+pub mod range_set;
 pub mod syncer;
 
 /// A storage failure, with the file it concerns.
@@ -33,10 +34,7 @@ pub enum StorageError {
 
 impl StorageError {
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> StorageError {
-        StorageError::Io {
-            path: path.display().to_string(),
-            source,
-        }
+        StorageError::Io { path: path.display().to_string(), source }
     }
 }
 
@@ -45,19 +43,13 @@ impl StorageError {
 pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(), StorageError> {
     use std::io::Write;
     let temporary = path.with_extension("tmp");
-    let mut file =
-        std::fs::File::create(&temporary).map_err(|error| StorageError::io(&temporary, error))?;
-    file.write_all(bytes)
-        .map_err(|error| StorageError::io(&temporary, error))?;
-    file.sync_all()
-        .map_err(|error| StorageError::io(&temporary, error))?;
+    let mut file = std::fs::File::create(&temporary).map_err(|error| StorageError::io(&temporary, error))?;
+    file.write_all(bytes).map_err(|error| StorageError::io(&temporary, error))?;
+    file.sync_all().map_err(|error| StorageError::io(&temporary, error))?;
     std::fs::rename(&temporary, path).map_err(|error| StorageError::io(path, error))?;
     if let Some(directory) = path.parent() {
-        let directory_file =
-            std::fs::File::open(directory).map_err(|error| StorageError::io(directory, error))?;
-        directory_file
-            .sync_all()
-            .map_err(|error| StorageError::io(directory, error))?;
+        let directory_file = std::fs::File::open(directory).map_err(|error| StorageError::io(directory, error))?;
+        directory_file.sync_all().map_err(|error| StorageError::io(directory, error))?;
     }
     Ok(())
 }

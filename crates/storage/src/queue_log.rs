@@ -24,11 +24,11 @@ use amqp_codec::ShortStr;
 use amqp_codec::{ContentHeader, Reader};
 use broker_core::Message;
 use bytes::{BufMut, Bytes, BytesMut};
-use std::collections::BTreeMap;
+use crate::range_set::RangeSet;
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 const KIND_PUBLISH: u8 = 1;
 const KIND_DELIVERED: u8 = 2;
@@ -36,6 +36,11 @@ const KIND_SETTLED: u8 = 3;
 /// Closes a segment that is no longer active; its payload is the segment's length before it. An
 /// older segment without its seal was truncated, even when the cut fell between two records.
 const KIND_SEALED: u8 = 4;
+/// A transient message written only because its queue was paging: read back while the broker
+/// runs, ignored by recovery.
+const KIND_PUBLISH_TRANSIENT: u8 = 5;
+/// How much one tail read takes from a segment at a time.
+const TAIL_READ_CHUNK_BYTES: usize = 1 << 20;
 const RECORD_HEADER_BYTES: usize = 8;
 /// No record may claim more than this; a larger length is corruption, not a message (RabbitMQ's
 /// largest message is 512 MiB).
@@ -44,26 +49,46 @@ pub const RECORD_BYTES_MAX: usize = 600 * 1024 * 1024;
 pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
 const SEGMENT_SUFFIX: &str = ".seg";
 
-/// A message recovered from a log.
-#[derive(Debug)]
-pub struct RecoveredMessage {
-    /// Its queue position.
-    pub position: u64,
-    /// The message.
-    pub message: Arc<Message>,
-    /// Whether it had been delivered before the restart.
-    pub delivered: bool,
-}
-
-/// What recovery found in a log.
+/// What recovery found in a log. Message bodies stay on disk: the queue reads them back through
+/// the [`TailCursor`] of [`QueueLog::recovered_tail`], so a restart costs one scan of the log and
+/// memory in proportion to the ranges, not to the messages.
 #[derive(Debug, Default)]
 pub struct Recovery {
-    /// Unsettled messages in position order.
-    pub messages: Vec<RecoveredMessage>,
+    /// Positions of unsettled persistent messages.
+    pub live: RangeSet,
+    /// How many positions `live` holds.
+    pub live_count: u64,
+    /// Positions that had been delivered before the restart.
+    pub delivered: RangeSet,
     /// One past the highest position seen.
     pub next_position: u64,
     /// Segments whose tail was cut (torn or corrupt records), with the offset of the cut.
     pub truncated: Vec<(PathBuf, u64)>,
+}
+
+/// Where a record starts: its segment (by first position) and its offset in that file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RecordLocation {
+    /// The segment's first position (its name).
+    pub segment: u64,
+    /// Byte offset in the segment.
+    pub offset: u64,
+}
+
+/// Reads a queue's paged messages back in order. Publish records are yielded when their position
+/// is at or past `floor`; before the recovered end, only the positions recovery found live.
+#[derive(Debug)]
+pub struct TailCursor {
+    at: RecordLocation,
+    floor: u64,
+    recovered: Option<(RangeSet, RecordLocation)>,
+}
+
+impl TailCursor {
+    /// A cursor for messages paged while the broker runs, starting at the first paged record.
+    pub fn new(at: RecordLocation, floor: u64) -> TailCursor {
+        TailCursor { at, floor, recovered: None }
+    }
 }
 
 #[derive(Debug)]
@@ -93,15 +118,11 @@ fn segment_path(directory: &Path, first_position: u64) -> PathBuf {
 
 fn list_segments(directory: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
     let mut segments = Vec::new();
-    let entries =
-        std::fs::read_dir(directory).map_err(|error| StorageError::io(directory, error))?;
+    let entries = std::fs::read_dir(directory).map_err(|error| StorageError::io(directory, error))?;
     for entry in entries {
         let entry = entry.map_err(|error| StorageError::io(directory, error))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        match name
-            .strip_suffix(SEGMENT_SUFFIX)
-            .and_then(|stem| stem.parse::<u64>().ok())
-        {
+        match name.strip_suffix(SEGMENT_SUFFIX).and_then(|stem| stem.parse::<u64>().ok()) {
             Some(first_position) => segments.push((first_position, entry.path())),
             None => {
                 tracing::warn!(file = %entry.path().display(), "ignoring a file that is not a segment")
@@ -113,21 +134,13 @@ fn list_segments(directory: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> 
 }
 
 fn open_append(path: &Path) -> Result<File, StorageError> {
-    OpenOptions::new()
-        .create(true)
-        .read(true)
-        .append(true)
-        .open(path)
-        .map_err(|error| StorageError::io(path, error))
+    OpenOptions::new().create(true).read(true).append(true).open(path).map_err(|error| StorageError::io(path, error))
 }
 
 impl QueueLog {
     /// Opens (creating) the log in `directory`, replays every segment, cuts invalid tails and
     /// deletes older segments with nothing unsettled.
-    pub fn open(
-        directory: &Path,
-        segment_bytes_max: u64,
-    ) -> Result<(QueueLog, Recovery), StorageError> {
+    pub fn open(directory: &Path, segment_bytes_max: u64) -> Result<(QueueLog, Recovery), StorageError> {
         std::fs::create_dir_all(directory).map_err(|error| StorageError::io(directory, error))?;
         let mut replayed = Replayed::default();
         let mut segments = Vec::new();
@@ -136,50 +149,32 @@ impl QueueLog {
         let last = listed.len().saturating_sub(1);
         for (index, (first_position, path)) in listed.into_iter().enumerate() {
             let file = open_append(&path)?;
-            let replay = replay_segment(&path, &file, segments.len(), &mut replayed)?;
+            let replay = replay_segment(&path, &file, &mut replayed)?;
             if let Some(offset) = replay.cut_at {
-                file.set_len(offset)
-                    .map_err(|error| StorageError::io(&path, error))?;
-                file.sync_all()
-                    .map_err(|error| StorageError::io(&path, error))?;
+                file.set_len(offset).map_err(|error| StorageError::io(&path, error))?;
+                file.sync_all().map_err(|error| StorageError::io(&path, error))?;
                 recovery.truncated.push((path.clone(), offset));
             } else if index < last && !replay.sealed {
                 tracing::error!(file = %path.display(), offset = replay.end, "segment ends without its seal: it was truncated, messages after this offset are lost");
                 recovery.truncated.push((path.clone(), replay.end));
             }
-            segments.push(Segment {
-                first_position,
-                path,
-                unsettled: 0,
-            });
+            segments.push(Segment { first_position, path, unsettled: 0 });
         }
-        for (segment, _, _) in replayed.published.values() {
-            segments[*segment].unsettled += 1;
+        for index in 0..segments.len() {
+            let end = segments.get(index + 1).map_or(u64::MAX, |next| next.first_position);
+            segments[index].unsettled = replayed.live.count_in(segments[index].first_position, end);
         }
         recovery.next_position = replayed.next_position;
-        recovery.messages = replayed
-            .published
-            .into_iter()
-            .map(|(position, (_, message, delivered))| RecoveredMessage {
-                position,
-                message,
-                delivered,
-            })
-            .collect();
+        recovery.live_count = replayed.live.count_in(0, u64::MAX);
+        recovery.live = replayed.live;
+        recovery.delivered = replayed.delivered;
         if segments.is_empty() {
             let path = segment_path(directory, recovery.next_position);
-            segments.push(Segment {
-                first_position: recovery.next_position,
-                path,
-                unsettled: 0,
-            });
+            segments.push(Segment { first_position: recovery.next_position, path, unsettled: 0 });
         }
         let active_path = segments.last().expect("at least one segment").path.clone();
         let active = open_append(&active_path)?;
-        let active_bytes = active
-            .metadata()
-            .map_err(|error| StorageError::io(&active_path, error))?
-            .len();
+        let active_bytes = active.metadata().map_err(|error| StorageError::io(&active_path, error))?.len();
         let mut log = QueueLog {
             directory: directory.to_path_buf(),
             segments,
@@ -221,18 +216,22 @@ impl QueueLog {
         self.pending[start + 4..start + 8].copy_from_slice(&checksum.to_be_bytes());
     }
 
-    /// Buffers a publish record, starting a new segment first when the active one is full.
-    pub fn append_publish(&mut self, position: u64, message: &Message) {
-        if self.deleted {
-            return;
-        }
-        if self.active_bytes + self.pending.len() as u64 >= self.segment_bytes_max {
+    /// Buffers a publish record, starting a new segment first when the active one is full, and
+    /// returns where the record starts. `persistent` records survive a restart; the others are
+    /// only there to be read back while the queue pages.
+    pub fn append_publish(&mut self, position: u64, message: &Message, persistent: bool) -> RecordLocation {
+        if !self.deleted && self.active_bytes + self.pending.len() as u64 >= self.segment_bytes_max {
             if let Err(error) = self.roll_segment(position) {
                 // Keep appending to the full segment rather than lose the record.
                 tracing::error!(%error, "starting a new segment failed");
             }
         }
-        self.append(KIND_PUBLISH, position, |buffer| {
+        let location = self.end_location();
+        if self.deleted {
+            return location;
+        }
+        let kind = if persistent { KIND_PUBLISH } else { KIND_PUBLISH_TRANSIENT };
+        self.append(kind, position, |buffer| {
             buffer.put_u8(message.exchange.len() as u8);
             buffer.put_slice(message.exchange.as_bytes());
             buffer.put_u8(message.routing_key.len() as u8);
@@ -242,33 +241,116 @@ impl QueueLog {
             buffer.put_slice(&message.header.properties_raw);
             buffer.put_slice(&message.body);
         });
-        let active = self
-            .segments
-            .last_mut()
-            .expect("a log always has an active segment");
-        assert!(
-            position >= active.first_position,
-            "publish position {position} before its segment"
-        );
+        let active = self.segments.last_mut().expect("a log always has an active segment");
+        assert!(position >= active.first_position, "publish position {position} before its segment");
         active.unsettled += 1;
+        location
+    }
+
+    /// Where the next record will start.
+    pub fn end_location(&self) -> RecordLocation {
+        let active = self.segments.last().expect("a log always has an active segment");
+        RecordLocation { segment: active.first_position, offset: self.active_bytes + self.pending.len() as u64 }
+    }
+
+    /// A cursor over what recovery found live: from the first record up to where the log ended at
+    /// open; past that, everything at or after `next_position` (paged after the restart).
+    pub fn recovered_tail(&self, recovery: &Recovery) -> TailCursor {
+        let start = RecordLocation { segment: self.segments[0].first_position, offset: 0 };
+        TailCursor { at: start, floor: recovery.next_position, recovered: Some((recovery.live.clone(), self.end_location())) }
+    }
+
+    /// Reads up to `records_max` paged messages (and about `bytes_max` bytes) from `cursor`, in
+    /// order. Fewer means the cursor reached the end of what is written.
+    pub fn read_tail(&mut self, cursor: &mut TailCursor, records_max: usize, bytes_max: usize) -> Result<Vec<(u64, Message)>, StorageError> {
+        self.write_to_active()?;
+        let mut out = Vec::new();
+        let mut bytes_read = 0usize;
+        while out.len() < records_max && bytes_read < bytes_max {
+            let index = self.segments.partition_point(|segment| segment.first_position < cursor.at.segment);
+            let Some(segment) = self.segments.get(index) else { break };
+            if segment.first_position != cursor.at.segment {
+                // The cursor's segment was deleted (all settled): go on with the next one.
+                cursor.at = RecordLocation { segment: segment.first_position, offset: 0 };
+            }
+            let is_active = index + 1 == self.segments.len();
+            let path = segment.path.clone();
+            let file_bytes = if is_active { self.active_bytes } else { std::fs::metadata(&path).map_err(|error| StorageError::io(&path, error))?.len() };
+            if cursor.at.offset >= file_bytes {
+                match self.segments.get(index + 1) {
+                    Some(next) if !is_active => {
+                        cursor.at = RecordLocation { segment: next.first_position, offset: 0 };
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
+            let file = File::open(&path).map_err(|error| StorageError::io(&path, error))?;
+            let chunk_bytes = (file_bytes - cursor.at.offset).min(TAIL_READ_CHUNK_BYTES as u64) as usize;
+            let mut chunk = vec![0u8; chunk_bytes];
+            file.read_exact_at(&mut chunk, cursor.at.offset).map_err(|error| StorageError::io(&path, error))?;
+            let chunk = Bytes::from(chunk);
+            let mut consumed = 0usize;
+            while consumed + RECORD_HEADER_BYTES <= chunk.len() && out.len() < records_max && bytes_read < bytes_max {
+                let length = u32::from_be_bytes(chunk[consumed..consumed + 4].try_into().expect("4 bytes")) as usize;
+                let checksum = u32::from_be_bytes(chunk[consumed + 4..consumed + 8].try_into().expect("4 bytes"));
+                if !(9..=RECORD_BYTES_MAX).contains(&length) {
+                    return Err(StorageError::Corrupt { path: path.display().to_string(), detail: format!("bad record length at offset {}", cursor.at.offset) });
+                }
+                let record = if consumed + RECORD_HEADER_BYTES + length <= chunk.len() {
+                    chunk.slice(consumed + RECORD_HEADER_BYTES..consumed + RECORD_HEADER_BYTES + length)
+                } else if consumed == 0 {
+                    // A record larger than one chunk: read it whole.
+                    let mut whole = vec![0u8; length];
+                    file.read_exact_at(&mut whole, cursor.at.offset + RECORD_HEADER_BYTES as u64).map_err(|error| StorageError::io(&path, error))?;
+                    Bytes::from(whole)
+                } else {
+                    break;
+                };
+                if crc32c::crc32c(&record) != checksum {
+                    return Err(StorageError::Corrupt { path: path.display().to_string(), detail: format!("checksum mismatch at offset {}", cursor.at.offset) });
+                }
+                let location = cursor.at;
+                consumed += RECORD_HEADER_BYTES + length;
+                cursor.at.offset += (RECORD_HEADER_BYTES + length) as u64;
+                let kind = record[0];
+                if kind != KIND_PUBLISH && kind != KIND_PUBLISH_TRANSIENT {
+                    continue;
+                }
+                let position = u64::from_be_bytes(record[1..9].try_into().expect("9 bytes"));
+                let wanted = match &cursor.recovered {
+                    Some((live, end)) if location < *end => kind == KIND_PUBLISH && live.contains(position),
+                    _ => position >= cursor.floor,
+                };
+                if !wanted {
+                    continue;
+                }
+                let message = decode_publish(record.slice(9..)).ok_or_else(|| StorageError::Corrupt {
+                    path: path.display().to_string(),
+                    detail: format!("publish record does not parse at offset {}", location.offset),
+                })?;
+                bytes_read += length;
+                out.push((position, message));
+            }
+            if let Some((_, end)) = &cursor.recovered {
+                if cursor.at >= *end {
+                    cursor.recovered = None;
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn roll_segment(&mut self, first_position: u64) -> Result<(), StorageError> {
         let path = segment_path(&self.directory, first_position);
         let file = open_append(&path)?;
         let sealed_length = self.active_bytes + self.pending.len() as u64;
-        self.append(KIND_SEALED, first_position, |buffer| {
-            buffer.put_u64(sealed_length)
-        });
+        self.append(KIND_SEALED, first_position, |buffer| buffer.put_u64(sealed_length));
         self.write_to_active()?;
         let previous = std::mem::replace(&mut self.active, file);
         self.unsynced.push(previous);
         self.active_bytes = 0;
-        self.segments.push(Segment {
-            first_position,
-            path,
-            unsettled: 0,
-        });
+        self.segments.push(Segment { first_position, path, unsettled: 0 });
         self.delete_settled_segments();
         Ok(())
     }
@@ -281,9 +363,7 @@ impl QueueLog {
     /// Buffers a settled record and releases the position from its segment.
     pub fn append_settled(&mut self, position: u64) {
         self.append(KIND_SETTLED, position, |_| {});
-        let index = self
-            .segments
-            .partition_point(|segment| segment.first_position <= position);
+        let index = self.segments.partition_point(|segment| segment.first_position <= position);
         if index == 0 {
             return;
         }
@@ -342,11 +422,7 @@ impl QueueLog {
         self.write_to_active()?;
         let mut files = std::mem::take(&mut self.unsynced);
         let path = &self.segments.last().expect("active segment").path;
-        files.push(
-            self.active
-                .try_clone()
-                .map_err(|error| StorageError::io(path, error))?,
-        );
+        files.push(self.active.try_clone().map_err(|error| StorageError::io(path, error))?);
         Ok(files)
     }
 
@@ -366,8 +442,10 @@ impl QueueLog {
 /// Replay state across the segments of one log.
 #[derive(Default)]
 struct Replayed {
-    /// Unsettled publishes: position -> (segment index, message, delivered).
-    published: BTreeMap<u64, (usize, Arc<Message>, bool)>,
+    /// Unsettled persistent publishes.
+    live: RangeSet,
+    /// Live positions handed out before the restart.
+    delivered: RangeSet,
     next_position: u64,
 }
 
@@ -382,36 +460,15 @@ struct SegmentReplay {
 }
 
 /// Replays one segment into `replayed`.
-fn replay_segment(
-    path: &Path,
-    file: &File,
-    segment: usize,
-    replayed: &mut Replayed,
-) -> Result<SegmentReplay, StorageError> {
-    let mut reader = BufReader::with_capacity(
-        1 << 20,
-        file.try_clone()
-            .map_err(|error| StorageError::io(path, error))?,
-    );
+fn replay_segment(path: &Path, file: &File, replayed: &mut Replayed) -> Result<SegmentReplay, StorageError> {
+    let mut reader = BufReader::with_capacity(1 << 20, file.try_clone().map_err(|error| StorageError::io(path, error))?);
     let mut offset = 0u64;
     let mut sealed = false;
-    let cut = |offset: u64| {
-        Ok(SegmentReplay {
-            cut_at: Some(offset),
-            sealed: false,
-            end: offset,
-        })
-    };
+    let cut = |offset: u64| Ok(SegmentReplay { cut_at: Some(offset), sealed: false, end: offset });
     loop {
         let mut header = [0u8; RECORD_HEADER_BYTES];
         match read_full(&mut reader, &mut header) {
-            Ok(0) => {
-                return Ok(SegmentReplay {
-                    cut_at: None,
-                    sealed,
-                    end: offset,
-                })
-            }
+            Ok(0) => return Ok(SegmentReplay { cut_at: None, sealed, end: offset }),
             Ok(count) if count < RECORD_HEADER_BYTES => {
                 tracing::warn!(file = %path.display(), offset, "torn record header at the segment's tail; truncating");
                 return cut(offset);
@@ -426,8 +483,7 @@ fn replay_segment(
             return cut(offset);
         }
         let mut record = vec![0u8; length];
-        let count =
-            read_full(&mut reader, &mut record).map_err(|error| StorageError::io(path, error))?;
+        let count = read_full(&mut reader, &mut record).map_err(|error| StorageError::io(path, error))?;
         if count < length || crc32c::crc32c(&record) != checksum {
             tracing::error!(file = %path.display(), offset, "torn or corrupt record (checksum mismatch); truncating the segment here");
             return cut(offset);
@@ -435,31 +491,27 @@ fn replay_segment(
         let kind = record[0];
         let position = u64::from_be_bytes(record[1..9].try_into().expect("length checked above"));
         match kind {
-            KIND_PUBLISH => match decode_publish(Bytes::from(record).slice(9..)) {
-                Some(message) => {
-                    replayed.next_position = replayed.next_position.max(position + 1);
-                    replayed
-                        .published
-                        .insert(position, (segment, Arc::new(message), false));
-                }
-                None => {
+            KIND_PUBLISH | KIND_PUBLISH_TRANSIENT => {
+                // Check the payload parses now, so a bad record is cut here rather than found later.
+                if decode_publish(Bytes::from(record).slice(9..)).is_none() {
                     tracing::error!(file = %path.display(), offset, "publish record does not parse; truncating the segment here");
                     return cut(offset);
                 }
-            },
+                replayed.next_position = replayed.next_position.max(position + 1);
+                if kind == KIND_PUBLISH {
+                    replayed.live.insert(position);
+                }
+            }
             KIND_DELIVERED => {
-                if let Some(entry) = replayed.published.get_mut(&position) {
-                    entry.2 = true;
+                if replayed.live.contains(position) {
+                    replayed.delivered.insert(position);
                 }
             }
             KIND_SETTLED => {
-                replayed.published.remove(&position);
+                replayed.live.remove(position);
+                replayed.delivered.remove(position);
             }
-            KIND_SEALED
-                if record.len() == 17
-                    && u64::from_be_bytes(record[9..17].try_into().expect("17 bytes"))
-                        == offset =>
-            {
+            KIND_SEALED if record.len() == 17 && u64::from_be_bytes(record[9..17].try_into().expect("17 bytes")) == offset => {
                 sealed = true;
             }
             other => {
@@ -491,18 +543,8 @@ fn decode_publish(payload: Bytes) -> Option<Message> {
     let property_flags = reader.read_u16().ok()?;
     let properties_raw = reader.read_long_str().ok()?.0;
     let body = reader.take(reader.remaining()).ok()?;
-    let header = ContentHeader {
-        class_id: 60,
-        body_size: body.len() as u64,
-        property_flags,
-        properties_raw,
-    };
-    Some(Message {
-        exchange,
-        routing_key,
-        header,
-        body,
-    })
+    let header = ContentHeader { class_id: 60, body_size: body.len() as u64, property_flags, properties_raw };
+    Some(Message { exchange, routing_key, header, body })
 }
 
 #[cfg(test)]
@@ -511,10 +553,7 @@ mod tests {
     use amqp_codec::BasicProperties;
 
     fn message(body: &str) -> Message {
-        let properties = BasicProperties {
-            delivery_mode: Some(2),
-            ..Default::default()
-        };
+        let properties = BasicProperties { delivery_mode: Some(2), ..Default::default() };
         Message {
             exchange: ShortStr::from("x"),
             routing_key: ShortStr::from("k"),
@@ -523,9 +562,15 @@ mod tests {
         }
     }
 
+    /// Everything recovery found, read back through the tail: (position, body, delivered).
+    fn recovered(log: &mut QueueLog, recovery: &Recovery) -> Vec<(u64, Bytes, bool)> {
+        let mut cursor = log.recovered_tail(recovery);
+        let messages = log.read_tail(&mut cursor, usize::MAX, usize::MAX).expect("read tail");
+        messages.into_iter().map(|(position, message)| (position, message.body, recovery.delivered.contains(position))).collect()
+    }
+
     fn temporary_dir(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("lepus-log-test-{name}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("lepus-log-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
         dir
@@ -535,26 +580,18 @@ mod tests {
     fn replays_unsettled_messages_with_delivered_marks() {
         let path = temporary_dir("replay").join("q");
         let (mut log, recovery) = QueueLog::open(&path, SEGMENT_BYTES_MAX_DEFAULT).expect("open");
-        assert!(recovery.messages.is_empty());
+        assert_eq!(recovery.live_count, 0);
         for position in 0..3 {
-            log.append_publish(position, &message(&format!("m{position}")));
+            log.append_publish(position, &message(&format!("m{position}")), true);
         }
         log.append_delivered(1);
         log.append_settled(0);
         log.write_pending().expect("write");
         drop(log);
-        let (_, recovery) = QueueLog::open(&path, SEGMENT_BYTES_MAX_DEFAULT).expect("reopen");
-        let bodies: Vec<(u64, Bytes, bool)> = recovery
-            .messages
-            .iter()
-            .map(|m| (m.position, m.message.body.clone(), m.delivered))
-            .collect();
-        assert_eq!(
-            bodies,
-            vec![(1, Bytes::from("m1"), true), (2, Bytes::from("m2"), false)]
-        );
+        let (mut log, recovery) = QueueLog::open(&path, SEGMENT_BYTES_MAX_DEFAULT).expect("reopen");
+        assert_eq!(recovered(&mut log, &recovery), vec![(1, Bytes::from("m1"), true), (2, Bytes::from("m2"), false)]);
         assert_eq!(recovery.next_position, 3);
-        assert_eq!(recovery.messages[0].message.as_ref(), &message("m1"));
+        assert_eq!(recovery.live_count, 2);
     }
 
     fn only_segment(directory: &Path) -> PathBuf {
@@ -567,8 +604,8 @@ mod tests {
     fn torn_tail_and_flipped_byte_are_cut() {
         let directory = temporary_dir("torn").join("q");
         let (mut log, _) = QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect("open");
-        log.append_publish(0, &message("keep"));
-        log.append_publish(1, &message("torn"));
+        log.append_publish(0, &message("keep"), true);
+        log.append_publish(1, &message("torn"), true);
         log.write_pending().expect("write");
         drop(log);
         let path = only_segment(&directory);
@@ -578,24 +615,18 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] ^= 0xff;
         std::fs::write(&path, &bytes).expect("write");
-        let (_, recovery) = QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect("reopen");
-        assert_eq!(recovery.messages.len(), 1);
-        assert_eq!(recovery.messages[0].message.body, Bytes::from("keep"));
+        let (mut log, recovery) = QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect("reopen");
+        assert_eq!(recovered(&mut log, &recovery), vec![(0, Bytes::from("keep"), false)]);
+        drop(log);
         let (cut_path, cut) = recovery.truncated[0].clone();
         assert_eq!(cut_path, path);
         assert!(cut < full);
         assert_eq!(std::fs::metadata(&path).expect("meta").len(), cut);
         // Half a header at the tail is cut too.
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .expect("open")
-            .write_all(&[0, 0, 1])
-            .expect("append");
-        let (_, recovery) =
-            QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect("reopen again");
+        std::fs::OpenOptions::new().append(true).open(&path).expect("open").write_all(&[0, 0, 1]).expect("append");
+        let (_, recovery) = QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect("reopen again");
         assert_eq!(recovery.truncated, vec![(path, cut)]);
-        assert_eq!(recovery.messages.len(), 1);
+        assert_eq!(recovery.live_count, 1);
     }
 
     #[test]
@@ -604,27 +635,56 @@ mod tests {
         // Tiny segments: every publish starts a new one.
         let (mut log, _) = QueueLog::open(&directory, 1).expect("open");
         for position in 0..4 {
-            log.append_publish(position, &message(&format!("m{position}")));
+            log.append_publish(position, &message(&format!("m{position}")), true);
             log.write_pending().expect("write");
         }
         assert_eq!(log.segment_count(), 4);
         log.append_settled(0);
         log.append_settled(2);
         log.write_pending().expect("write");
-        assert_eq!(
-            log.segment_count(),
-            2,
-            "segments 0 and 2 hold nothing unsettled"
-        );
+        assert_eq!(log.segment_count(), 2, "segments 0 and 2 hold nothing unsettled");
         drop(log);
-        let (_, recovery) = QueueLog::open(&directory, 1).expect("reopen");
-        let positions: Vec<u64> = recovery.messages.iter().map(|m| m.position).collect();
+        let (mut log, recovery) = QueueLog::open(&directory, 1).expect("reopen");
+        let positions: Vec<u64> = recovered(&mut log, &recovery).into_iter().map(|(position, _, _)| position).collect();
         assert_eq!(positions, vec![1, 3]);
+        drop(log);
         // A segment file that disappears takes only its own messages with it.
         std::fs::remove_file(segment_path(&directory, 1)).expect("remove");
-        let (_, recovery) = QueueLog::open(&directory, 1).expect("reopen after loss");
-        let positions: Vec<u64> = recovery.messages.iter().map(|m| m.position).collect();
+        let (mut log, recovery) = QueueLog::open(&directory, 1).expect("reopen after loss");
+        let positions: Vec<u64> = recovered(&mut log, &recovery).into_iter().map(|(position, _, _)| position).collect();
         assert_eq!(positions, vec![3]);
         assert_eq!(recovery.next_position, 4);
+    }
+
+    #[test]
+    fn paged_tail_reads_back_in_order_across_segments_and_skips_the_rest() {
+        let directory = temporary_dir("tail").join("q");
+        let (mut log, _) = QueueLog::open(&directory, 200).expect("open");
+        // Position 0 stays in memory (not paged); 1.. are paged, one of them transient.
+        log.append_publish(0, &message("in memory"), true);
+        let start = log.append_publish(1, &message("p1"), true);
+        log.append_delivered(0);
+        log.append_publish(2, &message("p2"), false);
+        for position in 3..40 {
+            log.append_publish(position, &message(&format!("p{position}")), true);
+        }
+        assert!(log.segment_count() > 3, "small segments roll over");
+        let mut cursor = TailCursor::new(start, 1);
+        let mut read = Vec::new();
+        loop {
+            let batch = log.read_tail(&mut cursor, 7, usize::MAX).expect("read");
+            if batch.is_empty() {
+                break;
+            }
+            read.extend(batch.into_iter().map(|(position, message)| (position, message.body)));
+        }
+        let expected: Vec<(u64, Bytes)> = (1..40).map(|position| (position, Bytes::from(format!("p{position}")))).collect();
+        assert_eq!(read, expected);
+        // After a restart the transient record is gone and the rest comes back through recovery.
+        drop(log);
+        let (mut log, recovery) = QueueLog::open(&directory, 200).expect("reopen");
+        let positions: Vec<u64> = recovered(&mut log, &recovery).into_iter().map(|(position, _, _)| position).collect();
+        let expected: Vec<u64> = (0..40).filter(|position| *position != 2).collect();
+        assert_eq!(positions, expected);
     }
 }

@@ -36,10 +36,7 @@ impl Syncer {
     /// Starts the syncer thread.
     pub fn start() -> Syncer {
         let (sender, receiver) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("lepus-syncer".to_string())
-            .spawn(move || run(receiver))
-            .expect("spawning the syncer thread");
+        std::thread::Builder::new().name("lepus-syncer".to_string()).spawn(move || run(receiver)).expect("spawning the syncer thread");
         Syncer { sender }
     }
 
@@ -101,10 +98,7 @@ fn sync_all(logs: &[SharedLog]) -> bool {
     for log in logs {
         let written = log.lock().write_pending();
         let result = match written {
-            Ok(files) => files
-                .iter()
-                .try_for_each(|file| file.sync_data())
-                .map_err(|error| error.to_string()),
+            Ok(files) => files.iter().try_for_each(|file| file.sync_data()).map_err(|error| error.to_string()),
             Err(error) => Err(error.to_string()),
         };
         if let Err(error) = result {

@@ -85,39 +85,17 @@ pub struct Exchange {
 
 impl Exchange {
     /// A new exchange with no bindings.
-    pub fn new(
-        name: ShortStr,
-        kind: ExchangeKind,
-        durable: bool,
-        auto_delete: bool,
-        internal: bool,
-        arguments: FieldTable,
-    ) -> Exchange {
-        Exchange {
-            name,
-            kind,
-            durable,
-            auto_delete,
-            internal,
-            arguments,
-            bindings: Vec::new(),
-        }
+    pub fn new(name: ShortStr, kind: ExchangeKind, durable: bool, auto_delete: bool, internal: bool, arguments: FieldTable) -> Exchange {
+        Exchange { name, kind, durable, auto_delete, internal, arguments, bindings: Vec::new() }
     }
 
     /// The `alternate-exchange` argument, if any.
     pub fn alternate_exchange(&self) -> Option<String> {
-        self.arguments
-            .get("alternate-exchange")
-            .and_then(|value| value.as_text())
+        self.arguments.get("alternate-exchange").and_then(|value| value.as_text())
     }
 
     /// Calls `found` with each destination whose binding matches.
-    pub fn route(
-        &self,
-        routing_key: &[u8],
-        headers: Option<&FieldTable>,
-        mut found: impl FnMut(&Destination),
-    ) {
+    pub fn route(&self, routing_key: &[u8], headers: Option<&FieldTable>, mut found: impl FnMut(&Destination)) {
         for binding in &self.bindings {
             let matches = match self.kind {
                 ExchangeKind::Direct => binding.routing_key.as_bytes() == routing_key,
@@ -150,8 +128,7 @@ impl Exchange {
     /// Removes every binding to `destination`; returns how many went.
     pub fn unbind_destination(&mut self, destination: &Destination) -> usize {
         let before = self.bindings.len();
-        self.bindings
-            .retain(|existing| &existing.destination != destination);
+        self.bindings.retain(|existing| &existing.destination != destination);
         before - self.bindings.len()
     }
 }

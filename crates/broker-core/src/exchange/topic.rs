@@ -8,16 +8,8 @@
 /// never recursion depth.
 pub fn topic_matches(pattern: &[u8], routing_key: &[u8]) -> bool {
     let pattern_words: Vec<&[u8]> = pattern.split(|byte| *byte == b'.').collect();
-    let key_words: Vec<&[u8]> = if routing_key.is_empty() {
-        Vec::new()
-    } else {
-        routing_key.split(|byte| *byte == b'.').collect()
-    };
-    let pattern_words: Vec<&[u8]> = if pattern.is_empty() {
-        Vec::new()
-    } else {
-        pattern_words
-    };
+    let key_words: Vec<&[u8]> = if routing_key.is_empty() { Vec::new() } else { routing_key.split(|byte| *byte == b'.').collect() };
+    let pattern_words: Vec<&[u8]> = if pattern.is_empty() { Vec::new() } else { pattern_words };
     let (mut p, mut k) = (0usize, 0usize);
     // Where to resume after the last `#`: (pattern index after it, key index it has absorbed up to).
     let mut backtrack: Option<(usize, usize)> = None;
@@ -30,10 +22,7 @@ pub fn topic_matches(pattern: &[u8], routing_key: &[u8]) -> bool {
         if k == key_words.len() && p == pattern_words.len() {
             return true;
         }
-        if p < pattern_words.len()
-            && k < key_words.len()
-            && (pattern_words[p] == b"*" || pattern_words[p] == key_words[k])
-        {
+        if p < pattern_words.len() && k < key_words.len() && (pattern_words[p] == b"*" || pattern_words[p] == key_words[k]) {
             p += 1;
             k += 1;
             continue;

@@ -26,14 +26,7 @@ impl Context {
     /// A context before the handshake.
     pub fn new(broker: Arc<Broker>, connection: Arc<ConnectionShared>) -> Context {
         let frame_max = broker.config.frame_bytes_max;
-        Context {
-            broker,
-            connection,
-            vhost: String::new(),
-            user: String::new(),
-            frame_max,
-            exclusive_queues: Vec::new(),
-        }
+        Context { broker, connection, vhost: String::new(), user: String::new(), frame_max, exclusive_queues: Vec::new() }
     }
 
     /// Sends a method frame.

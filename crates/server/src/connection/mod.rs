@@ -11,9 +11,8 @@ mod writer;
 use crate::broker::Broker;
 use crate::outbound::{ConnectionShared, Outbound};
 use amqp_codec::{
-    constants, decode_frame, ConnectionClose, ConnectionCloseOk, ConnectionOpenOk, ConnectionStart,
-    ConnectionTune, ConnectionUpdateSecretOk, DecodeError, FieldTable, FieldValue, Frame,
-    FramePayload, LongStr, Method, ShortStr, PROTOCOL_HEADER,
+    constants, decode_frame, ConnectionClose, ConnectionCloseOk, ConnectionOpenOk, ConnectionStart, ConnectionTune,
+    ConnectionUpdateSecretOk, DecodeError, FieldTable, FieldValue, Frame, FramePayload, LongStr, Method, ShortStr, PROTOCOL_HEADER,
 };
 use broker_core::{AmqpError, ErrorScope};
 use bytes::{Bytes, BytesMut};
@@ -59,11 +58,7 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let (mut read_half, mut write_half) = stream.into_split();
     let mut header = [0u8; 8];
-    let header_read = tokio::time::timeout(
-        Duration::from_secs(HANDSHAKE_TIMEOUT_S),
-        read_half.read_exact(&mut header),
-    )
-    .await;
+    let header_read = tokio::time::timeout(Duration::from_secs(HANDSHAKE_TIMEOUT_S), read_half.read_exact(&mut header)).await;
     match header_read {
         Ok(Ok(_)) if &header == PROTOCOL_HEADER => {}
         Ok(Ok(_)) => {
@@ -90,16 +85,8 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
     broker.register_connection(shared.clone());
     let frame_max = Arc::new(AtomicU32::new(broker.config.frame_bytes_max));
     let heartbeat_s = Arc::new(AtomicU32::new(0));
-    let writer_settings = WriterSettings {
-        frame_max: frame_max.clone(),
-        heartbeat_s: heartbeat_s.clone(),
-    };
-    let writer = tokio::spawn(run_writer(
-        write_half,
-        receiver,
-        shared.clone(),
-        writer_settings,
-    ));
+    let writer_settings = WriterSettings { frame_max: frame_max.clone(), heartbeat_s: heartbeat_s.clone() };
+    let writer = tokio::spawn(run_writer(write_half, receiver, shared.clone(), writer_settings));
     let mut connection = Connection {
         context: Context::new(broker.clone(), shared.clone()),
         peer,
@@ -167,8 +154,7 @@ impl Connection {
     }
 
     async fn run(&mut self) -> Result<(), EndReason> {
-        let handshake_deadline =
-            tokio::time::Instant::now() + Duration::from_secs(HANDSHAKE_TIMEOUT_S);
+        let handshake_deadline = tokio::time::Instant::now() + Duration::from_secs(HANDSHAKE_TIMEOUT_S);
         loop {
             if self.phase == Phase::Draining {
                 self.buffer.clear();
@@ -183,9 +169,7 @@ impl Connection {
                 Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => {
                     handshake_deadline.saturating_duration_since(tokio::time::Instant::now())
                 }
-                Phase::Closing | Phase::AwaitClientEof | Phase::Draining => {
-                    Duration::from_secs(CLOSE_OK_TIMEOUT_S)
-                }
+                Phase::Closing | Phase::AwaitClientEof | Phase::Draining => Duration::from_secs(CLOSE_OK_TIMEOUT_S),
                 _ => match self.heartbeat_s.load(Ordering::Acquire) {
                     0 => Duration::from_secs(u64::from(u32::MAX)),
                     interval => Duration::from_secs(2 * u64::from(interval)),
@@ -212,9 +196,7 @@ impl Connection {
                 Err(_) => {
                     return Err(match self.phase {
                         Phase::Open => EndReason::MissedHeartbeats,
-                        Phase::Closing | Phase::AwaitClientEof | Phase::Draining => {
-                            EndReason::Closed
-                        }
+                        Phase::Closing | Phase::AwaitClientEof | Phase::Draining => EndReason::Closed,
                         _ => EndReason::HandshakeTimeout,
                     })
                 }
@@ -241,29 +223,17 @@ impl Connection {
     fn fail_decode(&mut self, error: DecodeError) {
         tracing::warn!(peer = %self.peer, %error, "malformed frame");
         let (class_id, method_id) = match error {
-            DecodeError::UnknownMethod {
-                class_id,
-                method_id,
+            DecodeError::UnknownMethod { class_id, method_id } | DecodeError::MethodArguments { class_id, method_id, .. } => {
+                (class_id, method_id)
             }
-            | DecodeError::MethodArguments {
-                class_id,
-                method_id,
-                ..
-            } => (class_id, method_id),
             _ => (0, 0),
         };
         let text = match &error {
-            DecodeError::UnknownMethod {
-                class_id,
-                method_id,
-            } => format!("unknown method {class_id}/{method_id}"),
+            DecodeError::UnknownMethod { class_id, method_id } => format!("unknown method {class_id}/{method_id}"),
             other => other.to_string(),
         };
         let amqp_error = AmqpError::new(error.reply_code(), text).during(class_id, method_id);
-        if matches!(
-            self.phase,
-            Phase::Open | Phase::AwaitOpen | Phase::AwaitTuneOk
-        ) {
+        if matches!(self.phase, Phase::Open | Phase::AwaitOpen | Phase::AwaitTuneOk) {
             self.send_connection_close(&amqp_error);
         }
         // The stream can no longer be parsed: drain what the client still sends for a bounded
@@ -273,15 +243,11 @@ impl Connection {
 
     fn handle_frame(&mut self, frame: Frame) {
         let result = match self.phase {
-            Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => {
-                self.handle_handshake(frame)
-            }
+            Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => self.handle_handshake(frame),
             Phase::Open => self.handle_open(frame),
             Phase::Closing => {
-                if let (
-                    0,
-                    FramePayload::Method(Method::ConnectionCloseOk(_) | Method::ConnectionClose(_)),
-                ) = (frame.channel, &frame.payload)
+                if let (0, FramePayload::Method(Method::ConnectionCloseOk(_) | Method::ConnectionClose(_))) =
+                    (frame.channel, &frame.payload)
                 {
                     self.phase = Phase::Done;
                 }
@@ -298,13 +264,7 @@ impl Connection {
     /// blocking); it is told with connection.blocked when it asked for that capability.
     async fn wait_out_disk_alarm(&mut self) {
         let broker = self.context.broker.clone();
-        if self.phase != Phase::Open
-            || !self
-                .context
-                .connection
-                .has_published
-                .load(Ordering::Acquire)
-        {
+        if self.phase != Phase::Open || !self.context.connection.has_published.load(Ordering::Acquire) {
             return;
         }
         let mut told_blocked = false;
@@ -316,13 +276,7 @@ impl Connection {
                 break;
             }
             if !told_blocked && self.blocked_notify {
-                self.context.reply(
-                    0,
-                    amqp_codec::ConnectionBlocked {
-                        reason: ShortStr::from("low on disk"),
-                    }
-                    .into(),
-                );
+                self.context.reply(0, amqp_codec::ConnectionBlocked { reason: ShortStr::from("low on disk") }.into());
                 told_blocked = true;
             }
             tokio::select! {
@@ -336,8 +290,7 @@ impl Connection {
             }
         }
         if told_blocked {
-            self.context
-                .reply(0, amqp_codec::ConnectionUnblocked {}.into());
+            self.context.reply(0, amqp_codec::ConnectionUnblocked {}.into());
         }
     }
 
@@ -345,10 +298,8 @@ impl Connection {
     fn force_close(&mut self) {
         match self.phase {
             Phase::Open => {
-                let error = AmqpError::new(
-                    amqp_codec::constants::CONNECTION_FORCED,
-                    "broker forced connection closure with reason 'shutdown'",
-                );
+                let error =
+                    AmqpError::new(amqp_codec::constants::CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'");
                 self.send_connection_close(&error);
             }
             Phase::Closing | Phase::AwaitClientEof | Phase::Draining | Phase::Done => {}
@@ -379,14 +330,10 @@ impl Connection {
 
     fn handle_handshake(&mut self, frame: Frame) -> Result<(), AmqpError> {
         let FramePayload::Method(method) = frame.payload else {
-            return Err(AmqpError::unexpected_frame(
-                "expected a method frame during the handshake",
-            ));
+            return Err(AmqpError::unexpected_frame("expected a method frame during the handshake"));
         };
         if frame.channel != 0 {
-            return Err(AmqpError::command_invalid(
-                "handshake methods must be sent on channel 0",
-            ));
+            return Err(AmqpError::command_invalid("handshake methods must be sent on channel 0"));
         }
         match (self.phase, method) {
             (Phase::AwaitStartOk, Method::ConnectionStartOk(start_ok)) => {
@@ -394,23 +341,11 @@ impl Connection {
                     Some(FieldValue::Table(table)) => table.clone(),
                     _ => FieldTable::new(),
                 };
-                let flag = |name: &str| {
-                    capabilities
-                        .get(name)
-                        .and_then(FieldValue::as_bool)
-                        .unwrap_or(false)
-                };
-                self.context
-                    .connection
-                    .consumer_cancel_notify
-                    .store(flag("consumer_cancel_notify"), Ordering::Release);
+                let flag = |name: &str| capabilities.get(name).and_then(FieldValue::as_bool).unwrap_or(false);
+                self.context.connection.consumer_cancel_notify.store(flag("consumer_cancel_notify"), Ordering::Release);
                 self.authentication_failure_close = flag("authentication_failure_close");
                 self.blocked_notify = flag("connection.blocked");
-                match self.context.broker.users.authenticate(
-                    start_ok.mechanism.as_bytes(),
-                    &start_ok.response.0,
-                    self.peer.ip(),
-                ) {
+                match self.context.broker.users.authenticate(start_ok.mechanism.as_bytes(), &start_ok.response.0, self.peer.ip()) {
                     Ok(user) => {
                         self.context.user = user;
                         let tune = ConnectionTune {
@@ -424,8 +359,7 @@ impl Connection {
                     }
                     Err(error) => {
                         tracing::warn!(peer = %self.peer, %error, "login refused");
-                        let unknown_mechanism =
-                            matches!(error, crate::auth::LoginError::UnsupportedMechanism(_));
+                        let unknown_mechanism = matches!(error, crate::auth::LoginError::UnsupportedMechanism(_));
                         if self.authentication_failure_close && !unknown_mechanism {
                             let text = format!(
                                 "Login was refused using authentication mechanism {}. For details see the broker logfile.",
@@ -448,16 +382,9 @@ impl Connection {
                     )));
                 }
                 if tune_ok.frame_max > ours {
-                    return Err(AmqpError::not_allowed(format!(
-                        "frame_max={} > {} max size",
-                        tune_ok.frame_max, ours
-                    )));
+                    return Err(AmqpError::not_allowed(format!("frame_max={} > {} max size", tune_ok.frame_max, ours)));
                 }
-                let frame_max = if tune_ok.frame_max == 0 {
-                    ours
-                } else {
-                    tune_ok.frame_max
-                };
+                let frame_max = if tune_ok.frame_max == 0 { ours } else { tune_ok.frame_max };
                 self.frame_max.store(frame_max, Ordering::Release);
                 self.context.frame_max = frame_max;
                 // channel_max 0 means "no limit", which exceeds ours: RabbitMQ drops the socket.
@@ -467,26 +394,17 @@ impl Connection {
                     return Ok(());
                 }
                 self.channel_max = tune_ok.channel_max;
-                self.heartbeat_s
-                    .store(u32::from(tune_ok.heartbeat), Ordering::Release);
+                self.heartbeat_s.store(u32::from(tune_ok.heartbeat), Ordering::Release);
                 self.phase = Phase::AwaitOpen;
                 Ok(())
             }
             (Phase::AwaitOpen, Method::ConnectionOpen(open)) => {
                 let vhost = open.virtual_host.to_string_lossy();
                 if !self.context.broker.has_vhost(&vhost) {
-                    return Err(
-                        AmqpError::not_allowed(format!("vhost {vhost} not found")).during(10, 40)
-                    );
+                    return Err(AmqpError::not_allowed(format!("vhost {vhost} not found")).during(10, 40));
                 }
                 self.context.vhost = vhost;
-                self.context.reply(
-                    0,
-                    ConnectionOpenOk {
-                        known_hosts: ShortStr::from(""),
-                    }
-                    .into(),
-                );
+                self.context.reply(0, ConnectionOpenOk { known_hosts: ShortStr::from("") }.into());
                 self.phase = Phase::Open;
                 Ok(())
             }
@@ -495,11 +413,8 @@ impl Connection {
                 self.phase = Phase::AwaitClientEof;
                 Ok(())
             }
-            (_, other) => Err(AmqpError::command_invalid(format!(
-                "unexpected {} during the handshake",
-                other.name()
-            ))
-            .during(other.class_id(), other.method_id())),
+            (_, other) => Err(AmqpError::command_invalid(format!("unexpected {} during the handshake", other.name()))
+                .during(other.class_id(), other.method_id())),
         }
     }
 
@@ -526,23 +441,15 @@ impl Connection {
                 // A close-ok for a channel already forgotten: harmless.
                 FramePayload::Method(Method::ChannelCloseOk(_)) => Ok(()),
                 FramePayload::Method(other) => {
-                    Err(AmqpError::channel_error("expected 'channel.open'")
-                        .during(other.class_id(), other.method_id()))
+                    Err(AmqpError::channel_error("expected 'channel.open'").during(other.class_id(), other.method_id()))
                 }
                 FramePayload::Header(_) | FramePayload::Body(_) => {
-                    Err(AmqpError::unexpected_frame(
-                        "expected method frame, got non method frame instead",
-                    ))
+                    Err(AmqpError::unexpected_frame("expected method frame, got non method frame instead"))
                 }
-                FramePayload::Heartbeat => Err(AmqpError::unexpected_frame(
-                    "heartbeat frame on a non-zero channel",
-                )),
+                FramePayload::Heartbeat => Err(AmqpError::unexpected_frame("heartbeat frame on a non-zero channel")),
             };
         }
-        let channel = self
-            .channels
-            .get_mut(&frame.channel)
-            .expect("checked above");
+        let channel = self.channels.get_mut(&frame.channel).expect("checked above");
         match channel.handle(&mut self.context, frame.payload) {
             Ok(channel::After::KeepOpen) => Ok(()),
             Ok(channel::After::Forget) => {
@@ -571,16 +478,13 @@ impl Connection {
                 self.context.reply(0, ConnectionUpdateSecretOk {}.into());
                 Ok(())
             }
-            FramePayload::Method(Method::ConnectionBlocked(_) | Method::ConnectionUnblocked(_)) => {
-                Ok(())
+            FramePayload::Method(Method::ConnectionBlocked(_) | Method::ConnectionUnblocked(_)) => Ok(()),
+            FramePayload::Method(other) => {
+                Err(AmqpError::channel_error("unexpected method in connection state running").during(other.class_id(), other.method_id()))
             }
-            FramePayload::Method(other) => Err(AmqpError::channel_error(
-                "unexpected method in connection state running",
-            )
-            .during(other.class_id(), other.method_id())),
-            FramePayload::Header(_) | FramePayload::Body(_) => Err(AmqpError::unexpected_frame(
-                "expected method frame, got non method frame instead",
-            )),
+            FramePayload::Header(_) | FramePayload::Body(_) => {
+                Err(AmqpError::unexpected_frame("expected method frame, got non method frame instead"))
+            }
         }
     }
 

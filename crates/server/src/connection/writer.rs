@@ -3,8 +3,7 @@
 
 use crate::outbound::{ConnectionShared, Outbound, OUTBOUND_DELIVERIES_RESUME};
 use amqp_codec::{
-    encode_body_frames, encode_content_header, encode_heartbeat, encode_method_frame, BasicDeliver,
-    BasicGetOk, BasicReturn, Method,
+    encode_body_frames, encode_content_header, encode_heartbeat, encode_method_frame, BasicDeliver, BasicGetOk, BasicReturn, Method,
 };
 use broker_core::Message;
 use bytes::BytesMut;
@@ -27,33 +26,16 @@ pub struct WriterSettings {
     pub heartbeat_s: Arc<AtomicU32>,
 }
 
-fn encode_content(
-    buffer: &mut BytesMut,
-    channel: u16,
-    method: &Method,
-    message: &Message,
-    frame_max: u32,
-) {
+fn encode_content(buffer: &mut BytesMut, channel: u16, method: &Method, message: &Message, frame_max: u32) {
     encode_method_frame(buffer, channel, method);
     encode_content_header(buffer, channel, &message.header);
     encode_body_frames(buffer, channel, &message.body, frame_max);
 }
 
-fn encode_item(
-    buffer: &mut BytesMut,
-    item: Outbound,
-    frame_max: u32,
-    connection: &ConnectionShared,
-) -> bool {
+fn encode_item(buffer: &mut BytesMut, item: Outbound, frame_max: u32, connection: &ConnectionShared) -> bool {
     match item {
         Outbound::Frames(frames) => buffer.extend_from_slice(&frames),
-        Outbound::Deliver {
-            channel,
-            consumer_tag,
-            delivery_tag,
-            redelivered,
-            message,
-        } => {
+        Outbound::Deliver { channel, consumer_tag, delivery_tag, redelivered, message } => {
             let method = Method::BasicDeliver(BasicDeliver {
                 consumer_tag,
                 delivery_tag,
@@ -62,17 +44,9 @@ fn encode_item(
                 routing_key: message.routing_key.clone(),
             });
             encode_content(buffer, channel, &method, &message, frame_max);
-            connection
-                .outbound_deliveries
-                .fetch_sub(1, Ordering::AcqRel);
+            connection.outbound_deliveries.fetch_sub(1, Ordering::AcqRel);
         }
-        Outbound::GetOk {
-            channel,
-            delivery_tag,
-            redelivered,
-            message_count,
-            message,
-        } => {
+        Outbound::GetOk { channel, delivery_tag, redelivered, message_count, message } => {
             let method = Method::BasicGetOk(BasicGetOk {
                 delivery_tag,
                 redelivered,
@@ -82,12 +56,7 @@ fn encode_item(
             });
             encode_content(buffer, channel, &method, &message, frame_max);
         }
-        Outbound::Return {
-            channel,
-            reply_code,
-            reply_text,
-            message,
-        } => {
+        Outbound::Return { channel, reply_code, reply_text, message } => {
             let method = Method::BasicReturn(BasicReturn {
                 reply_code,
                 reply_text,

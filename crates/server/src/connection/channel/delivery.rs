@@ -9,45 +9,24 @@ impl Channel {
         if !name.is_empty() {
             return Ok(name.clone());
         }
-        self.last_declared_queue
-            .clone()
-            .ok_or_else(|| AmqpError::new(constants::NOT_FOUND, "no previously declared queue"))
+        self.last_declared_queue.clone().ok_or_else(|| AmqpError::new(constants::NOT_FOUND, "no previously declared queue"))
     }
 
-    pub(super) fn require_queue(
-        &self,
-        context: &Context,
-        name: &ShortStr,
-    ) -> Result<Arc<QueueRuntime>, AmqpError> {
+    pub(super) fn require_queue(&self, context: &Context, name: &ShortStr) -> Result<Arc<QueueRuntime>, AmqpError> {
         let vhost = context.broker.vhost(&context.vhost).read();
-        Ok(vhost
-            .require_queue(name, context.connection.id)?
-            .handle
-            .clone())
+        Ok(vhost.require_queue(name, context.connection.id)?.handle.clone())
     }
 
-    pub(super) fn consume(
-        &mut self,
-        context: &Context,
-        consume: amqp_codec::BasicConsume,
-    ) -> Result<(), AmqpError> {
+    pub(super) fn consume(&mut self, context: &Context, consume: amqp_codec::BasicConsume) -> Result<(), AmqpError> {
         let name = self.queue_name(&consume.queue)?;
         let queue = self.require_queue(context, &name)?;
-        let tag = if consume.consumer_tag.is_empty() {
-            random_name("amq.ctag-")
-        } else {
-            consume.consumer_tag.clone()
-        };
+        let tag = if consume.consumer_tag.is_empty() { random_name("amq.ctag-") } else { consume.consumer_tag.clone() };
         if self.consumers.contains_key(&tag) {
-            return Err(AmqpError::not_allowed(format!(
-                "attempt to reuse consumer tag '{tag}'"
-            )));
+            return Err(AmqpError::not_allowed(format!("attempt to reuse consumer tag '{tag}'")));
         }
         let priority = match consume.arguments.get("x-priority") {
             None => 0,
-            Some(value) => value.as_i64().ok_or_else(|| {
-                AmqpError::precondition("invalid arg 'x-priority': expected an integer")
-            })?,
+            Some(value) => value.as_i64().ok_or_else(|| AmqpError::precondition("invalid arg 'x-priority': expected an integer"))?,
         };
         let consumer = Arc::new(ConsumerHandle {
             tag: tag.clone(),
@@ -61,14 +40,7 @@ impl Channel {
         let id = self.id();
         let reply = (!consume.nowait).then(|| {
             let mut frames = BytesMut::new();
-            encode_method_frame(
-                &mut frames,
-                id,
-                &BasicConsumeOk {
-                    consumer_tag: tag.clone(),
-                }
-                .into(),
-            );
+            encode_method_frame(&mut frames, id, &BasicConsumeOk { consumer_tag: tag.clone() }.into());
             frames.freeze()
         });
         let connection = context.connection.clone();
@@ -83,58 +55,28 @@ impl Channel {
 
     /// Takes deliveries off the ledger: one tag, every tag up to it (`multiple`), or all (tag 0
     /// with `multiple`). An unknown tag is a 406, as in RabbitMQ.
-    pub(super) fn take_deliveries(
-        &self,
-        delivery_tag: u64,
-        multiple: bool,
-    ) -> Result<Vec<Unacked>, AmqpError> {
+    pub(super) fn take_deliveries(&self, delivery_tag: u64, multiple: bool) -> Result<Vec<Unacked>, AmqpError> {
         let mut ledger = self.shared.ledger.lock();
         let taken: Vec<Unacked> = if multiple {
-            let keep = if delivery_tag == 0 {
-                std::collections::BTreeMap::new()
-            } else {
-                ledger.unacked.split_off(&(delivery_tag + 1))
-            };
-            std::mem::replace(&mut ledger.unacked, keep)
-                .into_values()
-                .collect()
+            let keep = if delivery_tag == 0 { std::collections::BTreeMap::new() } else { ledger.unacked.split_off(&(delivery_tag + 1)) };
+            std::mem::replace(&mut ledger.unacked, keep).into_values().collect()
         } else {
             ledger.unacked.remove(&delivery_tag).into_iter().collect()
         };
         if taken.is_empty() && !(multiple && delivery_tag == 0) {
-            return Err(AmqpError::precondition(format!(
-                "unknown delivery tag {delivery_tag}"
-            )));
+            return Err(AmqpError::precondition(format!("unknown delivery tag {delivery_tag}")));
         }
         Ok(taken)
     }
 
     /// basic.ack (`requeue` None), basic.nack and basic.reject.
-    pub(super) fn settle(
-        &mut self,
-        _context: &Context,
-        delivery_tag: u64,
-        multiple: bool,
-        requeue: Option<bool>,
-    ) -> Result<(), AmqpError> {
+    pub(super) fn settle(&mut self, _context: &Context, delivery_tag: u64, multiple: bool, requeue: Option<bool>) -> Result<(), AmqpError> {
         if let Some(transaction) = self.transaction.as_mut() {
-            let known = delivery_tag == 0 && multiple
-                || self
-                    .shared
-                    .ledger
-                    .lock()
-                    .unacked
-                    .contains_key(&delivery_tag);
+            let known = delivery_tag == 0 && multiple || self.shared.ledger.lock().unacked.contains_key(&delivery_tag);
             if !known {
-                return Err(AmqpError::precondition(format!(
-                    "unknown delivery tag {delivery_tag}"
-                )));
+                return Err(AmqpError::precondition(format!("unknown delivery tag {delivery_tag}")));
             }
-            transaction.settles.push(PendingSettle {
-                delivery_tag,
-                multiple,
-                requeue,
-            });
+            transaction.settles.push(PendingSettle { delivery_tag, multiple, requeue });
             return Ok(());
         }
         let taken = self.take_deliveries(delivery_tag, multiple)?;
@@ -210,10 +152,7 @@ pub(super) fn finish_grouped(deliveries: impl Iterator<Item = Unacked>, requeue:
         if let Some(consumer) = &delivery.consumer {
             consumer.release_delivery();
         }
-        match groups
-            .iter_mut()
-            .find(|(queue, _)| Arc::ptr_eq(queue, &delivery.queue))
-        {
+        match groups.iter_mut().find(|(queue, _)| Arc::ptr_eq(queue, &delivery.queue)) {
             Some((_, positions)) => positions.push(delivery.position),
             None => groups.push((delivery.queue, vec![delivery.position])),
         }

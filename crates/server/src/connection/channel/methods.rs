@@ -4,18 +4,11 @@
 use super::*;
 
 impl Channel {
-    pub(super) fn handle_method(
-        &mut self,
-        context: &mut Context,
-        method: Method,
-    ) -> Result<After, AmqpError> {
+    pub(super) fn handle_method(&mut self, context: &mut Context, method: Method) -> Result<After, AmqpError> {
         let id = self.id();
         match method {
             Method::BasicPublish(publish) => {
-                context
-                    .connection
-                    .has_published
-                    .store(true, Ordering::Release);
+                context.connection.has_published.store(true, Ordering::Release);
                 if publish.immediate {
                     return Err(AmqpError::not_implemented("immediate=true"));
                 }
@@ -30,24 +23,15 @@ impl Channel {
                 });
             }
             Method::BasicAck(ack) => self.settle(context, ack.delivery_tag, ack.multiple, None)?,
-            Method::BasicNack(nack) => self.settle(
-                context,
-                nack.delivery_tag,
-                nack.multiple,
-                Some(nack.requeue),
-            )?,
-            Method::BasicReject(reject) => {
-                self.settle(context, reject.delivery_tag, false, Some(reject.requeue))?
-            }
+            Method::BasicNack(nack) => self.settle(context, nack.delivery_tag, nack.multiple, Some(nack.requeue))?,
+            Method::BasicReject(reject) => self.settle(context, reject.delivery_tag, false, Some(reject.requeue))?,
             Method::ChannelClose(_) => {
                 self.release(context);
                 context.reply(id, ChannelCloseOk {}.into());
                 return Ok(After::Forget);
             }
             Method::ChannelCloseOk(_) => return Ok(After::Forget),
-            Method::ChannelOpen(_) => {
-                return Err(AmqpError::channel_error("second 'channel.open' seen"))
-            }
+            Method::ChannelOpen(_) => return Err(AmqpError::channel_error("second 'channel.open' seen")),
             Method::ChannelFlow(flow) => {
                 if !flow.active {
                     // RabbitMQ 3.x refuses client-side flow control the same way.
@@ -57,9 +41,7 @@ impl Channel {
                 context.reply(id, ChannelFlowOk { active: true }.into());
             }
             Method::ChannelFlowOk(_) => {}
-            Method::AccessRequest(_) => {
-                context.reply(id, amqp_codec::AccessRequestOk { ticket: 1 }.into())
-            }
+            Method::AccessRequest(_) => context.reply(id, amqp_codec::AccessRequestOk { ticket: 1 }.into()),
             Method::ExchangeDeclare(declare) => {
                 let declaration = ExchangeDeclaration {
                     name: declare.exchange,
@@ -70,19 +52,13 @@ impl Channel {
                     internal: declare.internal,
                     arguments: declare.arguments,
                 };
-                context
-                    .broker
-                    .declare_exchange(&context.vhost, &declaration)?;
+                context.broker.declare_exchange(&context.vhost, &declaration)?;
                 if !declare.nowait {
                     context.reply(id, ExchangeDeclareOk {}.into());
                 }
             }
             Method::ExchangeDelete(delete) => {
-                context.broker.delete_exchange(
-                    &context.vhost,
-                    &delete.exchange,
-                    delete.if_unused,
-                )?;
+                context.broker.delete_exchange(&context.vhost, &delete.exchange, delete.if_unused)?;
                 if !delete.nowait {
                     context.reply(id, ExchangeDeleteOk {}.into());
                 }
@@ -104,25 +80,15 @@ impl Channel {
                     routing_key: unbind.routing_key,
                     arguments: unbind.arguments,
                 };
-                context
-                    .broker
-                    .unbind(&context.vhost, &unbind.source, &binding)?;
+                context.broker.unbind(&context.vhost, &unbind.source, &binding)?;
                 if !unbind.nowait {
                     context.reply(id, ExchangeUnbindOk {}.into());
                 }
             }
             Method::QueueDeclare(declare) => {
                 let server_named = declare.queue.is_empty() && !declare.passive;
-                let name = if server_named {
-                    random_name("amq.gen-")
-                } else {
-                    declare.queue.clone()
-                };
-                let name = if declare.passive && name.is_empty() {
-                    self.queue_name(&name)?
-                } else {
-                    name
-                };
+                let name = if server_named { random_name("amq.gen-") } else { declare.queue.clone() };
+                let name = if declare.passive && name.is_empty() { self.queue_name(&name)? } else { name };
                 let exclusive_owner = declare.exclusive.then_some(context.connection.id);
                 let definition = QueueDefinition {
                     name,
@@ -131,43 +97,21 @@ impl Channel {
                     auto_delete: declare.auto_delete,
                     arguments: declare.arguments,
                 };
-                let (name, message_count, consumer_count) = context.broker.declare_queue(
-                    &context.vhost,
-                    definition,
-                    declare.passive,
-                    server_named,
-                    context.connection.id,
-                )?;
-                if declare.exclusive
-                    && !declare.passive
-                    && !context.exclusive_queues.contains(&name)
-                {
+                let (name, message_count, consumer_count) =
+                    context.broker.declare_queue(&context.vhost, definition, declare.passive, server_named, context.connection.id)?;
+                if declare.exclusive && !declare.passive && !context.exclusive_queues.contains(&name) {
                     context.exclusive_queues.push(name.clone());
                 }
                 self.last_declared_queue = Some(name.clone());
                 if !declare.nowait {
-                    context.reply(
-                        id,
-                        QueueDeclareOk {
-                            queue: name,
-                            message_count,
-                            consumer_count,
-                        }
-                        .into(),
-                    );
+                    context.reply(id, QueueDeclareOk { queue: name, message_count, consumer_count }.into());
                 }
             }
             Method::QueueBind(bind) => {
                 let queue = self.queue_name(&bind.queue)?;
                 self.require_queue(context, &queue)?;
-                let binding = Binding {
-                    destination: Destination::Queue(queue),
-                    routing_key: bind.routing_key,
-                    arguments: bind.arguments,
-                };
-                context
-                    .broker
-                    .bind(&context.vhost, &bind.exchange, binding)?;
+                let binding = Binding { destination: Destination::Queue(queue), routing_key: bind.routing_key, arguments: bind.arguments };
+                context.broker.bind(&context.vhost, &bind.exchange, binding)?;
                 if !bind.nowait {
                     context.reply(id, QueueBindOk {}.into());
                 }
@@ -175,14 +119,9 @@ impl Channel {
             Method::QueueUnbind(unbind) => {
                 let queue = self.queue_name(&unbind.queue)?;
                 self.require_queue(context, &queue)?;
-                let binding = Binding {
-                    destination: Destination::Queue(queue),
-                    routing_key: unbind.routing_key,
-                    arguments: unbind.arguments,
-                };
-                context
-                    .broker
-                    .unbind(&context.vhost, &unbind.exchange, &binding)?;
+                let binding =
+                    Binding { destination: Destination::Queue(queue), routing_key: unbind.routing_key, arguments: unbind.arguments };
+                context.broker.unbind(&context.vhost, &unbind.exchange, &binding)?;
                 context.reply(id, QueueUnbindOk {}.into());
             }
             Method::QueuePurge(purge) => {
@@ -195,30 +134,17 @@ impl Channel {
             }
             Method::QueueDelete(delete) => {
                 let name = self.queue_name(&delete.queue)?;
-                let exists = context
-                    .broker
-                    .vhost(&context.vhost)
-                    .read()
-                    .queue(&name)
-                    .is_some();
+                let exists = context.broker.vhost(&context.vhost).read().queue(&name).is_some();
                 let message_count = if exists {
                     let queue = self.require_queue(context, &name)?;
                     let (ready, consumers) = queue.counts();
                     if delete.if_unused && consumers > 0 {
-                        return Err(AmqpError::precondition(format!(
-                            "queue '{name}' in vhost '{}' in use",
-                            context.vhost
-                        )));
+                        return Err(AmqpError::precondition(format!("queue '{name}' in vhost '{}' in use", context.vhost)));
                     }
                     if delete.if_empty && ready > 0 {
-                        return Err(AmqpError::precondition(format!(
-                            "queue '{name}' in vhost '{}' not empty",
-                            context.vhost
-                        )));
+                        return Err(AmqpError::precondition(format!("queue '{name}' in vhost '{}' not empty", context.vhost)));
                     }
-                    context
-                        .exclusive_queues
-                        .retain(|exclusive| exclusive != &name);
+                    context.exclusive_queues.retain(|exclusive| exclusive != &name);
                     context.broker.remove_queue(&context.vhost, &name)
                 } else {
                     0
@@ -229,15 +155,10 @@ impl Channel {
             }
             Method::BasicQos(qos) => {
                 if qos.prefetch_size != 0 {
-                    return Err(AmqpError::not_implemented(format!(
-                        "prefetch_size!=0 ({})",
-                        qos.prefetch_size
-                    )));
+                    return Err(AmqpError::not_implemented(format!("prefetch_size!=0 ({})", qos.prefetch_size)));
                 }
                 if qos.global {
-                    self.shared
-                        .prefetch_global
-                        .store(u32::from(qos.prefetch_count), Ordering::Release);
+                    self.shared.prefetch_global.store(u32::from(qos.prefetch_count), Ordering::Release);
                 } else {
                     self.consumer_prefetch = u32::from(qos.prefetch_count);
                 }
@@ -253,13 +174,7 @@ impl Channel {
                     }
                 }
                 if !cancel.nowait {
-                    context.reply(
-                        id,
-                        BasicCancelOk {
-                            consumer_tag: cancel.consumer_tag,
-                        }
-                        .into(),
-                    );
+                    context.reply(id, BasicCancelOk { consumer_tag: cancel.consumer_tag }.into());
                 }
             }
             Method::BasicGet(get) => {
@@ -267,13 +182,7 @@ impl Channel {
                 let queue = self.require_queue(context, &name)?;
                 match queue.get(&self.shared, get.no_ack) {
                     Some(get_ok) => context.connection.send(get_ok),
-                    None => context.reply(
-                        id,
-                        BasicGetEmpty {
-                            cluster_id: ShortStr::from(""),
-                        }
-                        .into(),
-                    ),
+                    None => context.reply(id, BasicGetEmpty { cluster_id: ShortStr::from("") }.into()),
                 }
             }
             Method::BasicRecover(recover) => {
@@ -283,9 +192,7 @@ impl Channel {
             Method::BasicRecoverAsync(recover) => self.recover(recover.requeue)?,
             Method::TxSelect(_) => {
                 if self.confirm_sequence.is_some() {
-                    return Err(AmqpError::precondition(
-                        "cannot switch from confirm to tx mode",
-                    ));
+                    return Err(AmqpError::precondition("cannot switch from confirm to tx mode"));
                 }
                 self.transaction.get_or_insert_with(Transaction::default);
                 context.reply(id, TxSelectOk {}.into());
@@ -300,9 +207,7 @@ impl Channel {
             }
             Method::ConfirmSelect(select) => {
                 if self.transaction.is_some() {
-                    return Err(AmqpError::precondition(
-                        "cannot switch from tx to confirm mode",
-                    ));
+                    return Err(AmqpError::precondition("cannot switch from tx to confirm mode"));
                 }
                 self.confirm_sequence.get_or_insert(0);
                 if !select.nowait {
@@ -310,10 +215,7 @@ impl Channel {
                 }
             }
             other => {
-                return Err(AmqpError::command_invalid(format!(
-                    "a client may not send {} on a channel",
-                    other.name()
-                )));
+                return Err(AmqpError::command_invalid(format!("a client may not send {} on a channel", other.name())));
             }
         }
         Ok(After::KeepOpen)

@@ -11,11 +11,10 @@ mod publish;
 use crate::outbound::{ChannelShared, ConsumerHandle, Outbound, Unacked};
 use crate::queue_runtime::{ConsumerRemoval, Enqueued, QueueRuntime};
 use amqp_codec::{
-    constants, encode_method_frame, BasicAck, BasicCancelOk, BasicConsumeOk, BasicGetEmpty,
-    BasicNack, BasicQosOk, BasicRecoverOk, ChannelClose, ChannelCloseOk, ChannelFlowOk,
-    ChannelOpenOk, ConfirmSelectOk, ContentHeader, ExchangeBindOk, ExchangeDeclareOk,
-    ExchangeDeleteOk, ExchangeUnbindOk, FramePayload, LongStr, Method, QueueBindOk, QueueDeclareOk,
-    QueueDeleteOk, QueuePurgeOk, QueueUnbindOk, ShortStr, TxCommitOk, TxRollbackOk, TxSelectOk,
+    constants, encode_method_frame, BasicAck, BasicCancelOk, BasicConsumeOk, BasicGetEmpty, BasicNack, BasicQosOk, BasicRecoverOk,
+    ChannelClose, ChannelCloseOk, ChannelFlowOk, ChannelOpenOk, ConfirmSelectOk, ContentHeader, ExchangeBindOk, ExchangeDeclareOk,
+    ExchangeDeleteOk, ExchangeUnbindOk, FramePayload, LongStr, Method, QueueBindOk, QueueDeclareOk, QueueDeleteOk, QueuePurgeOk,
+    QueueUnbindOk, ShortStr, TxCommitOk, TxRollbackOk, TxSelectOk,
 };
 use broker_core::exchange::{Binding, Destination};
 use broker_core::vhost::{ExchangeDeclaration, QueueDefinition};
@@ -94,23 +93,14 @@ fn random_name(prefix: &str) -> ShortStr {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut bytes = [0u8; 22];
     rand::thread_rng().fill_bytes(&mut bytes);
-    let suffix: String = bytes
-        .iter()
-        .map(|byte| ALPHABET[usize::from(byte % 64)] as char)
-        .collect();
+    let suffix: String = bytes.iter().map(|byte| ALPHABET[usize::from(byte % 64)] as char).collect();
     ShortStr::from(format!("{prefix}{suffix}"))
 }
 
 impl Channel {
     /// channel.open: replies open-ok.
     pub fn open(id: u16, context: &Context) -> Channel {
-        context.reply(
-            id,
-            ChannelOpenOk {
-                channel_id: LongStr::default(),
-            }
-            .into(),
-        );
+        context.reply(id, ChannelOpenOk { channel_id: LongStr::default() }.into());
         Channel {
             shared: Arc::new(ChannelShared::new(id, context.connection.clone())),
             closing: false,
@@ -128,11 +118,7 @@ impl Channel {
     }
 
     /// Handles one frame for this channel.
-    pub fn handle(
-        &mut self,
-        context: &mut Context,
-        payload: FramePayload,
-    ) -> Result<After, AmqpError> {
+    pub fn handle(&mut self, context: &mut Context, payload: FramePayload) -> Result<After, AmqpError> {
         if self.closing {
             return Ok(match payload {
                 FramePayload::Method(Method::ChannelCloseOk(_)) => After::Forget,
@@ -146,11 +132,7 @@ impl Channel {
         match payload {
             FramePayload::Method(method) => {
                 if let Some(content) = &self.content {
-                    let expected = if content.header.is_none() {
-                        "content header for class 60"
-                    } else {
-                        "content body"
-                    };
+                    let expected = if content.header.is_none() { "content header for class 60" } else { "content body" };
                     return Err(AmqpError::unexpected_frame(format!(
                         "expected {expected}, got non content frame instead (method {})",
                         method.name()
@@ -158,13 +140,15 @@ impl Channel {
                     .during(60, 40));
                 }
                 let (class_id, method_id) = (method.class_id(), method.method_id());
-                self.handle_method(context, method).map_err(|error| {
-                    if error.class_id == 0 {
-                        error.during(class_id, method_id)
-                    } else {
-                        error
-                    }
-                })
+                self.handle_method(context, method).map_err(
+                    |error| {
+                        if error.class_id == 0 {
+                            error.during(class_id, method_id)
+                        } else {
+                            error
+                        }
+                    },
+                )
             }
             FramePayload::Header(header) => {
                 self.handle_header(context, header)?;
@@ -174,9 +158,7 @@ impl Channel {
                 self.handle_body(context, body)?;
                 Ok(After::KeepOpen)
             }
-            FramePayload::Heartbeat => Err(AmqpError::unexpected_frame(
-                "heartbeat frame on a non-zero channel",
-            )),
+            FramePayload::Heartbeat => Err(AmqpError::unexpected_frame("heartbeat frame on a non-zero channel")),
         }
     }
 

@@ -4,28 +4,17 @@
 use super::*;
 
 impl Channel {
-    pub(super) fn handle_header(
-        &mut self,
-        context: &Context,
-        header: ContentHeader,
-    ) -> Result<(), AmqpError> {
+    pub(super) fn handle_header(&mut self, context: &Context, header: ContentHeader) -> Result<(), AmqpError> {
         let Some(content) = self.content.as_mut() else {
-            return Err(AmqpError::unexpected_frame(
-                "expected method frame, got non method frame instead",
-            ));
+            return Err(AmqpError::unexpected_frame("expected method frame, got non method frame instead"));
         };
         if content.header.is_some() {
-            return Err(AmqpError::unexpected_frame(
-                "expected content body, got non content body frame instead",
-            )
-            .during(60, 40));
+            return Err(AmqpError::unexpected_frame("expected content body, got non content body frame instead").during(60, 40));
         }
         if header.class_id != amqp_codec::class_id::BASIC {
-            return Err(AmqpError::unexpected_frame(format!(
-                "content header for class {} does not match class 60",
-                header.class_id
-            ))
-            .during(60, 40));
+            return Err(
+                AmqpError::unexpected_frame(format!("content header for class {} does not match class 60", header.class_id)).during(60, 40)
+            );
         }
         if header.body_size > context.broker.config.message_bytes_max {
             return Err(AmqpError::precondition(format!(
@@ -44,25 +33,19 @@ impl Channel {
 
     pub(super) fn handle_body(&mut self, context: &Context, body: Bytes) -> Result<(), AmqpError> {
         let Some(content) = self.content.as_mut() else {
-            return Err(AmqpError::unexpected_frame(
-                "expected method frame, got non method frame instead",
-            ));
+            return Err(AmqpError::unexpected_frame("expected method frame, got non method frame instead"));
         };
         let Some(header) = &content.header else {
-            return Err(AmqpError::unexpected_frame(
-                "expected content header for class 60, got non content header frame instead",
-            )
-            .during(60, 40));
+            return Err(
+                AmqpError::unexpected_frame("expected content header for class 60, got non content header frame instead").during(60, 40)
+            );
         };
         let expected = header.body_size;
         content.body_received += body.len() as u64;
         if content.body_received > expected {
             return Err(AmqpError::new(
                 constants::FRAME_ERROR,
-                format!(
-                    "body frames carry {} bytes, more than the announced {expected}",
-                    content.body_received
-                ),
+                format!("body frames carry {} bytes, more than the announced {expected}", content.body_received),
             ));
         }
         // A body in one frame stays the frame's own bytes; only multi-frame bodies are copied.
@@ -91,10 +74,7 @@ impl Channel {
         if let Ok(properties) = header.properties() {
             if let Some(mode) = properties.delivery_mode {
                 if mode != 1 && mode != 2 {
-                    return Err(AmqpError::precondition(format!(
-                        "invalid message: {{delivery_mode_unknown,{mode}}}"
-                    ))
-                    .during(60, 40));
+                    return Err(AmqpError::precondition(format!("invalid message: {{delivery_mode_unknown,{mode}}}")).during(60, 40));
                 }
             }
             if let Some(user_id) = &properties.user_id {
@@ -109,9 +89,7 @@ impl Channel {
         }
         {
             let vhost = context.broker.vhost(&context.vhost).read();
-            let exchange = vhost
-                .require_exchange(&content.exchange)
-                .map_err(|error| error.during(60, 40))?;
+            let exchange = vhost.require_exchange(&content.exchange).map_err(|error| error.during(60, 40))?;
             if exchange.internal {
                 return Err(AmqpError::access_refused(format!(
                     "cannot publish to internal exchange '{}' in vhost '{}'",
@@ -120,22 +98,11 @@ impl Channel {
                 .during(60, 40));
             }
         }
-        let message = Arc::new(Message {
-            exchange: content.exchange,
-            routing_key: content.routing_key,
-            header,
-            body,
-        });
-        let publish = Publish {
-            mandatory: content.mandatory,
-            message,
-        };
+        let message = Arc::new(Message { exchange: content.exchange, routing_key: content.routing_key, header, body });
+        let publish = Publish { mandatory: content.mandatory, message };
         if let Some(transaction) = self.transaction.as_mut() {
-            if transaction.publishes.len() + transaction.settles.len() >= TRANSACTION_OPERATIONS_MAX
-            {
-                return Err(AmqpError::precondition(format!(
-                    "transaction holds more than {TRANSACTION_OPERATIONS_MAX} operations"
-                )));
+            if transaction.publishes.len() + transaction.settles.len() >= TRANSACTION_OPERATIONS_MAX {
+                return Err(AmqpError::precondition(format!("transaction holds more than {TRANSACTION_OPERATIONS_MAX} operations")));
             }
             transaction.publishes.push(publish);
             return Ok(());
@@ -177,19 +144,8 @@ impl Channel {
         let mut queues: Vec<Arc<QueueRuntime>> = Vec::new();
         {
             let vhost = context.broker.vhost(&context.vhost).read();
-            let mut headers = || {
-                message
-                    .header
-                    .properties()
-                    .ok()
-                    .and_then(|properties| properties.headers)
-            };
-            vhost.route(
-                &message.exchange,
-                &message.routing_key,
-                &mut headers,
-                &mut queues,
-            );
+            let mut headers = || message.header.properties().ok().and_then(|properties| properties.headers);
+            vhost.route(&message.exchange, &message.routing_key, &mut headers, &mut queues);
         }
         if queues.is_empty() {
             if publish.mandatory {
@@ -200,10 +156,7 @@ impl Channel {
                     message: message.clone(),
                 });
             }
-            return Routed {
-                logs: Vec::new(),
-                rejected: false,
-            };
+            return Routed { logs: Vec::new(), rejected: false };
         }
         let mut logs = Vec::new();
         let mut rejected = false;
@@ -221,18 +174,9 @@ impl Channel {
 /// Sends basic.ack (or basic.nack when the message could not be made durable) to a publisher.
 pub(super) fn send_confirm(channel: &ChannelShared, delivery_tag: u64, durable: bool) {
     let method: Method = if durable {
-        BasicAck {
-            delivery_tag,
-            multiple: false,
-        }
-        .into()
+        BasicAck { delivery_tag, multiple: false }.into()
     } else {
-        BasicNack {
-            delivery_tag,
-            multiple: false,
-            requeue: false,
-        }
-        .into()
+        BasicNack { delivery_tag, multiple: false, requeue: false }.into()
     };
     let mut frames = BytesMut::with_capacity(32);
     encode_method_frame(&mut frames, channel.id, &method);

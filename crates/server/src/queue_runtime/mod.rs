@@ -15,6 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use storage::syncer::SharedLog;
 
+mod paging;
+
+pub use paging::Pager;
+
 /// The runtime of one queue.
 #[derive(Debug)]
 pub struct QueueRuntime {
@@ -37,6 +41,8 @@ struct QueueInner {
     /// Where the round robin resumes among consumers of equal priority.
     next_consumer: usize,
     has_exclusive_consumer: bool,
+    /// Where the paged tail continues on disk, while the queue pages.
+    pager: Option<Pager>,
 }
 
 /// What happened to a published message at one queue.
@@ -62,29 +68,15 @@ pub enum ConsumerRemoval {
 }
 
 impl QueueRuntime {
-    /// A queue with the given messages position counter.
-    pub fn new(
-        definition: QueueDefinition,
-        vhost: &str,
-        log: Option<SharedLog>,
-        messages: QueueState,
-    ) -> Arc<QueueRuntime> {
+    /// A queue with the given messages (and, after recovery, the pager over its log).
+    pub fn new(definition: QueueDefinition, vhost: &str, log: Option<SharedLog>, messages: QueueState, pager: Option<Pager>) -> Arc<QueueRuntime> {
         Arc::new(QueueRuntime {
             length_limit: queue_length_limit(&definition.arguments),
-            message_ttl_ms: definition
-                .arguments
-                .get("x-message-ttl")
-                .and_then(|value| value.as_i64())
-                .map(|ttl| ttl.max(0) as u64),
+            message_ttl_ms: definition.arguments.get("x-message-ttl").and_then(|value| value.as_i64()).map(|ttl| ttl.max(0) as u64),
             definition,
             vhost: vhost.to_string(),
             log,
-            inner: Mutex::new(QueueInner {
-                messages,
-                consumers: Vec::new(),
-                next_consumer: 0,
-                has_exclusive_consumer: false,
-            }),
+            inner: Mutex::new(QueueInner { messages, consumers: Vec::new(), next_consumer: 0, has_exclusive_consumer: false, pager }),
             deleted: AtomicBool::new(false),
         })
     }
@@ -94,9 +86,9 @@ impl QueueRuntime {
         &self.definition.name
     }
 
-    /// Whether a message must go to this queue's log.
-    fn logs(&self, message: &Message) -> Option<&SharedLog> {
-        self.log.as_ref().filter(|_| message.is_persistent())
+    /// The log to settle a message in, if it has a record there.
+    fn log_of(&self, queued: &QueuedMessage) -> Option<&SharedLog> {
+        self.log.as_ref().filter(|_| queued.logged)
     }
 
     /// Enqueues a message and delivers what it can.
@@ -111,10 +103,13 @@ impl QueueRuntime {
                     Overflow::RejectPublish => return Enqueued::Rejected,
                     Overflow::DropHead => {
                         while inner.messages.ready_count() as u64 >= limit.max(1) {
+                            if inner.messages.ready_in_memory() == 0 {
+                                self.page_in(&mut inner);
+                            }
                             let Some((position, dropped)) = inner.messages.pop(false) else {
                                 break;
                             };
-                            if let Some(log) = self.logs(&dropped.message) {
+                            if let Some(log) = self.log_of(&dropped) {
                                 log.lock().append_settled(position);
                             }
                         }
@@ -125,25 +120,22 @@ impl QueueRuntime {
                 }
             }
         }
+        if self.should_page(&inner) {
+            let enqueued = self.page_out(&mut inner, &message);
+            self.dispatch_locked(&mut inner);
+            return enqueued;
+        }
         let expires_at_ms = self.expiry(&message);
-        let position = inner.messages.push_expiring(message.clone(), expires_at_ms);
-        let log = self.logs(&message).cloned();
+        let log = self.log.as_ref().filter(|_| message.is_persistent()).cloned();
+        let position = inner.messages.push_expiring(message.clone(), expires_at_ms, log.is_some());
         if let Some(log) = &log {
-            log.lock().append_publish(position, &message);
+            log.lock().append_publish(position, &message, true);
         }
         self.dispatch_locked(&mut inner);
         match log {
             Some(log) => Enqueued::Logged(log),
             None => Enqueued::InMemory,
         }
-    }
-
-    /// Puts back a message recovered from disk.
-    pub fn restore(&self, position: u64, message: Arc<Message>, redelivered: bool) {
-        self.inner
-            .lock()
-            .messages
-            .restore(position, message, redelivered);
     }
 
     /// Delivers ready messages to consumers that can take them.
@@ -174,13 +166,14 @@ impl QueueRuntime {
     /// Drops expired messages at the head (settling them in the log).
     fn expire_head(&self, inner: &mut QueueInner) {
         for (position, expired) in inner.messages.drop_expired_head(now_ms()) {
-            if let Some(log) = self.logs(&expired.message) {
+            if let Some(log) = self.log_of(&expired) {
                 log.lock().append_settled(position);
             }
         }
     }
 
     fn dispatch_locked(self: &Arc<Self>, inner: &mut QueueInner) {
+        self.page_in(inner);
         self.expire_head(inner);
         while inner.messages.ready_count() > 0 {
             let Some(consumer) = self.pick_consumer(inner) else {
@@ -190,6 +183,7 @@ impl QueueRuntime {
                 // The channel closed under us: its cleanup removes the consumer; try the others.
                 consumer.cancelled.store(true, Ordering::Release);
             }
+            self.page_in(inner);
             self.expire_head(inner);
         }
     }
@@ -217,11 +211,7 @@ impl QueueRuntime {
     }
 
     /// Hands the first ready message to `consumer`. False when its channel has closed.
-    fn deliver_to(
-        self: &Arc<Self>,
-        inner: &mut QueueInner,
-        consumer: &Arc<ConsumerHandle>,
-    ) -> bool {
+    fn deliver_to(self: &Arc<Self>, inner: &mut QueueInner, consumer: &Arc<ConsumerHandle>) -> bool {
         let channel = &consumer.channel;
         let mut ledger = channel.ledger.lock();
         if !ledger.open {
@@ -233,20 +223,10 @@ impl QueueRuntime {
         ledger.last_tag += 1;
         let delivery_tag = ledger.last_tag;
         if !consumer.no_ack {
-            ledger.unacked.insert(
-                delivery_tag,
-                Unacked {
-                    queue: self.clone(),
-                    position,
-                    consumer: Some(consumer.clone()),
-                },
-            );
+            ledger.unacked.insert(delivery_tag, Unacked { queue: self.clone(), position, consumer: Some(consumer.clone()) });
             consumer.count_delivery();
         }
-        channel
-            .connection
-            .outbound_deliveries
-            .fetch_add(1, Ordering::AcqRel);
+        channel.connection.outbound_deliveries.fetch_add(1, Ordering::AcqRel);
         channel.connection.send(Outbound::Deliver {
             channel: channel.id,
             consumer_tag: consumer.tag.clone(),
@@ -262,7 +242,7 @@ impl QueueRuntime {
     /// Records on disk that a message left (no-ack) or was handed out (so a restart marks it
     /// redelivered). Neither is synced on its own: losing them in a crash only means a duplicate.
     fn log_handed_out(&self, position: u64, queued: &QueuedMessage, no_ack: bool) {
-        if let Some(log) = self.logs(&queued.message) {
+        if let Some(log) = self.log_of(queued) {
             let mut log = log.lock();
             if no_ack {
                 log.append_settled(position);
@@ -273,37 +253,21 @@ impl QueueRuntime {
     }
 
     /// basic.get: the first ready message, tracked on `ledger` unless `no_ack`.
-    pub fn get(
-        self: &Arc<Self>,
-        channel: &crate::outbound::ChannelShared,
-        no_ack: bool,
-    ) -> Option<Outbound> {
+    pub fn get(self: &Arc<Self>, channel: &crate::outbound::ChannelShared, no_ack: bool) -> Option<Outbound> {
         let mut inner = self.inner.lock();
+        self.page_in(&mut inner);
         self.expire_head(&mut inner);
         let mut ledger = channel.ledger.lock();
         let (position, queued) = inner.messages.pop(!no_ack)?;
         ledger.last_tag += 1;
         let delivery_tag = ledger.last_tag;
         if !no_ack {
-            ledger.unacked.insert(
-                delivery_tag,
-                Unacked {
-                    queue: self.clone(),
-                    position,
-                    consumer: None,
-                },
-            );
+            ledger.unacked.insert(delivery_tag, Unacked { queue: self.clone(), position, consumer: None });
         }
         let message_count = inner.messages.ready_count() as u32;
         drop(ledger);
         self.log_handed_out(position, &queued, no_ack);
-        Some(Outbound::GetOk {
-            channel: channel.id,
-            delivery_tag,
-            redelivered: queued.redelivered,
-            message_count,
-            message: queued.message,
-        })
+        Some(Outbound::GetOk { channel: channel.id, delivery_tag, redelivered: queued.redelivered, message_count, message: queued.message })
     }
 
     /// Settles or requeues deliveries, then delivers again (prefetch was freed).
@@ -313,7 +277,7 @@ impl QueueRuntime {
             if requeue {
                 inner.messages.requeue(position);
             } else if let Some(queued) = inner.messages.settle(position) {
-                if let Some(log) = self.logs(&queued.message) {
+                if let Some(log) = self.log_of(&queued) {
                     log.lock().append_settled(position);
                 }
             }
@@ -331,15 +295,9 @@ impl QueueRuntime {
         accepted: impl FnOnce(),
     ) -> Result<(), AmqpError> {
         let mut inner = self.inner.lock();
-        inner
-            .consumers
-            .retain(|existing| !existing.cancelled.load(Ordering::Acquire));
+        inner.consumers.retain(|existing| !existing.cancelled.load(Ordering::Acquire));
         if inner.has_exclusive_consumer || (exclusive && !inner.consumers.is_empty()) {
-            return Err(AmqpError::access_refused(format!(
-                "queue '{}' in vhost '{}' in exclusive use",
-                self.name(),
-                self.vhost
-            )));
+            return Err(AmqpError::access_refused(format!("queue '{}' in vhost '{}' in exclusive use", self.name(), self.vhost)));
         }
         inner.has_exclusive_consumer = exclusive;
         inner.consumers.push(consumer);
@@ -352,9 +310,7 @@ impl QueueRuntime {
     pub fn remove_consumer(&self, consumer: &Arc<ConsumerHandle>) -> ConsumerRemoval {
         let mut inner = self.inner.lock();
         let before = inner.consumers.len();
-        inner
-            .consumers
-            .retain(|existing| !Arc::ptr_eq(existing, consumer));
+        inner.consumers.retain(|existing| !Arc::ptr_eq(existing, consumer));
         if inner.consumers.len() == before {
             return ConsumerRemoval::NotFound;
         }
@@ -371,25 +327,24 @@ impl QueueRuntime {
     pub fn counts(&self) -> (u32, u32) {
         let mut inner = self.inner.lock();
         self.expire_head(&mut inner);
-        let consumers = inner
-            .consumers
-            .iter()
-            .filter(|consumer| !consumer.cancelled.load(Ordering::Acquire))
-            .count();
+        let consumers = inner.consumers.iter().filter(|consumer| !consumer.cancelled.load(Ordering::Acquire)).count();
         (inner.messages.ready_count() as u32, consumers as u32)
     }
 
     /// Drops ready messages; returns how many.
     pub fn purge(&self) -> u32 {
         let mut inner = self.inner.lock();
-        let positions = inner.messages.purge();
+        let purged = inner.messages.purge();
         if let Some(log) = &self.log {
             let mut log = log.lock();
-            for &position in &positions {
-                log.append_settled(position);
+            for (position, queued) in &purged {
+                if queued.logged {
+                    log.append_settled(*position);
+                }
             }
         }
-        positions.len() as u32
+        let paged = self.purge_paged(&mut inner);
+        (purged.len() as u64 + paged).min(u64::from(u32::MAX)) as u32
     }
 
     /// Marks the queue deleted and hands back its consumers (to notify) and its ready count.
@@ -399,6 +354,7 @@ impl QueueRuntime {
         let count = inner.messages.ready_count() as u32;
         let consumers = std::mem::take(&mut inner.consumers);
         inner.messages = QueueState::new(0);
+        inner.pager = None;
         if let Some(log) = &self.log {
             if let Err(error) = log.lock().delete() {
                 tracing::error!(%error, "deleting a queue log failed");
@@ -409,8 +365,5 @@ impl QueueRuntime {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_millis() as u64).unwrap_or(0)
 }
