@@ -64,7 +64,7 @@ impl Broker {
         let definitions = DefinitionsStore::new(&config.data_dir);
         let mut broker = Broker {
             users: Users::default(),
-            syncer: Syncer::start(),
+            syncer: Syncer::start(config.sync_policy),
             vhosts: HashMap::new(),
             definitions,
             definitions_write: Mutex::new(()),

@@ -25,6 +25,8 @@ pub struct ServerConfig {
     /// Publishers are blocked while the data directory's filesystem has less free space than
     /// this (RabbitMQ's default disk_free_limit).
     pub disk_free_limit_bytes: u64,
+    /// When messages are fdatasynced, and so what a confirm promises (see docs/storage.md).
+    pub sync_policy: storage::syncer::SyncPolicy,
 }
 
 impl Default for ServerConfig {
@@ -39,6 +41,7 @@ impl Default for ServerConfig {
             message_bytes_max: 128 * 1024 * 1024,
             segment_bytes_max: storage::queue_log::SEGMENT_BYTES_MAX_DEFAULT,
             disk_free_limit_bytes: 50_000_000,
+            sync_policy: storage::syncer::SyncPolicy::Always,
         }
     }
 }

@@ -49,6 +49,23 @@ struct ServerArguments {
     /// Publishers are blocked while the data directory's filesystem has less free space than this.
     #[arg(long, env = "LEPUS_DISK_FREE_LIMIT_BYTES", default_value_t = 50_000_000)]
     disk_free_limit_bytes: u64,
+    /// When messages are fdatasynced: `always` (before every confirm), `interval` or `never`.
+    #[arg(long, env = "LEPUS_SYNC", value_enum, default_value = "always")]
+    sync: SyncMode,
+    /// With `--sync interval`: milliseconds between fdatasyncs.
+    #[arg(long, env = "LEPUS_SYNC_INTERVAL_MS", default_value_t = 200)]
+    sync_interval_ms: u64,
+}
+
+/// The `--sync` choices (see docs/storage.md for what each promises).
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum SyncMode {
+    /// fdatasync before every confirm, group-committed.
+    Always,
+    /// Confirm after the write; fdatasync every --sync-interval-ms.
+    Interval,
+    /// Confirm after the write; never fdatasync.
+    Never,
 }
 
 fn main() -> ExitCode {
@@ -66,6 +83,11 @@ fn main() -> ExitCode {
                 heartbeat_interval_s: arguments.heartbeat_s,
                 segment_bytes_max: arguments.segment_bytes_max.max(1),
                 disk_free_limit_bytes: arguments.disk_free_limit_bytes,
+                sync_policy: match arguments.sync {
+                    SyncMode::Always => storage::syncer::SyncPolicy::Always,
+                    SyncMode::Interval => storage::syncer::SyncPolicy::Interval { interval_ms: arguments.sync_interval_ms },
+                    SyncMode::Never => storage::syncer::SyncPolicy::Never,
+                },
                 ..ServerConfig::default()
             };
             match listener::run(config) {

@@ -18,13 +18,13 @@
 //! an older segment whose count reaches zero is deleted, so the log's size follows the backlog.
 //! When a segment stops being the active one, a seal record with its length closes it.
 
+use crate::range_set::RangeSet;
 use crate::StorageError;
 #[cfg(test)]
 use amqp_codec::ShortStr;
 use amqp_codec::{ContentHeader, Reader};
 use broker_core::Message;
 use bytes::{BufMut, Bytes, BytesMut};
-use crate::range_set::RangeSet;
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read, Write};
 use std::os::unix::fs::FileExt;
@@ -262,7 +262,12 @@ impl QueueLog {
 
     /// Reads up to `records_max` paged messages (and about `bytes_max` bytes) from `cursor`, in
     /// order. Fewer means the cursor reached the end of what is written.
-    pub fn read_tail(&mut self, cursor: &mut TailCursor, records_max: usize, bytes_max: usize) -> Result<Vec<(u64, Message)>, StorageError> {
+    pub fn read_tail(
+        &mut self,
+        cursor: &mut TailCursor,
+        records_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<(u64, Message)>, StorageError> {
         self.write_to_active()?;
         let mut out = Vec::new();
         let mut bytes_read = 0usize;
@@ -275,7 +280,8 @@ impl QueueLog {
             }
             let is_active = index + 1 == self.segments.len();
             let path = segment.path.clone();
-            let file_bytes = if is_active { self.active_bytes } else { std::fs::metadata(&path).map_err(|error| StorageError::io(&path, error))?.len() };
+            let file_bytes =
+                if is_active { self.active_bytes } else { std::fs::metadata(&path).map_err(|error| StorageError::io(&path, error))?.len() };
             if cursor.at.offset >= file_bytes {
                 match self.segments.get(index + 1) {
                     Some(next) if !is_active => {
@@ -295,20 +301,27 @@ impl QueueLog {
                 let length = u32::from_be_bytes(chunk[consumed..consumed + 4].try_into().expect("4 bytes")) as usize;
                 let checksum = u32::from_be_bytes(chunk[consumed + 4..consumed + 8].try_into().expect("4 bytes"));
                 if !(9..=RECORD_BYTES_MAX).contains(&length) {
-                    return Err(StorageError::Corrupt { path: path.display().to_string(), detail: format!("bad record length at offset {}", cursor.at.offset) });
+                    return Err(StorageError::Corrupt {
+                        path: path.display().to_string(),
+                        detail: format!("bad record length at offset {}", cursor.at.offset),
+                    });
                 }
                 let record = if consumed + RECORD_HEADER_BYTES + length <= chunk.len() {
                     chunk.slice(consumed + RECORD_HEADER_BYTES..consumed + RECORD_HEADER_BYTES + length)
                 } else if consumed == 0 {
                     // A record larger than one chunk: read it whole.
                     let mut whole = vec![0u8; length];
-                    file.read_exact_at(&mut whole, cursor.at.offset + RECORD_HEADER_BYTES as u64).map_err(|error| StorageError::io(&path, error))?;
+                    file.read_exact_at(&mut whole, cursor.at.offset + RECORD_HEADER_BYTES as u64)
+                        .map_err(|error| StorageError::io(&path, error))?;
                     Bytes::from(whole)
                 } else {
                     break;
                 };
                 if crc32c::crc32c(&record) != checksum {
-                    return Err(StorageError::Corrupt { path: path.display().to_string(), detail: format!("checksum mismatch at offset {}", cursor.at.offset) });
+                    return Err(StorageError::Corrupt {
+                        path: path.display().to_string(),
+                        detail: format!("checksum mismatch at offset {}", cursor.at.offset),
+                    });
                 }
                 let location = cursor.at;
                 consumed += RECORD_HEADER_BYTES + length;

@@ -15,6 +15,24 @@ pub type SharedLog = Arc<Mutex<QueueLog>>;
 /// Called once the records it waited for are on disk (`true`) or could not be made durable (`false`).
 pub type SyncCallback = Box<dyn FnOnce(bool) + Send>;
 
+/// When records are made durable, and so what a publisher confirm promises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// fdatasync before every confirm (group-committed). A confirmed message survives a process
+    /// crash, an OS crash and a power loss.
+    Always,
+    /// Confirm once written to the OS; fdatasync every `interval_ms`. A confirmed message survives
+    /// a process crash; an OS crash or power loss can lose the last `interval_ms` of them.
+    Interval {
+        /// Time between fdatasyncs.
+        interval_ms: u64,
+    },
+    /// Confirm once written to the OS and never fdatasync (the OS writes back when it likes). A
+    /// confirmed message survives a process crash; an OS crash or power loss can lose any that
+    /// the OS had not written back yet (on Linux typically up to 30 s).
+    Never,
+}
+
 /// How long the syncer waits for work before it flushes dirty logs anyway (settle records and
 /// publishes without confirms are made durable at least this often).
 pub const IDLE_FLUSH_INTERVAL_MS: u64 = 200;
@@ -34,9 +52,12 @@ pub struct Syncer {
 
 impl Syncer {
     /// Starts the syncer thread.
-    pub fn start() -> Syncer {
+    pub fn start(policy: SyncPolicy) -> Syncer {
         let (sender, receiver) = mpsc::channel();
-        std::thread::Builder::new().name("lepus-syncer".to_string()).spawn(move || run(receiver)).expect("spawning the syncer thread");
+        std::thread::Builder::new()
+            .name("lepus-syncer".to_string())
+            .spawn(move || run(receiver, policy))
+            .expect("spawning the syncer thread");
         Syncer { sender }
     }
 
@@ -51,10 +72,15 @@ impl Syncer {
     }
 }
 
-fn run(receiver: Receiver<SyncRequest>) {
+fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy) {
+    let mut last_sync = std::time::Instant::now();
     let mut known_logs: Vec<SharedLog> = Vec::new();
     loop {
-        let first = match receiver.recv_timeout(Duration::from_millis(IDLE_FLUSH_INTERVAL_MS)) {
+        let wait_ms = match policy {
+            SyncPolicy::Interval { interval_ms } => interval_ms.clamp(1, IDLE_FLUSH_INTERVAL_MS),
+            _ => IDLE_FLUSH_INTERVAL_MS,
+        };
+        let first = match receiver.recv_timeout(Duration::from_millis(wait_ms)) {
             Ok(request) => Some(request),
             Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => return,
@@ -84,7 +110,23 @@ fn run(receiver: Receiver<SyncRequest>) {
                 logs.push(log.clone());
             }
         }
-        let durable = sync_all(&logs);
+        let fsync_now = match policy {
+            SyncPolicy::Always => true,
+            SyncPolicy::Interval { interval_ms } => last_sync.elapsed() >= Duration::from_millis(interval_ms),
+            SyncPolicy::Never => false,
+        };
+        if fsync_now && policy != SyncPolicy::Always {
+            // The periodic sync covers every log written since the last one.
+            for log in &known_logs {
+                if !logs.iter().any(|known| Arc::ptr_eq(known, log)) {
+                    logs.push(log.clone());
+                }
+            }
+        }
+        if fsync_now {
+            last_sync = std::time::Instant::now();
+        }
+        let durable = sync_all(&logs, fsync_now);
         for request in requests {
             if let Some(callback) = request.callback {
                 callback(durable);
@@ -93,12 +135,13 @@ fn run(receiver: Receiver<SyncRequest>) {
     }
 }
 
-fn sync_all(logs: &[SharedLog]) -> bool {
+fn sync_all(logs: &[SharedLog], fsync: bool) -> bool {
     let mut all_durable = true;
     for log in logs {
         let written = log.lock().write_pending();
         let result = match written {
-            Ok(files) => files.iter().try_for_each(|file| file.sync_data()).map_err(|error| error.to_string()),
+            Ok(files) if fsync => files.iter().try_for_each(|file| file.sync_data()).map_err(|error| error.to_string()),
+            Ok(_) => Ok(()),
             Err(error) => Err(error.to_string()),
         };
         if let Err(error) = result {
