@@ -16,6 +16,10 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
+echo "== cargo fmt and clippy"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
 echo "== cargo build (release) and Rust tests"
 cargo build --release --locked
 cargo test --workspace --locked 2>&1 | tee /tmp/lepus-cargo-test.log

@@ -69,7 +69,13 @@ pub enum ConsumerRemoval {
 
 impl QueueRuntime {
     /// A queue with the given messages (and, after recovery, the pager over its log).
-    pub fn new(definition: QueueDefinition, vhost: &str, log: Option<SharedLog>, messages: QueueState, pager: Option<Pager>) -> Arc<QueueRuntime> {
+    pub fn new(
+        definition: QueueDefinition,
+        vhost: &str,
+        log: Option<SharedLog>,
+        messages: QueueState,
+        pager: Option<Pager>,
+    ) -> Arc<QueueRuntime> {
         Arc::new(QueueRuntime {
             length_limit: queue_length_limit(&definition.arguments),
             message_ttl_ms: definition.arguments.get("x-message-ttl").and_then(|value| value.as_i64()).map(|ttl| ttl.max(0) as u64),
