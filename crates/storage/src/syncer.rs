@@ -5,6 +5,7 @@
 
 use crate::queue_log::QueueLog;
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,21 +45,60 @@ struct SyncRequest {
     callback: Option<SyncCallback>,
 }
 
+/// Upper bounds, in microseconds, of the fsync latency histogram's buckets (Prometheus style:
+/// each bucket counts syncs at or below its bound; the last one is everything).
+pub const FSYNC_LATENCY_BUCKETS_US: [u64; 12] = [100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, u64::MAX];
+
+/// What the syncer has done, for metrics. Counters only grow.
+#[derive(Debug, Default)]
+pub struct SyncStats {
+    /// Group commits run (batches written, with or without fdatasync).
+    pub batches: AtomicU64,
+    /// Requests (publishes waiting for durability, or flushes) taken by those batches.
+    pub requests: AtomicU64,
+    /// fdatasync calls made.
+    pub fsyncs: AtomicU64,
+    /// Total time spent in fdatasync, in microseconds.
+    pub fsync_us_total: AtomicU64,
+    /// fdatasync calls per latency bucket (see [`FSYNC_LATENCY_BUCKETS_US`]), not cumulative.
+    pub fsync_us_buckets: [AtomicU64; FSYNC_LATENCY_BUCKETS_US.len()],
+    /// Batches whose write or sync failed (their confirms were nacked).
+    pub failures: AtomicU64,
+}
+
+impl SyncStats {
+    fn record_fsync(&self, elapsed: Duration) {
+        let micros = elapsed.as_micros().min(u128::from(u64::MAX)) as u64;
+        self.fsyncs.fetch_add(1, Ordering::Relaxed);
+        self.fsync_us_total.fetch_add(micros, Ordering::Relaxed);
+        let bucket = FSYNC_LATENCY_BUCKETS_US.iter().position(|bound| micros <= *bound).unwrap_or(FSYNC_LATENCY_BUCKETS_US.len() - 1);
+        self.fsync_us_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The handle publishers use to ask for durability.
 #[derive(Clone)]
 pub struct Syncer {
     sender: Sender<SyncRequest>,
+    stats: Arc<SyncStats>,
 }
 
 impl Syncer {
     /// Starts the syncer thread.
     pub fn start(policy: SyncPolicy) -> Syncer {
         let (sender, receiver) = mpsc::channel();
+        let stats = Arc::new(SyncStats::default());
+        let thread_stats = stats.clone();
         std::thread::Builder::new()
             .name("lepus-syncer".to_string())
-            .spawn(move || run(receiver, policy))
+            .spawn(move || run(receiver, policy, &thread_stats))
             .expect("spawning the syncer thread");
-        Syncer { sender }
+        Syncer { sender, stats }
+    }
+
+    /// What the syncer has done so far.
+    pub fn stats(&self) -> &SyncStats {
+        &self.stats
     }
 
     /// Makes the records buffered in `logs` durable, then calls `callback`.
@@ -72,7 +112,7 @@ impl Syncer {
     }
 }
 
-fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy) {
+fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, stats: &SyncStats) {
     let mut last_sync = std::time::Instant::now();
     let mut known_logs: Vec<SharedLog> = Vec::new();
     loop {
@@ -126,7 +166,12 @@ fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy) {
         if fsync_now {
             last_sync = std::time::Instant::now();
         }
-        let durable = sync_all(&logs, fsync_now);
+        let durable = sync_all(&logs, fsync_now, stats);
+        stats.batches.fetch_add(1, Ordering::Relaxed);
+        stats.requests.fetch_add(requests.len() as u64, Ordering::Relaxed);
+        if !durable {
+            stats.failures.fetch_add(1, Ordering::Relaxed);
+        }
         for request in requests {
             if let Some(callback) = request.callback {
                 callback(durable);
@@ -135,12 +180,20 @@ fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy) {
     }
 }
 
-fn sync_all(logs: &[SharedLog], fsync: bool) -> bool {
+fn sync_all(logs: &[SharedLog], fsync: bool, stats: &SyncStats) -> bool {
     let mut all_durable = true;
     for log in logs {
         let written = log.lock().write_pending();
         let result = match written {
-            Ok(files) if fsync => files.iter().try_for_each(|file| file.sync_data()).map_err(|error| error.to_string()),
+            Ok(files) if fsync => files
+                .iter()
+                .try_for_each(|file| {
+                    let started = std::time::Instant::now();
+                    let synced = file.sync_data();
+                    stats.record_fsync(started.elapsed());
+                    synced
+                })
+                .map_err(|error| error.to_string()),
             Ok(_) => Ok(()),
             Err(error) => Err(error.to_string()),
         };
