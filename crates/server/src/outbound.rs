@@ -183,6 +183,8 @@ pub struct ChannelShared {
     pub unacked_consumer_deliveries: AtomicU32,
     /// channel.flow state.
     pub flow_active: AtomicBool,
+    /// Publisher confirms of this channel waiting in the syncer.
+    pub confirms_in_syncer: AtomicUsize,
 }
 
 impl ChannelShared {
@@ -195,6 +197,7 @@ impl ChannelShared {
             prefetch_global: AtomicU32::new(0),
             unacked_consumer_deliveries: AtomicU32::new(0),
             flow_active: AtomicBool::new(true),
+            confirms_in_syncer: AtomicUsize::new(0),
         }
     }
 }
@@ -262,5 +265,35 @@ impl ConsumerHandle {
         assert!(before > 0, "consumer unacked count underflow");
         let before = self.channel.unacked_consumer_deliveries.fetch_sub(1, Ordering::AcqRel);
         assert!(before > 0, "channel unacked count underflow");
+    }
+}
+
+impl storage::syncer::ConfirmSink for ChannelShared {
+    /// Sends a group commit's confirms for this channel as few frames as it can: a run of acks
+    /// becomes one `basic.ack` with `multiple`, which is exact because every earlier confirm of
+    /// the channel has been sent already (they pass the syncer in order).
+    fn confirm_batch(&self, confirms: &[(u64, bool)]) {
+        use amqp_codec::{encode_method_frame, BasicAck, BasicNack};
+        assert!(confirms.windows(2).all(|pair| pair[0].0 < pair[1].0), "a channel's confirms arrive in order");
+        if self.ledger.lock().open {
+            let mut frames = bytes::BytesMut::with_capacity(32 * confirms.len().min(16));
+            let mut acked_through: Option<u64> = None;
+            for &(delivery_tag, durable) in confirms {
+                if durable {
+                    acked_through = Some(delivery_tag);
+                    continue;
+                }
+                if let Some(through) = acked_through.take() {
+                    encode_method_frame(&mut frames, self.id, &BasicAck { delivery_tag: through, multiple: true }.into());
+                }
+                encode_method_frame(&mut frames, self.id, &BasicNack { delivery_tag, multiple: false, requeue: false }.into());
+            }
+            if let Some(through) = acked_through {
+                encode_method_frame(&mut frames, self.id, &BasicAck { delivery_tag: through, multiple: true }.into());
+            }
+            self.connection.send(Outbound::Frames(frames.freeze()));
+        }
+        self.confirms_in_syncer.fetch_sub(confirms.len(), Ordering::AcqRel);
+        self.connection.end_pending(confirms.len());
     }
 }

@@ -40,9 +40,27 @@ pub const IDLE_FLUSH_INTERVAL_MS: u64 = 200;
 /// How many requests one group commit takes at most, so callbacks are not delayed without bound.
 pub const SYNC_BATCH_REQUESTS_MAX: usize = 65_536;
 
+/// Receives the publisher confirms a group commit settled, in the order they were asked for.
+/// One call per sink per batch lets the sink coalesce them (`basic.ack` with `multiple`).
+pub trait ConfirmSink: Send + Sync {
+    /// `confirms` are (delivery tag, made durable) pairs, tags increasing.
+    fn confirm_batch(&self, confirms: &[(u64, bool)]);
+}
+
+/// One publisher confirm waiting on a sync.
+pub struct Confirm {
+    /// Who to tell.
+    pub sink: Arc<dyn ConfirmSink>,
+    /// The publish's delivery tag.
+    pub delivery_tag: u64,
+    /// False when the broker already refused the message (a nack that must keep its place).
+    pub accepted: bool,
+}
+
 struct SyncRequest {
     logs: Vec<SharedLog>,
     callback: Option<SyncCallback>,
+    confirm: Option<Confirm>,
 }
 
 /// Upper bounds, in microseconds, of the fsync latency histogram's buckets (Prometheus style:
@@ -103,10 +121,20 @@ impl Syncer {
 
     /// Makes the records buffered in `logs` durable, then calls `callback`.
     pub fn sync(&self, logs: Vec<SharedLog>, callback: Option<SyncCallback>) {
-        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback }) {
+        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback, confirm: None }) {
             // The syncer only stops when the process does; refuse the confirm rather than lie.
             if let Some(callback) = request.callback {
                 callback(false);
+            }
+        }
+    }
+
+    /// Makes the records buffered in `logs` durable (none: only keeps the confirm's place in
+    /// line), then hands the confirm to its sink with the others of the same batch.
+    pub fn confirm(&self, logs: Vec<SharedLog>, confirm: Confirm) {
+        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback: None, confirm: Some(confirm) }) {
+            if let Some(confirm) = request.confirm {
+                confirm.sink.confirm_batch(&[(confirm.delivery_tag, false)]);
             }
         }
     }
@@ -172,10 +200,21 @@ fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, stats: &SyncStats) {
         if !durable {
             stats.failures.fetch_add(1, Ordering::Relaxed);
         }
+        let mut confirms: Vec<(Arc<dyn ConfirmSink>, Vec<(u64, bool)>)> = Vec::new();
         for request in requests {
             if let Some(callback) = request.callback {
                 callback(durable);
             }
+            if let Some(confirm) = request.confirm {
+                let settled = (confirm.delivery_tag, confirm.accepted && durable);
+                match confirms.iter_mut().find(|(sink, _)| Arc::ptr_eq(sink, &confirm.sink)) {
+                    Some((_, tags)) => tags.push(settled),
+                    None => confirms.push((confirm.sink, vec![settled])),
+                }
+            }
+        }
+        for (sink, tags) in confirms {
+            sink.confirm_batch(&tags);
         }
     }
 }

@@ -2,6 +2,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use storage::syncer::{Confirm, ConfirmSink};
 
 impl Channel {
     pub(super) fn handle_header(&mut self, context: &Context, header: ContentHeader) -> Result<(), AmqpError> {
@@ -112,21 +113,18 @@ impl Channel {
             Some(sequence) => {
                 *sequence += 1;
                 let delivery_tag = *sequence;
-                if rejected {
-                    // A queue at its x-max-length with reject-publish refused it: nack, as RabbitMQ does.
-                    send_confirm(&self.shared, delivery_tag, false);
-                } else if logs.is_empty() {
-                    send_confirm(&self.shared, delivery_tag, true);
+                // A queue at its x-max-length with reject-publish refused it: nack, as RabbitMQ does.
+                let accepted = !rejected;
+                if logs.is_empty() && self.shared.confirms_in_syncer.load(Ordering::Acquire) == 0 {
+                    send_confirm(&self.shared, delivery_tag, accepted);
                 } else {
-                    let shared = self.shared.clone();
-                    shared.connection.begin_pending();
-                    context.broker.syncer.sync(
-                        logs,
-                        Some(Box::new(move |durable| {
-                            send_confirm(&shared, delivery_tag, durable);
-                            shared.connection.end_pending(1);
-                        })),
-                    );
+                    // Behind an earlier confirm still waiting for its sync, even a confirm that
+                    // needs no sync goes through the syncer, so a channel's confirms stay in
+                    // order and the syncer can coalesce them (basic.ack with multiple).
+                    self.shared.confirms_in_syncer.fetch_add(1, Ordering::AcqRel);
+                    self.shared.connection.begin_pending();
+                    let sink: Arc<dyn ConfirmSink> = self.shared.clone();
+                    context.broker.syncer.confirm(logs, Confirm { sink, delivery_tag, accepted });
                 }
             }
             None => {
