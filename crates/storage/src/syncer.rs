@@ -57,6 +57,9 @@ pub struct Confirm {
     pub accepted: bool,
 }
 
+/// A sink and the (delivery tag, durable) pairs one batch settled for it.
+type SinkConfirms = (Arc<dyn ConfirmSink>, Vec<(u64, bool)>);
+
 struct SyncRequest {
     logs: Vec<SharedLog>,
     callback: Option<SyncCallback>,
@@ -200,7 +203,7 @@ fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, stats: &SyncStats) {
         if !durable {
             stats.failures.fetch_add(1, Ordering::Relaxed);
         }
-        let mut confirms: Vec<(Arc<dyn ConfirmSink>, Vec<(u64, bool)>)> = Vec::new();
+        let mut confirms: Vec<SinkConfirms> = Vec::new();
         for request in requests {
             if let Some(callback) = request.callback {
                 callback(durable);
