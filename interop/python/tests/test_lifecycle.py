@@ -53,6 +53,17 @@ class LepusBroker:
         return "amqp://%s:%s@127.0.0.1:%d/" % (quote(self.user, safe=""), quote(self.password, safe=""),
                                                 self.port)
 
+    def extra_port_args(self):
+        """Free ports for the HTTP API and metrics, when this lepus has them, so that several
+        brokers run side by side (their defaults, 15672 and 15692, would collide)."""
+        if not hasattr(LepusBroker, "_help"):
+            LepusBroker._help = subprocess.run([self.binary, "server", "--help"], capture_output=True, text=True).stdout
+        args = []
+        for flag in ("--http-port", "--metrics-port"):
+            if flag in LepusBroker._help:
+                args += [flag, str(free_port())]
+        return args
+
     def log_tail(self, n=4000):
         try:
             with open(self.log_path, "rb") as f:
@@ -67,7 +78,7 @@ class LepusBroker:
         self.log_path = os.path.join(self.log_dir, "lepus-%d.log" % self.starts)
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [self.binary, "server", "--data-dir", self.data_dir, "--amqp-port", str(self.port)],
+            [self.binary, "server", "--data-dir", self.data_dir, "--amqp-port", str(self.port)] + self.extra_port_args(),
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + START_TIMEOUT
