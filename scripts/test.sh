@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every Lepus test on a fresh machine: the Rust unit and property tests, then the interop
 # suites that drive a real Lepus broker through real client libraries (Python pika, Go amqp091-go,
-# Java amqp-client and the RabbitMQ JMS client). Each suite's run.sh installs what it needs
+# Java amqp-client and the RabbitMQ JMS client), and the management API suite (requests, pika,
+# rabbitmqadmin, lepus ctl). Each suite's run.sh installs what it needs
 # (a Python venv from PyPI, Go modules, Maven artifacts; Debian packages when a toolchain is missing).
 #
 # Usage: scripts/test.sh            (everything)
@@ -9,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-suites=${SUITES:-"python go java"}
+suites=${SUITES:-"python go java management"}
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo not found: install Rust (rustup) first" >&2
@@ -22,8 +23,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "== cargo build (release) and Rust tests"
 cargo build --release --locked
-cargo test --workspace --locked 2>&1 | tee /tmp/lepus-cargo-test.log
 lepus="$root/target/release/lepus"
+# The perf tool's tests start real brokers from this binary.
+LEPUS_BIN="$lepus" cargo test --workspace --locked
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 port=$(free_port)

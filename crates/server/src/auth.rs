@@ -53,12 +53,42 @@ impl Users {
             b"AMQPLAIN" => parse_amqplain(response)?,
             other => return Err(LoginError::UnsupportedMechanism(String::from_utf8_lossy(other).into_owned())),
         };
+        self.check_password(&name, &password, peer)
+    }
+
+    /// Checks a user name and password from `peer` (AMQP login and the management API's HTTP
+    /// basic auth share this); returns the user name.
+    pub fn check_password(&self, name: &str, password: &str, peer: IpAddr) -> Result<String, LoginError> {
         let user = self.users.iter().find(|user| user.name == name && user.password == password);
+        let name = name.to_string();
         match user {
             None => Err(LoginError::InvalidCredentials(name)),
             Some(user) if user.loopback_only && !peer.is_loopback() => Err(LoginError::LoopbackOnly(name)),
             Some(user) => Ok(user.name.clone()),
         }
+    }
+}
+
+impl Users {
+    /// Every user, in the order they were defined (management API listings and definitions).
+    pub fn list(&self) -> &[User] {
+        &self.users
+    }
+}
+
+impl User {
+    /// RabbitMQ's `rabbit_password_hashing_sha256` form of the password: base64 of a 4-byte salt
+    /// followed by SHA-256(salt ++ password), so an exported definitions file imports into RabbitMQ.
+    pub fn password_hash(&self) -> String {
+        use base64::Engine;
+        use sha2::Digest;
+        let salt: [u8; 4] = rand::random();
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(salt);
+        hasher.update(self.password.as_bytes());
+        let mut salted = salt.to_vec();
+        salted.extend_from_slice(&hasher.finalize());
+        base64::engine::general_purpose::STANDARD.encode(salted)
     }
 }
 

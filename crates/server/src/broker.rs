@@ -183,6 +183,28 @@ impl Broker {
         self.connections.lock().remove(&id);
     }
 
+    /// The names of every vhost.
+    pub fn vhost_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.vhosts.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Every open connection's shared half.
+    pub fn connection_handles(&self) -> Vec<Arc<ConnectionShared>> {
+        self.connections.lock().values().cloned().collect()
+    }
+
+    /// Closes one connection with 320 CONNECTION_FORCED and `reason` (management API, ctl).
+    /// Returns whether it was open.
+    pub fn close_connection(&self, id: u64, reason: &str) -> bool {
+        let connections = self.connections.lock();
+        let Some(connection) = connections.get(&id) else { return false };
+        *connection.close_reason.lock() = Some(reason.to_string());
+        connection.force_close.notify_one();
+        true
+    }
+
     /// How many connections are open.
     pub fn connection_count(&self) -> usize {
         self.connections.lock().len()

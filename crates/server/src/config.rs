@@ -12,6 +12,10 @@ pub struct ServerConfig {
     pub bind_address: IpAddr,
     /// The AMQP port.
     pub amqp_port: u16,
+    /// The management HTTP API's port (0: not served).
+    pub http_port: u16,
+    /// The Prometheus metrics port (0: not served).
+    pub metrics_port: u16,
     /// The largest frame we accept and offer in connection.tune, in bytes (RabbitMQ's default).
     pub frame_bytes_max: u32,
     /// The most channels per connection we offer in connection.tune (RabbitMQ's default).
@@ -35,6 +39,8 @@ impl Default for ServerConfig {
             data_dir: PathBuf::from("lepus-data"),
             bind_address: IpAddr::from([0, 0, 0, 0]),
             amqp_port: 5672,
+            http_port: 15672,
+            metrics_port: 15692,
             frame_bytes_max: 131_072,
             channels_per_connection_max: 2047,
             heartbeat_interval_s: 60,

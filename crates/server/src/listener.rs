@@ -16,6 +16,25 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(address).await.map_err(|error| format!("listening on {address}: {error}"))?;
         tracing::info!(%address, data_dir = %config.data_dir.display(), "Lepus is accepting AMQP 0-9-1 connections");
         tokio::spawn(crate::disk::monitor(broker.clone()));
+        // A port already taken stops only that server, not the broker: several brokers started
+        // with the defaults on one machine (test suites) keep working over AMQP.
+        for (port, what) in [(config.http_port, "management HTTP API"), (config.metrics_port, "Prometheus metrics")] {
+            if port == 0 {
+                continue;
+            }
+            let address = SocketAddr::new(config.bind_address, port);
+            match tokio::net::TcpListener::bind(address).await {
+                Ok(http) if port == config.http_port => {
+                    tracing::info!(%address, "serving the {what}");
+                    tokio::spawn(crate::management::serve(broker.clone(), http));
+                }
+                Ok(http) => {
+                    tracing::info!(%address, "serving the {what} at /metrics");
+                    tokio::spawn(crate::metrics::serve(broker.clone(), http));
+                }
+                Err(error) => tracing::error!(%address, %error, "cannot listen: the {what} is not served"),
+            }
+        }
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|error| error.to_string())?;
         loop {
             tokio::select! {

@@ -4,8 +4,12 @@ mod auth;
 mod broker;
 mod config;
 mod connection;
+mod ctl;
 mod disk;
+mod introspect;
 mod listener;
+mod management;
+mod metrics;
 mod outbound;
 mod queue_runtime;
 
@@ -27,6 +31,22 @@ struct Cli {
 enum Command {
     /// Runs a single-node broker.
     Server(ServerArguments),
+    /// Measures throughput and latency of a broker (Artemis-style perf client/producer/consumer).
+    #[command(disable_help_flag = true)]
+    Perf {
+        /// Arguments for `lepus perf` (see `lepus perf --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Operates a running broker through its management HTTP API (status, listings, definitions).
+    Ctl(ctl::CtlArguments),
+    /// Runs OpenMessaging Benchmark workloads, or `bench report` to chart results.
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// Arguments for `lepus bench` (see `lepus bench --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(Parser)]
@@ -40,6 +60,12 @@ struct ServerArguments {
     /// Address to listen on.
     #[arg(long, env = "LEPUS_BIND", default_value = "0.0.0.0")]
     bind: IpAddr,
+    /// Management HTTP API port (RabbitMQ-compatible `/api`; 0 disables it).
+    #[arg(long, env = "LEPUS_HTTP_PORT", default_value_t = 15672)]
+    http_port: u16,
+    /// Prometheus metrics port (`/metrics`; 0 disables it).
+    #[arg(long, env = "LEPUS_METRICS_PORT", default_value_t = 15692)]
+    metrics_port: u16,
     /// Heartbeat interval proposed to clients, in seconds (0 disables).
     #[arg(long, default_value_t = 60)]
     heartbeat_s: u16,
@@ -75,10 +101,15 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Perf { args } => exit_code(lepus_perf::run_perf(args)),
+        Command::Bench { args } => exit_code(lepus_perf::run_bench(args)),
+        Command::Ctl(arguments) => exit_code(ctl::run(arguments)),
         Command::Server(arguments) => {
             let config = ServerConfig {
                 data_dir: arguments.data_dir,
                 amqp_port: arguments.amqp_port,
+                http_port: arguments.http_port,
+                metrics_port: arguments.metrics_port,
                 bind_address: arguments.bind,
                 heartbeat_interval_s: arguments.heartbeat_s,
                 segment_bytes_max: arguments.segment_bytes_max.max(1),
@@ -99,4 +130,8 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+fn exit_code(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

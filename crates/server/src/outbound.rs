@@ -93,6 +93,33 @@ pub struct ConnectionShared {
     pub has_published: AtomicBool,
     /// Signalled when the broker closes the connection (shutdown): 320 CONNECTION_FORCED.
     pub force_close: tokio::sync::Notify,
+    /// The client's address.
+    pub peer: std::net::SocketAddr,
+    /// When the connection was accepted, in milliseconds since the epoch.
+    pub connected_at_ms: u64,
+    /// Who logged in where, and what the client said it is (set by the handshake).
+    pub session: Mutex<SessionInfo>,
+    /// Why the broker closes the connection, when an operator closes it (else: shutdown).
+    pub close_reason: Mutex<Option<String>>,
+}
+
+/// What the handshake learned about a connection, for listings.
+#[derive(Debug, Clone, Default)]
+pub struct SessionInfo {
+    /// The logged-in user ("" before login).
+    pub user: String,
+    /// The vhost opened ("" before connection.open).
+    pub vhost: String,
+    /// The client's `product` property.
+    pub client_product: String,
+    /// The client's `version` property.
+    pub client_version: String,
+    /// Open channels.
+    pub channels: usize,
+    /// Negotiated frame_max.
+    pub frame_max: u32,
+    /// Negotiated heartbeat, in seconds.
+    pub heartbeat_s: u16,
 }
 
 impl ConnectionShared {

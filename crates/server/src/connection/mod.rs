@@ -81,6 +81,10 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
         pending_work_drained: tokio::sync::Notify::new(),
         force_close: tokio::sync::Notify::new(),
         has_published: AtomicBool::new(false),
+        peer,
+        connected_at_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as u64),
+        session: Default::default(),
+        close_reason: Default::default(),
     });
     broker.register_connection(shared.clone());
     let frame_max = Arc::new(AtomicU32::new(broker.config.frame_bytes_max));
@@ -298,8 +302,11 @@ impl Connection {
     fn force_close(&mut self) {
         match self.phase {
             Phase::Open => {
-                let error =
-                    AmqpError::new(amqp_codec::constants::CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'");
+                let reason = self.context.connection.close_reason.lock().clone().unwrap_or_else(|| "shutdown".to_string());
+                let error = AmqpError::new(
+                    amqp_codec::constants::CONNECTION_FORCED,
+                    format!("broker forced connection closure with reason '{reason}'"),
+                );
                 self.send_connection_close(&error);
             }
             Phase::Closing | Phase::AwaitClientEof | Phase::Draining | Phase::Done => {}
@@ -347,6 +354,16 @@ impl Connection {
                 self.blocked_notify = flag("connection.blocked");
                 match self.context.broker.users.authenticate(start_ok.mechanism.as_bytes(), &start_ok.response.0, self.peer.ip()) {
                     Ok(user) => {
+                        let text = |name: &str| match start_ok.client_properties.get(name) {
+                            Some(FieldValue::LongStr(value)) => String::from_utf8_lossy(value).into_owned(),
+                            _ => String::new(),
+                        };
+                        {
+                            let mut session = self.context.connection.session.lock();
+                            session.user = user.clone();
+                            session.client_product = text("product");
+                            session.client_version = text("version");
+                        }
                         self.context.user = user;
                         let tune = ConnectionTune {
                             channel_max: self.channel_max,
@@ -395,6 +412,11 @@ impl Connection {
                 }
                 self.channel_max = tune_ok.channel_max;
                 self.heartbeat_s.store(u32::from(tune_ok.heartbeat), Ordering::Release);
+                {
+                    let mut session = self.context.connection.session.lock();
+                    session.frame_max = frame_max;
+                    session.heartbeat_s = tune_ok.heartbeat;
+                }
                 self.phase = Phase::AwaitOpen;
                 Ok(())
             }
@@ -403,6 +425,7 @@ impl Connection {
                 if !self.context.broker.has_vhost(&vhost) {
                     return Err(AmqpError::not_allowed(format!("vhost {vhost} not found")).during(10, 40));
                 }
+                self.context.connection.session.lock().vhost = vhost.clone();
                 self.context.vhost = vhost;
                 self.context.reply(0, ConnectionOpenOk { known_hosts: ShortStr::from("") }.into());
                 self.phase = Phase::Open;
@@ -436,6 +459,7 @@ impl Connection {
                     }
                     let channel = Channel::open(frame.channel, &self.context);
                     self.channels.insert(frame.channel, channel);
+                    self.context.connection.session.lock().channels = self.channels.len();
                     Ok(())
                 }
                 // A close-ok for a channel already forgotten: harmless.
@@ -454,6 +478,7 @@ impl Connection {
             Ok(channel::After::KeepOpen) => Ok(()),
             Ok(channel::After::Forget) => {
                 self.channels.remove(&frame.channel);
+                self.context.connection.session.lock().channels = self.channels.len();
                 Ok(())
             }
             Err(error) if error.scope() == ErrorScope::Channel => {
@@ -494,6 +519,7 @@ impl Connection {
         for (_, mut channel) in self.channels.drain() {
             channel.release(&self.context);
         }
+        self.context.connection.session.lock().channels = 0;
         for name in std::mem::take(&mut self.context.exclusive_queues) {
             self.context.broker.remove_queue(&self.context.vhost, &name);
         }

@@ -43,6 +43,36 @@ struct QueueInner {
     has_exclusive_consumer: bool,
     /// Where the paged tail continues on disk, while the queue pages.
     pager: Option<Pager>,
+    /// Totals since the queue was created (or the broker started), for rates in listings.
+    stats: QueueStats,
+}
+
+/// Message totals of a queue (RabbitMQ's message_stats), kept under the queue's lock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueueStats {
+    /// Messages enqueued.
+    pub published: u64,
+    /// Deliveries to consumers and basic.get.
+    pub delivered: u64,
+    /// Deliveries settled by ack (or no-ack).
+    pub acked: u64,
+    /// Deliveries put back (reject, nack, recover, consumer gone).
+    pub requeued: u64,
+}
+
+/// A queue's state for listings (management API, metrics).
+#[derive(Debug, Clone)]
+pub struct QueueSnapshot {
+    /// Ready messages (in memory and paged).
+    pub ready: u64,
+    /// Ready messages on disk only.
+    pub paged: u64,
+    /// Delivered and not settled.
+    pub unacked: u64,
+    /// Active consumers.
+    pub consumers: u32,
+    /// Totals.
+    pub stats: QueueStats,
 }
 
 /// What happened to a published message at one queue.
@@ -82,7 +112,14 @@ impl QueueRuntime {
             definition,
             vhost: vhost.to_string(),
             log,
-            inner: Mutex::new(QueueInner { messages, consumers: Vec::new(), next_consumer: 0, has_exclusive_consumer: false, pager }),
+            inner: Mutex::new(QueueInner {
+                messages,
+                consumers: Vec::new(),
+                next_consumer: 0,
+                has_exclusive_consumer: false,
+                pager,
+                stats: QueueStats::default(),
+            }),
             deleted: AtomicBool::new(false),
         })
     }
@@ -126,6 +163,7 @@ impl QueueRuntime {
                 }
             }
         }
+        inner.stats.published += 1;
         if self.should_page(&inner) {
             let enqueued = self.page_out(&mut inner, &message);
             self.dispatch_locked(&mut inner);
@@ -226,6 +264,10 @@ impl QueueRuntime {
         let Some((position, queued)) = inner.messages.pop(!consumer.no_ack) else {
             return true;
         };
+        inner.stats.delivered += 1;
+        if consumer.no_ack {
+            inner.stats.acked += 1;
+        }
         ledger.last_tag += 1;
         let delivery_tag = ledger.last_tag;
         if !consumer.no_ack {
@@ -265,6 +307,10 @@ impl QueueRuntime {
         self.expire_head(&mut inner);
         let mut ledger = channel.ledger.lock();
         let (position, queued) = inner.messages.pop(!no_ack)?;
+        inner.stats.delivered += 1;
+        if no_ack {
+            inner.stats.acked += 1;
+        }
         ledger.last_tag += 1;
         let delivery_tag = ledger.last_tag;
         if !no_ack {
@@ -281,8 +327,11 @@ impl QueueRuntime {
         let mut inner = self.inner.lock();
         for &position in positions {
             if requeue {
-                inner.messages.requeue(position);
+                if inner.messages.requeue(position) {
+                    inner.stats.requeued += 1;
+                }
             } else if let Some(queued) = inner.messages.settle(position) {
+                inner.stats.acked += 1;
                 if let Some(log) = self.log_of(&queued) {
                     log.lock().append_settled(position);
                 }
@@ -335,6 +384,20 @@ impl QueueRuntime {
         self.expire_head(&mut inner);
         let consumers = inner.consumers.iter().filter(|consumer| !consumer.cancelled.load(Ordering::Acquire)).count();
         (inner.messages.ready_count() as u32, consumers as u32)
+    }
+
+    /// The queue's counts and totals, for listings.
+    pub fn snapshot(&self) -> QueueSnapshot {
+        let mut inner = self.inner.lock();
+        self.expire_head(&mut inner);
+        let consumers = inner.consumers.iter().filter(|consumer| !consumer.cancelled.load(Ordering::Acquire)).count() as u32;
+        QueueSnapshot {
+            ready: inner.messages.ready_count() as u64,
+            paged: inner.messages.paged_count(),
+            unacked: inner.messages.unacked_count() as u64,
+            consumers,
+            stats: inner.stats,
+        }
     }
 
     /// Drops ready messages; returns how many.

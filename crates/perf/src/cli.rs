@@ -1,0 +1,198 @@
+//! Command-line options of `lepus perf`, named after the Artemis `perf` options they mirror.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// lepus perf: throughput and latency of an AMQP 0-9-1 broker (Lepus, RabbitMQ, ...).
+#[derive(Parser, Debug)]
+#[command(name = "lepus perf")]
+pub struct PerfCli {
+    /// Which side(s) to run.
+    #[command(subcommand)]
+    pub mode: Mode,
+}
+
+/// The three ways to run.
+#[derive(Subcommand, Debug, Clone)]
+pub enum Mode {
+    /// Producers and consumers in one process (end-to-end latency on one clock).
+    Client(PerfArgs),
+    /// Producers only (consumers run elsewhere, maybe later).
+    Producer(PerfArgs),
+    /// Consumers only.
+    Consumer(PerfArgs),
+    /// A stand-in broker that confirms every publish at once: run `lepus perf producer` against
+    /// it to measure the load generator's own ceiling.
+    Sink(SinkArgs),
+}
+
+/// Options of `lepus perf sink`.
+#[derive(Args, Debug, Clone)]
+pub struct SinkArgs {
+    /// Loopback port to listen on.
+    #[arg(long, default_value_t = 5699)]
+    pub port: u16,
+    /// Seconds to serve before exiting.
+    #[arg(long, default_value_t = 600)]
+    pub lifetime: u64,
+}
+
+impl Mode {
+    /// The options of a load mode (`None` for the sink).
+    pub fn args(&self) -> Option<&PerfArgs> {
+        match self {
+            Mode::Client(args) | Mode::Producer(args) | Mode::Consumer(args) => Some(args),
+            Mode::Sink(_) => None,
+        }
+    }
+
+    /// The mode's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::Client(_) => "client",
+            Mode::Producer(_) => "producer",
+            Mode::Consumer(_) => "consumer",
+            Mode::Sink(_) => "sink",
+        }
+    }
+}
+
+/// Options shared by every mode.
+#[derive(Args, Debug, Clone)]
+pub struct PerfArgs {
+    /// `queue://NAME` (a queue, default exchange) or `topic://NAME` (a topic exchange with one
+    /// queue per subscriber).
+    #[arg(default_value = "queue://lepus-perf")]
+    pub destination: String,
+    /// Broker URL.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/")]
+    pub url: String,
+    /// Broker URL for consumers (default: --url).
+    #[arg(long)]
+    pub consumer_url: Option<String>,
+    /// Number of destinations: NAME0..NAME(N-1) when N > 1.
+    #[arg(long, default_value_t = 1)]
+    pub num_destinations: u32,
+    /// Producers per destination.
+    #[arg(long, default_value_t = 1)]
+    pub producers: u32,
+    /// Consumers per destination (on a topic: one subscription each).
+    #[arg(long, default_value_t = 1)]
+    pub consumers: u32,
+    /// Runtime worker threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Message body size in bytes (the first 8 carry the send timestamp).
+    #[arg(long, default_value_t = 1024)]
+    pub message_size: usize,
+    /// Publish persistent messages (delivery-mode 2).
+    #[arg(long)]
+    pub persistent: bool,
+    /// Durable queues, exchanges and subscriptions.
+    #[arg(long)]
+    pub durable: bool,
+    /// Target total publish rate in msg/s over all producers (open loop); all-out when absent.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Most unconfirmed publishes per producer.
+    #[arg(long, default_value_t = 1000)]
+    pub max_pending: u32,
+    /// Warm-up seconds, reported apart and left out of the summary.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: u64,
+    /// Measured seconds after the warm-up (default 60 unless --message-count is given).
+    #[arg(long)]
+    pub duration: Option<u64>,
+    /// Messages per producer (producer, client) or in total (consumer).
+    #[arg(long)]
+    pub message_count: Option<u64>,
+    /// Publish in transactions of N messages (tx.commit) instead of with confirms.
+    #[arg(long)]
+    pub tx_size: Option<u32>,
+    /// Publish synchronously in batches of A or A-B (random size) messages, waiting for all their
+    /// confirms before the next batch.
+    #[arg(long)]
+    pub batch_size: Option<String>,
+    /// Consumers ack every A or A-B (random) messages with multiple=true.
+    #[arg(long, default_value = "1")]
+    pub ack_every: String,
+    /// Consumer prefetch (basic.qos).
+    #[arg(long, default_value_t = 1000)]
+    pub prefetch: u16,
+    /// Print latency percentiles every second.
+    #[arg(long)]
+    pub show_latency: bool,
+    /// Write an HdrHistogram interval log here.
+    #[arg(long)]
+    pub hdr: Option<PathBuf>,
+    /// Write the per-second series and the summary as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Delete the queues and exchanges at the end (default in client mode).
+    #[arg(long)]
+    pub cleanup: bool,
+    /// Keep the queues and exchanges at the end (client mode).
+    #[arg(long, conflicts_with = "cleanup")]
+    pub keep: bool,
+    /// Seconds consumers may take to drain what was sent once producers stop (client mode).
+    #[arg(long, default_value_t = 10)]
+    pub drain_timeout: u64,
+    /// Quiet: print only the summary.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// An inclusive range parsed from `A` or `A-B`.
+pub fn parse_range(text: &str) -> Result<(u32, u32), String> {
+    let (low, high) = match text.split_once('-') {
+        Some((low, high)) => (low, high),
+        None => (text, text),
+    };
+    let parse = |part: &str| part.trim().parse::<u32>().map_err(|_| format!("{text:?} is not N or A-B"));
+    let (low, high) = (parse(low)?, parse(high)?);
+    if low == 0 || high < low {
+        return Err(format!("{text:?}: need 1 <= A <= B"));
+    }
+    Ok((low, high))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range("5"), Ok((5, 5)));
+        assert_eq!(parse_range("1-10"), Ok((1, 10)));
+        assert!(parse_range("0").is_err());
+        assert!(parse_range("9-2").is_err());
+        assert!(parse_range("x").is_err());
+    }
+
+    #[test]
+    fn parses_artemis_like_command() {
+        let cli = PerfCli::try_parse_from([
+            "lepus perf",
+            "client",
+            "--warmup",
+            "20",
+            "--max-pending",
+            "100",
+            "--show-latency",
+            "--producers",
+            "3",
+            "--consumers",
+            "2",
+            "--num-destinations",
+            "10",
+            "--durable",
+            "--persistent",
+            "topic://TEST",
+        ])
+        .unwrap();
+        let args = cli.mode.args().unwrap();
+        assert_eq!(args.destination, "topic://TEST");
+        assert_eq!((args.producers, args.consumers, args.num_destinations), (3, 2, 10));
+        assert!(args.durable && args.persistent && args.show_latency);
+    }
+}

@@ -1,0 +1,236 @@
+//! `lepus ctl`: operates a running broker through its management HTTP API, as `rabbitmqctl` and
+//! `rabbitmqadmin` do for RabbitMQ.
+
+use serde_json::Value;
+use std::time::Duration;
+
+/// How long one HTTP request may take.
+const REQUEST_TIMEOUT_S: u64 = 30;
+
+/// `lepus ctl` options and command.
+#[derive(clap::Args, Debug)]
+pub struct CtlArguments {
+    /// Base URL of the management HTTP API.
+    #[arg(long, env = "LEPUS_CTL_URL", default_value = "http://127.0.0.1:15672")]
+    url: String,
+    /// User name.
+    #[arg(long, env = "LEPUS_CTL_USER", default_value = "guest")]
+    user: String,
+    /// Password.
+    #[arg(long, env = "LEPUS_CTL_PASSWORD", default_value = "guest")]
+    password: String,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum CtlCommand {
+    /// Shows the node, its totals and alarms.
+    Status,
+    /// Lists queues, exchanges, bindings or connections.
+    List {
+        /// What to list.
+        #[arg(value_enum)]
+        what: Listing,
+        /// Only this vhost (all when omitted).
+        #[arg(long)]
+        vhost: Option<String>,
+    },
+    /// Closes a client connection (NAME as `lepus ctl list connections` shows it).
+    CloseConnection {
+        /// The connection's name.
+        name: String,
+        /// Why (sent to the client in connection.close).
+        #[arg(long, default_value = "Closed via lepus ctl")]
+        reason: String,
+    },
+    /// Writes the broker's definitions (RabbitMQ's JSON format) to FILE ("-" for stdout).
+    ExportDefinitions {
+        /// Where to write.
+        file: String,
+    },
+    /// Imports definitions (RabbitMQ's JSON format) from FILE ("-" for stdin).
+    ImportDefinitions {
+        /// What to read.
+        file: String,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Listing {
+    Queues,
+    Exchanges,
+    Bindings,
+    Connections,
+}
+
+struct Client {
+    agent: ureq::Agent,
+    base: String,
+    authorization: String,
+}
+
+impl Client {
+    fn new(arguments: &CtlArguments) -> Client {
+        use base64::Engine;
+        let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", arguments.user, arguments.password));
+        Client {
+            agent: ureq::AgentBuilder::new().timeout(Duration::from_secs(REQUEST_TIMEOUT_S)).build(),
+            base: arguments.url.trim_end_matches('/').to_string(),
+            authorization: format!("Basic {credentials}"),
+        }
+    }
+
+    fn request(&self, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> Result<String, String> {
+        let url = format!("{}/api{path}", self.base);
+        let mut request = self.agent.request(method, &url).set("Authorization", &self.authorization);
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
+        let result = match body {
+            Some(body) => request.set("Content-Type", "application/json").send_string(body),
+            None => request.call(),
+        };
+        match result {
+            Ok(response) => response.into_string().map_err(|error| format!("{method} {url}: reading the answer: {error}")),
+            Err(ureq::Error::Status(code, response)) => {
+                let text = response.into_string().unwrap_or_default();
+                let reason = serde_json::from_str::<Value>(&text)
+                    .ok()
+                    .and_then(|value| value.get("reason").and_then(Value::as_str).map(str::to_string))
+                    .unwrap_or(text);
+                Err(format!("{method} {url}: HTTP {code}: {reason}"))
+            }
+            Err(error) => Err(format!("{method} {url}: {error}")),
+        }
+    }
+
+    fn get_json(&self, path: &str) -> Result<Value, String> {
+        let text = self.request("GET", path, None, &[])?;
+        serde_json::from_str(&text).map_err(|error| format!("GET {path}: the answer is not JSON: {error}"))
+    }
+}
+
+/// Percent-encodes one path segment (a vhost or object name).
+fn segment(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (byte as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+fn cell(value: Option<&Value>) -> String {
+    match value {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Prints rows of `columns` (dotted paths) as an aligned table.
+fn print_table(items: &[Value], columns: &[&str]) {
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|item| columns.iter().map(|column| cell(column.split('.').try_fold(item, |value, key| value.get(key)))).collect())
+        .collect();
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(index, column)| rows.iter().map(|row| row[index].len()).chain([column.len()]).max().unwrap_or(0))
+        .collect();
+    let line = |cells: Vec<String>| {
+        cells.iter().zip(&widths).map(|(text, width)| format!("{text:<width$}")).collect::<Vec<_>>().join("  ").trim_end().to_string()
+    };
+    println!("{}", line(columns.iter().map(|column| column.to_string()).collect()));
+    for row in rows {
+        println!("{}", line(row));
+    }
+}
+
+/// Runs one `lepus ctl` command; returns the exit code.
+pub fn run(arguments: CtlArguments) -> i32 {
+    match execute(&arguments) {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("lepus ctl: {error}");
+            1
+        }
+    }
+}
+
+fn execute(arguments: &CtlArguments) -> Result<(), String> {
+    let client = Client::new(arguments);
+    match &arguments.command {
+        CtlCommand::Status => {
+            let overview = client.get_json("/overview")?;
+            let nodes = client.get_json("/nodes")?;
+            let node = nodes.get(0).cloned().unwrap_or(Value::Null);
+            println!("node: {}", cell(overview.get("node")));
+            println!("version: {} {}", cell(overview.get("product_name")), cell(overview.get("product_version")));
+            println!("uptime_ms: {}", cell(node.get("uptime")));
+            for (label, path) in [
+                ("connections", "object_totals.connections"),
+                ("channels", "object_totals.channels"),
+                ("queues", "object_totals.queues"),
+                ("exchanges", "object_totals.exchanges"),
+                ("consumers", "object_totals.consumers"),
+                ("messages", "queue_totals.messages"),
+                ("messages_ready", "queue_totals.messages_ready"),
+                ("messages_unacknowledged", "queue_totals.messages_unacknowledged"),
+            ] {
+                println!("{label}: {}", cell(path.split('.').try_fold(&overview, |value, key| value.get(key))));
+            }
+            println!("memory_rss_bytes: {}", cell(node.get("mem_used")));
+            println!("file_descriptors: {} / {}", cell(node.get("fd_used")), cell(node.get("fd_total")));
+            println!("disk_free_bytes: {} (limit {})", cell(node.get("disk_free")), cell(node.get("disk_free_limit")));
+            println!("disk_free_alarm: {}", cell(node.get("disk_free_alarm")));
+            Ok(())
+        }
+        CtlCommand::List { what, vhost } => {
+            let (path, columns): (&str, &[&str]) = match what {
+                Listing::Queues => ("queues", &["vhost", "name", "durable", "messages_ready", "messages_unacknowledged", "consumers"]),
+                Listing::Exchanges => ("exchanges", &["vhost", "name", "type", "durable", "auto_delete", "internal"]),
+                Listing::Bindings => ("bindings", &["vhost", "source", "destination", "destination_type", "routing_key"]),
+                Listing::Connections => ("connections", &["name", "user", "vhost", "channels", "client_properties.product"]),
+            };
+            let path = match vhost {
+                Some(vhost) if !matches!(what, Listing::Connections) => format!("/{path}/{}", segment(vhost)),
+                Some(vhost) => format!("/vhosts/{}/connections", segment(vhost)),
+                None => format!("/{path}"),
+            };
+            let items = client.get_json(&path)?;
+            let items = items.as_array().cloned().unwrap_or_default();
+            print_table(&items, columns);
+            Ok(())
+        }
+        CtlCommand::CloseConnection { name, reason } => {
+            client.request("DELETE", &format!("/connections/{}", segment(name)), None, &[("X-Reason", reason)])?;
+            println!("closed {name}");
+            Ok(())
+        }
+        CtlCommand::ExportDefinitions { file } => {
+            let definitions = client.get_json("/definitions")?;
+            let text = serde_json::to_string_pretty(&definitions).map_err(|error| error.to_string())?;
+            if file == "-" {
+                println!("{text}");
+            } else {
+                std::fs::write(file, format!("{text}\n")).map_err(|error| format!("{file}: {error}"))?;
+                eprintln!("exported definitions to {file}");
+            }
+            Ok(())
+        }
+        CtlCommand::ImportDefinitions { file } => {
+            let text = if file == "-" {
+                std::io::read_to_string(std::io::stdin()).map_err(|error| format!("stdin: {error}"))?
+            } else {
+                std::fs::read_to_string(file).map_err(|error| format!("{file}: {error}"))?
+            };
+            serde_json::from_str::<Value>(&text).map_err(|error| format!("{file} is not JSON: {error}"))?;
+            client.request("POST", "/definitions", Some(&text), &[])?;
+            eprintln!("imported definitions from {file}");
+            Ok(())
+        }
+    }
+}

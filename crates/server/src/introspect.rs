@@ -1,0 +1,312 @@
+//! Read-only views of the broker for the management API, metrics and `lepus ctl`: what queues,
+//! exchanges, bindings and connections exist, with their counts. Each view takes the locks it
+//! needs one at a time and copies out, so listing never holds up the message path for long.
+
+use crate::broker::Broker;
+use crate::outbound::SessionInfo;
+use crate::queue_runtime::QueueSnapshot;
+use amqp_codec::FieldTable;
+use broker_core::exchange::Destination;
+use std::sync::atomic::Ordering;
+
+/// A queue as listed.
+#[derive(Debug, Clone)]
+pub struct QueueInfo {
+    /// Vhost.
+    pub vhost: String,
+    /// Name.
+    pub name: String,
+    /// Durable flag.
+    pub durable: bool,
+    /// Exclusive flag.
+    pub exclusive: bool,
+    /// Auto-delete flag.
+    pub auto_delete: bool,
+    /// Declaration arguments.
+    pub arguments: FieldTable,
+    /// Counts and totals.
+    pub snapshot: QueueSnapshot,
+}
+
+/// An exchange as listed.
+#[derive(Debug, Clone)]
+pub struct ExchangeInfo {
+    /// Vhost.
+    pub vhost: String,
+    /// Name ("" is the default exchange).
+    pub name: String,
+    /// Type name.
+    pub kind: &'static str,
+    /// Durable flag.
+    pub durable: bool,
+    /// Auto-delete flag.
+    pub auto_delete: bool,
+    /// Internal flag.
+    pub internal: bool,
+    /// Declaration arguments.
+    pub arguments: FieldTable,
+}
+
+/// A binding as listed.
+#[derive(Debug, Clone)]
+pub struct BindingInfo {
+    /// Vhost.
+    pub vhost: String,
+    /// Source exchange.
+    pub source: String,
+    /// Destination name.
+    pub destination: String,
+    /// Whether the destination is a queue (else an exchange).
+    pub destination_is_queue: bool,
+    /// Binding key.
+    pub routing_key: String,
+    /// Binding arguments.
+    pub arguments: FieldTable,
+}
+
+/// A client connection as listed.
+#[derive(Debug, Clone)]
+pub struct ConnectionInfo {
+    /// Broker-unique id.
+    pub id: u64,
+    /// Client address.
+    pub peer: std::net::SocketAddr,
+    /// Accepted at, milliseconds since the epoch.
+    pub connected_at_ms: u64,
+    /// What the handshake learned.
+    pub session: SessionInfo,
+    /// Whether it has published (and so is blocked by a resource alarm).
+    pub has_published: bool,
+}
+
+/// Broker-wide totals.
+#[derive(Debug, Clone, Default)]
+pub struct Overview {
+    /// Open connections.
+    pub connections: usize,
+    /// Open channels.
+    pub channels: usize,
+    /// Queues.
+    pub queues: usize,
+    /// Exchanges.
+    pub exchanges: usize,
+    /// Consumers.
+    pub consumers: u64,
+    /// Ready messages (in memory and paged).
+    pub messages_ready: u64,
+    /// Unacked messages.
+    pub messages_unacked: u64,
+    /// Messages enqueued, summed over queues.
+    pub published: u64,
+    /// Deliveries, summed over queues.
+    pub delivered: u64,
+    /// Acked deliveries, summed over queues.
+    pub acked: u64,
+    /// Whether the free-disk alarm is raised.
+    pub disk_alarm: bool,
+}
+
+impl Broker {
+    /// Every queue of every vhost, sorted by vhost and name.
+    pub fn list_queues(&self) -> Vec<QueueInfo> {
+        let mut queues = Vec::new();
+        for vhost_name in self.vhost_names() {
+            let handles: Vec<_> = self.vhost(&vhost_name).read().queues().map(|entry| entry.handle.clone()).collect();
+            for queue in handles {
+                let definition = &queue.definition;
+                queues.push(QueueInfo {
+                    vhost: vhost_name.clone(),
+                    name: definition.name.to_string_lossy(),
+                    durable: definition.durable,
+                    exclusive: definition.exclusive_owner.is_some(),
+                    auto_delete: definition.auto_delete,
+                    arguments: definition.arguments.clone(),
+                    snapshot: queue.snapshot(),
+                });
+            }
+        }
+        queues.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
+        queues
+    }
+
+    /// Every exchange of every vhost, sorted by vhost and name.
+    pub fn list_exchanges(&self) -> Vec<ExchangeInfo> {
+        let mut exchanges = Vec::new();
+        for vhost_name in self.vhost_names() {
+            let vhost = self.vhost(&vhost_name).read();
+            for exchange in vhost.exchanges() {
+                exchanges.push(ExchangeInfo {
+                    vhost: vhost_name.clone(),
+                    name: exchange.name.to_string_lossy(),
+                    kind: exchange.kind.name(),
+                    durable: exchange.durable,
+                    auto_delete: exchange.auto_delete,
+                    internal: exchange.internal,
+                    arguments: exchange.arguments.clone(),
+                });
+            }
+        }
+        exchanges.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
+        exchanges
+    }
+
+    /// Every explicit binding of every vhost (the default exchange's implicit ones are not listed
+    /// here; RabbitMQ's API adds them itself).
+    pub fn list_bindings(&self) -> Vec<BindingInfo> {
+        let mut bindings = Vec::new();
+        for vhost_name in self.vhost_names() {
+            let vhost = self.vhost(&vhost_name).read();
+            for (source, binding) in vhost.bindings() {
+                let (destination, destination_is_queue) = match &binding.destination {
+                    Destination::Queue(name) => (name.to_string_lossy(), true),
+                    Destination::Exchange(name) => (name.to_string_lossy(), false),
+                };
+                bindings.push(BindingInfo {
+                    vhost: vhost_name.clone(),
+                    source: source.name.to_string_lossy(),
+                    destination,
+                    destination_is_queue,
+                    routing_key: binding.routing_key.to_string_lossy(),
+                    arguments: binding.arguments.clone(),
+                });
+            }
+        }
+        bindings
+    }
+
+    /// Every open connection, oldest first.
+    pub fn list_connections(&self) -> Vec<ConnectionInfo> {
+        let mut connections: Vec<ConnectionInfo> = self
+            .connection_handles()
+            .into_iter()
+            .map(|connection| ConnectionInfo {
+                id: connection.id,
+                peer: connection.peer,
+                connected_at_ms: connection.connected_at_ms,
+                session: connection.session.lock().clone(),
+                has_published: connection.has_published.load(Ordering::Acquire),
+            })
+            .collect();
+        connections.sort_by_key(|connection| connection.id);
+        connections
+    }
+
+    /// Broker-wide totals.
+    pub fn overview(&self) -> Overview {
+        let queues = self.list_queues();
+        let connections = self.list_connections();
+        let mut overview = Overview {
+            connections: connections.len(),
+            channels: connections.iter().map(|connection| connection.session.channels).sum(),
+            queues: queues.len(),
+            exchanges: self.list_exchanges().len(),
+            disk_alarm: self.disk_alarm.load(Ordering::Acquire),
+            ..Overview::default()
+        };
+        for queue in &queues {
+            overview.consumers += u64::from(queue.snapshot.consumers);
+            overview.messages_ready += queue.snapshot.ready;
+            overview.messages_unacked += queue.snapshot.unacked;
+            overview.published += queue.snapshot.stats.published;
+            overview.delivered += queue.snapshot.stats.delivered;
+            overview.acked += queue.snapshot.stats.acked;
+        }
+        overview
+    }
+}
+
+/// A message taken by [`Broker::get_messages`] (the management API's "get messages").
+#[derive(Debug, Clone)]
+pub struct GotMessage {
+    /// The message.
+    pub message: std::sync::Arc<broker_core::Message>,
+    /// Whether it had been delivered before.
+    pub redelivered: bool,
+    /// Ready messages left in the queue after this one was taken.
+    pub message_count: u32,
+}
+
+/// Where a publish through [`Broker::publish_message`] went.
+#[derive(Debug)]
+pub struct Published {
+    /// Whether at least one queue took it.
+    pub routed: bool,
+    /// The queue logs to sync before the message is safe (persistent messages to durable queues).
+    pub logs: Vec<storage::syncer::SharedLog>,
+}
+
+impl Broker {
+    /// Routes a message from the broker itself (management API publish) through `exchange` ("" is
+    /// the default exchange) into its queues, as a client's basic.publish would.
+    pub fn publish_message(&self, vhost: &str, message: broker_core::Message) -> Result<Published, broker_core::AmqpError> {
+        use crate::queue_runtime::Enqueued;
+        if !self.has_vhost(vhost) {
+            return Err(broker_core::AmqpError::not_allowed(format!("vhost '{vhost}' not found")));
+        }
+        let message = std::sync::Arc::new(message);
+        let mut queues = Vec::new();
+        {
+            let topology = self.vhost(vhost).read();
+            topology.require_exchange(&message.exchange)?;
+            let mut headers = || message.header.properties().ok().and_then(|properties| properties.headers);
+            topology.route(&message.exchange, &message.routing_key, &mut headers, &mut queues);
+        }
+        let mut published = Published { routed: false, logs: Vec::new() };
+        for queue in &queues {
+            match queue.publish(message.clone()) {
+                Enqueued::Logged(log) => {
+                    published.routed = true;
+                    published.logs.push(log);
+                }
+                Enqueued::InMemory => published.routed = true,
+                Enqueued::Rejected => {}
+            }
+        }
+        Ok(published)
+    }
+
+    /// Takes up to `count` ready messages from a queue, as basic.get on a private channel would,
+    /// then either settles them (`requeue == false`) or puts them back, marked redelivered. The
+    /// messages are all taken before any is requeued, so one call never returns a message twice.
+    pub fn get_messages(&self, vhost: &str, queue: &str, count: usize, requeue: bool) -> Result<Vec<GotMessage>, broker_core::AmqpError> {
+        use crate::outbound::{ChannelShared, ConnectionShared, Outbound};
+        if !self.has_vhost(vhost) {
+            return Err(broker_core::AmqpError::not_allowed(format!("vhost '{vhost}' not found")));
+        }
+        let handle = {
+            let topology = self.vhost(vhost).read();
+            topology.require_queue(&amqp_codec::ShortStr::truncating(queue), 0)?.handle.clone()
+        };
+        // A channel that belongs to no socket: get-ok comes back as a value, never through a writer.
+        let (sender, _receiver) = tokio::sync::mpsc::unbounded_channel();
+        let connection = std::sync::Arc::new(ConnectionShared {
+            id: 0,
+            outbound: sender,
+            outbound_deliveries: Default::default(),
+            stalled_queues: Default::default(),
+            consumer_cancel_notify: Default::default(),
+            pending_work: Default::default(),
+            pending_work_drained: tokio::sync::Notify::new(),
+            has_published: Default::default(),
+            force_close: tokio::sync::Notify::new(),
+            peer: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            connected_at_ms: 0,
+            session: Default::default(),
+            close_reason: Default::default(),
+        });
+        let channel = ChannelShared::new(1, connection);
+        let mut got = Vec::new();
+        while got.len() < count {
+            let Some(Outbound::GetOk { redelivered, message_count, message, .. }) = handle.get(&channel, false) else {
+                break;
+            };
+            got.push(GotMessage { message, redelivered, message_count });
+        }
+        let positions: Vec<u64> =
+            std::mem::take(&mut channel.ledger.lock().unacked).into_values().map(|unacked| unacked.position).collect();
+        if !positions.is_empty() {
+            handle.finish_deliveries(&positions, requeue);
+        }
+        Ok(got)
+    }
+}

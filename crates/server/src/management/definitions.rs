@@ -1,0 +1,235 @@
+//! `/api/definitions`: RabbitMQ's definitions file (exchanges, queues, bindings, users, vhosts,
+//! permissions), exported and imported, so a topology moves between RabbitMQ and Lepus.
+
+use super::json::{self, text};
+use super::routes::{body_json, exchange_declaration, permission_list, queue_definition, require_vhost, user_json};
+use super::{Api, ApiError, RABBITMQ_API_VERSION};
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use broker_core::exchange::{Binding, Destination};
+use serde_json::{json, Map, Value};
+
+type Answer = Result<Response, ApiError>;
+
+fn is_exported_exchange(name: &str) -> bool {
+    !name.is_empty() && !name.starts_with("amq.")
+}
+
+/// The exchanges, queues (not exclusive ones) and bindings of `vhost` (all vhosts when None), as a
+/// definitions file holds them; per-vhost exports leave out the `vhost` fields, as RabbitMQ does.
+fn topology(api: &Api, only_vhost: Option<&str>) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
+    let keep = |vhost: &str| only_vhost.is_none_or(|only| only == vhost);
+    let with_vhost = |mut value: Value, vhost: &str| {
+        if only_vhost.is_none() {
+            if let Value::Object(map) = &mut value {
+                map.insert("vhost".to_string(), Value::String(vhost.to_string()));
+            }
+        }
+        value
+    };
+    let queues_listed = api.broker.list_queues();
+    let exclusive =
+        |vhost: &str, name: &str| queues_listed.iter().any(|queue| queue.vhost == vhost && queue.name == name && queue.exclusive);
+    let queues = queues_listed
+        .iter()
+        .filter(|queue| keep(&queue.vhost) && !queue.exclusive)
+        .map(|queue| {
+            with_vhost(
+                json!({
+                    "name": queue.name,
+                    "durable": queue.durable,
+                    "auto_delete": queue.auto_delete,
+                    "arguments": json::table_to_json(&queue.arguments),
+                }),
+                &queue.vhost,
+            )
+        })
+        .collect();
+    let exchanges = api
+        .broker
+        .list_exchanges()
+        .iter()
+        .filter(|exchange| keep(&exchange.vhost) && is_exported_exchange(&exchange.name))
+        .map(|exchange| {
+            with_vhost(
+                json!({
+                    "name": exchange.name,
+                    "type": exchange.kind,
+                    "durable": exchange.durable,
+                    "auto_delete": exchange.auto_delete,
+                    "internal": exchange.internal,
+                    "arguments": json::table_to_json(&exchange.arguments),
+                }),
+                &exchange.vhost,
+            )
+        })
+        .collect();
+    let bindings = api
+        .broker
+        .list_bindings()
+        .iter()
+        .filter(|binding| keep(&binding.vhost) && !(binding.destination_is_queue && exclusive(&binding.vhost, &binding.destination)))
+        .map(|binding| {
+            with_vhost(
+                json!({
+                    "source": binding.source,
+                    "destination": binding.destination,
+                    "destination_type": if binding.destination_is_queue { "queue" } else { "exchange" },
+                    "routing_key": binding.routing_key,
+                    "arguments": json::table_to_json(&binding.arguments),
+                }),
+                &binding.vhost,
+            )
+        })
+        .collect();
+    (exchanges, queues, bindings)
+}
+
+pub async fn export_all(State(api): State<Api>) -> Json<Value> {
+    let (exchanges, queues, bindings) = topology(&api, None);
+    let users: Vec<Value> = api
+        .broker
+        .users
+        .list()
+        .iter()
+        .map(|user| {
+            let mut value = user_json(user);
+            if let Value::Object(map) = &mut value {
+                map.remove("limits");
+            }
+            value
+        })
+        .collect();
+    let vhosts: Vec<Value> = api.broker.vhost_names().iter().map(|name| json!({"name": name})).collect();
+    Json(json!({
+        "rabbit_version": RABBITMQ_API_VERSION,
+        "rabbitmq_version": RABBITMQ_API_VERSION,
+        "product_name": "Lepus",
+        "product_version": env!("CARGO_PKG_VERSION"),
+        "users": users,
+        "vhosts": vhosts,
+        "permissions": permission_list(&api, None),
+        "topic_permissions": [],
+        "parameters": [],
+        "global_parameters": [],
+        "policies": [],
+        "queues": queues,
+        "exchanges": exchanges,
+        "bindings": bindings,
+    }))
+}
+
+pub async fn export_vhost(State(api): State<Api>, Path(vhost): Path<String>) -> Answer {
+    require_vhost(&api, &vhost)?;
+    let (exchanges, queues, bindings) = topology(&api, Some(&vhost));
+    Ok(Json(json!({
+        "rabbit_version": RABBITMQ_API_VERSION,
+        "rabbitmq_version": RABBITMQ_API_VERSION,
+        "product_name": "Lepus",
+        "product_version": env!("CARGO_PKG_VERSION"),
+        "parameters": [],
+        "policies": [],
+        "queues": queues,
+        "exchanges": exchanges,
+        "bindings": bindings,
+    }))
+    .into_response())
+}
+
+pub async fn import_all(State(api): State<Api>, body: Bytes) -> Answer {
+    let body = body_json(&body)?;
+    import(&api, &body, None)
+}
+
+pub async fn import_vhost(State(api): State<Api>, Path(vhost): Path<String>, body: Bytes) -> Answer {
+    require_vhost(&api, &vhost)?;
+    let body = body_json(&body)?;
+    import(&api, &body, Some(&vhost))
+}
+
+fn section<'a>(body: &'a Value, key: &str) -> Result<&'a [Value], ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(&[]),
+        Some(Value::Array(items)) => Ok(items),
+        Some(_) => Err(ApiError::bad_request(format!("{key} must be a list"))),
+    }
+}
+
+fn object<'a>(item: &'a Value, key: &str) -> Result<&'a Map<String, Value>, ApiError> {
+    item.as_object().ok_or_else(|| ApiError::bad_request(format!("each of {key} must be a JSON object")))
+}
+
+fn required(item: &Value, key: &str, section: &str) -> Result<String, ApiError> {
+    text(item, key)?.ok_or_else(|| ApiError::bad_request(format!("an entry of {section} lacks {key}")))
+}
+
+/// Imports exchanges, then queues, then bindings. Users, permissions and policies are not
+/// imported (Lepus has no user management yet; they are logged and skipped); every object must
+/// be in a vhost that exists, which is checked before anything is declared.
+fn import(api: &Api, body: &Value, into_vhost: Option<&str>) -> Answer {
+    let vhost_of = |item: &Value| -> Result<String, ApiError> {
+        match into_vhost {
+            Some(vhost) => Ok(vhost.to_string()),
+            None => Ok(text(item, "vhost")?.unwrap_or_else(|| "/".to_string())),
+        }
+    };
+    let (exchanges, queues, bindings) = (section(body, "exchanges")?, section(body, "queues")?, section(body, "bindings")?);
+    let mut missing: Vec<String> = Vec::new();
+    for item in exchanges.iter().chain(queues).chain(bindings) {
+        object(item, "exchanges, queues and bindings")?;
+        let vhost = vhost_of(item)?;
+        if !api.broker.has_vhost(&vhost) && !missing.contains(&vhost) {
+            missing.push(vhost);
+        }
+    }
+    if !missing.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "Lepus has only the vhosts {:?}; the definitions use {:?}, which it cannot create yet",
+            api.broker.vhost_names(),
+            missing
+        )));
+    }
+    for skipped in ["users", "permissions", "topic_permissions", "parameters", "global_parameters", "policies"] {
+        let count = section(body, skipped)?.len();
+        if count > 0 {
+            tracing::warn!(section = skipped, count, "definitions import: not supported by Lepus yet, skipped");
+        }
+    }
+    for item in exchanges {
+        let name = required(item, "name", "exchanges")?;
+        if !is_exported_exchange(&name) {
+            continue;
+        }
+        let declaration = exchange_declaration(&name, item)?;
+        api.broker.declare_exchange(&vhost_of(item)?, &declaration)?;
+    }
+    for item in queues {
+        let name = required(item, "name", "queues")?;
+        let definition = queue_definition(&name, item)?;
+        api.broker.declare_queue(&vhost_of(item)?, definition, false, false, 0)?;
+    }
+    for item in bindings {
+        let source = required(item, "source", "bindings")?;
+        let destination = required(item, "destination", "bindings")?;
+        let destination_name = json::short(&destination, "destination")?;
+        let destination = match required(item, "destination_type", "bindings")?.as_str() {
+            "queue" => Destination::Queue(destination_name),
+            "exchange" => Destination::Exchange(destination_name),
+            other => return Err(ApiError::bad_request(format!("unknown destination_type {other}"))),
+        };
+        let binding = Binding {
+            destination,
+            routing_key: json::short(&text(item, "routing_key")?.unwrap_or_default(), "routing key")?,
+            arguments: json::json_to_table(item.get("arguments"))?,
+        };
+        if source.is_empty() {
+            // The default exchange's bindings are implicit.
+            continue;
+        }
+        api.broker.bind(&vhost_of(item)?, &json::short(&source, "source")?, binding)?;
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,344 @@
+//! Conversions between AMQP values and the API's JSON, and the JSON shapes of listed objects.
+
+use super::ApiError;
+use crate::introspect::{BindingInfo, ConnectionInfo, ExchangeInfo, QueueInfo};
+use amqp_codec::{BasicProperties, FieldTable, FieldValue, ShortStr};
+use serde_json::{json, Map, Value};
+
+/// A field table as a JSON object (RabbitMQ's management encoding: strings as strings, numbers
+/// as numbers, byte arrays as strings).
+pub fn table_to_json(table: &FieldTable) -> Value {
+    Value::Object(table.iter().map(|(key, value)| (key.to_string_lossy(), value_to_json(value))).collect())
+}
+
+fn value_to_json(value: &FieldValue) -> Value {
+    match value {
+        FieldValue::Bool(v) => json!(v),
+        FieldValue::I8(v) => json!(v),
+        FieldValue::U8(v) => json!(v),
+        FieldValue::I16(v) => json!(v),
+        FieldValue::U16(v) => json!(v),
+        FieldValue::I32(v) => json!(v),
+        FieldValue::U32(v) => json!(v),
+        FieldValue::I64(v) => json!(v),
+        FieldValue::F32(v) => json!(v),
+        FieldValue::F64(v) => json!(v),
+        FieldValue::Decimal(v) => Value::String(format!("{v:?}")),
+        FieldValue::LongStr(bytes) | FieldValue::Bytes(bytes) => Value::String(String::from_utf8_lossy(bytes).into_owned()),
+        FieldValue::Array(values) => Value::Array(values.iter().map(value_to_json).collect()),
+        FieldValue::Timestamp(v) => json!(v),
+        FieldValue::Table(table) => table_to_json(table),
+        FieldValue::Void => Value::Null,
+    }
+}
+
+/// A JSON object as a field table. Integers become 32-bit signed when they fit (as most AMQP
+/// clients send them, so a client redeclaring with the same arguments matches), else 64-bit.
+pub fn json_to_table(value: Option<&Value>) -> Result<FieldTable, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(FieldTable::new()),
+        Some(Value::String(text)) if text.is_empty() => Ok(FieldTable::new()),
+        Some(Value::Object(map)) => {
+            let mut table = FieldTable::new();
+            for (key, value) in map {
+                if key.len() > 255 {
+                    return Err(ApiError::bad_request(format!("argument name too long: {key}")));
+                }
+                table.insert(key, json_to_value(value)?);
+            }
+            Ok(table)
+        }
+        Some(other) => Err(ApiError::bad_request(format!("arguments must be a JSON object, not {other}"))),
+    }
+}
+
+fn json_to_value(value: &Value) -> Result<FieldValue, ApiError> {
+    Ok(match value {
+        Value::Null => FieldValue::Void,
+        Value::Bool(v) => FieldValue::Bool(*v),
+        Value::Number(number) => {
+            if let Some(integer) = number.as_i64() {
+                match i32::try_from(integer) {
+                    Ok(small) => FieldValue::I32(small),
+                    Err(_) => FieldValue::I64(integer),
+                }
+            } else {
+                FieldValue::F64(number.as_f64().ok_or_else(|| ApiError::bad_request(format!("number out of range: {number}")))?)
+            }
+        }
+        Value::String(text) => FieldValue::LongStr(bytes::Bytes::from(text.clone().into_bytes())),
+        Value::Array(values) => FieldValue::Array(values.iter().map(json_to_value).collect::<Result<_, _>>()?),
+        Value::Object(_) => FieldValue::Table(json_to_table(Some(value))?),
+    })
+}
+
+/// A boolean field that RabbitMQ's API accepts as `true`/`false` or as the strings "true"/"false"
+/// (rabbitmqadmin sends strings).
+pub fn flag(body: &Value, key: &str, default: bool) -> Result<bool, ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(value)) => Ok(*value),
+        Some(Value::String(text)) if text == "true" => Ok(true),
+        Some(Value::String(text)) if text == "false" => Ok(false),
+        Some(other) => Err(ApiError::bad_request(format!("{key} must be true or false, not {other}"))),
+    }
+}
+
+/// A non-negative integer field, as a number or a string of digits.
+pub fn integer(body: &Value, key: &str) -> Result<Option<u64>, ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(number)) => {
+            number.as_u64().map(Some).ok_or_else(|| ApiError::bad_request(format!("{key} must be a non-negative integer")))
+        }
+        Some(Value::String(text)) => {
+            text.trim().parse::<u64>().map(Some).map_err(|_| ApiError::bad_request(format!("{key} must be a non-negative integer")))
+        }
+        Some(other) => Err(ApiError::bad_request(format!("{key} must be a non-negative integer, not {other}"))),
+    }
+}
+
+/// A text field.
+pub fn text(body: &Value, key: &str) -> Result<Option<String>, ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(Value::Number(number)) => Ok(Some(number.to_string())),
+        Some(other) => Err(ApiError::bad_request(format!("{key} must be a string, not {other}"))),
+    }
+}
+
+/// A short string (at most 255 bytes, as AMQP names are).
+pub fn short(text: &str, what: &str) -> Result<ShortStr, ApiError> {
+    if text.len() > 255 {
+        return Err(ApiError::bad_request(format!("{what} longer than 255 bytes")));
+    }
+    Ok(ShortStr::truncating(text))
+}
+
+/// Message properties as the API shows them.
+pub fn properties_to_json(properties: &BasicProperties) -> Value {
+    let mut map = Map::new();
+    let mut text = |key: &str, value: &Option<ShortStr>| {
+        if let Some(value) = value {
+            map.insert(key.to_string(), Value::String(value.to_string_lossy()));
+        }
+    };
+    text("content_type", &properties.content_type);
+    text("content_encoding", &properties.content_encoding);
+    text("correlation_id", &properties.correlation_id);
+    text("reply_to", &properties.reply_to);
+    text("expiration", &properties.expiration);
+    text("message_id", &properties.message_id);
+    text("type", &properties.message_type);
+    text("user_id", &properties.user_id);
+    text("app_id", &properties.app_id);
+    text("cluster_id", &properties.cluster_id);
+    if let Some(headers) = &properties.headers {
+        map.insert("headers".to_string(), table_to_json(headers));
+    }
+    if let Some(mode) = properties.delivery_mode {
+        map.insert("delivery_mode".to_string(), json!(mode));
+    }
+    if let Some(priority) = properties.priority {
+        map.insert("priority".to_string(), json!(priority));
+    }
+    if let Some(timestamp) = properties.timestamp {
+        map.insert("timestamp".to_string(), json!(timestamp));
+    }
+    Value::Object(map)
+}
+
+/// Message properties from the API's JSON (`properties` of a publish).
+pub fn json_to_properties(value: Option<&Value>) -> Result<BasicProperties, ApiError> {
+    let mut properties = BasicProperties::default();
+    let map = match value {
+        None | Some(Value::Null) => return Ok(properties),
+        Some(Value::Object(map)) => map,
+        Some(other) => return Err(ApiError::bad_request(format!("properties must be a JSON object, not {other}"))),
+    };
+    let body = Value::Object(map.clone());
+    let short_property =
+        |key: &str| -> Result<Option<ShortStr>, ApiError> { text(&body, key)?.map(|value| short(&value, key)).transpose() };
+    properties.content_type = short_property("content_type")?;
+    properties.content_encoding = short_property("content_encoding")?;
+    properties.correlation_id = short_property("correlation_id")?;
+    properties.reply_to = short_property("reply_to")?;
+    properties.expiration = short_property("expiration")?;
+    properties.message_id = short_property("message_id")?;
+    properties.message_type = short_property("type")?;
+    properties.user_id = short_property("user_id")?;
+    properties.app_id = short_property("app_id")?;
+    properties.cluster_id = short_property("cluster_id")?;
+    if let Some(headers) = map.get("headers") {
+        properties.headers = Some(json_to_table(Some(headers))?);
+    }
+    let small = |key: &str, max: u64| -> Result<Option<u8>, ApiError> {
+        match integer(&body, key)? {
+            None => Ok(None),
+            Some(value) if value <= max => Ok(Some(value as u8)),
+            Some(value) => Err(ApiError::bad_request(format!("{key} {value} out of range"))),
+        }
+    };
+    properties.delivery_mode = small("delivery_mode", 2)?;
+    properties.priority = small("priority", 255)?;
+    properties.timestamp = integer(&body, "timestamp")?;
+    Ok(properties)
+}
+
+/// A per-second rate as RabbitMQ's `*_details` objects carry it.
+pub fn details(rate: f64) -> Value {
+    json!({ "rate": (rate * 10.0).round() / 10.0 })
+}
+
+/// The API's name of the default exchange in paths and listings.
+pub const DEFAULT_EXCHANGE_ALIAS: &str = "amq.default";
+
+/// An exchange name from a path ("amq.default" is the default exchange, "").
+pub fn exchange_from_path(name: &str) -> &str {
+    if name == DEFAULT_EXCHANGE_ALIAS {
+        ""
+    } else {
+        name
+    }
+}
+
+/// A queue as `/api/queues` shows it.
+pub fn queue_json(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &str) -> Value {
+    let snapshot = &queue.snapshot;
+    let stats = &snapshot.stats;
+    let messages = snapshot.ready + snapshot.unacked;
+    json!({
+        "name": queue.name,
+        "vhost": queue.vhost,
+        "durable": queue.durable,
+        "auto_delete": queue.auto_delete,
+        "exclusive": queue.exclusive,
+        "arguments": table_to_json(&queue.arguments),
+        "node": node,
+        "type": "classic",
+        "state": "running",
+        "policy": null,
+        "operator_policy": null,
+        "effective_policy_definition": {},
+        "exclusive_consumer_tag": null,
+        "consumers": snapshot.consumers,
+        "consumer_utilisation": null,
+        "messages": messages,
+        "messages_details": details(rates.messages),
+        "messages_ready": snapshot.ready,
+        "messages_ready_details": details(rates.messages_ready),
+        "messages_unacknowledged": snapshot.unacked,
+        "messages_unacknowledged_details": details(rates.messages_unacknowledged),
+        "messages_paged_out": snapshot.paged,
+        "messages_ram": messages - snapshot.paged.min(messages),
+        "message_stats": {
+            "publish": stats.published,
+            "publish_details": details(rates.publish),
+            "deliver_get": stats.delivered,
+            "deliver_get_details": details(rates.deliver_get),
+            "ack": stats.acked,
+            "ack_details": details(rates.ack),
+            "redeliver": stats.requeued,
+            "redeliver_details": details(rates.redeliver),
+        },
+    })
+}
+
+/// An exchange as `/api/exchanges` shows it.
+pub fn exchange_json(exchange: &ExchangeInfo) -> Value {
+    json!({
+        "name": exchange.name,
+        "vhost": exchange.vhost,
+        "type": exchange.kind,
+        "durable": exchange.durable,
+        "auto_delete": exchange.auto_delete,
+        "internal": exchange.internal,
+        "arguments": table_to_json(&exchange.arguments),
+        "user_who_performed_action": "rmq-internal",
+    })
+}
+
+/// RabbitMQ's `quote_plus` as it builds a binding's properties key.
+fn quote_plus(text: &str) -> String {
+    let mut quoted = String::new();
+    for byte in text.bytes() {
+        match byte {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => quoted.push(byte as char),
+            b' ' => quoted.push('+'),
+            other => quoted.push_str(&format!("%{other:02X}")),
+        }
+    }
+    quoted
+}
+
+/// The key that names a binding in `/api/bindings/.../{props}`: the quoted routing key, and a
+/// hash of the arguments when there are any ("~" for an empty key without arguments). RabbitMQ
+/// hashes with Erlang's phash2; clients treat the key as opaque, so Lepus's hash differs.
+pub fn properties_key(routing_key: &str, arguments: &FieldTable) -> String {
+    if arguments.is_empty() {
+        if routing_key.is_empty() {
+            return "~".to_string();
+        }
+        return quote_plus(routing_key);
+    }
+    use base64::Engine;
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(table_to_json(arguments).to_string().as_bytes());
+    let hash = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&digest[..6]);
+    format!("{}~{}", quote_plus(routing_key), quote_plus(&hash))
+}
+
+/// A binding as `/api/bindings` shows it.
+pub fn binding_json(binding: &BindingInfo) -> Value {
+    json!({
+        "source": binding.source,
+        "vhost": binding.vhost,
+        "destination": binding.destination,
+        "destination_type": if binding.destination_is_queue { "queue" } else { "exchange" },
+        "routing_key": binding.routing_key,
+        "arguments": table_to_json(&binding.arguments),
+        "properties_key": properties_key(&binding.routing_key, &binding.arguments),
+    })
+}
+
+/// A connection's name as RabbitMQ forms it: "client address -> server address".
+pub fn connection_name(connection: &ConnectionInfo, server: std::net::SocketAddr) -> String {
+    format!("{} -> {}", connection.peer, server)
+}
+
+/// A connection as `/api/connections` shows it.
+pub fn connection_json(connection: &ConnectionInfo, server: std::net::SocketAddr, node: &str, disk_alarm: bool) -> Value {
+    let session = &connection.session;
+    let state = if connection.session.user.is_empty() {
+        "starting"
+    } else if disk_alarm && connection.has_published {
+        "blocked"
+    } else {
+        "running"
+    };
+    json!({
+        "name": connection_name(connection, server),
+        "node": node,
+        "type": "network",
+        "protocol": "AMQP 0-9-1",
+        "state": state,
+        "user": session.user,
+        "vhost": session.vhost,
+        "channels": session.channels,
+        "frame_max": session.frame_max,
+        "timeout": session.heartbeat_s,
+        "peer_host": connection.peer.ip().to_string(),
+        "peer_port": connection.peer.port(),
+        "host": server.ip().to_string(),
+        "port": server.port(),
+        "connected_at": connection.connected_at_ms,
+        "ssl": false,
+        "auth_mechanism": "PLAIN",
+        "client_properties": {
+            "product": session.client_product,
+            "version": session.client_version,
+        },
+        "lepus_id": connection.id,
+    })
+}

@@ -1,0 +1,820 @@
+//! The API's routes and handlers.
+
+use super::json::{self, exchange_from_path, flag, integer, short, text};
+use super::{definitions, list_response, Api, ApiError, AuthenticatedUser, ListQuery, GET_MESSAGES_MAX, RABBITMQ_API_VERSION};
+use amqp_codec::{ContentHeader, ShortStr};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use broker_core::exchange::{Binding, Destination};
+use broker_core::vhost::{ExchangeDeclaration, QueueDefinition};
+use broker_core::Message;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+type Answer = Result<Response, ApiError>;
+
+/// Every route (authentication is layered on by the caller).
+pub fn router() -> Router<Api> {
+    Router::new()
+        .route("/api/overview", get(overview))
+        .route("/api/cluster-name", get(cluster_name))
+        .route("/api/nodes", get(nodes))
+        .route("/api/nodes/{node}", get(node))
+        .route("/api/extensions", get(|| async { Json(json!([])) }))
+        .route("/api/whoami", get(whoami))
+        .route("/api/users", get(users))
+        .route("/api/users/{user}", get(user))
+        .route("/api/permissions", get(permissions))
+        .route("/api/vhosts", get(vhosts))
+        .route("/api/vhosts/{vhost}", get(vhost))
+        .route("/api/vhosts/{vhost}/permissions", get(vhost_permissions))
+        .route("/api/aliveness-test/{vhost}", get(aliveness_test))
+        .route("/api/healthchecks/node", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/api/health/checks/alarms", get(alarms_check))
+        .route("/api/connections", get(connections))
+        .route("/api/connections/{name}", get(connection).delete(close_connection))
+        .route("/api/vhosts/{vhost}/connections", get(vhost_connections))
+        .route("/api/channels", get(channels))
+        .route("/api/consumers", get(consumers))
+        .route("/api/consumers/{vhost}", get(vhost_consumers))
+        .route("/api/exchanges", get(exchanges))
+        .route("/api/exchanges/{vhost}", get(vhost_exchanges))
+        .route("/api/exchanges/{vhost}/{name}", get(exchange).put(declare_exchange).delete(delete_exchange))
+        .route("/api/exchanges/{vhost}/{name}/bindings/source", get(exchange_bindings_source))
+        .route("/api/exchanges/{vhost}/{name}/bindings/destination", get(exchange_bindings_destination))
+        .route("/api/exchanges/{vhost}/{name}/publish", post(publish))
+        .route("/api/queues", get(queues))
+        .route("/api/queues/{vhost}", get(vhost_queues))
+        .route("/api/queues/{vhost}/{name}", get(queue).put(declare_queue).delete(delete_queue))
+        .route("/api/queues/{vhost}/{name}/bindings", get(queue_bindings))
+        .route("/api/queues/{vhost}/{name}/contents", axum::routing::delete(purge_queue))
+        .route("/api/queues/{vhost}/{name}/get", post(get_messages))
+        .route("/api/bindings", get(bindings))
+        .route("/api/bindings/{vhost}", get(vhost_bindings))
+        .route("/api/bindings/{vhost}/e/{source}/{kind}/{destination}", get(binding_pair).post(create_binding))
+        .route("/api/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}", get(binding).delete(delete_binding))
+        .route("/api/definitions", get(definitions::export_all).post(definitions::import_all))
+        .route("/api/definitions/{vhost}", get(definitions::export_vhost).post(definitions::import_vhost))
+}
+
+/// The JSON body of a request (an empty body is `{}`).
+pub fn body_json(body: &Bytes) -> Result<Value, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    let value: Value = serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("body is not valid JSON: {error}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("body must be a JSON object"));
+    }
+    Ok(value)
+}
+
+pub fn require_vhost(api: &Api, vhost: &str) -> Result<(), ApiError> {
+    if api.broker.has_vhost(vhost) {
+        Ok(())
+    } else {
+        Err(ApiError::object_not_found())
+    }
+}
+
+fn amqp_address(api: &Api) -> SocketAddr {
+    SocketAddr::new(api.broker.config.bind_address, api.broker.config.amqp_port)
+}
+
+fn disk_alarm(api: &Api) -> bool {
+    api.broker.disk_alarm.load(std::sync::atomic::Ordering::Acquire)
+}
+
+fn created_or_existing(existed: bool) -> Response {
+    if existed {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        StatusCode::CREATED.into_response()
+    }
+}
+
+const ALL_TAGS: [&str; 1] = ["administrator"];
+
+async fn overview(State(api): State<Api>) -> Json<Value> {
+    let overview = api.broker.overview();
+    let rates = api.rates.total();
+    let address = amqp_address(&api);
+    Json(json!({
+        "management_version": RABBITMQ_API_VERSION,
+        "rabbitmq_version": RABBITMQ_API_VERSION,
+        "product_name": "Lepus",
+        "product_version": env!("CARGO_PKG_VERSION"),
+        "rates_mode": "basic",
+        "cluster_name": api.node,
+        "node": api.node,
+        "erlang_version": "none (Lepus is written in Rust)",
+        "erlang_full_version": "none",
+        "disable_stats": false,
+        "enable_queue_totals": true,
+        "statistics_db_event_queue": 0,
+        "exchange_types": [
+            {"name": "direct", "description": "AMQP direct exchange, as per the AMQP specification", "enabled": true},
+            {"name": "fanout", "description": "AMQP fanout exchange, as per the AMQP specification", "enabled": true},
+            {"name": "headers", "description": "AMQP headers exchange, as per the AMQP specification", "enabled": true},
+            {"name": "topic", "description": "AMQP topic exchange, as per the AMQP specification", "enabled": true},
+        ],
+        "disk_free_alarm": overview.disk_alarm,
+        "object_totals": {
+            "connections": overview.connections,
+            "channels": overview.channels,
+            "exchanges": overview.exchanges,
+            "queues": overview.queues,
+            "consumers": overview.consumers,
+        },
+        "queue_totals": {
+            "messages": overview.messages_ready + overview.messages_unacked,
+            "messages_details": json::details(rates.messages),
+            "messages_ready": overview.messages_ready,
+            "messages_ready_details": json::details(rates.messages_ready),
+            "messages_unacknowledged": overview.messages_unacked,
+            "messages_unacknowledged_details": json::details(rates.messages_unacknowledged),
+        },
+        "message_stats": {
+            "publish": overview.published,
+            "publish_details": json::details(rates.publish),
+            "deliver_get": overview.delivered,
+            "deliver_get_details": json::details(rates.deliver_get),
+            "ack": overview.acked,
+            "ack_details": json::details(rates.ack),
+        },
+        "listeners": [
+            {"node": api.node, "protocol": "amqp", "ip_address": address.ip().to_string(), "port": address.port()},
+        ],
+        "contexts": [{"node": api.node, "description": "RabbitMQ Management", "path": "/"}],
+    }))
+}
+
+async fn cluster_name(State(api): State<Api>) -> Json<Value> {
+    Json(json!({ "name": api.node }))
+}
+
+fn node_json(api: &Api) -> Value {
+    let process = crate::metrics::process_stats();
+    let free = crate::disk::free_bytes(&api.broker.config.data_dir).unwrap_or(0);
+    let connections = api.broker.connection_count();
+    json!({
+        "name": api.node,
+        "type": "disc",
+        "running": true,
+        "being_drained": false,
+        "os_pid": std::process::id().to_string(),
+        "uptime": api.started.elapsed().as_millis() as u64,
+        "mem_used": process.resident_bytes,
+        "mem_limit": 0,
+        "mem_alarm": false,
+        "fd_used": process.open_fds,
+        "fd_total": process.max_fds,
+        "sockets_used": connections,
+        "sockets_total": process.max_fds,
+        "proc_used": 0,
+        "proc_total": 0,
+        "disk_free": free,
+        "disk_free_limit": api.broker.config.disk_free_limit_bytes,
+        "disk_free_alarm": api.broker.disk_alarm.load(std::sync::atomic::Ordering::Acquire),
+        "partitions": [],
+        "processors": std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1),
+        "rates_mode": "basic",
+        "run_queue": 0,
+        "applications": [],
+        "contexts": [],
+        "exchange_types": [],
+        "auth_mechanisms": [
+            {"name": "PLAIN", "description": "SASL PLAIN authentication mechanism", "enabled": true},
+            {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism", "enabled": true},
+        ],
+    })
+}
+
+async fn nodes(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    list_response(vec![node_json(&api)], &query)
+}
+
+async fn node(State(api): State<Api>, Path(node): Path<String>) -> Answer {
+    if node != api.node {
+        return Err(ApiError::object_not_found());
+    }
+    Ok(Json(node_json(&api)).into_response())
+}
+
+async fn whoami(Extension(user): Extension<AuthenticatedUser>) -> Json<Value> {
+    Json(json!({ "name": user.0, "tags": ALL_TAGS }))
+}
+
+pub fn user_json(user: &crate::auth::User) -> Value {
+    json!({
+        "name": user.name,
+        "password_hash": user.password_hash(),
+        "hashing_algorithm": "rabbit_password_hashing_sha256",
+        "tags": ALL_TAGS,
+        "limits": {},
+    })
+}
+
+async fn users(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    list_response(api.broker.users.list().iter().map(user_json).collect(), &query)
+}
+
+async fn user(State(api): State<Api>, Path(name): Path<String>) -> Answer {
+    let user = api.broker.users.list().iter().find(|user| user.name == name).ok_or_else(ApiError::object_not_found)?;
+    Ok(Json(user_json(user)).into_response())
+}
+
+/// Every user may do anything in every vhost (Lepus has no permissions yet).
+pub fn permission_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
+    let mut list = Vec::new();
+    for vhost in api.broker.vhost_names() {
+        if only_vhost.is_some_and(|only| only != vhost) {
+            continue;
+        }
+        for user in api.broker.users.list() {
+            list.push(json!({"user": user.name, "vhost": vhost, "configure": ".*", "write": ".*", "read": ".*"}));
+        }
+    }
+    list
+}
+
+async fn permissions(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    list_response(permission_list(&api, None), &query)
+}
+
+async fn vhost_permissions(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    require_vhost(&api, &vhost)?;
+    list_response(permission_list(&api, Some(&vhost)), &query)
+}
+
+fn vhost_json(api: &Api, name: &str) -> Value {
+    let (mut ready, mut unacked) = (0, 0);
+    for queue in api.broker.list_queues().iter().filter(|queue| queue.vhost == name) {
+        ready += queue.snapshot.ready;
+        unacked += queue.snapshot.unacked;
+    }
+    json!({
+        "name": name,
+        "description": if name == "/" { "Default virtual host" } else { "" },
+        "tags": [],
+        "default_queue_type": "classic",
+        "tracing": false,
+        "messages": ready + unacked,
+        "messages_ready": ready,
+        "messages_unacknowledged": unacked,
+        "cluster_state": { api.node.clone(): "running" },
+    })
+}
+
+async fn vhosts(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    list_response(api.broker.vhost_names().iter().map(|name| vhost_json(&api, name)).collect(), &query)
+}
+
+async fn vhost(State(api): State<Api>, Path(vhost): Path<String>) -> Answer {
+    require_vhost(&api, &vhost)?;
+    Ok(Json(vhost_json(&api, &vhost)).into_response())
+}
+
+/// RabbitMQ's aliveness test: declares the queue `aliveness-test`, publishes a message to it and
+/// gets it back.
+async fn aliveness_test(State(api): State<Api>, Path(vhost): Path<String>) -> Answer {
+    require_vhost(&api, &vhost)?;
+    let name = ShortStr::from("aliveness-test");
+    let definition =
+        QueueDefinition { name: name.clone(), durable: false, exclusive_owner: None, auto_delete: false, arguments: Default::default() };
+    api.broker.declare_queue(&vhost, definition, false, false, 0)?;
+    let body = Bytes::from_static(b"test_message");
+    let header = ContentHeader::from_properties(60, body.len() as u64, &Default::default());
+    let message = Message { exchange: ShortStr::from(""), routing_key: name, header, body };
+    api.broker.publish_message(&vhost, message)?;
+    let got = api.broker.get_messages(&vhost, "aliveness-test", 1, false)?;
+    if got.first().is_some_and(|got| got.message.body.as_ref() == b"test_message") {
+        Ok(Json(json!({"status": "ok"})).into_response())
+    } else {
+        Ok((StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "failed", "reason": "the test message did not come back"})))
+            .into_response())
+    }
+}
+
+async fn alarms_check(State(api): State<Api>) -> Response {
+    if api.broker.disk_alarm.load(std::sync::atomic::Ordering::Acquire) {
+        let alarm = json!({"node": api.node, "resource": "disk"});
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "failed", "reason": "resource alarm(s) in effect in the cluster", "alarms": [alarm]})),
+        )
+            .into_response()
+    } else {
+        Json(json!({"status": "ok"})).into_response()
+    }
+}
+
+fn connection_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
+    let address = amqp_address(api);
+    api.broker
+        .list_connections()
+        .iter()
+        .filter(|connection| only_vhost.is_none_or(|vhost| connection.session.vhost == vhost))
+        .map(|connection| json::connection_json(connection, address, &api.node, disk_alarm(api)))
+        .collect()
+}
+
+async fn connections(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    list_response(connection_list(&api, None), &query)
+}
+
+async fn vhost_connections(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    require_vhost(&api, &vhost)?;
+    list_response(connection_list(&api, Some(&vhost)), &query)
+}
+
+/// Finds a connection by its RabbitMQ-style name (or Lepus's numeric id).
+fn find_connection(api: &Api, name: &str) -> Option<crate::introspect::ConnectionInfo> {
+    let address = amqp_address(api);
+    api.broker
+        .list_connections()
+        .into_iter()
+        .find(|connection| json::connection_name(connection, address) == name || connection.id.to_string() == name)
+}
+
+async fn connection(State(api): State<Api>, Path(name): Path<String>) -> Answer {
+    let connection = find_connection(&api, &name).ok_or_else(ApiError::object_not_found)?;
+    Ok(Json(json::connection_json(&connection, amqp_address(&api), &api.node, disk_alarm(&api))).into_response())
+}
+
+async fn close_connection(State(api): State<Api>, Path(name): Path<String>, headers: axum::http::HeaderMap) -> Answer {
+    let connection = find_connection(&api, &name).ok_or_else(ApiError::object_not_found)?;
+    let reason = headers
+        .get("x-reason")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string)
+        .unwrap_or_else(|| "Closed via management plugin".to_string());
+    if !api.broker.close_connection(connection.id, &reason) {
+        return Err(ApiError::object_not_found());
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Channels: Lepus knows how many channels each connection has open, not their numbers, so
+/// they are listed by position (1..=channels) on their connection.
+async fn channels(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    let address = amqp_address(&api);
+    let mut list = Vec::new();
+    for connection in api.broker.list_connections() {
+        let connection_name = json::connection_name(&connection, address);
+        for number in 1..=connection.session.channels {
+            list.push(json!({
+                "name": format!("{connection_name} ({number})"),
+                "number": number,
+                "node": api.node,
+                "user": connection.session.user,
+                "vhost": connection.session.vhost,
+                "state": "running",
+                "connection_details": {"name": connection_name, "peer_host": connection.peer.ip().to_string(), "peer_port": connection.peer.port()},
+            }));
+        }
+    }
+    list_response(list, &query)
+}
+
+/// Consumers: not listed yet (see docs/management.md); per-queue consumer counts are in
+/// `/api/queues`.
+async fn consumers(Query(query): Query<ListQuery>) -> Answer {
+    list_response(Vec::new(), &query)
+}
+
+async fn vhost_consumers(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    require_vhost(&api, &vhost)?;
+    list_response(Vec::new(), &query)
+}
+
+fn exchange_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
+    api.broker
+        .list_exchanges()
+        .iter()
+        .filter(|exchange| only_vhost.is_none_or(|vhost| exchange.vhost == vhost))
+        .map(json::exchange_json)
+        .collect()
+}
+
+async fn exchanges(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    list_response(exchange_list(&api, None), &query)
+}
+
+async fn vhost_exchanges(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    require_vhost(&api, &vhost)?;
+    list_response(exchange_list(&api, Some(&vhost)), &query)
+}
+
+fn find_exchange(api: &Api, vhost: &str, name: &str) -> Result<crate::introspect::ExchangeInfo, ApiError> {
+    require_vhost(api, vhost)?;
+    let name = exchange_from_path(name);
+    api.broker
+        .list_exchanges()
+        .into_iter()
+        .find(|exchange| exchange.vhost == vhost && exchange.name == name)
+        .ok_or_else(ApiError::object_not_found)
+}
+
+async fn exchange(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
+    Ok(Json(json::exchange_json(&find_exchange(&api, &vhost, &name)?)).into_response())
+}
+
+async fn declare_exchange(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+    require_vhost(&api, &vhost)?;
+    let body = body_json(&body)?;
+    let declaration = exchange_declaration(&name, &body)?;
+    let existed = find_exchange(&api, &vhost, &name).is_ok();
+    api.broker.declare_exchange(&vhost, &declaration)?;
+    Ok(created_or_existing(existed))
+}
+
+/// An exchange.declare from the API's JSON (`type`, `durable`, `auto_delete`, `internal`, `arguments`).
+pub fn exchange_declaration(name: &str, body: &Value) -> Result<ExchangeDeclaration, ApiError> {
+    let kind = text(body, "type")?.ok_or_else(|| ApiError::bad_request("[{key_missing,type}]"))?;
+    Ok(ExchangeDeclaration {
+        name: short(exchange_from_path(name), "exchange name")?,
+        kind: short(&kind, "exchange type")?,
+        passive: false,
+        durable: flag(body, "durable", true)?,
+        auto_delete: flag(body, "auto_delete", false)?,
+        internal: flag(body, "internal", false)?,
+        arguments: json::json_to_table(body.get("arguments"))?,
+    })
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct DeleteQuery {
+    #[serde(rename = "if-unused")]
+    if_unused: Option<String>,
+    #[serde(rename = "if-empty")]
+    if_empty: Option<String>,
+}
+
+async fn delete_exchange(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, Query(query): Query<DeleteQuery>) -> Answer {
+    find_exchange(&api, &vhost, &name)?;
+    let name = short(exchange_from_path(&name), "exchange name")?;
+    api.broker.delete_exchange(&vhost, &name, query.if_unused.as_deref() == Some("true"))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+fn binding_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
+    let mut list = Vec::new();
+    // The default exchange's implicit binding to every queue, as RabbitMQ lists it.
+    for queue in api.broker.list_queues() {
+        if only_vhost.is_some_and(|vhost| vhost != queue.vhost) {
+            continue;
+        }
+        list.push(json::binding_json(&crate::introspect::BindingInfo {
+            vhost: queue.vhost.clone(),
+            source: String::new(),
+            destination: queue.name.clone(),
+            destination_is_queue: true,
+            routing_key: queue.name.clone(),
+            arguments: Default::default(),
+        }));
+    }
+    for binding in api.broker.list_bindings() {
+        if only_vhost.is_none_or(|vhost| vhost == binding.vhost) {
+            list.push(json::binding_json(&binding));
+        }
+    }
+    list
+}
+
+async fn bindings(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    list_response(binding_list(&api, None), &query)
+}
+
+async fn vhost_bindings(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    require_vhost(&api, &vhost)?;
+    list_response(binding_list(&api, Some(&vhost)), &query)
+}
+
+fn filtered_bindings(api: &Api, vhost: &str, keep: impl Fn(&Value) -> bool) -> Vec<Value> {
+    binding_list(api, Some(vhost)).into_iter().filter(|binding| keep(binding)).collect()
+}
+
+async fn exchange_bindings_source(
+    State(api): State<Api>,
+    Path((vhost, name)): Path<(String, String)>,
+    Query(query): Query<ListQuery>,
+) -> Answer {
+    let exchange = find_exchange(&api, &vhost, &name)?;
+    list_response(filtered_bindings(&api, &vhost, |binding| binding["source"] == exchange.name.as_str()), &query)
+}
+
+async fn exchange_bindings_destination(
+    State(api): State<Api>,
+    Path((vhost, name)): Path<(String, String)>,
+    Query(query): Query<ListQuery>,
+) -> Answer {
+    let exchange = find_exchange(&api, &vhost, &name)?;
+    list_response(
+        filtered_bindings(&api, &vhost, |binding| {
+            binding["destination_type"] == "exchange" && binding["destination"] == exchange.name.as_str()
+        }),
+        &query,
+    )
+}
+
+fn find_queue(api: &Api, vhost: &str, name: &str) -> Result<crate::introspect::QueueInfo, ApiError> {
+    require_vhost(api, vhost)?;
+    api.broker.list_queues().into_iter().find(|queue| queue.vhost == vhost && queue.name == name).ok_or_else(ApiError::object_not_found)
+}
+
+async fn queue_bindings(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, Query(query): Query<ListQuery>) -> Answer {
+    find_queue(&api, &vhost, &name)?;
+    list_response(
+        filtered_bindings(&api, &vhost, |binding| binding["destination_type"] == "queue" && binding["destination"] == name.as_str()),
+        &query,
+    )
+}
+
+fn queue_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
+    api.broker
+        .list_queues()
+        .iter()
+        .filter(|queue| only_vhost.is_none_or(|vhost| queue.vhost == vhost))
+        .map(|queue| json::queue_json(queue, &api.rates.queue(&queue.vhost, &queue.name), &api.node))
+        .collect()
+}
+
+async fn queues(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    list_response(queue_list(&api, None), &query)
+}
+
+async fn vhost_queues(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    require_vhost(&api, &vhost)?;
+    list_response(queue_list(&api, Some(&vhost)), &query)
+}
+
+async fn queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
+    let queue = find_queue(&api, &vhost, &name)?;
+    Ok(Json(json::queue_json(&queue, &api.rates.queue(&vhost, &name), &api.node)).into_response())
+}
+
+/// A queue.declare from the API's JSON (`durable`, `auto_delete`, `arguments`).
+pub fn queue_definition(name: &str, body: &Value) -> Result<QueueDefinition, ApiError> {
+    if name.is_empty() {
+        return Err(ApiError::bad_request("queue name must not be empty"));
+    }
+    Ok(QueueDefinition {
+        name: short(name, "queue name")?,
+        durable: flag(body, "durable", true)?,
+        exclusive_owner: None,
+        auto_delete: flag(body, "auto_delete", false)?,
+        arguments: json::json_to_table(body.get("arguments"))?,
+    })
+}
+
+async fn declare_queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+    require_vhost(&api, &vhost)?;
+    let body = body_json(&body)?;
+    let definition = queue_definition(&name, &body)?;
+    let existed = find_queue(&api, &vhost, &name).is_ok();
+    api.broker.declare_queue(&vhost, definition, false, false, 0)?;
+    Ok(created_or_existing(existed))
+}
+
+async fn delete_queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, Query(query): Query<DeleteQuery>) -> Answer {
+    let queue = find_queue(&api, &vhost, &name)?;
+    let short_name = short(&name, "queue name")?;
+    api.broker.vhost(&vhost).read().require_queue(&short_name, 0)?;
+    if query.if_empty.as_deref() == Some("true") && queue.snapshot.ready > 0 {
+        return Err(broker_core::AmqpError::precondition(format!("queue '{name}' in vhost '{vhost}' not empty")).into());
+    }
+    if query.if_unused.as_deref() == Some("true") && queue.snapshot.consumers > 0 {
+        return Err(broker_core::AmqpError::precondition(format!("queue '{name}' in vhost '{vhost}' in use")).into());
+    }
+    api.broker.remove_queue(&vhost, &short_name);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn purge_queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
+    find_queue(&api, &vhost, &name)?;
+    let handle = api.broker.vhost(&vhost).read().require_queue(&short(&name, "queue name")?, 0)?.handle.clone();
+    handle.purge();
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// How long a publish through the API waits for its message to be synced to disk.
+const PUBLISH_SYNC_WAIT_S: u64 = 30;
+
+async fn publish(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+    let exchange = find_exchange(&api, &vhost, &name)?;
+    let body = body_json(&body)?;
+    if exchange.internal {
+        return Err(broker_core::AmqpError::access_refused(format!(
+            "cannot publish to internal exchange '{}' in vhost '{vhost}'",
+            exchange.name
+        ))
+        .into());
+    }
+    let routing_key = text(&body, "routing_key")?.ok_or_else(|| ApiError::bad_request("[{key_missing,routing_key}]"))?;
+    let payload = text(&body, "payload")?.ok_or_else(|| ApiError::bad_request("[{key_missing,payload}]"))?;
+    let payload = match text(&body, "payload_encoding")?.as_deref() {
+        None | Some("string") => payload.into_bytes(),
+        Some("base64") => {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD
+                .decode(payload.trim())
+                .map_err(|_| ApiError::bad_request("payload is not valid base64"))?
+        }
+        Some(other) => return Err(ApiError::bad_request(format!("payload_encoding must be string or base64, not {other}"))),
+    };
+    if payload.len() as u64 > api.broker.config.message_bytes_max {
+        return Err(ApiError::bad_request(format!(
+            "message size {} is larger than the maximum {}",
+            payload.len(),
+            api.broker.config.message_bytes_max
+        )));
+    }
+    let properties = json::json_to_properties(body.get("properties"))?;
+    let message = Message {
+        exchange: short(&exchange.name, "exchange name")?,
+        routing_key: short(&routing_key, "routing key")?,
+        header: ContentHeader::from_properties(60, payload.len() as u64, &properties),
+        body: Bytes::from(payload),
+    };
+    let published = api.broker.publish_message(&vhost, message)?;
+    if !published.logs.is_empty() {
+        let (done, synced) = tokio::sync::oneshot::channel();
+        api.broker.syncer.sync(
+            published.logs,
+            Some(Box::new(move |durable| {
+                let _ = done.send(durable);
+            })),
+        );
+        match tokio::time::timeout(std::time::Duration::from_secs(PUBLISH_SYNC_WAIT_S), synced).await {
+            Ok(Ok(true)) => {}
+            _ => return Err(ApiError::internal("the message could not be made durable")),
+        }
+    }
+    Ok(Json(json!({ "routed": published.routed })).into_response())
+}
+
+async fn get_messages(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+    find_queue(&api, &vhost, &name)?;
+    let body = body_json(&body)?;
+    let count = integer(&body, "count")?.ok_or_else(|| ApiError::bad_request("[{key_missing,count}]"))?;
+    let count = usize::try_from(count).unwrap_or(usize::MAX).min(GET_MESSAGES_MAX);
+    let requeue = match text(&body, "ackmode")?.as_deref() {
+        Some("ack_requeue_true") | Some("reject_requeue_true") => true,
+        Some("ack_requeue_false") | Some("reject_requeue_false") => false,
+        Some(other) => return Err(ApiError::bad_request(format!("unknown ackmode {other}"))),
+        None => {
+            // RabbitMQ 3.x before ackmode took `requeue`.
+            flag(&body, "requeue", true)?
+        }
+    };
+    let encoding = text(&body, "encoding")?.unwrap_or_else(|| "auto".to_string());
+    if encoding != "auto" && encoding != "base64" {
+        return Err(ApiError::bad_request(format!("unknown encoding {encoding}")));
+    }
+    let truncate = integer(&body, "truncate")?.map(|limit| usize::try_from(limit).unwrap_or(usize::MAX));
+    let got = api.broker.get_messages(&vhost, &name, count, requeue)?;
+    let list: Vec<Value> = got
+        .iter()
+        .map(|got| {
+            let message = &got.message;
+            let mut payload: &[u8] = &message.body;
+            if let Some(limit) = truncate {
+                payload = &payload[..payload.len().min(limit)];
+            }
+            let (payload, payload_encoding) = match (encoding.as_str(), std::str::from_utf8(payload)) {
+                ("auto", Ok(text)) => (text.to_string(), "string"),
+                _ => {
+                    use base64::Engine;
+                    (base64::engine::general_purpose::STANDARD.encode(payload), "base64")
+                }
+            };
+            let properties =
+                message.header.properties().map(|properties| json::properties_to_json(&properties)).unwrap_or_else(|_| json!({}));
+            json!({
+                "payload_bytes": message.body.len(),
+                "redelivered": got.redelivered,
+                "exchange": message.exchange.to_string_lossy(),
+                "routing_key": message.routing_key.to_string_lossy(),
+                "message_count": got.message_count,
+                "properties": properties,
+                "payload": payload,
+                "payload_encoding": payload_encoding,
+            })
+        })
+        .collect();
+    Ok(Json(Value::Array(list)).into_response())
+}
+
+/// Resolves the `{kind}` segment of a binding path: `q` (queue) or `e` (exchange).
+fn destination_kind(kind: &str) -> Result<bool, ApiError> {
+    match kind {
+        "q" => Ok(true),
+        "e" => Ok(false),
+        _ => Err(ApiError::object_not_found()),
+    }
+}
+
+fn pair_bindings(api: &Api, vhost: &str, source: &str, is_queue: bool, destination: &str) -> Result<Vec<Value>, ApiError> {
+    find_exchange(api, vhost, source)?;
+    if is_queue {
+        find_queue(api, vhost, destination)?;
+    } else {
+        find_exchange(api, vhost, destination)?;
+    }
+    let source = exchange_from_path(source);
+    let destination_type = if is_queue { "queue" } else { "exchange" };
+    Ok(filtered_bindings(api, vhost, |binding| {
+        binding["source"] == source && binding["destination_type"] == destination_type && binding["destination"] == destination
+    }))
+}
+
+async fn binding_pair(State(api): State<Api>, Path(params): Path<HashMap<String, String>>, Query(query): Query<ListQuery>) -> Answer {
+    let (vhost, source, kind, destination) = binding_path(&params)?;
+    let is_queue = destination_kind(kind)?;
+    list_response(pair_bindings(&api, vhost, source, is_queue, destination)?, &query)
+}
+
+fn binding_path(params: &HashMap<String, String>) -> Result<(&str, &str, &str, &str), ApiError> {
+    let param = |key: &str| params.get(key).map(String::as_str).ok_or_else(ApiError::object_not_found);
+    Ok((param("vhost")?, param("source")?, param("kind")?, param("destination")?))
+}
+
+async fn create_binding(State(api): State<Api>, Path(params): Path<HashMap<String, String>>, body: Bytes) -> Answer {
+    let (vhost, source, kind, destination) = binding_path(&params)?;
+    let is_queue = destination_kind(kind)?;
+    pair_bindings(&api, vhost, source, is_queue, destination)?;
+    let body = body_json(&body)?;
+    let routing_key = text(&body, "routing_key")?.unwrap_or_default();
+    let arguments = json::json_to_table(body.get("arguments"))?;
+    let props = json::properties_key(&routing_key, &arguments);
+    let destination_name = short(destination, "destination")?;
+    let binding = Binding {
+        destination: if is_queue { Destination::Queue(destination_name) } else { Destination::Exchange(destination_name) },
+        routing_key: short(&routing_key, "routing key")?,
+        arguments,
+    };
+    api.broker.bind(vhost, &short(exchange_from_path(source), "source")?, binding)?;
+    let location = format!("{}/{}", urlencode(destination), urlencode(&props));
+    let mut response = StatusCode::CREATED.into_response();
+    if let Ok(value) = axum::http::HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::LOCATION, value);
+    }
+    Ok(response)
+}
+
+fn urlencode(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (byte as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+fn find_binding(api: &Api, params: &HashMap<String, String>) -> Result<Value, ApiError> {
+    let (vhost, source, kind, destination) = binding_path(params)?;
+    let props = params.get("props").ok_or_else(ApiError::object_not_found)?;
+    let is_queue = destination_kind(kind)?;
+    pair_bindings(api, vhost, source, is_queue, destination)?
+        .into_iter()
+        .find(|binding| binding["properties_key"] == props.as_str())
+        .ok_or_else(ApiError::object_not_found)
+}
+
+async fn binding(State(api): State<Api>, Path(params): Path<HashMap<String, String>>) -> Answer {
+    Ok(Json(find_binding(&api, &params)?).into_response())
+}
+
+async fn delete_binding(State(api): State<Api>, Path(params): Path<HashMap<String, String>>) -> Answer {
+    let found = find_binding(&api, &params)?;
+    let (vhost, source, kind, destination) = binding_path(&params)?;
+    if source.is_empty() || exchange_from_path(source).is_empty() {
+        return Err(broker_core::AmqpError::access_refused("operation not permitted on the default exchange").into());
+    }
+    let destination_name = short(destination, "destination")?;
+    let binding = Binding {
+        destination: if destination_kind(kind)? { Destination::Queue(destination_name) } else { Destination::Exchange(destination_name) },
+        routing_key: short(found["routing_key"].as_str().unwrap_or_default(), "routing key")?,
+        arguments: json::json_to_table(found.get("arguments"))?,
+    };
+    // The listed arguments went through JSON; unbind by the stored binding itself when it is found.
+    let stored = api.broker.list_bindings().into_iter().find(|candidate| {
+        candidate.vhost == vhost
+            && candidate.source == source
+            && candidate.destination == destination
+            && candidate.destination_is_queue == matches!(binding.destination, Destination::Queue(_))
+            && json::properties_key(&candidate.routing_key, &candidate.arguments) == found["properties_key"]
+    });
+    let binding = match stored {
+        Some(stored) => Binding { arguments: stored.arguments, ..binding },
+        None => binding,
+    };
+    api.broker.unbind(vhost, &short(source, "source")?, &binding)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,164 @@
+//! Prometheus metrics on `--metrics-port` at `/metrics` (OpenMetrics text, prefix `lepus_`; names
+//! in docs/management.md). Every scrape reads the broker's current state into a fresh registry,
+//! so nothing on the message path updates metrics.
+
+use crate::broker::Broker;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The content type of the OpenMetrics text format.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What `/proc/self` tells about this process.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessStats {
+    /// Resident set size.
+    pub resident_bytes: u64,
+    /// Open file descriptors.
+    pub open_fds: u64,
+    /// The soft limit on file descriptors.
+    pub max_fds: u64,
+}
+
+/// Reads RSS and file descriptor counts (zeros where /proc is unavailable).
+pub fn process_stats() -> ProcessStats {
+    // SAFETY: sysconf has no preconditions.
+    let page_bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+    let resident_pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1).and_then(|pages| pages.parse::<u64>().ok()))
+        .unwrap_or(0);
+    let open_fds = std::fs::read_dir("/proc/self/fd").map(|entries| entries.count() as u64).unwrap_or(0);
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: limit is a valid, writable rlimit.
+    let max_fds = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 { limit.rlim_cur } else { 0 };
+    ProcessStats { resident_bytes: resident_pages * page_bytes, open_fds, max_fds }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: i64) {
+    let gauge: Gauge = Gauge::default();
+    gauge.set(value);
+    registry.register(name, help, gauge);
+}
+
+fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let counter: Counter = Counter::default();
+    counter.inc_by(value);
+    registry.register(name, help, counter);
+}
+
+fn as_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Metrics kept by the storage crate (the fsync-latency histogram): registered here on each
+/// scrape once storage exposes them, e.g. `registry.register("lepus_storage_fsync_seconds", ...,
+/// storage::metrics::FSYNC_SECONDS.clone())`. Nothing yet.
+fn register_storage_metrics(registry: &mut Registry) {
+    let _ = registry;
+}
+
+/// Every metric, in the OpenMetrics text format.
+pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::default();
+    let queues = broker.list_queues();
+    let connections = broker.list_connections();
+
+    let ready = Family::<Labels, Gauge>::default();
+    let paged = Family::<Labels, Gauge>::default();
+    let unacked = Family::<Labels, Gauge>::default();
+    let consumers = Family::<Labels, Gauge>::default();
+    let published = Family::<Labels, Counter>::default();
+    let delivered = Family::<Labels, Counter>::default();
+    let acked = Family::<Labels, Counter>::default();
+    let requeued = Family::<Labels, Counter>::default();
+    let (mut published_total, mut delivered_total, mut acked_total, mut consumers_total) = (0u64, 0u64, 0u64, 0u64);
+    let (mut ready_total, mut unacked_total) = (0u64, 0u64);
+    for queue in &queues {
+        let labels: Labels = vec![("vhost", queue.vhost.clone()), ("queue", queue.name.clone())];
+        let snapshot = &queue.snapshot;
+        ready.get_or_create(&labels).set(as_i64(snapshot.ready));
+        paged.get_or_create(&labels).set(as_i64(snapshot.paged));
+        unacked.get_or_create(&labels).set(as_i64(snapshot.unacked));
+        consumers.get_or_create(&labels).set(i64::from(snapshot.consumers));
+        published.get_or_create(&labels).inc_by(snapshot.stats.published);
+        delivered.get_or_create(&labels).inc_by(snapshot.stats.delivered);
+        acked.get_or_create(&labels).inc_by(snapshot.stats.acked);
+        requeued.get_or_create(&labels).inc_by(snapshot.stats.requeued);
+        published_total += snapshot.stats.published;
+        delivered_total += snapshot.stats.delivered;
+        acked_total += snapshot.stats.acked;
+        consumers_total += u64::from(snapshot.consumers);
+        ready_total += snapshot.ready;
+        unacked_total += snapshot.unacked;
+    }
+    registry.register("lepus_queue_messages_ready", "Ready messages of a queue, in memory and paged to disk", ready);
+    registry.register("lepus_queue_messages_paged", "Ready messages of a queue held on disk only", paged);
+    registry.register("lepus_queue_messages_unacked", "Delivered and not yet acknowledged messages of a queue", unacked);
+    registry.register("lepus_queue_consumers", "Consumers of a queue", consumers);
+    registry.register("lepus_queue_messages_published", "Messages enqueued into a queue", published);
+    registry.register("lepus_queue_messages_delivered", "Deliveries from a queue to consumers and basic.get", delivered);
+    registry.register("lepus_queue_messages_acked", "Deliveries from a queue settled by ack or no-ack", acked);
+    registry.register("lepus_queue_messages_requeued", "Deliveries put back into a queue", requeued);
+
+    gauge(&mut registry, "lepus_queues", "Queues", queues.len() as i64);
+    gauge(&mut registry, "lepus_exchanges", "Exchanges", broker.list_exchanges().len() as i64);
+    gauge(&mut registry, "lepus_connections", "Open client connections", connections.len() as i64);
+    let channels: usize = connections.iter().map(|connection| connection.session.channels).sum();
+    gauge(&mut registry, "lepus_channels", "Open channels", channels as i64);
+    gauge(&mut registry, "lepus_consumers", "Consumers over all queues", as_i64(consumers_total));
+    gauge(&mut registry, "lepus_messages_ready", "Ready messages over all queues", as_i64(ready_total));
+    gauge(&mut registry, "lepus_messages_unacked", "Unacked messages over all queues", as_i64(unacked_total));
+    counter(&mut registry, "lepus_messages_published", "Messages enqueued, summed over queues", published_total);
+    counter(&mut registry, "lepus_messages_delivered", "Deliveries, summed over queues", delivered_total);
+    counter(&mut registry, "lepus_messages_acked", "Acked deliveries, summed over queues", acked_total);
+
+    let alarm = broker.disk_alarm.load(Ordering::Acquire);
+    gauge(&mut registry, "lepus_disk_alarm", "1 while free disk space is below the limit and publishers are blocked", i64::from(alarm));
+    let free = crate::disk::free_bytes(&broker.config.data_dir).unwrap_or(0);
+    gauge(&mut registry, "lepus_disk_free_bytes", "Free bytes on the data directory's filesystem", as_i64(free));
+    gauge(
+        &mut registry,
+        "lepus_disk_free_limit_bytes",
+        "Publishers are blocked below this many free bytes",
+        as_i64(broker.config.disk_free_limit_bytes),
+    );
+
+    let process = process_stats();
+    gauge(&mut registry, "lepus_process_resident_memory_bytes", "Resident set size of the broker process", as_i64(process.resident_bytes));
+    gauge(&mut registry, "lepus_process_open_fds", "Open file descriptors of the broker process", as_i64(process.open_fds));
+    gauge(&mut registry, "lepus_process_max_fds", "Soft limit on file descriptors of the broker process", as_i64(process.max_fds));
+    let build = Family::<Labels, Gauge>::default();
+    build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())]).set(1);
+    registry.register("lepus_build_info", "Always 1; the version is a label", build);
+
+    register_storage_metrics(&mut registry);
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    Ok(text)
+}
+
+async fn metrics(State(broker): State<Arc<Broker>>) -> Response {
+    match render(&broker) {
+        Ok(text) => ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], text).into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics failed: {error}")).into_response(),
+    }
+}
+
+/// Serves `/metrics` on `listener` forever (no authentication, like RabbitMQ's prometheus plugin).
+pub async fn serve(broker: Arc<Broker>, listener: tokio::net::TcpListener) {
+    let app = axum::Router::new().route("/metrics", axum::routing::get(metrics)).with_state(broker);
+    if let Err(error) = axum::serve(listener, app).await {
+        tracing::error!(%error, "the metrics HTTP server stopped");
+    }
+}
