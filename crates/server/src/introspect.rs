@@ -4,10 +4,21 @@
 
 use crate::broker::Broker;
 use crate::outbound::SessionInfo;
-use crate::queue_runtime::QueueSnapshot;
+use crate::queue_runtime::{ConsumerView, QueueSnapshot};
 use amqp_codec::FieldTable;
 use broker_core::exchange::Destination;
 use std::sync::atomic::Ordering;
+
+/// A consumer as listed, with its queue.
+#[derive(Debug, Clone)]
+pub struct ConsumerInfo {
+    /// Vhost.
+    pub vhost: String,
+    /// Queue name.
+    pub queue: String,
+    /// The consumer.
+    pub consumer: ConsumerView,
+}
 
 /// A queue as listed.
 #[derive(Debug, Clone)]
@@ -127,6 +138,21 @@ impl Broker {
         }
         queues.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
         queues
+    }
+
+    /// Every consumer of every queue, by vhost, queue and tag.
+    pub fn list_consumers(&self) -> Vec<ConsumerInfo> {
+        let mut consumers = Vec::new();
+        for vhost_name in self.vhost_names() {
+            let handles: Vec<_> = self.vhost(&vhost_name).read().queues().map(|entry| entry.handle.clone()).collect();
+            for queue in handles {
+                for consumer in queue.consumer_views() {
+                    consumers.push(ConsumerInfo { vhost: vhost_name.clone(), queue: queue.name().to_string_lossy(), consumer });
+                }
+            }
+        }
+        consumers.sort_by(|a, b| (&a.vhost, &a.queue, &a.consumer.tag).cmp(&(&b.vhost, &b.queue, &b.consumer.tag)));
+        consumers
     }
 
     /// Every exchange of every vhost, sorted by vhost and name.

@@ -77,6 +77,31 @@ def test_queue_counts_follow_amqp(lepus, names):
     assert lepus.get("/queues/%2F/" + q(queue)).status_code == 404
 
 
+def test_consumers_listed_with_their_channel_and_prefetch(lepus, names):
+    queue = names("consumers")
+    conn = lepus.connect()
+    try:
+        ch = conn.channel()
+        ch.queue_declare(queue)
+        ch.basic_qos(prefetch_count=7)
+        tag = ch.basic_consume(queue, lambda *args: None, auto_ack=False, consumer_tag="api-consumer",
+                               arguments={"x-priority": 3})
+        conn.process_data_events(time_limit=0.2)
+        listed = wait_for(lambda: [c for c in lepus.get("/consumers").json() if c["consumer_tag"] == tag])
+        assert listed, lepus.get("/consumers").json()
+        consumer = listed[0]
+        assert consumer["queue"] == {"name": queue, "vhost": "/"}
+        assert consumer["ack_required"] is True and consumer["prefetch_count"] == 7
+        assert consumer["arguments"] == {"x-priority": 3}
+        assert consumer["channel_details"]["number"] == ch.channel_number
+        assert consumer["channel_details"]["user"] == "guest"
+        assert [c["consumer_tag"] for c in lepus.get("/consumers/%2F").json()] == [tag]
+        ch.basic_cancel(tag)
+        assert wait_for(lambda: not any(c["consumer_tag"] == tag for c in lepus.get("/consumers").json()))
+    finally:
+        conn.close()
+
+
 def test_exchanges_and_bindings_listed(lepus, names):
     exchange, queue = names("ex"), names("bq")
     conn = lepus.connect()

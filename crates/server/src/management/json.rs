@@ -302,6 +302,34 @@ pub fn binding_json(binding: &BindingInfo) -> Value {
     })
 }
 
+/// A consumer as `/api/consumers` shows it.
+pub fn consumer_json(
+    consumer: &crate::introspect::ConsumerInfo,
+    connection: Option<&ConnectionInfo>,
+    server: std::net::SocketAddr,
+) -> Value {
+    let view = &consumer.consumer;
+    let connection_name = connection.map(|connection| connection_name(connection, server)).unwrap_or_default();
+    json!({
+        "consumer_tag": view.tag,
+        "queue": {"name": consumer.queue, "vhost": consumer.vhost},
+        "channel_details": {
+            "name": format!("{} ({})", connection_name, view.channel),
+            "number": view.channel,
+            "connection_name": connection_name,
+            "peer_host": connection.map(|connection| connection.peer.ip().to_string()),
+            "peer_port": connection.map(|connection| connection.peer.port()),
+            "user": connection.map(|connection| connection.session.user.clone()),
+        },
+        "ack_required": view.ack_required,
+        "prefetch_count": view.prefetch,
+        "exclusive": view.exclusive,
+        "arguments": if view.priority != 0 { json!({"x-priority": view.priority}) } else { json!({}) },
+        "active": true,
+        "activity_status": "up",
+    })
+}
+
 /// A connection's name as RabbitMQ forms it: "client address -> server address".
 pub fn connection_name(connection: &ConnectionInfo, server: std::net::SocketAddr) -> String {
     format!("{} -> {}", connection.peer, server)

@@ -382,15 +382,27 @@ async fn channels(State(api): State<Api>, Query(query): Query<ListQuery>) -> Ans
     list_response(list, &query)
 }
 
-/// Consumers: not listed yet (see docs/management.md); per-queue consumer counts are in
-/// `/api/queues`.
-async fn consumers(Query(query): Query<ListQuery>) -> Answer {
-    list_response(Vec::new(), &query)
+/// Consumers, shaped like RabbitMQ's `/api/consumers`.
+async fn consumers(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    list_response(consumer_list(&api, None), &query)
 }
 
 async fn vhost_consumers(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
     require_vhost(&api, &vhost)?;
-    list_response(Vec::new(), &query)
+    list_response(consumer_list(&api, Some(&vhost)), &query)
+}
+
+fn consumer_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
+    let connections = api.broker.list_connections();
+    api.broker
+        .list_consumers()
+        .iter()
+        .filter(|consumer| only_vhost.is_none_or(|vhost| consumer.vhost == vhost))
+        .map(|consumer| {
+            let connection = connections.iter().find(|connection| connection.id == consumer.consumer.connection_id);
+            json::consumer_json(consumer, connection, amqp_address(api))
+        })
+        .collect()
 }
 
 fn exchange_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {

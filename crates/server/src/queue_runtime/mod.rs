@@ -60,6 +60,25 @@ pub struct QueueStats {
     pub requeued: u64,
 }
 
+/// A consumer as listed (management API).
+#[derive(Debug, Clone)]
+pub struct ConsumerView {
+    /// Consumer tag.
+    pub tag: String,
+    /// Channel number.
+    pub channel: u16,
+    /// Broker-unique id of its connection.
+    pub connection_id: u64,
+    /// Whether deliveries need an ack.
+    pub ack_required: bool,
+    /// Per-consumer prefetch (0 = none).
+    pub prefetch: u32,
+    /// x-priority.
+    pub priority: i64,
+    /// Whether it consumes exclusively.
+    pub exclusive: bool,
+}
+
 /// A queue's state for listings (management API, metrics).
 #[derive(Debug, Clone)]
 pub struct QueueSnapshot {
@@ -398,6 +417,25 @@ impl QueueRuntime {
             consumers,
             stats: inner.stats,
         }
+    }
+
+    /// The queue's active consumers, for listings.
+    pub fn consumer_views(&self) -> Vec<ConsumerView> {
+        let inner = self.inner.lock();
+        inner
+            .consumers
+            .iter()
+            .filter(|consumer| !consumer.cancelled.load(Ordering::Acquire))
+            .map(|consumer| ConsumerView {
+                tag: consumer.tag.to_string_lossy(),
+                channel: consumer.channel.id,
+                connection_id: consumer.channel.connection.id,
+                ack_required: !consumer.no_ack,
+                prefetch: consumer.prefetch,
+                priority: consumer.priority,
+                exclusive: inner.has_exclusive_consumer,
+            })
+            .collect()
     }
 
     /// Drops ready messages; returns how many.
