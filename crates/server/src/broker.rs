@@ -1,7 +1,7 @@
 //! The broker: vhosts with their topology, users, storage, and the operations that change the
 //! topology and must be persisted (declare, bind, delete).
 
-use crate::auth::Users;
+use crate::auth::{Permission, Permissions, User, Users};
 use crate::config::ServerConfig;
 use crate::outbound::{ConnectionShared, ConsumerHandle, Outbound};
 use crate::queue_runtime::{Pager, QueueRuntime};
@@ -16,7 +16,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use storage::definitions::{table_from_hex, table_to_hex, BindingRecord, Definitions, DefinitionsStore, ExchangeRecord, QueueRecord};
+use storage::definitions::{
+    table_from_hex, table_to_hex, BindingRecord, Definitions, DefinitionsStore, ExchangeRecord, PermissionRecord, QueueRecord, UserRecord,
+};
 use storage::queue_log::QueueLog;
 use storage::syncer::Syncer;
 
@@ -32,6 +34,8 @@ pub struct Broker {
     pub config: ServerConfig,
     /// Users.
     pub users: Users,
+    /// Users' permissions in vhosts.
+    pub permissions: Permissions,
     /// Group commit.
     pub syncer: Syncer,
     vhosts: HashMap<String, RwLock<Vhost<QueueHandle>>>,
@@ -64,6 +68,7 @@ impl Broker {
         let definitions = DefinitionsStore::new(&config.data_dir);
         let mut broker = Broker {
             users: Users::default(),
+            permissions: Permissions::default_for_guest(),
             syncer: Syncer::start(config.sync_policy),
             vhosts: HashMap::new(),
             definitions,
@@ -87,6 +92,19 @@ impl Broker {
             std::fs::remove_file(&marker).map_err(|error| format!("{}: {error}", marker.display()))?;
         }
         let definitions = self.definitions.load().map_err(|error| error.to_string())?;
+        if let Some(users) = &definitions.users {
+            self.users = Users::from_users(users.iter().map(|record| User::new(&record.name, record.password_hash.clone(), record.tags.clone())).collect());
+        }
+        if let Some(permissions) = &definitions.permissions {
+            let mut entries = Vec::new();
+            for record in permissions {
+                match Permission::new(&record.user, &record.vhost, &record.configure, &record.write, &record.read) {
+                    Ok(permission) => entries.push(permission),
+                    Err(error) => tracing::error!(%error, user = %record.user, "a stored permission does not compile; skipped"),
+                }
+            }
+            self.permissions = Permissions::from_entries(entries);
+        }
         for record in &definitions.exchanges {
             let Some(vhost) = self.vhosts.get(&record.vhost) else {
                 continue;
@@ -232,8 +250,8 @@ impl Broker {
         self.vhosts.get(name).expect("connections only hold vhosts that exist")
     }
 
-    /// Writes every durable definition. Called after each change of a durable object.
-    fn persist(&self) -> Result<(), AmqpError> {
+    /// Writes every durable definition (also after a change of users or permissions).
+    pub fn persist(&self) -> Result<(), AmqpError> {
         let _serialised = self.definitions_write.lock();
         let mut definitions = Definitions::default();
         for (vhost_name, vhost) in &self.vhosts {
@@ -281,6 +299,26 @@ impl Broker {
                 }
             }
         }
+        definitions.users = Some(
+            self.users
+                .list()
+                .iter()
+                .map(|user| UserRecord { name: user.name.clone(), password_hash: user.password_hash(), tags: user.tags.clone() })
+                .collect(),
+        );
+        definitions.permissions = Some(
+            self.permissions
+                .list()
+                .iter()
+                .map(|entry| PermissionRecord {
+                    user: entry.user.clone(),
+                    vhost: entry.vhost.clone(),
+                    configure: entry.configure.clone(),
+                    write: entry.write.clone(),
+                    read: entry.read.clone(),
+                })
+                .collect(),
+        );
         self.definitions.save(&definitions).map_err(|error| {
             tracing::error!(%error, "saving definitions failed");
             AmqpError::internal(format!("could not store definitions: {error}"))

@@ -54,6 +54,39 @@ enum CtlCommand {
         /// What to read.
         file: String,
     },
+    /// Adds a user (or changes its password and tags).
+    AddUser {
+        /// Login name.
+        name: String,
+        /// Password.
+        password: String,
+        /// Comma-separated tags (administrator, monitoring, management, policymaker).
+        #[arg(long, default_value = "")]
+        tags: String,
+    },
+    /// Deletes a user and its permissions.
+    DeleteUser {
+        /// Login name.
+        name: String,
+    },
+    /// Sets a user's configure, write and read regular expressions in a vhost.
+    SetPermissions {
+        /// Login name.
+        user: String,
+        /// Resources it may declare and delete.
+        configure: String,
+        /// Resources it may publish to and bind queues to.
+        write: String,
+        /// Resources it may consume from and bind from.
+        read: String,
+        /// The vhost.
+        #[arg(long, default_value = "/")]
+        vhost: String,
+    },
+    /// Lists users with their tags, or every permission.
+    ListUsers,
+    /// Lists every user's permissions.
+    ListPermissions,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -203,6 +236,33 @@ fn execute(arguments: &CtlArguments) -> Result<(), String> {
             let items = client.get_json(&path)?;
             let items = items.as_array().cloned().unwrap_or_default();
             print_table(&items, columns);
+            Ok(())
+        }
+        CtlCommand::AddUser { name, password, tags } => {
+            let body = serde_json::json!({"password": password, "tags": tags}).to_string();
+            client.request("PUT", &format!("/users/{}", segment(name)), Some(&body), &[])?;
+            println!("user '{name}' set");
+            Ok(())
+        }
+        CtlCommand::DeleteUser { name } => {
+            client.request("DELETE", &format!("/users/{}", segment(name)), None, &[])?;
+            println!("user '{name}' deleted");
+            Ok(())
+        }
+        CtlCommand::SetPermissions { user, configure, write, read, vhost } => {
+            let body = serde_json::json!({"configure": configure, "write": write, "read": read}).to_string();
+            client.request("PUT", &format!("/permissions/{}/{}", segment(vhost), segment(user)), Some(&body), &[])?;
+            println!("permissions of '{user}' in '{vhost}' set");
+            Ok(())
+        }
+        CtlCommand::ListUsers => {
+            let users = client.get_json("/users")?;
+            print_table(users.as_array().map(Vec::as_slice).unwrap_or(&[]), &["name", "tags"]);
+            Ok(())
+        }
+        CtlCommand::ListPermissions => {
+            let permissions = client.get_json("/permissions")?;
+            print_table(permissions.as_array().map(Vec::as_slice).unwrap_or(&[]), &["user", "vhost", "configure", "write", "read"]);
             Ok(())
         }
         CtlCommand::CloseConnection { name, reason } => {

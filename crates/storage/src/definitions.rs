@@ -65,6 +65,39 @@ pub struct Definitions {
     pub queues: Vec<QueueRecord>,
     /// Bindings.
     pub bindings: Vec<BindingRecord>,
+    /// Users; `None` in a file written before users were stored (or a fresh data directory),
+    /// which means the embedded default `guest`.
+    #[serde(default)]
+    pub users: Option<Vec<UserRecord>>,
+    /// Permissions of users in vhosts; `None` means the default (guest has all of `/`).
+    #[serde(default)]
+    pub permissions: Option<Vec<PermissionRecord>>,
+}
+
+/// A user.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UserRecord {
+    /// Login name.
+    pub name: String,
+    /// RabbitMQ's `rabbit_password_hashing_sha256` form: base64(salt ++ SHA-256(salt ++ password)).
+    pub password_hash: String,
+    /// Tags (administrator, monitoring, management, ...).
+    pub tags: Vec<String>,
+}
+
+/// What a user may do in a vhost: RabbitMQ's configure, write and read regular expressions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PermissionRecord {
+    /// User name.
+    pub user: String,
+    /// Vhost name.
+    pub vhost: String,
+    /// Resources the user may declare and delete.
+    pub configure: String,
+    /// Resources the user may publish to and bind queues to.
+    pub write: String,
+    /// Resources the user may consume from and bind from.
+    pub read: String,
 }
 
 /// Encodes a table for a record.

@@ -20,13 +20,23 @@ pub struct Context {
     pub frame_max: u32,
     /// Exclusive queues this connection declared (deleted when it closes).
     pub exclusive_queues: Vec<ShortStr>,
+    /// What the user may do in the vhost (set by connection.open).
+    pub permission: Option<std::sync::Arc<crate::auth::Permission>>,
 }
 
 impl Context {
     /// A context before the handshake.
     pub fn new(broker: Arc<Broker>, connection: Arc<ConnectionShared>) -> Context {
         let frame_max = broker.config.frame_bytes_max;
-        Context { broker, connection, vhost: String::new(), user: String::new(), frame_max, exclusive_queues: Vec::new() }
+        Context { broker, connection, vhost: String::new(), user: String::new(), frame_max, exclusive_queues: Vec::new(), permission: None }
+    }
+
+    /// 403 unless the user may have `access` to the `kind` resource `name` in this vhost.
+    pub fn check(&self, access: crate::auth::Access, kind: &str, name: &[u8]) -> Result<(), broker_core::AmqpError> {
+        match &self.permission {
+            Some(permission) => permission.check(access, kind, name),
+            None => Err(broker_core::AmqpError::access_refused("no vhost opened")),
+        }
     }
 
     /// Sends a method frame.

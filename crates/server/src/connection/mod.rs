@@ -425,6 +425,10 @@ impl Connection {
                 if !self.context.broker.has_vhost(&vhost) {
                     return Err(AmqpError::not_allowed(format!("vhost {vhost} not found")).during(10, 40));
                 }
+                let Some(permission) = self.context.broker.permissions.get(&self.context.user, &vhost) else {
+                    return Err(AmqpError::not_allowed(format!("access to vhost '{vhost}' refused for user '{}'", self.context.user)).during(10, 40));
+                };
+                self.context.permission = Some(permission);
                 self.context.connection.session.lock().vhost = vhost.clone();
                 self.context.vhost = vhost;
                 self.context.reply(0, ConnectionOpenOk { known_hosts: ShortStr::from("") }.into());

@@ -166,9 +166,9 @@ fn required(item: &Value, key: &str, section: &str) -> Result<String, ApiError> 
     text(item, key)?.ok_or_else(|| ApiError::bad_request(format!("an entry of {section} lacks {key}")))
 }
 
-/// Imports exchanges, then queues, then bindings. Users, permissions and policies are not
-/// imported (Lepus has no user management yet; they are logged and skipped); every object must
-/// be in a vhost that exists, which is checked before anything is declared.
+/// Imports users and permissions, then exchanges, queues and bindings. Policies and parameters are
+/// not imported (logged and skipped); every object must be in a vhost that exists, which is
+/// checked before anything is declared.
 fn import(api: &Api, body: &Value, into_vhost: Option<&str>) -> Answer {
     let vhost_of = |item: &Value| -> Result<String, ApiError> {
         match into_vhost {
@@ -192,12 +192,27 @@ fn import(api: &Api, body: &Value, into_vhost: Option<&str>) -> Answer {
             missing
         )));
     }
-    for skipped in ["users", "permissions", "topic_permissions", "parameters", "global_parameters", "policies"] {
+    for skipped in ["topic_permissions", "parameters", "global_parameters", "policies"] {
         let count = section(body, skipped)?.len();
         if count > 0 {
             tracing::warn!(section = skipped, count, "definitions import: not supported by Lepus yet, skipped");
         }
     }
+    // Users and permissions first, as RabbitMQ imports them.
+    for item in section(body, "users")? {
+        let name = required(item, "name", "users")?;
+        let user = crate::auth::User::new(&name, super::routes::password_hash_of(item)?, super::routes::tags_of(item));
+        api.broker.users.put(user);
+    }
+    for item in section(body, "permissions")? {
+        let user = required(item, "user", "permissions")?;
+        let vhost = vhost_of(item)?;
+        let expression = |key: &str| text(item, key).map(|value| value.unwrap_or_default());
+        let permission = crate::auth::Permission::new(&user, &vhost, &expression("configure")?, &expression("write")?, &expression("read")?)
+            .map_err(|error| ApiError::bad_request(error.to_string()))?;
+        api.broker.permissions.put(permission);
+    }
+    api.broker.persist()?;
     for item in exchanges {
         let name = required(item, "name", "exchanges")?;
         if !is_exported_exchange(&name) {

@@ -68,6 +68,9 @@ pub async fn serve(broker: Arc<Broker>, listener: tokio::net::TcpListener) {
     }
 }
 
+/// The tags that let a user into the management API (RabbitMQ's).
+const MANAGEMENT_TAGS: [&str; 4] = ["administrator", "monitoring", "management", "policymaker"];
+
 /// HTTP basic auth against the broker's users.
 async fn authenticate(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<SocketAddr>, mut request: Request, next: Next) -> Response {
     let credentials = request.headers().get(header::AUTHORIZATION).and_then(|value| value.to_str().ok()).and_then(parse_basic_auth);
@@ -76,6 +79,11 @@ async fn authenticate(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<Soc
     };
     match api.broker.users.check_password(&user, &password, peer.ip()) {
         Ok(name) => {
+            // As RabbitMQ: only users tagged for management may use the API at all.
+            let tagged = api.broker.users.get(&name).is_some_and(|user| MANAGEMENT_TAGS.iter().any(|tag| user.has_tag(tag)));
+            if !tagged {
+                return ApiError::unauthorised("Not management user").into_response();
+            }
             request.extensions_mut().insert(AuthenticatedUser(name));
             next.run(request).await
         }

@@ -28,7 +28,9 @@ pub fn router() -> Router<Api> {
         .route("/api/extensions", get(|| async { Json(json!([])) }))
         .route("/api/whoami", get(whoami))
         .route("/api/users", get(users))
-        .route("/api/users/{user}", get(user))
+        .route("/api/users/{user}", get(user).put(put_user).delete(delete_user))
+        .route("/api/users/{user}/permissions", get(user_permissions))
+        .route("/api/permissions/{vhost}/{user}", get(permission).put(put_permission).delete(delete_permission))
         .route("/api/permissions", get(permissions))
         .route("/api/vhosts", get(vhosts))
         .route("/api/vhosts/{vhost}", get(vhost))
@@ -98,7 +100,6 @@ fn created_or_existing(existed: bool) -> Response {
     }
 }
 
-const ALL_TAGS: [&str; 1] = ["administrator"];
 
 async fn overview(State(api): State<Api>) -> Json<Value> {
     let overview = api.broker.overview();
@@ -206,8 +207,9 @@ async fn node(State(api): State<Api>, Path(node): Path<String>) -> Answer {
     Ok(Json(node_json(&api)).into_response())
 }
 
-async fn whoami(Extension(user): Extension<AuthenticatedUser>) -> Json<Value> {
-    Json(json!({ "name": user.0, "tags": ALL_TAGS }))
+async fn whoami(State(api): State<Api>, Extension(user): Extension<AuthenticatedUser>) -> Json<Value> {
+    let tags = api.broker.users.get(&user.0).map(|user| user.tags).unwrap_or_default();
+    Json(json!({ "name": user.0, "tags": tags }))
 }
 
 pub fn user_json(user: &crate::auth::User) -> Value {
@@ -215,7 +217,7 @@ pub fn user_json(user: &crate::auth::User) -> Value {
         "name": user.name,
         "password_hash": user.password_hash(),
         "hashing_algorithm": "rabbit_password_hashing_sha256",
-        "tags": ALL_TAGS,
+        "tags": user.tags,
         "limits": {},
     })
 }
@@ -225,22 +227,120 @@ async fn users(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer
 }
 
 async fn user(State(api): State<Api>, Path(name): Path<String>) -> Answer {
-    let user = api.broker.users.list().iter().find(|user| user.name == name).ok_or_else(ApiError::object_not_found)?;
-    Ok(Json(user_json(user)).into_response())
+    let user = api.broker.users.get(&name).ok_or_else(ApiError::object_not_found)?;
+    Ok(Json(user_json(&user)).into_response())
 }
 
-/// Every user may do anything in every vhost (Lepus has no permissions yet).
+/// Users' permissions, as `/api/permissions` shows them.
 pub fn permission_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
-    let mut list = Vec::new();
-    for vhost in api.broker.vhost_names() {
-        if only_vhost.is_some_and(|only| only != vhost) {
-            continue;
-        }
-        for user in api.broker.users.list() {
-            list.push(json!({"user": user.name, "vhost": vhost, "configure": ".*", "write": ".*", "read": ".*"}));
-        }
+    api.broker
+        .permissions
+        .list()
+        .iter()
+        .filter(|entry| only_vhost.is_none_or(|vhost| entry.vhost == vhost))
+        .map(|entry| permission_json(entry))
+        .collect()
+}
+
+fn permission_json(entry: &crate::auth::Permission) -> Value {
+    json!({"user": entry.user, "vhost": entry.vhost, "configure": entry.configure, "write": entry.write, "read": entry.read})
+}
+
+/// 401 unless the caller is an administrator (RabbitMQ's rule for user and permission changes).
+fn require_administrator(api: &Api, caller: &AuthenticatedUser) -> Result<(), ApiError> {
+    match api.broker.users.get(&caller.0) {
+        Some(user) if user.has_tag("administrator") => Ok(()),
+        _ => Err(ApiError::unauthorised("Not administrator user")),
     }
-    list
+}
+
+/// The tags of a PUT /api/users body: RabbitMQ takes a comma-separated string or a list.
+pub fn tags_of(body: &Value) -> Vec<String> {
+    match body.get("tags") {
+        Some(Value::String(text)) => text.split(',').map(str::trim).filter(|tag| !tag.is_empty()).map(String::from).collect(),
+        Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).map(String::from).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The stored hash for a PUT /api/users body: from `password`, or a `password_hash` in RabbitMQ's
+/// sha256 form (other hashing algorithms are refused).
+pub fn password_hash_of(body: &Value) -> Result<String, ApiError> {
+    if let Some(password) = body.get("password").and_then(Value::as_str) {
+        return Ok(crate::auth::hash_password(password));
+    }
+    let algorithm = body.get("hashing_algorithm").and_then(Value::as_str).unwrap_or("rabbit_password_hashing_sha256");
+    if algorithm != "rabbit_password_hashing_sha256" {
+        return Err(ApiError::bad_request(format!("hashing algorithm {algorithm} is not supported (only rabbit_password_hashing_sha256)")));
+    }
+    match body.get("password_hash").and_then(Value::as_str) {
+        Some(hash) => Ok(hash.to_string()),
+        None => Err(ApiError::bad_request("user needs a password or a password_hash")),
+    }
+}
+
+async fn put_user(State(api): State<Api>, Extension(caller): Extension<AuthenticatedUser>, Path(name): Path<String>, body: Bytes) -> Answer {
+    require_administrator(&api, &caller)?;
+    let body: Value = serde_json::from_slice(&body).map_err(|error| ApiError::bad_request(error.to_string()))?;
+    let user = crate::auth::User::new(&name, password_hash_of(&body)?, tags_of(&body));
+    let created = api.broker.users.put(user);
+    api.broker.persist()?;
+    Ok(if created { StatusCode::CREATED } else { StatusCode::NO_CONTENT }.into_response())
+}
+
+async fn delete_user(State(api): State<Api>, Extension(caller): Extension<AuthenticatedUser>, Path(name): Path<String>) -> Answer {
+    require_administrator(&api, &caller)?;
+    if !api.broker.users.delete(&name) {
+        return Err(ApiError::object_not_found());
+    }
+    api.broker.permissions.delete_user(&name);
+    api.broker.persist()?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn user_permissions(State(api): State<Api>, Path(name): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    api.broker.users.get(&name).ok_or_else(ApiError::object_not_found)?;
+    let list = api.broker.permissions.list().iter().filter(|entry| entry.user == name).map(|entry| permission_json(entry)).collect();
+    list_response(list, &query)
+}
+
+async fn permission(State(api): State<Api>, Path((vhost, user)): Path<(String, String)>) -> Answer {
+    let entry = api.broker.permissions.get(&user, &vhost).ok_or_else(ApiError::object_not_found)?;
+    Ok(Json(permission_json(&entry)).into_response())
+}
+
+async fn put_permission(
+    State(api): State<Api>,
+    Extension(caller): Extension<AuthenticatedUser>,
+    Path((vhost, user)): Path<(String, String)>,
+    body: Bytes,
+) -> Answer {
+    require_administrator(&api, &caller)?;
+    require_vhost(&api, &vhost)?;
+    if api.broker.users.get(&user).is_none() {
+        return Err(ApiError::bad_request(format!("no user '{user}'")));
+    }
+    let body: Value = serde_json::from_slice(&body).map_err(|error| ApiError::bad_request(error.to_string()))?;
+    let expression = |key: &str| body.get(key).and_then(Value::as_str).unwrap_or("").to_string();
+    let permission = crate::auth::Permission::new(&user, &vhost, &expression("configure"), &expression("write"), &expression("read"))
+        .map_err(|error| ApiError::bad_request(error.to_string()))?;
+    let created = api.broker.permissions.get(&user, &vhost).is_none();
+    api.broker.permissions.put(permission);
+    api.broker.persist()?;
+    Ok(if created { StatusCode::CREATED } else { StatusCode::NO_CONTENT }.into_response())
+}
+
+async fn delete_permission(
+    State(api): State<Api>,
+    Extension(caller): Extension<AuthenticatedUser>,
+    Path((vhost, user)): Path<(String, String)>,
+) -> Answer {
+    require_administrator(&api, &caller)?;
+    if !api.broker.permissions.delete(&user, &vhost) {
+        return Err(ApiError::object_not_found());
+    }
+    api.broker.persist()?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn permissions(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {

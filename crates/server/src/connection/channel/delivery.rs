@@ -19,6 +19,7 @@ impl Channel {
 
     pub(super) fn consume(&mut self, context: &Context, consume: amqp_codec::BasicConsume) -> Result<(), AmqpError> {
         let name = self.queue_name(&consume.queue)?;
+        context.check(crate::auth::Access::Read, "queue", name.as_bytes())?;
         let queue = self.require_queue(context, &name)?;
         let tag = if consume.consumer_tag.is_empty() { random_name("amq.ctag-") } else { consume.consumer_tag.clone() };
         if self.consumers.contains_key(&tag) {

@@ -2,6 +2,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::auth::Access;
 
 impl Channel {
     pub(super) fn handle_method(&mut self, context: &mut Context, method: Method) -> Result<After, AmqpError> {
@@ -52,18 +53,24 @@ impl Channel {
                     internal: declare.internal,
                     arguments: declare.arguments,
                 };
+                if !declaration.passive {
+                    context.check(Access::Configure, "exchange", declaration.name.as_bytes())?;
+                }
                 context.broker.declare_exchange(&context.vhost, &declaration)?;
                 if !declare.nowait {
                     context.reply(id, ExchangeDeclareOk {}.into());
                 }
             }
             Method::ExchangeDelete(delete) => {
+                context.check(Access::Configure, "exchange", delete.exchange.as_bytes())?;
                 context.broker.delete_exchange(&context.vhost, &delete.exchange, delete.if_unused)?;
                 if !delete.nowait {
                     context.reply(id, ExchangeDeleteOk {}.into());
                 }
             }
             Method::ExchangeBind(bind) => {
+                context.check(Access::Write, "exchange", bind.destination.as_bytes())?;
+                context.check(Access::Read, "exchange", bind.source.as_bytes())?;
                 let binding = Binding {
                     destination: Destination::Exchange(bind.destination),
                     routing_key: bind.routing_key,
@@ -75,6 +82,8 @@ impl Channel {
                 }
             }
             Method::ExchangeUnbind(unbind) => {
+                context.check(Access::Write, "exchange", unbind.destination.as_bytes())?;
+                context.check(Access::Read, "exchange", unbind.source.as_bytes())?;
                 let binding = Binding {
                     destination: Destination::Exchange(unbind.destination),
                     routing_key: unbind.routing_key,
@@ -89,6 +98,9 @@ impl Channel {
                 let server_named = declare.queue.is_empty() && !declare.passive;
                 let name = if server_named { random_name("amq.gen-") } else { declare.queue.clone() };
                 let name = if declare.passive && name.is_empty() { self.queue_name(&name)? } else { name };
+                if !declare.passive {
+                    context.check(Access::Configure, "queue", name.as_bytes())?;
+                }
                 let exclusive_owner = declare.exclusive.then_some(context.connection.id);
                 let definition = QueueDefinition {
                     name,
@@ -109,6 +121,8 @@ impl Channel {
             }
             Method::QueueBind(bind) => {
                 let queue = self.queue_name(&bind.queue)?;
+                context.check(Access::Write, "queue", queue.as_bytes())?;
+                context.check(Access::Read, "exchange", bind.exchange.as_bytes())?;
                 self.require_queue(context, &queue)?;
                 let binding = Binding { destination: Destination::Queue(queue), routing_key: bind.routing_key, arguments: bind.arguments };
                 context.broker.bind(&context.vhost, &bind.exchange, binding)?;
@@ -118,6 +132,8 @@ impl Channel {
             }
             Method::QueueUnbind(unbind) => {
                 let queue = self.queue_name(&unbind.queue)?;
+                context.check(Access::Write, "queue", queue.as_bytes())?;
+                context.check(Access::Read, "exchange", unbind.exchange.as_bytes())?;
                 self.require_queue(context, &queue)?;
                 let binding =
                     Binding { destination: Destination::Queue(queue), routing_key: unbind.routing_key, arguments: unbind.arguments };
@@ -126,6 +142,7 @@ impl Channel {
             }
             Method::QueuePurge(purge) => {
                 let name = self.queue_name(&purge.queue)?;
+                context.check(Access::Read, "queue", name.as_bytes())?;
                 let queue = self.require_queue(context, &name)?;
                 let message_count = queue.purge();
                 if !purge.nowait {
@@ -134,6 +151,7 @@ impl Channel {
             }
             Method::QueueDelete(delete) => {
                 let name = self.queue_name(&delete.queue)?;
+                context.check(Access::Configure, "queue", name.as_bytes())?;
                 let exists = context.broker.vhost(&context.vhost).read().queue(&name).is_some();
                 let message_count = if exists {
                     let queue = self.require_queue(context, &name)?;
@@ -179,6 +197,7 @@ impl Channel {
             }
             Method::BasicGet(get) => {
                 let name = self.queue_name(&get.queue)?;
+                context.check(Access::Read, "queue", name.as_bytes())?;
                 let queue = self.require_queue(context, &name)?;
                 match queue.get(&self.shared, get.no_ack) {
                     Some(get_ok) => context.connection.send(get_ok),

@@ -87,6 +87,8 @@ pub struct Channel {
     confirm_sequence: Option<u64>,
     transaction: Option<Transaction>,
     last_declared_queue: Option<ShortStr>,
+    /// The exchange this channel last passed the write-permission check for.
+    publish_allowed: Option<ShortStr>,
 }
 
 fn random_name(prefix: &str) -> ShortStr {
@@ -110,6 +112,7 @@ impl Channel {
             confirm_sequence: None,
             transaction: None,
             last_declared_queue: None,
+            publish_allowed: None,
         }
     }
 

@@ -91,6 +91,11 @@ impl Channel {
         {
             let vhost = context.broker.vhost(&context.vhost).read();
             let exchange = vhost.require_exchange(&content.exchange).map_err(|error| error.during(60, 40))?;
+            // One regex match per exchange per channel: a publisher's exchange rarely changes.
+            if self.publish_allowed.as_ref() != Some(&content.exchange) {
+                context.check(crate::auth::Access::Write, "exchange", content.exchange.as_bytes()).map_err(|error| error.during(60, 40))?;
+                self.publish_allowed = Some(content.exchange.clone());
+            }
             if exchange.internal {
                 return Err(AmqpError::access_refused(format!(
                     "cannot publish to internal exchange '{}' in vhost '{}'",
