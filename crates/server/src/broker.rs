@@ -93,7 +93,9 @@ impl Broker {
         }
         let definitions = self.definitions.load().map_err(|error| error.to_string())?;
         if let Some(users) = &definitions.users {
-            self.users = Users::from_users(users.iter().map(|record| User::new(&record.name, record.password_hash.clone(), record.tags.clone())).collect());
+            self.users = Users::from_users(
+                users.iter().map(|record| User::new(&record.name, record.password_hash.clone(), record.tags.clone())).collect(),
+            );
         }
         if let Some(permissions) = &definitions.permissions {
             let mut entries = Vec::new();

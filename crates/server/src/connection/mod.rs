@@ -426,7 +426,8 @@ impl Connection {
                     return Err(AmqpError::not_allowed(format!("vhost {vhost} not found")).during(10, 40));
                 }
                 let Some(permission) = self.context.broker.permissions.get(&self.context.user, &vhost) else {
-                    return Err(AmqpError::not_allowed(format!("access to vhost '{vhost}' refused for user '{}'", self.context.user)).during(10, 40));
+                    return Err(AmqpError::not_allowed(format!("access to vhost '{vhost}' refused for user '{}'", self.context.user))
+                        .during(10, 40));
                 };
                 self.context.permission = Some(permission);
                 self.context.connection.session.lock().vhost = vhost.clone();

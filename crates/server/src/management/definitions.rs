@@ -208,8 +208,9 @@ fn import(api: &Api, body: &Value, into_vhost: Option<&str>) -> Answer {
         let user = required(item, "user", "permissions")?;
         let vhost = vhost_of(item)?;
         let expression = |key: &str| text(item, key).map(|value| value.unwrap_or_default());
-        let permission = crate::auth::Permission::new(&user, &vhost, &expression("configure")?, &expression("write")?, &expression("read")?)
-            .map_err(|error| ApiError::bad_request(error.to_string()))?;
+        let permission =
+            crate::auth::Permission::new(&user, &vhost, &expression("configure")?, &expression("write")?, &expression("read")?)
+                .map_err(|error| ApiError::bad_request(error.to_string()))?;
         api.broker.permissions.put(permission);
     }
     api.broker.persist()?;

@@ -100,7 +100,6 @@ fn created_or_existing(existed: bool) -> Response {
     }
 }
 
-
 async fn overview(State(api): State<Api>) -> Json<Value> {
     let overview = api.broker.overview();
     let rates = api.rates.total();
@@ -279,7 +278,12 @@ pub fn password_hash_of(body: &Value) -> Result<String, ApiError> {
     }
 }
 
-async fn put_user(State(api): State<Api>, Extension(caller): Extension<AuthenticatedUser>, Path(name): Path<String>, body: Bytes) -> Answer {
+async fn put_user(
+    State(api): State<Api>,
+    Extension(caller): Extension<AuthenticatedUser>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Answer {
     require_administrator(&api, &caller)?;
     let body: Value = serde_json::from_slice(&body).map_err(|error| ApiError::bad_request(error.to_string()))?;
     let user = crate::auth::User::new(&name, password_hash_of(&body)?, tags_of(&body));
