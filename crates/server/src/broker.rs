@@ -45,9 +45,11 @@ pub struct Broker {
     next_connection_id: AtomicU64,
     /// Raised while free disk space is below the limit (see `disk.rs`).
     pub disk_alarm: std::sync::atomic::AtomicBool,
-    /// Signalled when the disk alarm is raised.
+    /// Raised while the broker's memory is above the high watermark (see `disk.rs`).
+    pub memory_alarm: std::sync::atomic::AtomicBool,
+    /// Signalled when a resource alarm (disk or memory) is raised.
     pub disk_alarm_raised: tokio::sync::Notify,
-    /// Signalled when the disk alarm clears.
+    /// Signalled when a resource alarm clears.
     pub disk_alarm_cleared: tokio::sync::Notify,
     /// Open connections, to close them at shutdown (and, later, to list them).
     connections: Mutex<HashMap<u64, Arc<ConnectionShared>>>,
@@ -76,6 +78,7 @@ impl Broker {
             next_connection_id: AtomicU64::new(1),
             connections: Mutex::new(HashMap::new()),
             disk_alarm: std::sync::atomic::AtomicBool::new(false),
+            memory_alarm: std::sync::atomic::AtomicBool::new(false),
             disk_alarm_cleared: tokio::sync::Notify::new(),
             disk_alarm_raised: tokio::sync::Notify::new(),
             config,
@@ -201,6 +204,17 @@ impl Broker {
     /// Forgets a closed connection.
     pub fn unregister_connection(&self, id: u64) {
         self.connections.lock().remove(&id);
+    }
+
+    /// Whether a resource alarm (disk or memory) blocks publishers now, and which.
+    pub fn publishers_blocked_by(&self) -> Option<&'static str> {
+        if self.disk_alarm.load(Ordering::Acquire) {
+            Some("low on disk")
+        } else if self.memory_alarm.load(Ordering::Acquire) {
+            Some("low on memory")
+        } else {
+            None
+        }
     }
 
     /// The names of every vhost.

@@ -29,6 +29,8 @@ pub struct ServerConfig {
     /// Publishers are blocked while the data directory's filesystem has less free space than
     /// this (RabbitMQ's default disk_free_limit).
     pub disk_free_limit_bytes: u64,
+    /// Publishers are blocked while the broker's resident memory is above this.
+    pub memory_high_watermark_bytes: u64,
     /// When messages are fdatasynced, and so what a confirm promises (see docs/storage.md).
     pub sync_policy: storage::syncer::SyncPolicy,
 }
@@ -48,6 +50,7 @@ impl Default for ServerConfig {
             segment_bytes_max: storage::queue_log::SEGMENT_BYTES_MAX_DEFAULT,
             disk_free_limit_bytes: 50_000_000,
             sync_policy: storage::syncer::SyncPolicy::Always,
+            memory_high_watermark_bytes: crate::disk::default_memory_high_watermark_bytes(),
         }
     }
 }

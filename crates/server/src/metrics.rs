@@ -122,6 +122,19 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     counter(&mut registry, "lepus_messages_delivered", "Deliveries, summed over queues", delivered_total);
     counter(&mut registry, "lepus_messages_acked", "Acked deliveries, summed over queues", acked_total);
 
+    let memory_alarm = broker.memory_alarm.load(Ordering::Acquire);
+    gauge(
+        &mut registry,
+        "lepus_memory_alarm",
+        "1 while resident memory is above the high watermark and publishers are blocked",
+        i64::from(memory_alarm),
+    );
+    gauge(
+        &mut registry,
+        "lepus_memory_high_watermark_bytes",
+        "The memory high watermark",
+        as_i64(broker.config.memory_high_watermark_bytes),
+    );
     let alarm = broker.disk_alarm.load(Ordering::Acquire);
     gauge(&mut registry, "lepus_disk_alarm", "1 while free disk space is below the limit and publishers are blocked", i64::from(alarm));
     let free = crate::disk::free_bytes(&broker.config.data_dir).unwrap_or(0);

@@ -181,7 +181,7 @@ impl Connection {
             };
             // Backpressure: stop reading while this connection's writer and syncs are behind.
             self.context.connection.wait_for_capacity().await;
-            self.wait_out_disk_alarm().await;
+            self.wait_out_resource_alarms().await;
             let broker = self.context.broker.clone();
             let alarm_raised = broker.disk_alarm_raised.notified();
             let read = tokio::select! {
@@ -264,23 +264,21 @@ impl Connection {
         }
     }
 
-    /// While the disk alarm is raised, a connection that publishes is not read (RabbitMQ's
-    /// blocking); it is told with connection.blocked when it asked for that capability.
-    async fn wait_out_disk_alarm(&mut self) {
+    /// While a resource alarm (disk or memory) is raised, a connection that publishes is not read
+    /// (RabbitMQ's blocking); it is told with connection.blocked when it asked for that capability.
+    async fn wait_out_resource_alarms(&mut self) {
         let broker = self.context.broker.clone();
         if self.phase != Phase::Open || !self.context.connection.has_published.load(Ordering::Acquire) {
             return;
         }
         let mut told_blocked = false;
-        while broker.disk_alarm.load(Ordering::Acquire) {
+        while broker.publishers_blocked_by().is_some() {
             let cleared = broker.disk_alarm_cleared.notified();
             tokio::pin!(cleared);
             cleared.as_mut().enable();
-            if !broker.disk_alarm.load(Ordering::Acquire) {
-                break;
-            }
+            let Some(reason) = broker.publishers_blocked_by() else { break };
             if !told_blocked && self.blocked_notify {
-                self.context.reply(0, amqp_codec::ConnectionBlocked { reason: ShortStr::from("low on disk") }.into());
+                self.context.reply(0, amqp_codec::ConnectionBlocked { reason: ShortStr::from(reason) }.into());
                 told_blocked = true;
             }
             tokio::select! {

@@ -89,7 +89,7 @@ fn amqp_address(api: &Api) -> SocketAddr {
 }
 
 fn disk_alarm(api: &Api) -> bool {
-    api.broker.disk_alarm.load(std::sync::atomic::Ordering::Acquire)
+    api.broker.publishers_blocked_by().is_some()
 }
 
 fn created_or_existing(existed: bool) -> Response {
@@ -181,6 +181,8 @@ fn node_json(api: &Api) -> Value {
         "disk_free": free,
         "disk_free_limit": api.broker.config.disk_free_limit_bytes,
         "disk_free_alarm": api.broker.disk_alarm.load(std::sync::atomic::Ordering::Acquire),
+        "mem_alarm": api.broker.memory_alarm.load(std::sync::atomic::Ordering::Acquire),
+        "mem_limit": api.broker.config.memory_high_watermark_bytes,
         "partitions": [],
         "processors": std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1),
         "rates_mode": "basic",
@@ -406,8 +408,9 @@ async fn aliveness_test(State(api): State<Api>, Path(vhost): Path<String>) -> An
 }
 
 async fn alarms_check(State(api): State<Api>) -> Response {
-    if api.broker.disk_alarm.load(std::sync::atomic::Ordering::Acquire) {
-        let alarm = json!({"node": api.node, "resource": "disk"});
+    if let Some(reason) = api.broker.publishers_blocked_by() {
+        let resource = if reason.ends_with("disk") { "disk" } else { "memory" };
+        let alarm = json!({"node": api.node, "resource": resource});
         (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "failed", "reason": "resource alarm(s) in effect in the cluster", "alarms": [alarm]})),

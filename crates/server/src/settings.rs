@@ -1,0 +1,180 @@
+//! `lepus server`'s settings: flags and environment variables win over the configuration file
+//! (`--config FILE`, TOML), which wins over the embedded defaults. `--print-config` shows the
+//! result, so an operator sees exactly what a broker would run with.
+
+use crate::config::ServerConfig;
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use storage::syncer::SyncPolicy;
+
+/// The `--sync` choices (see docs/storage.md for what each promises).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMode {
+    /// fdatasync before every confirm, group-committed.
+    Always,
+    /// Confirm after the write; fdatasync every --sync-interval-ms.
+    Interval,
+    /// Confirm after the write; never fdatasync.
+    Never,
+}
+
+/// `lepus server` flags. Each may also come from its environment variable or the file; the
+/// defaults named here apply when none gives it.
+#[derive(clap::Args, Debug)]
+pub struct ServerArguments {
+    /// A TOML file with any of the settings below (keys as the flags, with underscores).
+    #[arg(long, env = "LEPUS_CONFIG")]
+    config: Option<PathBuf>,
+    /// Print the effective settings as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// Directory for definitions and message logs, created if missing [default: lepus-data].
+    #[arg(long, env = "LEPUS_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// AMQP port [default: 5672].
+    #[arg(long, env = "LEPUS_AMQP_PORT")]
+    amqp_port: Option<u16>,
+    /// Address to listen on [default: 0.0.0.0].
+    #[arg(long, env = "LEPUS_BIND")]
+    bind: Option<IpAddr>,
+    /// Management HTTP API port, RabbitMQ-compatible `/api`; 0 disables it [default: 15672].
+    #[arg(long, env = "LEPUS_HTTP_PORT")]
+    http_port: Option<u16>,
+    /// Prometheus metrics port, `/metrics`; 0 disables it [default: 15692].
+    #[arg(long, env = "LEPUS_METRICS_PORT")]
+    metrics_port: Option<u16>,
+    /// Heartbeat interval proposed to clients, in seconds; 0 disables [default: 60].
+    #[arg(long, env = "LEPUS_HEARTBEAT_S")]
+    heartbeat_s: Option<u16>,
+    /// A queue log segment takes new messages until it holds this many bytes [default: 67108864].
+    #[arg(long, env = "LEPUS_SEGMENT_BYTES_MAX")]
+    segment_bytes_max: Option<u64>,
+    /// Publishers are blocked while the data directory's filesystem has less free space than this [default: 50000000].
+    #[arg(long, env = "LEPUS_DISK_FREE_LIMIT_BYTES")]
+    disk_free_limit_bytes: Option<u64>,
+    /// Publishers are blocked while the broker's resident memory is above this [default: 40% of RAM].
+    #[arg(long, env = "LEPUS_MEMORY_HIGH_WATERMARK_BYTES")]
+    memory_high_watermark_bytes: Option<u64>,
+    /// When messages are fdatasynced [default: always].
+    #[arg(long, env = "LEPUS_SYNC", value_enum)]
+    sync: Option<SyncMode>,
+    /// With `--sync interval`: milliseconds between fdatasyncs [default: 200].
+    #[arg(long, env = "LEPUS_SYNC_INTERVAL_MS")]
+    sync_interval_ms: Option<u64>,
+}
+
+/// The settings as the file holds them, and as `--print-config` writes them.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    data_dir: Option<PathBuf>,
+    amqp_port: Option<u16>,
+    bind: Option<IpAddr>,
+    http_port: Option<u16>,
+    metrics_port: Option<u16>,
+    heartbeat_s: Option<u16>,
+    segment_bytes_max: Option<u64>,
+    disk_free_limit_bytes: Option<u64>,
+    memory_high_watermark_bytes: Option<u64>,
+    sync: Option<SyncMode>,
+    sync_interval_ms: Option<u64>,
+}
+
+/// What `lepus server` should do.
+pub enum Resolved {
+    /// Run a broker with these settings.
+    Run(ServerConfig),
+    /// Print these settings and exit.
+    Print(String),
+}
+
+/// Merges flags and environment, the file, and the defaults.
+pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
+    let file = match &arguments.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|error| format!("{}: {error}", path.display()))?;
+            toml::from_str::<FileSettings>(&text).map_err(|error| format!("{}: {error}", path.display()))?
+        }
+        None => FileSettings::default(),
+    };
+    let defaults = ServerConfig::default();
+    let sync = arguments.sync.or(file.sync).unwrap_or(SyncMode::Always);
+    let sync_interval_ms = arguments.sync_interval_ms.or(file.sync_interval_ms).unwrap_or(200);
+    let config = ServerConfig {
+        data_dir: arguments.data_dir.or(file.data_dir).unwrap_or(defaults.data_dir.clone()),
+        amqp_port: arguments.amqp_port.or(file.amqp_port).unwrap_or(defaults.amqp_port),
+        bind_address: arguments.bind.or(file.bind).unwrap_or(defaults.bind_address),
+        http_port: arguments.http_port.or(file.http_port).unwrap_or(defaults.http_port),
+        metrics_port: arguments.metrics_port.or(file.metrics_port).unwrap_or(defaults.metrics_port),
+        heartbeat_interval_s: arguments.heartbeat_s.or(file.heartbeat_s).unwrap_or(defaults.heartbeat_interval_s),
+        segment_bytes_max: arguments.segment_bytes_max.or(file.segment_bytes_max).unwrap_or(defaults.segment_bytes_max).max(1),
+        disk_free_limit_bytes: arguments.disk_free_limit_bytes.or(file.disk_free_limit_bytes).unwrap_or(defaults.disk_free_limit_bytes),
+        memory_high_watermark_bytes: arguments
+            .memory_high_watermark_bytes
+            .or(file.memory_high_watermark_bytes)
+            .unwrap_or(defaults.memory_high_watermark_bytes),
+        sync_policy: match sync {
+            SyncMode::Always => SyncPolicy::Always,
+            SyncMode::Interval => SyncPolicy::Interval { interval_ms: sync_interval_ms },
+            SyncMode::Never => SyncPolicy::Never,
+        },
+        ..defaults
+    };
+    if !arguments.print_config {
+        return Ok(Resolved::Run(config));
+    }
+    let effective = FileSettings {
+        data_dir: Some(config.data_dir.clone()),
+        amqp_port: Some(config.amqp_port),
+        bind: Some(config.bind_address),
+        http_port: Some(config.http_port),
+        metrics_port: Some(config.metrics_port),
+        heartbeat_s: Some(config.heartbeat_interval_s),
+        segment_bytes_max: Some(config.segment_bytes_max),
+        disk_free_limit_bytes: Some(config.disk_free_limit_bytes),
+        memory_high_watermark_bytes: Some(config.memory_high_watermark_bytes),
+        sync: Some(sync),
+        sync_interval_ms: Some(sync_interval_ms),
+    };
+    toml::to_string(&effective).map(Resolved::Print).map_err(|error| error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct TestCli {
+        #[command(flatten)]
+        server: ServerArguments,
+    }
+
+    fn resolve_from(arguments: &[&str]) -> Result<Resolved, String> {
+        let cli = TestCli::try_parse_from(std::iter::once("lepus").chain(arguments.iter().copied())).map_err(|error| error.to_string())?;
+        resolve(cli.server)
+    }
+
+    #[test]
+    fn flags_win_over_the_file_which_wins_over_defaults() {
+        let path = std::env::temp_dir().join(format!("lepus-settings-{}.toml", std::process::id()));
+        std::fs::write(&path, "amqp_port = 5699\nsync = \"interval\"\nheartbeat_s = 30\n").expect("write");
+        let Ok(Resolved::Run(config)) = resolve_from(&["--config", path.to_str().expect("utf-8"), "--heartbeat-s", "10"]) else {
+            panic!("resolves")
+        };
+        assert_eq!(config.amqp_port, 5699, "from the file");
+        assert_eq!(config.heartbeat_interval_s, 10, "the flag wins");
+        assert_eq!(config.sync_policy, SyncPolicy::Interval { interval_ms: 200 }, "file value, default interval");
+        assert_eq!(config.http_port, 15672, "default");
+        let Ok(Resolved::Print(toml)) = resolve_from(&["--config", path.to_str().expect("utf-8"), "--print-config"]) else {
+            panic!("prints")
+        };
+        assert!(toml.contains("amqp_port = 5699") && toml.contains("sync = \"interval\""), "{toml}");
+        std::fs::write(&path, "amqp_prot = 1\n").expect("write");
+        let error = resolve_from(&["--config", path.to_str().expect("utf-8")]).err().expect("an unknown key is an error");
+        assert!(error.contains("unknown field `amqp_prot`"), "{error}");
+        let _ = std::fs::remove_file(&path);
+    }
+}
