@@ -2,7 +2,8 @@
 # Runs every Lepus test on a fresh machine: the Rust unit and property tests, then the interop
 # suites that drive a real Lepus broker through real client libraries (Python pika, Go amqp091-go,
 # Java amqp-client and the RabbitMQ JMS client), and the management API suite (requests, pika,
-# rabbitmqadmin, lepus ctl). Each suite's run.sh installs what it needs
+# rabbitmqadmin, lepus ctl) and the web console suite (Playwright in Debian's Chromium). Each
+# suite's run.sh installs what it needs
 # (a Python venv from PyPI, Go modules, Maven artifacts; Debian packages when a toolchain is missing).
 #
 # Usage: scripts/test.sh            (everything)
@@ -10,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-suites=${SUITES:-"python go java management"}
+suites=${SUITES:-"python go java management console"}
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo not found: install Rust (rustup) first" >&2

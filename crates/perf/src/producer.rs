@@ -67,6 +67,8 @@ pub struct ProducerSpec {
     pub message_count: Option<u64>,
     /// Bodies to cycle through, all of one size.
     pub payloads: Arc<Vec<Vec<u8>>>,
+    /// Wait for intended send times precisely (thread sleeps) rather than on tokio's timer alone.
+    pub precise_pacing: bool,
 }
 
 /// Unconfirmed publishes, shared by the writer loop and the confirm reader.
@@ -167,7 +169,7 @@ pub async fn run_producer(spec: ProducerSpec, control: Arc<Control>, stats: Arc<
                 if intended > now {
                     writer.flush().await?;
                     writer.heartbeat_if_due();
-                    wait_until(intended, now, &control).await;
+                    wait_until(intended, now, &control, spec.precise_pacing).await;
                     continue;
                 }
                 stats.record(Metric::SendDelay, (now - intended).as_nanos() as u64);
@@ -239,22 +241,27 @@ pub async fn run_producer(spec: ProducerSpec, control: Arc<Control>, stats: Arc<
     Ok(())
 }
 
-/// Waits for a send's intended time, precisely: tokio's timer ticks in whole milliseconds, which
-/// would add up to a millisecond of the tool's own lateness to every send delay and transfer time.
-/// Long waits sleep on the tokio timer to a millisecond before; the last stretch sleeps the
-/// thread (about 50 us of timer slack) with the worker handed to the other tasks meanwhile; the
-/// final tens of microseconds yield. Everything that is due is then sent in one go.
-async fn wait_until(intended: Instant, now: Instant, control: &Control) {
+/// Waits for a send's intended time, precisely but without spinning: tokio's timer ticks in
+/// whole milliseconds, which would add up to a millisecond of the tool's own lateness to every
+/// send delay and transfer time. Long waits sleep on the tokio timer to a millisecond before; the
+/// last stretch sleeps the thread (Linux timer slack: about 50 us late) with the worker's other
+/// tasks handed to another thread meanwhile. Everything that is due is then sent in one go, so at
+/// high rates one wait covers several messages. Spinning is avoided on purpose: on a machine the
+/// broker shares, a spinning load generator would take CPU from the broker it measures.
+async fn wait_until(intended: Instant, now: Instant, control: &Control, precise: bool) {
     let remaining = intended - now;
-    if remaining > Duration::from_millis(2) {
+    if !precise {
+        tokio::select! {
+            _ = tokio::time::sleep_until(intended.into()) => {}
+            _ = control.changed.notified() => {}
+        }
+    } else if remaining > Duration::from_millis(2) {
         tokio::select! {
             _ = tokio::time::sleep_until((intended - Duration::from_millis(1)).into()) => {}
             _ = control.changed.notified() => {}
         }
-    } else if remaining > Duration::from_micros(100) {
-        tokio::task::block_in_place(|| std::thread::sleep(remaining - Duration::from_micros(50)));
     } else {
-        tokio::task::yield_now().await;
+        tokio::task::block_in_place(|| std::thread::sleep(remaining));
     }
 }
 

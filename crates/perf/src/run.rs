@@ -170,6 +170,7 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
                     completion,
                     message_count: args.message_count,
                     payloads: payloads.clone(),
+                    precise_pacing: args.pacing == crate::cli::Pacing::Precise,
                 };
                 let control = producer_control.clone();
                 let stats = registry.worker();
@@ -330,6 +331,7 @@ fn config_json(args: &PerfArgs, url: &AmqpUrl, consumer_url: &AmqpUrl) -> serde_
         "batch_size": args.batch_size,
         "ack_every": args.ack_every,
         "prefetch": args.prefetch,
+        "pacing": format!("{:?}", args.pacing).to_lowercase(),
         "warmup_s": args.warmup,
         "duration_s": args.duration,
         "message_count": args.message_count,

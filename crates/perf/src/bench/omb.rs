@@ -116,6 +116,7 @@ pub async fn run_workload(workload: &Workload, workload_path: &Path, options: &B
                 completion: Completion::Confirms { max_pending: options.max_pending },
                 message_count: None,
                 payloads: payloads.clone(),
+                precise_pacing: true,
             };
             let (control, stats) = (producer_control.clone(), registry.worker());
             workers.spawn(async move {

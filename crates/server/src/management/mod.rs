@@ -5,6 +5,7 @@
 //! Every route needs HTTP basic auth with a broker user (the AMQP rules apply: `guest` only from
 //! loopback). Errors are JSON `{"error": ..., "reason": ...}` with RabbitMQ's status codes.
 
+mod console;
 mod definitions;
 mod json;
 mod rates;
@@ -60,6 +61,8 @@ pub async fn serve(broker: Arc<Broker>, listener: tokio::net::TcpListener) {
     tokio::spawn(rates::sample_forever(api.broker.clone(), api.rates.clone()));
     let app = routes::router()
         .route_layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
+        // The web console's static files, outside the authentication layer (the page logs in).
+        .merge(console::router())
         .fallback(|| async { ApiError::object_not_found() })
         .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
         .with_state(api);
