@@ -6,8 +6,11 @@
 # suite's run.sh installs what it needs
 # (a Python venv from PyPI, Go modules, Maven artifacts; Debian packages when a toolchain is missing).
 #
+# Then the Python, Go and Java suites and the perf tool's broker test run once more against a real
+# RabbitMQ (Debian's rabbitmq-server), which is how their expectations were set.
+#
 # Usage: scripts/test.sh            (everything)
-#        SUITES="python go" scripts/test.sh
+#        SUITES="python go" REFERENCE=none scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -50,6 +53,11 @@ for suite in $suites; do
   echo "== interop/$suite"
   if "interop/$suite/run.sh"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "interop/$suite FAILED"; fi
 done
+# The same suites against a real RabbitMQ: what they expect of Lepus is what RabbitMQ does.
+if [ "${REFERENCE:-rabbitmq}" = rabbitmq ]; then
+  echo "== reference: RabbitMQ"
+  if scripts/rabbitmq-reference.sh python go java; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "reference runs against RabbitMQ FAILED"; fi
+fi
 if ! kill -0 "$broker_pid" 2>/dev/null; then
   echo "the broker died during the interop suites; its log:" >&2
   tail -50 "$log" >&2
