@@ -60,11 +60,47 @@ fn as_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-/// Metrics kept by the storage crate (the fsync-latency histogram): registered here on each
-/// scrape once storage exposes them, e.g. `registry.register("lepus_storage_fsync_seconds", ...,
-/// storage::metrics::FSYNC_SECONDS.clone())`. Nothing yet.
-fn register_storage_metrics(registry: &mut Registry) {
-    let _ = registry;
+/// The syncer's counters (group commits, the publishes they covered, failed batches).
+fn register_storage_metrics(registry: &mut Registry, broker: &Broker) {
+    let stats = broker.syncer.stats();
+    let counter = |registry: &mut Registry, name: &str, help: &str, value: u64| {
+        let metric = Counter::<u64>::default();
+        metric.inc_by(value);
+        registry.register(name, help, metric);
+    };
+    counter(registry, "lepus_storage_group_commits", "Group commits the syncer ran", stats.batches.load(Ordering::Relaxed));
+    counter(
+        registry,
+        "lepus_storage_sync_requests",
+        "Requests (publishes waiting for durability, flushes) the group commits covered",
+        stats.requests.load(Ordering::Relaxed),
+    );
+    counter(
+        registry,
+        "lepus_storage_sync_failures",
+        "Group commits whose write or fdatasync failed (their confirms were nacked)",
+        stats.failures.load(Ordering::Relaxed),
+    );
+}
+
+/// The fdatasync latency histogram in OpenMetrics text form. The syncer counts into fixed
+/// buckets with atomics (nothing to allocate on its path), which prometheus-client's Histogram
+/// cannot take as they are, so it is written here: cumulative buckets, sum and count.
+fn fsync_histogram_text(broker: &Broker) -> String {
+    use std::fmt::Write as _;
+    let stats = broker.syncer.stats();
+    let mut text = String::new();
+    let _ = writeln!(text, "# HELP lepus_storage_fsync_seconds Time fdatasync took, per call");
+    let _ = writeln!(text, "# TYPE lepus_storage_fsync_seconds histogram");
+    let mut cumulative = 0u64;
+    for (bound_us, bucket) in storage::syncer::FSYNC_LATENCY_BUCKETS_US.iter().zip(stats.fsync_us_buckets.iter()) {
+        cumulative += bucket.load(Ordering::Relaxed);
+        let bound = if *bound_us == u64::MAX { "+Inf".to_string() } else { format!("{}", *bound_us as f64 / 1_000_000.0) };
+        let _ = writeln!(text, "lepus_storage_fsync_seconds_bucket{{le=\"{bound}\"}} {cumulative}");
+    }
+    let _ = writeln!(text, "lepus_storage_fsync_seconds_sum {}", stats.fsync_us_total.load(Ordering::Relaxed) as f64 / 1_000_000.0);
+    let _ = writeln!(text, "lepus_storage_fsync_seconds_count {}", stats.fsyncs.load(Ordering::Relaxed));
+    text
 }
 
 /// Every metric, in the OpenMetrics text format.
@@ -154,10 +190,13 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())]).set(1);
     registry.register("lepus_build_info", "Always 1; the version is a label", build);
 
-    register_storage_metrics(&mut registry);
+    register_storage_metrics(&mut registry, broker);
 
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    // The histogram goes before the closing "# EOF" line the encoder writes.
+    let end = text.rfind("# EOF").unwrap_or(text.len());
+    text.insert_str(end, &fsync_histogram_text(broker));
     Ok(text)
 }
 

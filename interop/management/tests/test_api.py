@@ -71,6 +71,10 @@ def test_queue_counts_follow_amqp(lepus, names):
         assert metrics[("lepus_disk_alarm", frozenset())] == 0
         assert metrics[("lepus_process_resident_memory_bytes", frozenset())] > 0
         assert metrics[("lepus_process_open_fds", frozenset())] > 0
+        # The durable queue's persistent, confirmed publishes went through fdatasync.
+        assert metrics[("lepus_storage_fsync_seconds_count", frozenset())] >= 1
+        assert metrics[("lepus_storage_fsync_seconds_bucket", frozenset({("le", "+Inf")}))] == metrics[("lepus_storage_fsync_seconds_count", frozenset())]
+        assert metrics[("lepus_storage_group_commits_total", frozenset())] >= 1
         ch.queue_delete(queue)
     finally:
         conn.close()
