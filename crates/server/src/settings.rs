@@ -48,7 +48,7 @@ pub struct ServerArguments {
     /// Heartbeat interval proposed to clients, in seconds; 0 disables [default: 60].
     #[arg(long, env = "LEPUS_HEARTBEAT_S")]
     heartbeat_s: Option<u16>,
-    /// A queue log segment takes new messages until it holds this many bytes [default: 67108864].
+    /// A queue log segment takes new messages until it holds this many bytes [default: 8388608].
     #[arg(long, env = "LEPUS_SEGMENT_BYTES_MAX")]
     segment_bytes_max: Option<u64>,
     /// Publishers are blocked while the data directory's filesystem has less free space than this [default: 50000000].

@@ -7,6 +7,7 @@
 //!   and only then runs the callbacks that send publisher confirms.
 
 pub mod definitions;
+pub mod janitor;
 pub mod queue_log;
 pub mod range_set;
 pub mod syncer;

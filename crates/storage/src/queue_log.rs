@@ -46,8 +46,16 @@ const RECORD_HEADER_BYTES: usize = 8;
 /// largest message is 512 MiB).
 pub const RECORD_BYTES_MAX: usize = 600 * 1024 * 1024;
 /// A segment takes new publishes until it holds this many bytes.
-pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+///
+/// Small on purpose: deleting a settled segment makes the filesystem free its extents, and on
+/// ext4 a concurrent fdatasync waits for that journal commit, so every deletion stalls confirms
+/// in proportion to the segment's size. Measured at 38,000 msg/s of 1 KiB (send-ack p99): 64 MiB
+/// 75-85 ms, 16 MiB 24 ms, 8 MiB 13 ms, no deletion 0.34 ms. Recycling segment files instead of
+/// deleting them would remove the stall altogether.
+pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 8 * 1024 * 1024;
 const SEGMENT_SUFFIX: &str = ".seg";
+/// A settled segment waiting for the janitor; removed at recovery if a crash left it.
+const DELETED_SUFFIX: &str = "deleted";
 
 /// What recovery found in a log. Message bodies stay on disk: the queue reads them back through
 /// the [`TailCursor`] of [`QueueLog::recovered_tail`], so a restart costs one scan of the log and
@@ -122,6 +130,11 @@ fn list_segments(directory: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> 
     for entry in entries {
         let entry = entry.map_err(|error| StorageError::io(directory, error))?;
         let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(&format!(".{DELETED_SUFFIX}")) {
+            // A settled segment whose deletion a crash interrupted.
+            let _ = std::fs::remove_file(entry.path());
+            continue;
+        }
         match name.strip_suffix(SEGMENT_SUFFIX).and_then(|stem| stem.parse::<u64>().ok()) {
             Some(first_position) => segments.push((first_position, entry.path())),
             None => {
@@ -398,8 +411,13 @@ impl QueueLog {
     fn delete_settled_segments(&mut self) {
         while self.segments.len() > 1 && self.segments[0].unsettled == 0 {
             let segment = self.segments.remove(0);
-            if let Err(error) = std::fs::remove_file(&segment.path) {
-                tracing::error!(file = %segment.path.display(), %error, "deleting a settled segment failed");
+            // Renaming is a cheap metadata change; the slow unlink happens off the message path
+            // (see janitor.rs). The new name cannot collide with a segment a redeclared queue of
+            // the same name creates meanwhile.
+            let doomed = segment.path.with_extension(DELETED_SUFFIX);
+            match std::fs::rename(&segment.path, &doomed) {
+                Ok(()) => crate::janitor::unlink(doomed),
+                Err(error) => tracing::error!(file = %segment.path.display(), %error, "retiring a settled segment failed"),
             }
         }
     }
