@@ -1,7 +1,6 @@
 package lepus.interop;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
-import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -141,7 +140,9 @@ class TxConfirmTest extends BrokerTest {
         assertEquals("ack:1", events.poll(Broker.TIMEOUT_MS, TimeUnit.MILLISECONDS));
         ch.basicPublish("", q, null, Broker.bytes("overflows"));
         assertEquals("nack:2", events.poll(Broker.TIMEOUT_MS, TimeUnit.MILLISECONDS));
-        assertFalse(ch.waitForConfirms(Broker.TIMEOUT_MS), "waitForConfirms reports the nack");
+        // (waitForConfirms is not asserted here: the Java client calls confirm listeners before
+        // it records the nack for waitForConfirms, so right after the listener fired the answer
+        // races - seen once against RabbitMQ 3.10.8 itself.)
         assertEquals(1, ch.queueDeclarePassive(q).getMessageCount());
         assertEquals("fits", Broker.body(ch.basicGet(q, true)));
         assertNull(ch.basicGet(q, true));
