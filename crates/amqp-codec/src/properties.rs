@@ -70,6 +70,11 @@ impl ContentHeader {
         BasicProperties::decode(self.property_flags, self.properties_raw.clone())
     }
 
+    /// Whether the publisher set a user-id (which the broker must check against the login).
+    pub fn has_user_id(&self) -> bool {
+        self.property_flags & FLAG_USER_ID != 0
+    }
+
     /// Whether the publisher set a per-message expiration.
     pub fn has_expiration(&self) -> bool {
         self.property_flags & FLAG_EXPIRATION != 0

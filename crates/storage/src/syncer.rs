@@ -246,8 +246,3 @@ fn sync_all(logs: &[SharedLog], fsync: bool, stats: &SyncStats) -> bool {
     }
     all_durable
 }
-
-/// Registers a log with the syncer for periodic flushing without waiting on it.
-pub fn note_dirty(syncer: &Syncer, log: &SharedLog) {
-    syncer.sync(vec![log.clone()], None);
-}

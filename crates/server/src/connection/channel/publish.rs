@@ -72,12 +72,13 @@ impl Channel {
             Some(body) => body,
             None => content.body.freeze(),
         };
-        if let Ok(properties) = header.properties() {
-            if let Some(mode) = properties.delivery_mode {
-                if mode != 1 && mode != 2 {
-                    return Err(AmqpError::precondition(format!("invalid message: {{delivery_mode_unknown,{mode}}}")).during(60, 40));
-                }
+        if let Some(mode) = header.delivery_mode() {
+            if mode != 1 && mode != 2 {
+                return Err(AmqpError::precondition(format!("invalid message: {{delivery_mode_unknown,{mode}}}")).during(60, 40));
             }
+        }
+        // Decoding every property costs an allocation per message; only a user-id needs it.
+        if let Some(properties) = header.has_user_id().then(|| header.properties().ok()).flatten() {
             if let Some(user_id) = &properties.user_id {
                 if user_id.as_bytes() != context.user.as_bytes() {
                     return Err(AmqpError::precondition(format!(
