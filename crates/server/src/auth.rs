@@ -22,6 +22,9 @@ pub enum LoginError {
     /// `guest` from a non-loopback address.
     #[error("user '{0}' can only connect via localhost")]
     LoopbackOnly(String),
+    /// Too many failed logins from this address; the password was not checked.
+    #[error("too many failed logins from this address; refused without checking")]
+    Throttled,
 }
 
 /// One user.
@@ -296,6 +299,11 @@ impl Permissions {
     /// Removes every permission of a user (the user was deleted).
     pub fn delete_user(&self, user: &str) {
         self.entries.write().retain(|entry| entry.user != user);
+    }
+
+    /// Removes every permission in a vhost (the vhost was deleted).
+    pub fn remove_vhost(&self, vhost: &str) {
+        self.entries.write().retain(|entry| entry.vhost != vhost);
     }
 }
 

@@ -4,6 +4,7 @@
 use crate::auth::{Permission, Permissions, User, Users};
 use crate::config::ServerConfig;
 use crate::outbound::{ConnectionShared, ConsumerHandle, Outbound};
+use crate::policy::Policy;
 use crate::queue_runtime::{Pager, QueueRuntime};
 use amqp_codec::{encode_method_frame, BasicCancel, Method, ShortStr};
 use broker_core::exchange::{Binding, Destination, Exchange, ExchangeKind};
@@ -12,12 +13,13 @@ use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, Vhost};
 use broker_core::AmqpError;
 use bytes::BytesMut;
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use storage::definitions::{
     table_from_hex, table_to_hex, BindingRecord, Definitions, DefinitionsStore, ExchangeRecord, PermissionRecord, QueueRecord, UserRecord,
+    VhostRecord,
 };
 use storage::queue_log::QueueLog;
 use storage::syncer::Syncer;
@@ -27,6 +29,41 @@ const CLEAN_SHUTDOWN_MARKER: &str = "clean-shutdown";
 
 /// A queue handle as the topology holds it.
 pub type QueueHandle = Arc<QueueRuntime>;
+
+/// A vhost's topology, shared by the connections that opened it. A connection keeps its vhost's
+/// topology for its life, so the publish path takes no broker-wide lock to find it.
+pub type VhostTopology = Arc<RwLock<Vhost<QueueHandle>>>;
+
+/// The most vhosts a broker holds; creating one more is refused (each costs a topology with its
+/// predeclared exchanges).
+pub const VHOSTS_MAX: usize = 4096;
+
+/// The name of the vhost every broker has from its first start.
+pub const DEFAULT_VHOST: &str = "/";
+
+/// A vhost: its topology and what operators wrote about it.
+struct VhostSlot {
+    topology: VhostTopology,
+    description: String,
+    tags: Vec<String>,
+}
+
+impl VhostSlot {
+    fn new(name: &str, description: String, tags: Vec<String>) -> VhostSlot {
+        VhostSlot { topology: Arc::new(RwLock::new(Vhost::new(name))), description, tags }
+    }
+}
+
+/// A vhost as listed by the management API.
+#[derive(Debug, Clone)]
+pub struct VhostInfo {
+    /// Name.
+    pub name: String,
+    /// Free text.
+    pub description: String,
+    /// Free-form tags.
+    pub tags: Vec<String>,
+}
 
 /// The whole broker, shared by every connection.
 pub struct Broker {
@@ -38,7 +75,13 @@ pub struct Broker {
     pub permissions: Permissions,
     /// Group commit.
     pub syncer: Syncer,
-    vhosts: HashMap<String, RwLock<Vhost<QueueHandle>>>,
+    /// Failed logins by client address (AMQP and HTTP).
+    pub login_throttle: crate::login_throttle::LoginThrottle,
+    /// Vhosts by name. Lock order: this map, then a topology; the map lock is held only to look
+    /// up, add or remove an entry.
+    vhosts: RwLock<BTreeMap<String, VhostSlot>>,
+    /// Policies of every vhost, in no particular order (see `policy.rs`).
+    policies: RwLock<Vec<Arc<Policy>>>,
     definitions: DefinitionsStore,
     /// Serialises rewrites of the definitions file, so the newest topology is the one on disk.
     definitions_write: Mutex<()>,
@@ -72,7 +115,9 @@ impl Broker {
             users: Users::default(),
             permissions: Permissions::default_for_guest(),
             syncer: Syncer::start(config.sync_policy),
-            vhosts: HashMap::new(),
+            login_throttle: Default::default(),
+            vhosts: RwLock::new(BTreeMap::new()),
+            policies: RwLock::new(Vec::new()),
             definitions,
             definitions_write: Mutex::new(()),
             next_connection_id: AtomicU64::new(1),
@@ -83,7 +128,6 @@ impl Broker {
             disk_alarm_raised: tokio::sync::Notify::new(),
             config,
         };
-        broker.vhosts.insert("/".to_string(), RwLock::new(Vhost::new("/")));
         broker.recover()?;
         Ok(Arc::new(broker))
     }
@@ -95,6 +139,25 @@ impl Broker {
             std::fs::remove_file(&marker).map_err(|error| format!("{}: {error}", marker.display()))?;
         }
         let definitions = self.definitions.load().map_err(|error| error.to_string())?;
+        {
+            let mut vhosts = self.vhosts.write();
+            match &definitions.vhosts {
+                Some(records) => {
+                    for record in records {
+                        vhosts.insert(record.name.clone(), VhostSlot::new(&record.name, record.description.clone(), record.tags.clone()));
+                    }
+                }
+                None => {
+                    vhosts.insert(DEFAULT_VHOST.to_string(), VhostSlot::new(DEFAULT_VHOST, "Default virtual host".to_string(), Vec::new()));
+                }
+            }
+        }
+        for record in &definitions.policies {
+            match Policy::from_record(record) {
+                Ok(policy) => self.policies.write().push(Arc::new(policy)),
+                Err(error) => tracing::error!(%error, policy = %record.name, vhost = %record.vhost, "a stored policy is invalid; skipped"),
+            }
+        }
         if let Some(users) = &definitions.users {
             self.users = Users::from_users(
                 users.iter().map(|record| User::new(&record.name, record.password_hash.clone(), record.tags.clone())).collect(),
@@ -111,7 +174,8 @@ impl Broker {
             self.permissions = Permissions::from_entries(entries);
         }
         for record in &definitions.exchanges {
-            let Some(vhost) = self.vhosts.get(&record.vhost) else {
+            let Some(vhost) = self.vhost(&record.vhost) else {
+                tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
                 continue;
             };
             let Some(kind) = ExchangeKind::parse(record.kind.as_bytes()) else {
@@ -124,7 +188,8 @@ impl Broker {
         }
         let mut restored_messages = 0usize;
         for record in &definitions.queues {
-            let Some(vhost) = self.vhosts.get(&record.vhost) else {
+            let Some(vhost) = self.vhost(&record.vhost) else {
+                tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
                 continue;
             };
             let definition = QueueDefinition {
@@ -146,10 +211,12 @@ impl Broker {
             let messages = QueueState::with_paged(recovery.next_position, recovery.live_count);
             restored_messages += recovery.live_count as usize;
             let queue = QueueRuntime::new(definition.clone(), &record.vhost, Some(Arc::new(Mutex::new(log))), messages, pager);
+            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
             vhost.write().restore_queue(definition, queue);
         }
         for record in &definitions.bindings {
-            let Some(vhost) = self.vhosts.get(&record.vhost) else {
+            let Some(vhost) = self.vhost(&record.vhost) else {
+                tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
                 continue;
             };
             let destination_name = ShortStr::truncating(record.destination.clone());
@@ -160,7 +227,8 @@ impl Broker {
                 routing_key: ShortStr::truncating(record.routing_key.clone()),
                 arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
             };
-            if let Err(error) = vhost.write().bind(&ShortStr::truncating(record.source.clone()), binding) {
+            let bound = vhost.write().bind(&ShortStr::truncating(record.source.clone()), binding);
+            if let Err(error) = bound {
                 tracing::warn!(%error, "a stored binding could not be restored");
             }
         }
@@ -177,7 +245,7 @@ impl Broker {
     /// Writes and syncs every queue log (graceful shutdown), so acks and unconfirmed publishes
     /// buffered in memory are not lost.
     pub fn flush_all(&self) {
-        for vhost in self.vhosts.values() {
+        for (_, vhost) in self.topologies() {
             for entry in vhost.read().queues() {
                 let Some(log) = &entry.handle.log else {
                     continue;
@@ -217,11 +285,18 @@ impl Broker {
         }
     }
 
-    /// The names of every vhost.
-    pub fn vhost_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.vhosts.keys().cloned().collect();
-        names.sort();
-        names
+    /// Every vhost with what operators wrote about it, sorted by name.
+    pub fn vhost_infos(&self) -> Vec<VhostInfo> {
+        self.vhosts
+            .read()
+            .iter()
+            .map(|(name, slot)| VhostInfo { name: name.clone(), description: slot.description.clone(), tags: slot.tags.clone() })
+            .collect()
+    }
+
+    /// Every vhost's topology, sorted by name.
+    pub fn topologies(&self) -> Vec<(String, VhostTopology)> {
+        self.vhosts.read().iter().map(|(name, slot)| (name.clone(), slot.topology.clone())).collect()
     }
 
     /// Every open connection's shared half.
@@ -258,19 +333,148 @@ impl Broker {
 
     /// Whether a vhost exists.
     pub fn has_vhost(&self, name: &str) -> bool {
-        self.vhosts.contains_key(name)
+        self.vhosts.read().contains_key(name)
     }
 
-    /// A vhost's topology.
-    pub fn vhost(&self, name: &str) -> &RwLock<Vhost<QueueHandle>> {
-        self.vhosts.get(name).expect("connections only hold vhosts that exist")
+    /// A vhost's topology, if the vhost exists.
+    pub fn vhost(&self, name: &str) -> Option<VhostTopology> {
+        self.vhosts.read().get(name).map(|slot| slot.topology.clone())
+    }
+
+    /// A vhost's topology, or 404 when it was deleted (a connection to it is being closed).
+    pub fn topology(&self, name: &str) -> Result<VhostTopology, AmqpError> {
+        self.vhost(name).ok_or_else(|| AmqpError::new(amqp_codec::constants::NOT_FOUND, format!("no vhost '{name}'")))
+    }
+
+    /// Creates a vhost, or updates its description and tags. Returns whether it was created.
+    pub fn put_vhost(&self, name: &str, description: String, tags: Vec<String>) -> Result<bool, AmqpError> {
+        if name.is_empty() || name.len() > 255 {
+            return Err(AmqpError::precondition("a vhost name must have 1 to 255 bytes"));
+        }
+        let created = {
+            let mut vhosts = self.vhosts.write();
+            let count = vhosts.len();
+            match vhosts.get_mut(name) {
+                Some(slot) => {
+                    slot.description = description;
+                    slot.tags = tags;
+                    false
+                }
+                None if count >= VHOSTS_MAX => {
+                    return Err(AmqpError::precondition(format!("the broker holds {VHOSTS_MAX} vhosts, its limit")));
+                }
+                None => {
+                    vhosts.insert(name.to_string(), VhostSlot::new(name, description, tags));
+                    true
+                }
+            }
+        };
+        self.persist()?;
+        if created {
+            tracing::info!(vhost = name, "vhost created");
+        }
+        Ok(created)
+    }
+
+    /// Deletes a vhost: closes its connections (320), deletes its queues with their logs, and
+    /// forgets its permissions and policies, as RabbitMQ does. Returns whether it existed.
+    pub fn delete_vhost(&self, name: &str) -> Result<bool, AmqpError> {
+        let Some(slot) = self.vhosts.write().remove(name) else {
+            return Ok(false);
+        };
+        for connection in self.connection_handles() {
+            if connection.session.lock().vhost == name {
+                self.close_connection(connection.id, &format!("vhost '{name}' is deleted"));
+            }
+        }
+        let queues: Vec<QueueHandle> = slot.topology.read().queues().map(|entry| entry.handle.clone()).collect();
+        for queue in queues {
+            let (_, consumers) = queue.delete();
+            notify_cancelled(&consumers);
+        }
+        self.permissions.remove_vhost(name);
+        self.policies.write().retain(|policy| policy.vhost != name);
+        self.persist()?;
+        tracing::info!(vhost = name, "vhost deleted");
+        Ok(true)
+    }
+
+    /// The policy that applies to a queue: the matching one of highest priority (ties: by name).
+    pub fn policy_for_queue(&self, vhost: &str, queue: &ShortStr) -> Option<Arc<Policy>> {
+        crate::policy::select(&self.policies.read(), vhost, queue.as_bytes(), crate::policy::Target::Queue)
+    }
+
+    /// The policy that applies to an exchange (Lepus implements no exchange settings yet; the
+    /// name is listed so operators see which policy matches).
+    pub fn policy_for_exchange(&self, vhost: &str, exchange: &ShortStr) -> Option<Arc<Policy>> {
+        crate::policy::select(&self.policies.read(), vhost, exchange.as_bytes(), crate::policy::Target::Exchange)
+    }
+
+    /// Every policy, sorted by vhost and name.
+    pub fn policies(&self) -> Vec<Arc<Policy>> {
+        let mut policies = self.policies.read().clone();
+        policies.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
+        policies
+    }
+
+    /// Adds or replaces a policy and applies it to the vhost's queues. Returns whether it was new.
+    pub fn put_policy(&self, policy: Policy) -> Result<bool, AmqpError> {
+        let vhost = policy.vhost.clone();
+        self.topology(&vhost)?;
+        let created = {
+            let mut policies = self.policies.write();
+            let existed = policies.iter().position(|old| old.vhost == policy.vhost && old.name == policy.name);
+            match existed {
+                Some(index) => policies[index] = Arc::new(policy),
+                None if policies.len() >= crate::policy::POLICIES_MAX => {
+                    return Err(AmqpError::precondition(crate::policy::PolicyError::TooMany.to_string()));
+                }
+                None => policies.push(Arc::new(policy)),
+            }
+            existed.is_none()
+        };
+        self.persist()?;
+        self.reapply_policies(&vhost);
+        Ok(created)
+    }
+
+    /// Deletes a policy and re-applies what remains. Returns whether it existed.
+    pub fn delete_policy(&self, vhost: &str, name: &str) -> Result<bool, AmqpError> {
+        let removed = {
+            let mut policies = self.policies.write();
+            let before = policies.len();
+            policies.retain(|policy| !(policy.vhost == vhost && policy.name == name));
+            policies.len() != before
+        };
+        if removed {
+            self.persist()?;
+            self.reapply_policies(vhost);
+        }
+        Ok(removed)
+    }
+
+    fn reapply_policies(&self, vhost: &str) {
+        let Some(topology) = self.vhost(vhost) else { return };
+        let queues: Vec<QueueHandle> = topology.read().queues().map(|entry| entry.handle.clone()).collect();
+        for queue in queues {
+            queue.apply_policy(self.policy_for_queue(vhost, queue.name()));
+        }
     }
 
     /// Writes every durable definition (also after a change of users or permissions).
     pub fn persist(&self) -> Result<(), AmqpError> {
         let _serialised = self.definitions_write.lock();
-        let mut definitions = Definitions::default();
-        for (vhost_name, vhost) in &self.vhosts {
+        let mut definitions = Definitions {
+            vhosts: Some(
+                self.vhost_infos()
+                    .into_iter()
+                    .map(|info| VhostRecord { name: info.name, description: info.description, tags: info.tags })
+                    .collect(),
+            ),
+            policies: self.policies().iter().map(|policy| policy.to_record()).collect(),
+            ..Definitions::default()
+        };
+        for (vhost_name, vhost) in &self.topologies() {
             let vhost = vhost.read();
             let durable_exchange = |name: &ShortStr| vhost.exchange(name).is_some_and(|exchange| exchange.durable);
             for exchange in vhost.exchanges() {
@@ -343,7 +547,7 @@ impl Broker {
 
     /// exchange.declare.
     pub fn declare_exchange(&self, vhost: &str, declaration: &ExchangeDeclaration) -> Result<(), AmqpError> {
-        let created = self.vhost(vhost).write().declare_exchange(declaration)?;
+        let created = self.topology(vhost)?.write().declare_exchange(declaration)?;
         if created && declaration.durable {
             self.persist()?;
         }
@@ -352,7 +556,7 @@ impl Broker {
 
     /// exchange.delete.
     pub fn delete_exchange(&self, vhost: &str, name: &ShortStr, if_unused: bool) -> Result<(), AmqpError> {
-        let removed = self.vhost(vhost).write().delete_exchange(name, if_unused)?;
+        let removed = self.topology(vhost)?.write().delete_exchange(name, if_unused)?;
         if removed.is_some_and(|exchange| exchange.durable) {
             self.persist()?;
         }
@@ -371,8 +575,9 @@ impl Broker {
         let data_dir = self.config.data_dir.clone();
         let segment_bytes_max = self.config.segment_bytes_max;
         let mut log_error = None;
+        let topology = self.topology(vhost_name)?;
         let (queue, created) = {
-            let mut vhost = self.vhost(vhost_name).write();
+            let mut vhost = topology.write();
             let (entry, created) = vhost.declare_queue(definition, passive, server_named, connection_id, |definition| {
                 let log = if definition.durable && definition.exclusive_owner.is_none() {
                     let path = queue_log_path(&data_dir, vhost_name, &definition.name);
@@ -398,6 +603,9 @@ impl Broker {
             self.remove_queue(vhost_name, queue.name());
             return Err(AmqpError::internal(format!("could not create the queue's log: {error}")));
         }
+        if created {
+            queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
+        }
         if created && queue.definition.durable && queue.definition.exclusive_owner.is_none() {
             self.persist()?;
         }
@@ -408,7 +616,8 @@ impl Broker {
     /// Removes a queue: from the topology, its log, and its consumers (told with basic.cancel).
     /// Returns the ready messages it held.
     pub fn remove_queue(&self, vhost_name: &str, name: &ShortStr) -> u32 {
-        let removed = self.vhost(vhost_name).write().remove_queue(name);
+        let Some(topology) = self.vhost(vhost_name) else { return 0 };
+        let removed = topology.write().remove_queue(name);
         let Some((entry, removed_exchanges)) = removed else {
             return 0;
         };
@@ -425,7 +634,7 @@ impl Broker {
 
     /// queue.bind / exchange.bind.
     pub fn bind(&self, vhost_name: &str, source: &ShortStr, binding: Binding) -> Result<(), AmqpError> {
-        let added = self.vhost(vhost_name).write().bind(source, binding)?;
+        let added = self.topology(vhost_name)?.write().bind(source, binding)?;
         if added {
             self.persist()?;
         }
@@ -434,7 +643,7 @@ impl Broker {
 
     /// queue.unbind / exchange.unbind.
     pub fn unbind(&self, vhost_name: &str, source: &ShortStr, binding: &Binding) -> Result<(), AmqpError> {
-        let (removed, _) = self.vhost(vhost_name).write().unbind(source, binding)?;
+        let (removed, _) = self.topology(vhost_name)?.write().unbind(source, binding)?;
         if removed {
             self.persist()?;
         }

@@ -83,6 +83,45 @@ enum CtlCommand {
         #[arg(long, default_value = "/")]
         vhost: String,
     },
+    /// Adds a vhost (or changes its description); you get full permissions in it.
+    AddVhost {
+        /// The vhost's name.
+        name: String,
+        /// Free text shown in listings.
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// Deletes a vhost with everything in it, closing its connections.
+    DeleteVhost {
+        /// The vhost's name.
+        name: String,
+    },
+    /// Sets a policy: queue settings for every queue whose name matches PATTERN.
+    SetPolicy {
+        /// The policy's name.
+        name: String,
+        /// Regular expression matched against queue (or exchange) names.
+        pattern: String,
+        /// The settings as a JSON object, e.g. '{"max-length": 1000, "overflow": "reject-publish"}'.
+        definition: String,
+        /// Among matching policies, the highest priority applies.
+        #[arg(long, default_value_t = 0)]
+        priority: i64,
+        /// queues, exchanges or all.
+        #[arg(long, default_value = "all")]
+        apply_to: String,
+        /// The vhost.
+        #[arg(long, default_value = "/")]
+        vhost: String,
+    },
+    /// Deletes a policy.
+    ClearPolicy {
+        /// The policy's name.
+        name: String,
+        /// The vhost.
+        #[arg(long, default_value = "/")]
+        vhost: String,
+    },
     /// Lists users with their tags, or every permission.
     ListUsers,
     /// Lists every user's permissions.
@@ -95,6 +134,9 @@ enum Listing {
     Exchanges,
     Bindings,
     Connections,
+    Channels,
+    Vhosts,
+    Policies,
 }
 
 struct Client {
@@ -227,14 +269,33 @@ fn execute(arguments: &CtlArguments) -> Result<(), String> {
                 Listing::Exchanges => ("exchanges", &["vhost", "name", "type", "durable", "auto_delete", "internal"]),
                 Listing::Bindings => ("bindings", &["vhost", "source", "destination", "destination_type", "routing_key"]),
                 Listing::Connections => ("connections", &["name", "user", "vhost", "channels", "client_properties.product"]),
+                Listing::Channels => (
+                    "channels",
+                    &[
+                        "name",
+                        "user",
+                        "vhost",
+                        "number",
+                        "confirm",
+                        "transactional",
+                        "prefetch_count",
+                        "messages_unacknowledged",
+                        "consumer_count",
+                    ],
+                ),
+                Listing::Vhosts => ("vhosts", &["name", "description", "messages"]),
+                Listing::Policies => ("policies", &["vhost", "name", "pattern", "apply-to", "priority", "definition"]),
             };
-            let path = match vhost {
-                Some(vhost) if !matches!(what, Listing::Connections) => format!("/{path}/{}", segment(vhost)),
-                Some(vhost) => format!("/vhosts/{}/connections", segment(vhost)),
-                None => format!("/{path}"),
+            let path = match (vhost, what) {
+                (Some(vhost), Listing::Connections | Listing::Channels) => format!("/vhosts/{}/{path}", segment(vhost)),
+                (Some(vhost), Listing::Vhosts) => format!("/vhosts/{}", segment(vhost)),
+                (Some(vhost), _) => format!("/{path}/{}", segment(vhost)),
+                (None, _) => format!("/{path}"),
             };
-            let items = client.get_json(&path)?;
-            let items = items.as_array().cloned().unwrap_or_default();
+            let items = match client.get_json(&path)? {
+                Value::Array(items) => items,
+                single => vec![single],
+            };
             print_table(&items, columns);
             Ok(())
         }
@@ -253,6 +314,29 @@ fn execute(arguments: &CtlArguments) -> Result<(), String> {
             let body = serde_json::json!({"configure": configure, "write": write, "read": read}).to_string();
             client.request("PUT", &format!("/permissions/{}/{}", segment(vhost), segment(user)), Some(&body), &[])?;
             println!("permissions of '{user}' in '{vhost}' set");
+            Ok(())
+        }
+        CtlCommand::AddVhost { name, description } => {
+            let body = serde_json::json!({"description": description}).to_string();
+            client.request("PUT", &format!("/vhosts/{}", segment(name)), Some(&body), &[])?;
+            println!("vhost '{name}' set");
+            Ok(())
+        }
+        CtlCommand::DeleteVhost { name } => {
+            client.request("DELETE", &format!("/vhosts/{}", segment(name)), None, &[])?;
+            println!("vhost '{name}' deleted");
+            Ok(())
+        }
+        CtlCommand::SetPolicy { name, pattern, definition, priority, apply_to, vhost } => {
+            let definition: Value = serde_json::from_str(definition).map_err(|error| format!("the definition is not JSON: {error}"))?;
+            let body = serde_json::json!({"pattern": pattern, "definition": definition, "priority": priority, "apply-to": apply_to});
+            client.request("PUT", &format!("/policies/{}/{}", segment(vhost), segment(name)), Some(&body.to_string()), &[])?;
+            println!("policy '{name}' in '{vhost}' set");
+            Ok(())
+        }
+        CtlCommand::ClearPolicy { name, vhost } => {
+            client.request("DELETE", &format!("/policies/{}/{}", segment(vhost), segment(name)), None, &[])?;
+            println!("policy '{name}' in '{vhost}' cleared");
             Ok(())
         }
         CtlCommand::ListUsers => {

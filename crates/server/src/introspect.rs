@@ -37,6 +37,8 @@ pub struct QueueInfo {
     pub arguments: FieldTable,
     /// Counts and totals.
     pub snapshot: QueueSnapshot,
+    /// The policy that applies to it.
+    pub policy: Option<std::sync::Arc<crate::policy::Policy>>,
 }
 
 /// An exchange as listed.
@@ -56,6 +58,8 @@ pub struct ExchangeInfo {
     pub internal: bool,
     /// Declaration arguments.
     pub arguments: FieldTable,
+    /// The name of the policy that applies to it.
+    pub policy: Option<String>,
 }
 
 /// A binding as listed.
@@ -121,8 +125,8 @@ impl Broker {
     /// Every queue of every vhost, sorted by vhost and name.
     pub fn list_queues(&self) -> Vec<QueueInfo> {
         let mut queues = Vec::new();
-        for vhost_name in self.vhost_names() {
-            let handles: Vec<_> = self.vhost(&vhost_name).read().queues().map(|entry| entry.handle.clone()).collect();
+        for (vhost_name, topology) in self.topologies() {
+            let handles: Vec<_> = topology.read().queues().map(|entry| entry.handle.clone()).collect();
             for queue in handles {
                 let definition = &queue.definition;
                 queues.push(QueueInfo {
@@ -133,6 +137,7 @@ impl Broker {
                     auto_delete: definition.auto_delete,
                     arguments: definition.arguments.clone(),
                     snapshot: queue.snapshot(),
+                    policy: queue.policy(),
                 });
             }
         }
@@ -143,8 +148,8 @@ impl Broker {
     /// Every consumer of every queue, by vhost, queue and tag.
     pub fn list_consumers(&self) -> Vec<ConsumerInfo> {
         let mut consumers = Vec::new();
-        for vhost_name in self.vhost_names() {
-            let handles: Vec<_> = self.vhost(&vhost_name).read().queues().map(|entry| entry.handle.clone()).collect();
+        for (vhost_name, topology) in self.topologies() {
+            let handles: Vec<_> = topology.read().queues().map(|entry| entry.handle.clone()).collect();
             for queue in handles {
                 for consumer in queue.consumer_views() {
                     consumers.push(ConsumerInfo { vhost: vhost_name.clone(), queue: queue.name().to_string_lossy(), consumer });
@@ -158,8 +163,8 @@ impl Broker {
     /// Every exchange of every vhost, sorted by vhost and name.
     pub fn list_exchanges(&self) -> Vec<ExchangeInfo> {
         let mut exchanges = Vec::new();
-        for vhost_name in self.vhost_names() {
-            let vhost = self.vhost(&vhost_name).read();
+        for (vhost_name, topology) in self.topologies() {
+            let vhost = topology.read();
             for exchange in vhost.exchanges() {
                 exchanges.push(ExchangeInfo {
                     vhost: vhost_name.clone(),
@@ -169,6 +174,7 @@ impl Broker {
                     auto_delete: exchange.auto_delete,
                     internal: exchange.internal,
                     arguments: exchange.arguments.clone(),
+                    policy: self.policy_for_exchange(&vhost_name, &exchange.name).map(|policy| policy.name.clone()),
                 });
             }
         }
@@ -180,8 +186,8 @@ impl Broker {
     /// here; RabbitMQ's API adds them itself).
     pub fn list_bindings(&self) -> Vec<BindingInfo> {
         let mut bindings = Vec::new();
-        for vhost_name in self.vhost_names() {
-            let vhost = self.vhost(&vhost_name).read();
+        for (vhost_name, topology) in self.topologies() {
+            let vhost = topology.read();
             for (source, binding) in vhost.bindings() {
                 let (destination, destination_is_queue) = match &binding.destination {
                     Destination::Queue(name) => (name.to_string_lossy(), true),
@@ -266,13 +272,13 @@ impl Broker {
     /// the default exchange) into its queues, as a client's basic.publish would.
     pub fn publish_message(&self, vhost: &str, message: broker_core::Message) -> Result<Published, broker_core::AmqpError> {
         use crate::queue_runtime::Enqueued;
-        if !self.has_vhost(vhost) {
+        let Some(topology) = self.vhost(vhost) else {
             return Err(broker_core::AmqpError::not_allowed(format!("vhost '{vhost}' not found")));
-        }
+        };
         let message = std::sync::Arc::new(message);
         let mut queues = Vec::new();
         {
-            let topology = self.vhost(vhost).read();
+            let topology = topology.read();
             topology.require_exchange(&message.exchange)?;
             let mut headers = || message.header.properties().ok().and_then(|properties| properties.headers);
             topology.route(&message.exchange, &message.routing_key, &mut headers, &mut queues);
@@ -296,11 +302,11 @@ impl Broker {
     /// messages are all taken before any is requeued, so one call never returns a message twice.
     pub fn get_messages(&self, vhost: &str, queue: &str, count: usize, requeue: bool) -> Result<Vec<GotMessage>, broker_core::AmqpError> {
         use crate::outbound::{ChannelShared, ConnectionShared, Outbound};
-        if !self.has_vhost(vhost) {
+        let Some(topology) = self.vhost(vhost) else {
             return Err(broker_core::AmqpError::not_allowed(format!("vhost '{vhost}' not found")));
-        }
+        };
         let handle = {
-            let topology = self.vhost(vhost).read();
+            let topology = topology.read();
             topology.require_queue(&amqp_codec::ShortStr::truncating(queue), 0)?.handle.clone()
         };
         // A channel that belongs to no socket: get-ok comes back as a value, never through a writer.

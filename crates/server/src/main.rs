@@ -8,9 +8,11 @@ mod ctl;
 mod disk;
 mod introspect;
 mod listener;
+mod login_throttle;
 mod management;
 mod metrics;
 mod outbound;
+mod policy;
 mod queue_runtime;
 mod settings;
 

@@ -116,6 +116,9 @@ pub struct SessionInfo {
     pub client_version: String,
     /// Open channels.
     pub channels: usize,
+    /// The open channels' shared halves, for listings (weak: a channel belongs to its connection's
+    /// reader task, and the registry must not keep it, or its connection, alive).
+    pub open_channels: BTreeMap<u16, Weak<ChannelShared>>,
     /// Negotiated frame_max.
     pub frame_max: u32,
     /// Negotiated heartbeat, in seconds.
@@ -212,6 +215,14 @@ pub struct ChannelShared {
     pub flow_active: AtomicBool,
     /// Publisher confirms of this channel waiting in the syncer.
     pub confirms_in_syncer: AtomicUsize,
+    /// Whether confirm.select was sent (for listings).
+    pub confirm_mode: AtomicBool,
+    /// Whether tx.select was sent (for listings).
+    pub transactional: AtomicBool,
+    /// basic.qos global=false limit for new consumers (for listings).
+    pub prefetch_count: AtomicU32,
+    /// Consumers on this channel (for listings).
+    pub consumer_count: AtomicU32,
 }
 
 impl ChannelShared {
@@ -225,6 +236,10 @@ impl ChannelShared {
             unacked_consumer_deliveries: AtomicU32::new(0),
             flow_active: AtomicBool::new(true),
             confirms_in_syncer: AtomicUsize::new(0),
+            confirm_mode: AtomicBool::new(false),
+            transactional: AtomicBool::new(false),
+            prefetch_count: AtomicU32::new(0),
+            consumer_count: AtomicU32::new(0),
         }
     }
 }

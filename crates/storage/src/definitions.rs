@@ -72,6 +72,43 @@ pub struct Definitions {
     /// Permissions of users in vhosts; `None` means the default (guest has all of `/`).
     #[serde(default)]
     pub permissions: Option<Vec<PermissionRecord>>,
+    /// Vhosts; `None` in a file written before vhosts were stored (or a fresh data directory),
+    /// which means the default vhost `/` alone.
+    #[serde(default)]
+    pub vhosts: Option<Vec<VhostRecord>>,
+    /// Policies (RabbitMQ's: a pattern, what it applies to, a priority and a definition).
+    #[serde(default)]
+    pub policies: Vec<PolicyRecord>,
+}
+
+/// A vhost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VhostRecord {
+    /// Vhost name.
+    pub name: String,
+    /// Free text shown by the management API.
+    #[serde(default)]
+    pub description: String,
+    /// Free-form tags shown by the management API.
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+/// A policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyRecord {
+    /// Vhost name.
+    pub vhost: String,
+    /// Policy name.
+    pub name: String,
+    /// Regular expression matched against queue or exchange names.
+    pub pattern: String,
+    /// `queues`, `exchanges` or `all`.
+    pub apply_to: String,
+    /// The highest priority among matching policies wins.
+    pub priority: i64,
+    /// The settings, as the JSON object the management API took.
+    pub definition: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A user.

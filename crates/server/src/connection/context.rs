@@ -22,13 +22,24 @@ pub struct Context {
     pub exclusive_queues: Vec<ShortStr>,
     /// What the user may do in the vhost (set by connection.open).
     pub permission: Option<std::sync::Arc<crate::auth::Permission>>,
+    /// The opened vhost's topology (set by connection.open).
+    pub topology: Option<crate::broker::VhostTopology>,
 }
 
 impl Context {
     /// A context before the handshake.
     pub fn new(broker: Arc<Broker>, connection: Arc<ConnectionShared>) -> Context {
         let frame_max = broker.config.frame_bytes_max;
-        Context { broker, connection, vhost: String::new(), user: String::new(), frame_max, exclusive_queues: Vec::new(), permission: None }
+        Context {
+            broker,
+            connection,
+            vhost: String::new(),
+            user: String::new(),
+            frame_max,
+            exclusive_queues: Vec::new(),
+            permission: None,
+            topology: None,
+        }
     }
 
     /// 403 unless the user may have `access` to the `kind` resource `name` in this vhost.
@@ -37,6 +48,11 @@ impl Context {
             Some(permission) => permission.check(access, kind, name),
             None => Err(broker_core::AmqpError::access_refused("no vhost opened")),
         }
+    }
+
+    /// The opened vhost's topology (channels exist only after connection.open).
+    pub fn topology(&self) -> Result<&crate::broker::VhostTopology, broker_core::AmqpError> {
+        self.topology.as_ref().ok_or_else(|| broker_core::AmqpError::command_invalid("no vhost opened"))
     }
 
     /// Sends a method frame.

@@ -9,6 +9,7 @@ mod context;
 mod writer;
 
 use crate::broker::Broker;
+use crate::login_throttle::Admission;
 use crate::outbound::{ConnectionShared, Outbound};
 use amqp_codec::{
     constants, decode_frame, ConnectionClose, ConnectionCloseOk, ConnectionOpenOk, ConnectionStart, ConnectionTune,
@@ -102,6 +103,7 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
         frame_max,
         heartbeat_s,
         authentication_failure_close: false,
+        refused_login: None,
         blocked_notify: false,
     };
     tracing::debug!(%peer, id = shared.id, "connection accepted");
@@ -115,6 +117,14 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
     broker.unregister_connection(shared.id);
 }
 
+/// A refused login waiting for its answer.
+struct RefusedLogin {
+    /// How long to wait before answering.
+    answer_after: Duration,
+    /// connection.close to send, when the client asked for one (authentication_failure_close).
+    close: Option<AmqpError>,
+}
+
 struct Connection {
     context: Context,
     peer: SocketAddr,
@@ -126,6 +136,8 @@ struct Connection {
     frame_max: Arc<AtomicU32>,
     heartbeat_s: Arc<AtomicU32>,
     authentication_failure_close: bool,
+    /// A refused login, answered after the throttle's delay (see `login_throttle.rs`).
+    refused_login: Option<RefusedLogin>,
     /// Whether the client understands connection.blocked / unblocked.
     blocked_notify: bool,
 }
@@ -166,6 +178,13 @@ impl Connection {
             while let Some(frame) = self.next_buffered_frame()? {
                 self.handle_frame(frame);
                 if self.phase == Phase::Done {
+                    if let Some(refused) = self.refused_login.take() {
+                        // Rate limiting: the answer (and the socket's close) waits its turn.
+                        tokio::time::sleep(refused.answer_after).await;
+                        if let Some(error) = refused.close {
+                            self.send_connection_close(&error);
+                        }
+                    }
                     return Err(EndReason::Closed);
                 }
             }
@@ -350,7 +369,14 @@ impl Connection {
                 self.context.connection.consumer_cancel_notify.store(flag("consumer_cancel_notify"), Ordering::Release);
                 self.authentication_failure_close = flag("authentication_failure_close");
                 self.blocked_notify = flag("connection.blocked");
-                match self.context.broker.users.authenticate(start_ok.mechanism.as_bytes(), &start_ok.response.0, self.peer.ip()) {
+                let now = std::time::Instant::now();
+                let login = match self.context.broker.login_throttle.admit(self.peer.ip(), now) {
+                    Admission::Check => {
+                        self.context.broker.users.authenticate(start_ok.mechanism.as_bytes(), &start_ok.response.0, self.peer.ip())
+                    }
+                    Admission::RefuseUnchecked => Err(crate::auth::LoginError::Throttled),
+                };
+                match login {
                     Ok(user) => {
                         let text = |name: &str| match start_ok.client_properties.get(name) {
                             Some(FieldValue::LongStr(value)) => String::from_utf8_lossy(value).into_owned(),
@@ -375,13 +401,19 @@ impl Connection {
                     Err(error) => {
                         tracing::warn!(peer = %self.peer, %error, "login refused");
                         let unknown_mechanism = matches!(error, crate::auth::LoginError::UnsupportedMechanism(_));
-                        if self.authentication_failure_close && !unknown_mechanism {
-                            let text = format!(
+                        let close = (self.authentication_failure_close && !unknown_mechanism).then(|| {
+                            AmqpError::access_refused(format!(
                                 "Login was refused using authentication mechanism {}. For details see the broker logfile.",
                                 start_ok.mechanism
-                            );
-                            self.send_connection_close(&AmqpError::access_refused(text));
-                        }
+                            ))
+                        });
+                        // A refusal without a check is answered at once: it reveals nothing, and
+                        // counting it would lock the address out for as long as the flood lasts.
+                        let answer_after = match error {
+                            crate::auth::LoginError::Throttled => Duration::ZERO,
+                            _ => self.context.broker.login_throttle.record_failure(self.peer.ip(), now),
+                        };
+                        self.refused_login = Some(RefusedLogin { answer_after, close });
                         self.phase = Phase::Done;
                         Ok(())
                     }
@@ -420,14 +452,15 @@ impl Connection {
             }
             (Phase::AwaitOpen, Method::ConnectionOpen(open)) => {
                 let vhost = open.virtual_host.to_string_lossy();
-                if !self.context.broker.has_vhost(&vhost) {
+                let Some(topology) = self.context.broker.vhost(&vhost) else {
                     return Err(AmqpError::not_allowed(format!("vhost {vhost} not found")).during(10, 40));
-                }
+                };
                 let Some(permission) = self.context.broker.permissions.get(&self.context.user, &vhost) else {
                     return Err(AmqpError::not_allowed(format!("access to vhost '{vhost}' refused for user '{}'", self.context.user))
                         .during(10, 40));
                 };
                 self.context.permission = Some(permission);
+                self.context.topology = Some(topology);
                 self.context.connection.session.lock().vhost = vhost.clone();
                 self.context.vhost = vhost;
                 self.context.reply(0, ConnectionOpenOk { known_hosts: ShortStr::from("") }.into());
@@ -461,8 +494,10 @@ impl Connection {
                         .during(20, 10));
                     }
                     let channel = Channel::open(frame.channel, &self.context);
+                    let mut session = self.context.connection.session.lock();
+                    session.open_channels.insert(frame.channel, Arc::downgrade(channel.shared()));
                     self.channels.insert(frame.channel, channel);
-                    self.context.connection.session.lock().channels = self.channels.len();
+                    session.channels = self.channels.len();
                     Ok(())
                 }
                 // A close-ok for a channel already forgotten: harmless.
@@ -481,7 +516,9 @@ impl Connection {
             Ok(channel::After::KeepOpen) => Ok(()),
             Ok(channel::After::Forget) => {
                 self.channels.remove(&frame.channel);
-                self.context.connection.session.lock().channels = self.channels.len();
+                let mut session = self.context.connection.session.lock();
+                session.open_channels.remove(&frame.channel);
+                session.channels = self.channels.len();
                 Ok(())
             }
             Err(error) if error.scope() == ErrorScope::Channel => {
@@ -522,7 +559,11 @@ impl Connection {
         for (_, mut channel) in self.channels.drain() {
             channel.release(&self.context);
         }
-        self.context.connection.session.lock().channels = 0;
+        {
+            let mut session = self.context.connection.session.lock();
+            session.channels = 0;
+            session.open_channels.clear();
+        }
         for name in std::mem::take(&mut self.context.exclusive_queues) {
             self.context.broker.remove_queue(&self.context.vhost, &name);
         }

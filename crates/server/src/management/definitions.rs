@@ -103,7 +103,13 @@ pub async fn export_all(State(api): State<Api>) -> Json<Value> {
             value
         })
         .collect();
-    let vhosts: Vec<Value> = api.broker.vhost_names().iter().map(|name| json!({"name": name})).collect();
+    let vhosts: Vec<Value> = api
+        .broker
+        .vhost_infos()
+        .iter()
+        .map(|info| json!({"name": info.name, "description": info.description, "tags": info.tags, "metadata": {"description": info.description, "tags": info.tags}}))
+        .collect();
+    let policies: Vec<Value> = api.broker.policies().iter().map(|policy| super::vhosts::policy_json(policy)).collect();
     Json(json!({
         "rabbit_version": RABBITMQ_API_VERSION,
         "rabbitmq_version": RABBITMQ_API_VERSION,
@@ -115,7 +121,7 @@ pub async fn export_all(State(api): State<Api>) -> Json<Value> {
         "topic_permissions": [],
         "parameters": [],
         "global_parameters": [],
-        "policies": [],
+        "policies": policies,
         "queues": queues,
         "exchanges": exchanges,
         "bindings": bindings,
@@ -131,7 +137,13 @@ pub async fn export_vhost(State(api): State<Api>, Path(vhost): Path<String>) -> 
         "product_name": "Lepus",
         "product_version": env!("CARGO_PKG_VERSION"),
         "parameters": [],
-        "policies": [],
+        "policies": api.broker.policies().iter().filter(|policy| policy.vhost == vhost).map(|policy| {
+            let mut value = super::vhosts::policy_json(policy);
+            if let Value::Object(map) = &mut value {
+                map.remove("vhost");
+            }
+            value
+        }).collect::<Vec<Value>>(),
         "queues": queues,
         "exchanges": exchanges,
         "bindings": bindings,
@@ -166,9 +178,10 @@ fn required(item: &Value, key: &str, section: &str) -> Result<String, ApiError> 
     text(item, key)?.ok_or_else(|| ApiError::bad_request(format!("an entry of {section} lacks {key}")))
 }
 
-/// Imports users and permissions, then exchanges, queues and bindings. Policies and parameters are
-/// not imported (logged and skipped); every object must be in a vhost that exists, which is
-/// checked before anything is declared.
+/// Imports vhosts, users, permissions and policies, then exchanges, queues and bindings, as
+/// RabbitMQ does. Every object must be in a vhost that exists or that the file creates, and every
+/// policy must be valid; both are checked before anything is changed. Parameters and topic
+/// permissions are not imported (logged and skipped).
 fn import(api: &Api, body: &Value, into_vhost: Option<&str>) -> Answer {
     let vhost_of = |item: &Value| -> Result<String, ApiError> {
         match into_vhost {
@@ -177,22 +190,38 @@ fn import(api: &Api, body: &Value, into_vhost: Option<&str>) -> Answer {
         }
     };
     let (exchanges, queues, bindings) = (section(body, "exchanges")?, section(body, "queues")?, section(body, "bindings")?);
+    let mut created_vhosts = Vec::new();
+    if into_vhost.is_none() {
+        for item in section(body, "vhosts")? {
+            let name = required(item, "name", "vhosts")?;
+            let metadata = item.get("metadata").unwrap_or(&Value::Null);
+            let description = text(item, "description")?.or(text(metadata, "description")?).unwrap_or_default();
+            let tags = if item.get("tags").is_some() { super::routes::tags_of(item) } else { super::routes::tags_of(metadata) };
+            created_vhosts.push((name, description, tags));
+        }
+    }
     let mut missing: Vec<String> = Vec::new();
-    for item in exchanges.iter().chain(queues).chain(bindings) {
-        object(item, "exchanges, queues and bindings")?;
+    for item in exchanges.iter().chain(queues).chain(bindings).chain(section(body, "policies")?) {
+        object(item, "exchanges, queues, bindings and policies")?;
         let vhost = vhost_of(item)?;
-        if !api.broker.has_vhost(&vhost) && !missing.contains(&vhost) {
+        if !api.broker.has_vhost(&vhost) && !created_vhosts.iter().any(|(name, ..)| *name == vhost) && !missing.contains(&vhost) {
             missing.push(vhost);
         }
     }
     if !missing.is_empty() {
         return Err(ApiError::bad_request(format!(
-            "Lepus has only the vhosts {:?}; the definitions use {:?}, which it cannot create yet",
-            api.broker.vhost_names(),
-            missing
+            "the definitions use vhosts {missing:?}, which neither exist nor are defined in the file"
         )));
     }
-    for skipped in ["topic_permissions", "parameters", "global_parameters", "policies"] {
+    let mut policies = Vec::new();
+    for item in section(body, "policies")? {
+        let name = required(item, "name", "policies")?;
+        policies.push(super::vhosts::policy_from_body(&vhost_of(item)?, &name, item)?);
+    }
+    for (name, description, tags) in created_vhosts {
+        api.broker.put_vhost(&name, description, tags)?;
+    }
+    for skipped in ["topic_permissions", "parameters", "global_parameters"] {
         let count = section(body, skipped)?.len();
         if count > 0 {
             tracing::warn!(section = skipped, count, "definitions import: not supported by Lepus yet, skipped");
@@ -214,6 +243,9 @@ fn import(api: &Api, body: &Value, into_vhost: Option<&str>) -> Answer {
         api.broker.permissions.put(permission);
     }
     api.broker.persist()?;
+    for policy in policies {
+        api.broker.put_policy(policy)?;
+    }
     for item in exchanges {
         let name = required(item, "name", "exchanges")?;
         if !is_exported_exchange(&name) {

@@ -218,9 +218,9 @@ pub fn queue_json(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &st
         "node": node,
         "type": "classic",
         "state": "running",
-        "policy": null,
+        "policy": queue.policy.as_ref().map(|policy| policy.name.clone()),
         "operator_policy": null,
-        "effective_policy_definition": {},
+        "effective_policy_definition": queue.policy.as_ref().map(|policy| Value::Object(policy.definition.clone())).unwrap_or_else(|| json!({})),
         "exclusive_consumer_tag": null,
         "consumers": snapshot.consumers,
         "consumer_utilisation": null,
@@ -255,6 +255,7 @@ pub fn exchange_json(exchange: &ExchangeInfo) -> Value {
         "auto_delete": exchange.auto_delete,
         "internal": exchange.internal,
         "arguments": table_to_json(&exchange.arguments),
+        "policy": exchange.policy,
         "user_who_performed_action": "rmq-internal",
     })
 }

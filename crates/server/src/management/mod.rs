@@ -10,6 +10,7 @@ mod definitions;
 mod json;
 mod rates;
 mod routes;
+mod vhosts;
 
 use crate::broker::Broker;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
@@ -80,7 +81,12 @@ async fn authenticate(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<Soc
     let Some((user, password)) = credentials else {
         return ApiError::unauthorised("Not_Authorized").into_response();
     };
-    match api.broker.users.check_password(&user, &password, peer.ip()) {
+    let now = std::time::Instant::now();
+    let login = match api.broker.login_throttle.admit(peer.ip(), now) {
+        crate::login_throttle::Admission::Check => api.broker.users.check_password(&user, &password, peer.ip()),
+        crate::login_throttle::Admission::RefuseUnchecked => Err(crate::auth::LoginError::Throttled),
+    };
+    match login {
         Ok(name) => {
             // As RabbitMQ: only users tagged for management may use the API at all.
             let tagged = api.broker.users.get(&name).is_some_and(|user| MANAGEMENT_TAGS.iter().any(|tag| user.has_tag(tag)));
@@ -92,6 +98,10 @@ async fn authenticate(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<Soc
         }
         Err(error) => {
             tracing::info!(%error, %peer, "management API login failed");
+            // Rate limiting, as for AMQP logins: the answer waits its turn.
+            if !matches!(error, crate::auth::LoginError::Throttled) {
+                tokio::time::sleep(api.broker.login_throttle.record_failure(peer.ip(), now)).await;
+            }
             ApiError::unauthorised("Login failed").into_response()
         }
     }

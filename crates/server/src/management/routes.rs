@@ -1,7 +1,7 @@
 //! The API's routes and handlers.
 
 use super::json::{self, exchange_from_path, flag, integer, short, text};
-use super::{definitions, list_response, Api, ApiError, AuthenticatedUser, ListQuery, GET_MESSAGES_MAX, RABBITMQ_API_VERSION};
+use super::{definitions, list_response, vhosts, Api, ApiError, AuthenticatedUser, ListQuery, GET_MESSAGES_MAX, RABBITMQ_API_VERSION};
 use amqp_codec::{ContentHeader, ShortStr};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -32,8 +32,12 @@ pub fn router() -> Router<Api> {
         .route("/api/users/{user}/permissions", get(user_permissions))
         .route("/api/permissions/{vhost}/{user}", get(permission).put(put_permission).delete(delete_permission))
         .route("/api/permissions", get(permissions))
-        .route("/api/vhosts", get(vhosts))
-        .route("/api/vhosts/{vhost}", get(vhost))
+        .route("/api/vhosts", get(vhosts::vhosts))
+        .route("/api/vhosts/{vhost}", get(vhosts::vhost).put(vhosts::put_vhost).delete(vhosts::delete_vhost))
+        .route("/api/policies", get(vhosts::policies))
+        .route("/api/policies/{vhost}", get(vhosts::vhost_policies))
+        .route("/api/policies/{vhost}/{name}", get(vhosts::policy).put(vhosts::put_policy).delete(vhosts::delete_policy))
+        .route("/api/operator-policies", get(|| async { Json(json!([])) }))
         .route("/api/vhosts/{vhost}/permissions", get(vhost_permissions))
         .route("/api/aliveness-test/{vhost}", get(aliveness_test))
         .route("/api/healthchecks/node", get(|| async { Json(json!({"status": "ok"})) }))
@@ -42,6 +46,9 @@ pub fn router() -> Router<Api> {
         .route("/api/connections/{name}", get(connection).delete(close_connection))
         .route("/api/vhosts/{vhost}/connections", get(vhost_connections))
         .route("/api/channels", get(channels))
+        .route("/api/channels/{name}", get(channel))
+        .route("/api/vhosts/{vhost}/channels", get(vhost_channels))
+        .route("/api/connections/{name}/channels", get(connection_channels))
         .route("/api/consumers", get(consumers))
         .route("/api/consumers/{vhost}", get(vhost_consumers))
         .route("/api/exchanges", get(exchanges))
@@ -248,7 +255,7 @@ fn permission_json(entry: &crate::auth::Permission) -> Value {
 }
 
 /// 401 unless the caller is an administrator (RabbitMQ's rule for user and permission changes).
-fn require_administrator(api: &Api, caller: &AuthenticatedUser) -> Result<(), ApiError> {
+pub fn require_administrator(api: &Api, caller: &AuthenticatedUser) -> Result<(), ApiError> {
     match api.broker.users.get(&caller.0) {
         Some(user) if user.has_tag("administrator") => Ok(()),
         _ => Err(ApiError::unauthorised("Not administrator user")),
@@ -358,34 +365,6 @@ async fn vhost_permissions(State(api): State<Api>, Path(vhost): Path<String>, Qu
     list_response(permission_list(&api, Some(&vhost)), &query)
 }
 
-fn vhost_json(api: &Api, name: &str) -> Value {
-    let (mut ready, mut unacked) = (0, 0);
-    for queue in api.broker.list_queues().iter().filter(|queue| queue.vhost == name) {
-        ready += queue.snapshot.ready;
-        unacked += queue.snapshot.unacked;
-    }
-    json!({
-        "name": name,
-        "description": if name == "/" { "Default virtual host" } else { "" },
-        "tags": [],
-        "default_queue_type": "classic",
-        "tracing": false,
-        "messages": ready + unacked,
-        "messages_ready": ready,
-        "messages_unacknowledged": unacked,
-        "cluster_state": { api.node.clone(): "running" },
-    })
-}
-
-async fn vhosts(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
-    list_response(api.broker.vhost_names().iter().map(|name| vhost_json(&api, name)).collect(), &query)
-}
-
-async fn vhost(State(api): State<Api>, Path(vhost): Path<String>) -> Answer {
-    require_vhost(&api, &vhost)?;
-    Ok(Json(vhost_json(&api, &vhost)).into_response())
-}
-
 /// RabbitMQ's aliveness test: declares the queue `aliveness-test`, publishes a message to it and
 /// gets it back.
 async fn aliveness_test(State(api): State<Api>, Path(vhost): Path<String>) -> Answer {
@@ -467,26 +446,65 @@ async fn close_connection(State(api): State<Api>, Path(name): Path<String>, head
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// Channels: Lepus knows how many channels each connection has open, not their numbers, so
-/// they are listed by position (1..=channels) on their connection.
-async fn channels(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
-    let address = amqp_address(&api);
+/// Channels of every connection (or of one vhost, or one connection), shaped like RabbitMQ's
+/// `/api/channels`.
+fn channel_list(api: &Api, only_vhost: Option<&str>, only_connection: Option<&str>) -> Vec<Value> {
+    use std::sync::atomic::Ordering;
+    let address = amqp_address(api);
     let mut list = Vec::new();
     for connection in api.broker.list_connections() {
         let connection_name = json::connection_name(&connection, address);
-        for number in 1..=connection.session.channels {
+        if only_vhost.is_some_and(|vhost| connection.session.vhost != vhost) || only_connection.is_some_and(|name| connection_name != name)
+        {
+            continue;
+        }
+        for (number, channel) in &connection.session.open_channels {
+            let Some(channel) = channel.upgrade() else { continue };
+            let unacked = channel.ledger.lock().unacked.len();
             list.push(json!({
                 "name": format!("{connection_name} ({number})"),
                 "number": number,
                 "node": api.node,
                 "user": connection.session.user,
                 "vhost": connection.session.vhost,
-                "state": "running",
+                "state": if channel.flow_active.load(Ordering::Acquire) { "running" } else { "flow" },
+                "confirm": channel.confirm_mode.load(Ordering::Relaxed),
+                "transactional": channel.transactional.load(Ordering::Relaxed),
+                "prefetch_count": channel.prefetch_count.load(Ordering::Relaxed),
+                "global_prefetch_count": channel.prefetch_global.load(Ordering::Acquire),
+                "consumer_count": channel.consumer_count.load(Ordering::Relaxed),
+                "messages_unacknowledged": unacked,
+                "messages_unconfirmed": channel.confirms_in_syncer.load(Ordering::Acquire),
+                "messages_uncommitted": 0,
+                "acks_uncommitted": 0,
                 "connection_details": {"name": connection_name, "peer_host": connection.peer.ip().to_string(), "peer_port": connection.peer.port()},
             }));
         }
     }
-    list_response(list, &query)
+    list
+}
+
+async fn channels(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    list_response(channel_list(&api, None, None), &query)
+}
+
+async fn vhost_channels(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    require_vhost(&api, &vhost)?;
+    list_response(channel_list(&api, Some(&vhost), None), &query)
+}
+
+async fn connection_channels(State(api): State<Api>, Path(name): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    let address = amqp_address(&api);
+    if !api.broker.list_connections().iter().any(|connection| json::connection_name(connection, address) == name) {
+        return Err(ApiError::object_not_found());
+    }
+    list_response(channel_list(&api, None, Some(&name)), &query)
+}
+
+async fn channel(State(api): State<Api>, Path(name): Path<String>) -> Answer {
+    let found =
+        channel_list(&api, None, None).into_iter().find(|channel| channel.get("name").and_then(Value::as_str) == Some(name.as_str()));
+    Ok(Json(found.ok_or_else(ApiError::object_not_found)?).into_response())
 }
 
 /// Consumers, shaped like RabbitMQ's `/api/consumers`.
@@ -704,7 +722,7 @@ async fn declare_queue(State(api): State<Api>, Path((vhost, name)): Path<(String
 async fn delete_queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, Query(query): Query<DeleteQuery>) -> Answer {
     let queue = find_queue(&api, &vhost, &name)?;
     let short_name = short(&name, "queue name")?;
-    api.broker.vhost(&vhost).read().require_queue(&short_name, 0)?;
+    api.broker.topology(&vhost)?.read().require_queue(&short_name, 0)?;
     if query.if_empty.as_deref() == Some("true") && queue.snapshot.ready > 0 {
         return Err(broker_core::AmqpError::precondition(format!("queue '{name}' in vhost '{vhost}' not empty")).into());
     }
@@ -717,7 +735,7 @@ async fn delete_queue(State(api): State<Api>, Path((vhost, name)): Path<(String,
 
 async fn purge_queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
     find_queue(&api, &vhost, &name)?;
-    let handle = api.broker.vhost(&vhost).read().require_queue(&short(&name, "queue name")?, 0)?.handle.clone();
+    let handle = api.broker.topology(&vhost)?.read().require_queue(&short(&name, "queue name")?, 0)?.handle.clone();
     handle.purge();
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -6,6 +6,7 @@
 //! Lock order: queue, then a channel's ledger; never the other way round.
 
 use crate::outbound::{ConsumerHandle, Outbound, Readiness, Unacked};
+use crate::policy::Policy;
 use amqp_codec::ShortStr;
 use broker_core::queue::{QueueState, QueuedMessage};
 use broker_core::vhost::{queue_length_limit, Overflow, QueueDefinition};
@@ -28,8 +29,6 @@ pub struct QueueRuntime {
     pub vhost: String,
     /// The message log, for durable queues.
     pub log: Option<SharedLog>,
-    length_limit: Option<(u64, Overflow)>,
-    message_ttl_ms: Option<u64>,
     inner: Mutex<QueueInner>,
     deleted: AtomicBool,
 }
@@ -45,6 +44,41 @@ struct QueueInner {
     pager: Option<Pager>,
     /// Totals since the queue was created (or the broker started), for rates in listings.
     stats: QueueStats,
+    /// Limits from the queue's arguments and its policy.
+    limits: QueueLimits,
+}
+
+/// A queue's effective limits: its arguments merged with the policy that applies to it, the way
+/// RabbitMQ merges them (the lower `max-length` and `message-ttl` win; an `x-overflow` argument wins
+/// over the policy's).
+#[derive(Debug, Clone, Default)]
+struct QueueLimits {
+    length_limit: Option<(u64, Overflow)>,
+    message_ttl_ms: Option<u64>,
+    policy: Option<Arc<Policy>>,
+}
+
+impl QueueLimits {
+    fn new(arguments: &amqp_codec::FieldTable, policy: Option<Arc<Policy>>) -> QueueLimits {
+        let settings = policy.as_ref().map(|policy| policy.queue_settings).unwrap_or_default();
+        let argument_limit = queue_length_limit(arguments);
+        let argument_overflow = arguments.get("x-overflow").and(argument_limit.map(|(_, overflow)| overflow));
+        let length = lower(argument_limit.map(|(limit, _)| limit), settings.max_length);
+        let overflow = argument_overflow.or(settings.overflow).unwrap_or(Overflow::DropHead);
+        let argument_ttl = arguments.get("x-message-ttl").and_then(|value| value.as_i64()).map(|ttl| ttl.max(0) as u64);
+        QueueLimits {
+            length_limit: length.map(|limit| (limit, overflow)),
+            message_ttl_ms: lower(argument_ttl, settings.message_ttl_ms),
+            policy,
+        }
+    }
+}
+
+fn lower(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Message totals of a queue (RabbitMQ's message_stats), kept under the queue's lock.
@@ -126,11 +160,6 @@ impl QueueRuntime {
         pager: Option<Pager>,
     ) -> Arc<QueueRuntime> {
         Arc::new(QueueRuntime {
-            length_limit: queue_length_limit(&definition.arguments),
-            message_ttl_ms: definition.arguments.get("x-message-ttl").and_then(|value| value.as_i64()).map(|ttl| ttl.max(0) as u64),
-            definition,
-            vhost: vhost.to_string(),
-            log,
             inner: Mutex::new(QueueInner {
                 messages,
                 consumers: Vec::new(),
@@ -138,7 +167,11 @@ impl QueueRuntime {
                 has_exclusive_consumer: false,
                 pager,
                 stats: QueueStats::default(),
+                limits: QueueLimits::new(&definition.arguments, None),
             }),
+            definition,
+            vhost: vhost.to_string(),
+            log,
             deleted: AtomicBool::new(false),
         })
     }
@@ -159,22 +192,13 @@ impl QueueRuntime {
             return Enqueued::InMemory;
         }
         let mut inner = self.inner.lock();
-        if let Some((limit, overflow)) = self.length_limit {
+        if let Some((limit, overflow)) = inner.limits.length_limit {
             if inner.messages.ready_count() as u64 >= limit {
                 match overflow {
                     Overflow::RejectPublish => return Enqueued::Rejected,
                     Overflow::DropHead => {
-                        while inner.messages.ready_count() as u64 >= limit.max(1) {
-                            if inner.messages.ready_in_memory() == 0 {
-                                self.page_in(&mut inner);
-                            }
-                            let Some((position, dropped)) = inner.messages.pop(false) else {
-                                break;
-                            };
-                            if let Some(log) = self.log_of(&dropped) {
-                                log.lock().append_settled(position);
-                            }
-                        }
+                        // Room for the new message.
+                        self.drop_head_to(&mut inner, limit.max(1) - 1);
                         if limit == 0 {
                             return Enqueued::InMemory;
                         }
@@ -188,7 +212,7 @@ impl QueueRuntime {
             self.dispatch_locked(&mut inner);
             return enqueued;
         }
-        let expires_at_ms = self.expiry(&message);
+        let expires_at_ms = expiry(&message, inner.limits.message_ttl_ms);
         let log = self.log.as_ref().filter(|_| message.is_persistent()).cloned();
         let position = inner.messages.push_expiring(message.clone(), expires_at_ms, log.is_some());
         if let Some(log) = &log {
@@ -207,25 +231,55 @@ impl QueueRuntime {
         self.dispatch_locked(&mut inner);
     }
 
-    /// When a message published now expires: the sooner of its own expiration and the queue's TTL.
-    fn expiry(&self, message: &Message) -> Option<u64> {
-        let own = if message.header.has_expiration() {
-            message
-                .header
-                .properties()
-                .ok()
-                .and_then(|properties| properties.expiration)
-                .and_then(|text| text.to_string_lossy().parse::<u64>().ok())
-        } else {
-            None
-        };
-        let ttl_ms = match (own, self.message_ttl_ms) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
-        Some(now_ms().saturating_add(ttl_ms))
+    /// Drops the oldest ready messages (settling them in the log) until at most `count` are ready.
+    fn drop_head_to(&self, inner: &mut QueueInner, count: u64) {
+        while inner.messages.ready_count() as u64 > count {
+            if inner.messages.ready_in_memory() == 0 {
+                self.page_in(inner);
+            }
+            let Some((position, dropped)) = inner.messages.pop(false) else {
+                break;
+            };
+            if let Some(log) = self.log_of(&dropped) {
+                log.lock().append_settled(position);
+            }
+        }
     }
 
+    /// Applies the policy that now matches the queue (or none). A lower length limit drops the
+    /// oldest messages at once when the overflow is drop-head, as RabbitMQ does; a new TTL applies
+    /// to messages enqueued from now on.
+    pub fn apply_policy(&self, policy: Option<Arc<Policy>>) {
+        let mut inner = self.inner.lock();
+        inner.limits = QueueLimits::new(&self.definition.arguments, policy);
+        if let Some((limit, Overflow::DropHead)) = inner.limits.length_limit {
+            self.drop_head_to(&mut inner, limit);
+        }
+    }
+
+    /// The name of the policy that applies to the queue, and its definition.
+    pub fn policy(&self) -> Option<Arc<Policy>> {
+        self.inner.lock().limits.policy.clone()
+    }
+}
+
+/// When a message published now expires: the sooner of its own expiration and the queue's TTL.
+fn expiry(message: &Message, message_ttl_ms: Option<u64>) -> Option<u64> {
+    let own = if message.header.has_expiration() {
+        message
+            .header
+            .properties()
+            .ok()
+            .and_then(|properties| properties.expiration)
+            .and_then(|text| text.to_string_lossy().parse::<u64>().ok())
+    } else {
+        None
+    };
+    let ttl_ms = lower(own, message_ttl_ms)?;
+    Some(now_ms().saturating_add(ttl_ms))
+}
+
+impl QueueRuntime {
     /// Drops expired messages at the head (settling them in the log).
     fn expire_head(&self, inner: &mut QueueInner) {
         for (position, expired) in inner.messages.drop_expired_head(now_ms()) {

@@ -82,7 +82,7 @@ impl QueueRuntime {
                 for (position, message) in batch {
                     let redelivered = pager.all_redelivered || pager.delivered.contains(position);
                     let message = Arc::new(message);
-                    let expires_at_ms = self.expiry(&message);
+                    let expires_at_ms = super::expiry(&message, inner.limits.message_ttl_ms);
                     inner.messages.page_in(position, message, redelivered, expires_at_ms);
                 }
             }

@@ -13,7 +13,7 @@ impl Channel {
     }
 
     pub(super) fn require_queue(&self, context: &Context, name: &ShortStr) -> Result<Arc<QueueRuntime>, AmqpError> {
-        let vhost = context.broker.vhost(&context.vhost).read();
+        let vhost = context.topology()?.read();
         Ok(vhost.require_queue(name, context.connection.id)?.handle.clone())
     }
 
@@ -51,6 +51,7 @@ impl Channel {
             }
         })?;
         self.consumers.insert(tag, (consumer, queue));
+        self.shared.consumer_count.store(self.consumers.len() as u32, Ordering::Relaxed);
         Ok(())
     }
 

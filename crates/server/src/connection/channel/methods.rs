@@ -152,7 +152,7 @@ impl Channel {
             Method::QueueDelete(delete) => {
                 let name = self.queue_name(&delete.queue)?;
                 context.check(Access::Configure, "queue", name.as_bytes())?;
-                let exists = context.broker.vhost(&context.vhost).read().queue(&name).is_some();
+                let exists = context.topology()?.read().queue(&name).is_some();
                 let message_count = if exists {
                     let queue = self.require_queue(context, &name)?;
                     let (ready, consumers) = queue.counts();
@@ -179,13 +179,16 @@ impl Channel {
                     self.shared.prefetch_global.store(u32::from(qos.prefetch_count), Ordering::Release);
                 } else {
                     self.consumer_prefetch = u32::from(qos.prefetch_count);
+                    self.shared.prefetch_count.store(self.consumer_prefetch, Ordering::Relaxed);
                 }
                 context.reply(id, BasicQosOk {}.into());
                 self.dispatch_consumed_queues();
             }
             Method::BasicConsume(consume) => self.consume(context, consume)?,
             Method::BasicCancel(cancel) => {
-                if let Some((consumer, queue)) = self.consumers.remove(&cancel.consumer_tag) {
+                let removed = self.consumers.remove(&cancel.consumer_tag);
+                self.shared.consumer_count.store(self.consumers.len() as u32, Ordering::Relaxed);
+                if let Some((consumer, queue)) = removed {
                     consumer.cancelled.store(true, Ordering::Release);
                     if queue.remove_consumer(&consumer) == ConsumerRemoval::DeleteQueue {
                         context.broker.remove_queue(&context.vhost, queue.name());
@@ -214,6 +217,7 @@ impl Channel {
                     return Err(AmqpError::precondition("cannot switch from confirm to tx mode"));
                 }
                 self.transaction.get_or_insert_with(Transaction::default);
+                self.shared.transactional.store(true, Ordering::Relaxed);
                 context.reply(id, TxSelectOk {}.into());
             }
             Method::TxCommit(_) => self.commit(context)?,
@@ -229,6 +233,7 @@ impl Channel {
                     return Err(AmqpError::precondition("cannot switch from tx to confirm mode"));
                 }
                 self.confirm_sequence.get_or_insert(0);
+                self.shared.confirm_mode.store(true, Ordering::Relaxed);
                 if !select.nowait {
                     context.reply(id, ConfirmSelectOk {}.into());
                 }

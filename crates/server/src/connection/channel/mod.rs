@@ -120,6 +120,11 @@ impl Channel {
         self.shared.id
     }
 
+    /// What the channel shares with queues and listings.
+    pub fn shared(&self) -> &Arc<ChannelShared> {
+        &self.shared
+    }
+
     /// Handles one frame for this channel.
     pub fn handle(&mut self, context: &mut Context, payload: FramePayload) -> Result<After, AmqpError> {
         if self.closing {
@@ -187,6 +192,7 @@ impl Channel {
             ledger.open = false;
             std::mem::take(&mut ledger.unacked)
         };
+        self.shared.consumer_count.store(0, Ordering::Relaxed);
         for (_, (consumer, queue)) in self.consumers.drain() {
             consumer.cancelled.store(true, Ordering::Release);
             if queue.remove_consumer(&consumer) == ConsumerRemoval::DeleteQueue {

@@ -90,7 +90,7 @@ impl Channel {
             }
         }
         {
-            let vhost = context.broker.vhost(&context.vhost).read();
+            let vhost = context.topology()?.read();
             let exchange = vhost.require_exchange(&content.exchange).map_err(|error| error.during(60, 40))?;
             // One regex match per exchange per channel: a publisher's exchange rarely changes.
             if self.publish_allowed.as_ref() != Some(&content.exchange) {
@@ -146,8 +146,9 @@ impl Channel {
     pub(super) fn route(&self, context: &Context, publish: &Publish) -> Routed {
         let message = &publish.message;
         let mut queues: Vec<Arc<QueueRuntime>> = Vec::new();
-        {
-            let vhost = context.broker.vhost(&context.vhost).read();
+        // Channels exist only after connection.open set the topology.
+        if let Ok(topology) = context.topology() {
+            let vhost = topology.read();
             let mut headers = || message.header.properties().ok().and_then(|properties| properties.headers);
             vhost.route(&message.exchange, &message.routing_key, &mut headers, &mut queues);
         }

@@ -1,0 +1,168 @@
+//! `/api/vhosts` and `/api/policies`: creating and deleting vhosts, and the policies that give
+//! queues their limits, shaped as RabbitMQ 3.10's management API.
+
+use super::routes::{body_json, require_administrator, require_vhost, tags_of};
+use super::{list_response, Api, ApiError, AuthenticatedUser, ListQuery};
+use crate::policy::Policy;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::{json, Value};
+
+type Answer = Result<Response, ApiError>;
+
+fn created_or_updated(created: bool) -> Response {
+    if created { StatusCode::CREATED } else { StatusCode::NO_CONTENT }.into_response()
+}
+
+fn vhost_json(api: &Api, info: &crate::broker::VhostInfo) -> Value {
+    let (mut ready, mut unacked) = (0, 0);
+    for queue in api.broker.list_queues().iter().filter(|queue| queue.vhost == info.name) {
+        ready += queue.snapshot.ready;
+        unacked += queue.snapshot.unacked;
+    }
+    json!({
+        "name": info.name,
+        "description": info.description,
+        "tags": info.tags,
+        "metadata": {"description": info.description, "tags": info.tags},
+        "default_queue_type": "classic",
+        "tracing": false,
+        "messages": ready + unacked,
+        "messages_ready": ready,
+        "messages_unacknowledged": unacked,
+        "cluster_state": { api.node.clone(): "running" },
+    })
+}
+
+/// GET /api/vhosts.
+pub async fn vhosts(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    list_response(api.broker.vhost_infos().iter().map(|info| vhost_json(&api, info)).collect(), &query)
+}
+
+/// GET /api/vhosts/{vhost}.
+pub async fn vhost(State(api): State<Api>, Path(vhost): Path<String>) -> Answer {
+    let info = api.broker.vhost_infos().into_iter().find(|info| info.name == vhost).ok_or_else(ApiError::object_not_found)?;
+    Ok(Json(vhost_json(&api, &info)).into_response())
+}
+
+/// PUT /api/vhosts/{vhost}: creates a vhost (or updates its description and tags). As in
+/// RabbitMQ, the administrator who creates it gets full permissions in it.
+pub async fn put_vhost(
+    State(api): State<Api>,
+    Extension(caller): Extension<AuthenticatedUser>,
+    Path(vhost): Path<String>,
+    body: Bytes,
+) -> Answer {
+    require_administrator(&api, &caller)?;
+    let body = body_json(&body)?;
+    let description = body.get("description").and_then(Value::as_str).unwrap_or("").to_string();
+    let created = api.broker.put_vhost(&vhost, description, tags_of(&body))?;
+    if created {
+        let permission =
+            crate::auth::Permission::new(&caller.0, &vhost, ".*", ".*", ".*").map_err(|error| ApiError::internal(error.to_string()))?;
+        api.broker.permissions.put(permission);
+        api.broker.persist()?;
+    }
+    Ok(created_or_updated(created))
+}
+
+/// DELETE /api/vhosts/{vhost}: closes its connections and deletes everything in it.
+pub async fn delete_vhost(State(api): State<Api>, Extension(caller): Extension<AuthenticatedUser>, Path(vhost): Path<String>) -> Answer {
+    require_administrator(&api, &caller)?;
+    if !api.broker.delete_vhost(&vhost)? {
+        return Err(ApiError::object_not_found());
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// A policy as RabbitMQ's API shows it.
+pub fn policy_json(policy: &Policy) -> Value {
+    json!({
+        "vhost": policy.vhost,
+        "name": policy.name,
+        "pattern": policy.pattern,
+        "apply-to": policy.apply_to.name(),
+        "definition": policy.definition,
+        "priority": policy.priority,
+    })
+}
+
+fn policy_list(api: &Api, vhost: Option<&str>) -> Vec<Value> {
+    api.broker
+        .policies()
+        .iter()
+        .filter(|policy| vhost.is_none_or(|vhost| policy.vhost == vhost))
+        .map(|policy| policy_json(policy))
+        .collect()
+}
+
+/// GET /api/policies.
+pub async fn policies(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+    list_response(policy_list(&api, None), &query)
+}
+
+/// GET /api/policies/{vhost}.
+pub async fn vhost_policies(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    require_vhost(&api, &vhost)?;
+    list_response(policy_list(&api, Some(&vhost)), &query)
+}
+
+/// GET /api/policies/{vhost}/{name}.
+pub async fn policy(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
+    let policies = api.broker.policies();
+    let policy = policies.iter().find(|policy| policy.vhost == vhost && policy.name == name).ok_or_else(ApiError::object_not_found)?;
+    Ok(Json(policy_json(policy)).into_response())
+}
+
+/// 401 unless the caller may change policies (RabbitMQ: the policymaker or administrator tag).
+fn require_policymaker(api: &Api, caller: &AuthenticatedUser) -> Result<(), ApiError> {
+    match api.broker.users.get(&caller.0) {
+        Some(user) if user.has_tag("administrator") || user.has_tag("policymaker") => Ok(()),
+        _ => Err(ApiError::unauthorised("Not policymaker or administrator user")),
+    }
+}
+
+/// Builds a policy from a PUT body (RabbitMQ's: `pattern`, `definition`, `priority`, `apply-to`).
+pub fn policy_from_body(vhost: &str, name: &str, body: &Value) -> Result<Policy, ApiError> {
+    let pattern = body.get("pattern").and_then(Value::as_str).ok_or_else(|| ApiError::bad_request("policy needs a pattern"))?;
+    let definition =
+        body.get("definition").and_then(Value::as_object).ok_or_else(|| ApiError::bad_request("policy needs a definition object"))?;
+    let priority = match body.get("priority") {
+        None | Some(Value::Null) => 0,
+        Some(value) => value
+            .as_i64()
+            .or_else(|| value.as_str().and_then(|text| text.parse().ok()))
+            .ok_or_else(|| ApiError::bad_request("priority must be an integer"))?,
+    };
+    let apply_to = body.get("apply-to").and_then(Value::as_str).unwrap_or("all");
+    Policy::new(vhost, name, pattern, apply_to, priority, definition.clone()).map_err(|error| ApiError::bad_request(error.to_string()))
+}
+
+/// PUT /api/policies/{vhost}/{name}: sets a policy and applies it to the vhost's queues at once.
+pub async fn put_policy(
+    State(api): State<Api>,
+    Extension(caller): Extension<AuthenticatedUser>,
+    Path((vhost, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Answer {
+    require_policymaker(&api, &caller)?;
+    require_vhost(&api, &vhost)?;
+    let policy = policy_from_body(&vhost, &name, &body_json(&body)?)?;
+    Ok(created_or_updated(api.broker.put_policy(policy)?))
+}
+
+/// DELETE /api/policies/{vhost}/{name}.
+pub async fn delete_policy(
+    State(api): State<Api>,
+    Extension(caller): Extension<AuthenticatedUser>,
+    Path((vhost, name)): Path<(String, String)>,
+) -> Answer {
+    require_policymaker(&api, &caller)?;
+    if !api.broker.delete_policy(&vhost, &name)? {
+        return Err(ApiError::object_not_found());
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

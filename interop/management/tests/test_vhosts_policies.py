@@ -1,0 +1,271 @@
+"""Vhosts, policies, per-channel listings and failed-login rate limiting: created through the API,
+rabbitmqadmin and lepus ctl, observed through pika with RabbitMQ's reply codes, durable across a
+restart."""
+
+import subprocess
+import threading
+import time
+
+import pika
+import pytest
+import requests
+from pika.exceptions import (AMQPConnectionError, ConnectionClosedByBroker, NackError, ProbableAccessDeniedError,
+                             ProbableAuthenticationError)
+
+from conftest import Lepus, lepus_binary
+
+
+def connect(broker, vhost="/", user="guest", password="guest"):
+    params = pika.ConnectionParameters("127.0.0.1", broker.amqp_port, virtual_host=vhost,
+                                       credentials=pika.PlainCredentials(user, password),
+                                       socket_timeout=5, stack_timeout=15, blocked_connection_timeout=10, connection_attempts=1)
+    return pika.BlockingConnection(params)
+
+
+def ctl(broker, *arguments, check=True):
+    command = [lepus_binary(), "ctl", "--url", "http://127.0.0.1:%d" % broker.http_port] + list(arguments)
+    return subprocess.run(command, check=check, capture_output=True, text=True, timeout=30)
+
+
+def bodies(channel, queue):
+    got = []
+    while True:
+        method, _, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            return got
+        got.append(body)
+
+
+def test_vhost_lifecycle_through_api_and_amqp(tmp_path_factory):
+    binary = lepus_binary()
+    data_dir = tmp_path_factory.mktemp("vhosts") / "data"
+    broker = Lepus(binary, data_dir)
+    try:
+        assert broker.put("/vhosts/orders", {"description": "order processing", "tags": "prod,eu"}).status_code == 201
+        assert broker.put("/vhosts/orders", {"description": "order processing, v2"}).status_code == 204
+        listed = {vhost["name"]: vhost for vhost in broker.get("/vhosts").json()}
+        assert set(listed) == {"/", "orders"}
+        assert listed["orders"]["description"] == "order processing, v2"
+        # As RabbitMQ: the creating administrator gets full permissions in the new vhost.
+        assert broker.get("/permissions/orders/guest").json()["configure"] == ".*"
+        conn = connect(broker, "orders")
+        channel = conn.channel()
+        channel.queue_declare("orders-q", durable=True)
+        channel.confirm_delivery()
+        channel.basic_publish("", "orders-q", b"kept", pika.BasicProperties(delivery_mode=2))
+        conn.close()
+        assert [q["name"] for q in broker.get("/queues/orders").json()] == ["orders-q"]
+        assert broker.put("/policies/orders/cap", {"pattern": "^orders", "definition": {"max-length": 5}}).status_code == 201
+        assert broker.get("/queues/%2F/orders-q").status_code == 404, "queues are per vhost"
+    finally:
+        broker.stop()
+    broker = Lepus(binary, data_dir)
+    try:
+        assert broker.get("/vhosts/orders").json()["description"] == "order processing, v2"
+        assert broker.get("/queues/orders/orders-q").json()["policy"] == "cap", "policies survive a restart"
+        conn = connect(broker, "orders")
+        channel = conn.channel()
+        assert bodies(channel, "orders-q") == [b"kept"], "the vhost, its queue and message survive a restart"
+        # Deleting a vhost closes its connections with 320, as RabbitMQ does, and removes its queues.
+        assert broker.delete("/vhosts/orders").status_code == 204
+        with pytest.raises(ConnectionClosedByBroker) as closed:
+            for _ in range(50):
+                conn.process_data_events(time_limit=0.1)
+        assert closed.value.reply_code == 320
+        assert broker.get("/vhosts/orders").status_code == 404
+        assert broker.get("/permissions/orders/guest").status_code == 404
+        assert broker.get("/policies").json() == []
+        assert broker.delete("/vhosts/orders").status_code == 404
+        with pytest.raises(ProbableAccessDeniedError) as refused:
+            connect(broker, "orders")
+        assert "530" in str(refused.value) and "vhost orders not found" in str(refused.value)
+        connect(broker, "/").close()
+    finally:
+        broker.stop()
+    broker = Lepus(binary, data_dir)
+    try:
+        assert [vhost["name"] for vhost in broker.get("/vhosts").json()] == ["/"], "the deletion is durable"
+    finally:
+        broker.stop()
+
+
+def test_vhost_changes_need_an_administrator(fresh_lepus):
+    assert fresh_lepus.put("/users/watcher", {"password": "pw", "tags": "monitoring"}).status_code == 201
+    assert fresh_lepus.put("/vhosts/x", auth=("watcher", "pw")).status_code == 401
+    assert fresh_lepus.put("/policies/%2F/p", {"pattern": ".*", "definition": {"max-length": 1}}, auth=("watcher", "pw")).status_code == 401
+    assert fresh_lepus.get("/vhosts/x").status_code == 404
+
+
+def test_policy_limits_matching_queues_at_once(fresh_lepus):
+    broker = fresh_lepus
+    conn = connect(broker)
+    channel = conn.channel()
+    channel.queue_declare("cap.a", durable=True)
+    channel.queue_declare("cap.low", durable=True, arguments={"x-max-length": 2})
+    channel.queue_declare("other", durable=True)
+    for number in range(10):
+        for queue in ("cap.a", "cap.low", "other"):
+            channel.basic_publish("", queue, str(number).encode(), pika.BasicProperties(delivery_mode=2))
+    policy = {"pattern": "^cap\\.", "definition": {"max-length": 3}, "apply-to": "queues", "priority": 1}
+    assert broker.put("/policies/%2F/cap", policy).status_code == 201
+    assert broker.get("/policies/%2F/cap").json() == dict(policy, vhost="/", name="cap")
+    queue = broker.get("/queues/%2F/cap.a").json()
+    assert queue["policy"] == "cap" and queue["effective_policy_definition"] == {"max-length": 3}
+    assert broker.get("/queues/%2F/other").json()["policy"] is None
+    # drop-head applies at once: the oldest go. The lower of argument and policy wins.
+    assert bodies(channel, "cap.a") == [b"7", b"8", b"9"]
+    assert bodies(channel, "cap.low") == [b"8", b"9"]
+    assert len(bodies(channel, "other")) == 10
+    # A policy of higher priority replaces it; reject-publish nacks confirms, as RabbitMQ.
+    strict = {"pattern": "^cap\\.a$", "definition": {"max-length": 1, "overflow": "reject-publish"}, "priority": 5}
+    assert broker.put("/policies/%2F/strict", strict).status_code == 201
+    channel.confirm_delivery()
+    channel.basic_publish("", "cap.a", b"first", pika.BasicProperties(delivery_mode=2))
+    with pytest.raises(NackError):
+        channel.basic_publish("", "cap.a", b"refused", pika.BasicProperties(delivery_mode=2))
+    assert broker.get("/queues/%2F/cap.a").json()["policy"] == "strict"
+    assert broker.delete("/policies/%2F/strict").status_code == 204
+    assert broker.delete("/policies/%2F/cap").status_code == 204
+    assert broker.delete("/policies/%2F/cap").status_code == 404
+    for number in range(5):
+        channel.basic_publish("", "cap.a", b"more", pika.BasicProperties(delivery_mode=2))
+    assert len(bodies(channel, "cap.a")) == 6, "no limit once the policies are gone"
+    conn.close()
+
+
+def test_policy_ttl_applies_to_new_messages(fresh_lepus):
+    broker = fresh_lepus
+    assert broker.put("/policies/%2F/ttl", {"pattern": "^ttl$", "definition": {"message-ttl": 200}}).status_code == 201
+    conn = connect(broker)
+    channel = conn.channel()
+    channel.queue_declare("ttl", durable=True)
+    channel.basic_publish("", "ttl", b"short-lived", pika.BasicProperties(delivery_mode=2))
+    time.sleep(0.5)
+    assert bodies(channel, "ttl") == []
+    conn.close()
+
+
+def test_invalid_policies_are_refused_loudly(fresh_lepus):
+    broker = fresh_lepus
+    unknown = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"colour": "blue"}})
+    assert unknown.status_code == 400 and "colour" in unknown.json()["reason"] and "not recognised" in unknown.json()["reason"]
+    unimplemented = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"dead-letter-exchange": "dlx"}})
+    assert unimplemented.status_code == 400 and "not implemented" in unimplemented.json()["reason"]
+    assert broker.put("/policies/%2F/p", {"pattern": "(", "definition": {"max-length": 1}}).status_code == 400
+    assert broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"max-length": "many"}}).status_code == 400
+    assert broker.put("/policies/%2F/p", {"definition": {"max-length": 1}}).status_code == 400
+    assert broker.put("/policies/nowhere/p", {"pattern": ".*", "definition": {"max-length": 1}}).status_code == 404
+    assert broker.get("/policies").json() == []
+
+
+def test_rabbitmqadmin_and_ctl_manage_vhosts_and_policies(fresh_lepus, rabbitmqadmin):
+    broker = fresh_lepus
+    admin = rabbitmqadmin + ["--host", "127.0.0.1", "--port", str(broker.http_port), "--username", "guest", "--password", "guest"]
+
+    def run(*arguments):
+        return subprocess.run(admin + list(arguments), check=True, capture_output=True, text=True, timeout=30).stdout
+
+    run("declare", "vhost", "name=staging")
+    run("declare", "policy", "--vhost=staging", "name=limit", "pattern=^jobs", 'definition={"max-length": 5}', "apply-to=queues")
+    assert "limit" in run("list", "policies")
+    assert "staging" in run("list", "vhosts")
+    assert broker.get("/policies/staging/limit").json()["definition"] == {"max-length": 5}
+    run("delete", "policy", "--vhost=staging", "name=limit")
+    run("delete", "vhost", "name=staging")
+    assert broker.get("/vhosts/staging").status_code == 404
+
+    ctl(broker, "add-vhost", "batch", "--description", "nightly jobs")
+    assert "nightly jobs" in ctl(broker, "list", "vhosts").stdout
+    ctl(broker, "set-policy", "small", "^b", '{"max-length": 2, "overflow": "reject-publish"}', "--vhost", "batch", "--priority", "3")
+    listed = ctl(broker, "list", "policies", "--vhost", "batch").stdout
+    assert "small" in listed and "reject-publish" in listed
+    bad = ctl(broker, "set-policy", "bad", ".*", '{"ha-mode": "all"}', check=False)
+    assert bad.returncode != 0 and "400" in bad.stderr and "not implemented" in bad.stderr
+    ctl(broker, "clear-policy", "small", "--vhost", "batch")
+    ctl(broker, "delete-vhost", "batch")
+    assert "batch" not in ctl(broker, "list", "vhosts").stdout
+
+
+def test_definitions_carry_vhosts_and_policies(lepus, fresh_lepus, names):
+    vhost = names("defs-vhost")
+    assert lepus.put("/vhosts/" + vhost, {"description": "moved"}).status_code == 201
+    assert lepus.put("/policies/%s/keep" % vhost, {"pattern": "^k", "definition": {"max-length": 9}, "apply-to": "queues"}).status_code == 201
+    assert lepus.put("/queues/%s/k1" % vhost, {"durable": True}).status_code == 201
+    exported = lepus.get("/definitions").json()
+    assert {"vhost": vhost, "name": "keep", "pattern": "^k", "apply-to": "queues", "definition": {"max-length": 9}, "priority": 0} in exported["policies"]
+    assert fresh_lepus.post("/definitions", exported).status_code == 204
+    assert fresh_lepus.get("/vhosts/" + vhost).json()["description"] == "moved"
+    assert fresh_lepus.get("/queues/%s/k1" % vhost).json()["policy"] == "keep"
+    assert lepus.delete("/vhosts/" + vhost).status_code == 204
+
+
+def test_channels_are_listed_one_by_one(lepus, names):
+    queue = names("chan-q")
+    conn = lepus.connect()
+    try:
+        first = conn.channel()
+        first.confirm_delivery()
+        second = conn.channel()
+        second.basic_qos(prefetch_count=7)
+        second.queue_declare(queue, auto_delete=True)
+        second.basic_consume(queue, lambda *args: None)
+        second.tx_select()
+        client_port = conn._impl.params.port and conn._impl._transport._sock.getsockname()[1]
+        ours = [c for c in lepus.get("/channels").json() if c["connection_details"]["peer_port"] == client_port]
+        by_number = {c["number"]: c for c in ours}
+        assert set(by_number) == {first.channel_number, second.channel_number}
+        assert by_number[first.channel_number]["confirm"] is True
+        assert by_number[second.channel_number]["prefetch_count"] == 7
+        assert by_number[second.channel_number]["consumer_count"] == 1
+        assert by_number[second.channel_number]["transactional"] is True
+        connection_name = ours[0]["connection_details"]["name"]
+        assert len(lepus.get("/connections/%s/channels" % requests.utils.quote(connection_name, safe="")).json()) == 2
+        assert lepus.get("/channels/%s" % requests.utils.quote(ours[0]["name"], safe="")).json()["name"] == ours[0]["name"]
+        first.close()
+        remaining = [c for c in lepus.get("/channels").json() if c["connection_details"]["peer_port"] == client_port]
+        assert [c["number"] for c in remaining] == [second.channel_number]
+    finally:
+        conn.close()
+
+
+def test_failed_logins_are_rate_limited_per_address(fresh_lepus):
+    """Five failures a minute are answered at once; later ones wait a second each, one after
+    another, and a flood is refused unchecked. The limits are LOGIN_* in login_throttle.rs."""
+    broker = fresh_lepus
+    for _ in range(5):
+        started = time.monotonic()
+        with pytest.raises((ProbableAuthenticationError, AMQPConnectionError)):
+            connect(broker, password="wrong")
+        assert time.monotonic() - started < 0.9
+    started = time.monotonic()
+    with pytest.raises((ProbableAuthenticationError, AMQPConnectionError)) as refused:
+        connect(broker, password="wrong")
+    assert time.monotonic() - started >= 0.9, "the sixth failure waits its turn"
+    assert isinstance(refused.value, ProbableAuthenticationError) or "403" in str(refused.value)
+    # The right password is still accepted at once while the backlog is short.
+    started = time.monotonic()
+    connect(broker).close()
+    assert time.monotonic() - started < 0.9
+    # HTTP logins count for the same address.
+    started = time.monotonic()
+    assert broker.get("/overview", auth=("guest", "wrong")).status_code == 401
+    assert time.monotonic() - started >= 0.9
+    # A flood of parallel failures is answered one second apart; once more than ten seconds of
+    # answers are queued, even the right password is refused without being checked.
+    statuses = []
+
+    def fail():
+        statuses.append(requests.get(broker.url("/overview"), auth=("guest", "wrong"), timeout=30).status_code)
+
+    flood = [threading.Thread(target=fail) for _ in range(15)]
+    for thread in flood:
+        thread.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert broker.get("/overview").status_code == 401, "refused unchecked during the flood"
+    assert time.monotonic() - started < 0.9, "and answered at once: nothing was checked"
+    with pytest.raises((ProbableAuthenticationError, AMQPConnectionError)):
+        connect(broker)
+    for thread in flood:
+        thread.join()
+    assert statuses == [401] * 15
