@@ -269,3 +269,48 @@ def test_failed_logins_are_rate_limited_per_address(fresh_lepus):
     for thread in flood:
         thread.join()
     assert statuses == [401] * 15
+
+
+def test_http_calls_are_held_to_the_callers_permissions(fresh_lepus):
+    broker = fresh_lepus
+    assert broker.put("/vhosts/other").status_code == 201
+    assert broker.put("/queues/other/hidden", {"durable": False}).status_code == 201
+    assert broker.put("/queues/%2F/guest-q", {"durable": False}).status_code == 201
+    assert broker.put("/users/mia", {"password": "pw", "tags": "management"}).status_code == 201
+    assert broker.put("/permissions/%2F/mia", {"configure": "^mia-", "write": "^mia-|amq.default", "read": "^mia-"}).status_code == 201
+    assert broker.put("/users/watcher", {"password": "pw", "tags": "monitoring"}).status_code == 201
+    mia = ("mia", "pw")
+
+    assert broker.put("/queues/%2F/mia-q", {"durable": False}, auth=mia).status_code == 201
+    refused = broker.put("/queues/%2F/not-mine", {"durable": False}, auth=mia)
+    assert refused.status_code == 401
+    assert "access to queue 'not-mine' in vhost '/' refused for user 'mia'" in refused.json()["reason"]
+    assert broker.put("/queues/other/mia-x", {"durable": False}, auth=mia).status_code == 401
+    assert broker.get("/queues/other/hidden", auth=mia).status_code == 401
+    assert broker.post("/queues/%2F/guest-q/get", {"count": 1, "ackmode": "ack_requeue_true"}, auth=mia).status_code == 401
+    assert broker.post("/queues/%2F/mia-q/get", {"count": 1, "ackmode": "ack_requeue_true"}, auth=mia).status_code == 200
+    assert broker.delete("/queues/%2F/guest-q", auth=mia).status_code == 401
+    assert broker.get("/queues/%2F/guest-q").status_code == 200, "still there"
+
+    # Listings show only what the caller may see; monitoring users see every vhost.
+    assert {(q["vhost"], q["name"]) for q in broker.get("/queues", auth=mia).json()} == {("/", "guest-q"), ("/", "mia-q")}
+    assert [v["name"] for v in broker.get("/vhosts", auth=mia).json()] == ["/"]
+    assert ("other", "hidden") in {(q["vhost"], q["name"]) for q in broker.get("/queues", auth=("watcher", "pw")).json()}
+
+    # Users, permissions and definitions are for administrators.
+    for path in ("/users", "/permissions", "/definitions", "/users/mia"):
+        assert broker.get(path, auth=mia).status_code == 401, path
+
+    # Management users see their own connections only, and cannot close others'.
+    guest_conn = connect(broker)
+    mia_conn = connect(broker, user="mia", password="pw")
+    try:
+        assert [c["user"] for c in broker.get("/connections", auth=mia).json()] == ["mia"]
+        assert sorted(c["user"] for c in broker.get("/connections").json()) == ["guest", "mia"]
+        guest_name = [c["name"] for c in broker.get("/connections").json() if c["user"] == "guest"][0]
+        quoted = requests.utils.quote(guest_name, safe="")
+        assert broker.delete("/connections/" + quoted, auth=mia).status_code == 401
+        assert guest_conn.is_open
+    finally:
+        guest_conn.close()
+        mia_conn.close()

@@ -1,6 +1,7 @@
 //! `/api/definitions`: RabbitMQ's definitions file (exchanges, queues, bindings, users, vhosts,
 //! permissions), exported and imported, so a topology moves between RabbitMQ and Lepus.
 
+use super::access::Caller;
 use super::json::{self, text};
 use super::routes::{body_json, exchange_declaration, permission_list, queue_definition, require_vhost, user_json};
 use super::{Api, ApiError, RABBITMQ_API_VERSION};
@@ -88,7 +89,8 @@ fn topology(api: &Api, only_vhost: Option<&str>) -> (Vec<Value>, Vec<Value>, Vec
     (exchanges, queues, bindings)
 }
 
-pub async fn export_all(State(api): State<Api>) -> Json<Value> {
+pub async fn export_all(State(api): State<Api>, caller: Caller) -> Answer {
+    caller.require_administrator()?;
     let (exchanges, queues, bindings) = topology(&api, None);
     let users: Vec<Value> = api
         .broker
@@ -110,7 +112,7 @@ pub async fn export_all(State(api): State<Api>) -> Json<Value> {
         .map(|info| json!({"name": info.name, "description": info.description, "tags": info.tags, "metadata": {"description": info.description, "tags": info.tags}}))
         .collect();
     let policies: Vec<Value> = api.broker.policies().iter().map(|policy| super::vhosts::policy_json(policy)).collect();
-    Json(json!({
+    Ok(Json(json!({
         "rabbit_version": RABBITMQ_API_VERSION,
         "rabbitmq_version": RABBITMQ_API_VERSION,
         "product_name": "Lepus",
@@ -126,9 +128,11 @@ pub async fn export_all(State(api): State<Api>) -> Json<Value> {
         "exchanges": exchanges,
         "bindings": bindings,
     }))
+    .into_response())
 }
 
-pub async fn export_vhost(State(api): State<Api>, Path(vhost): Path<String>) -> Answer {
+pub async fn export_vhost(State(api): State<Api>, caller: Caller, Path(vhost): Path<String>) -> Answer {
+    caller.require_administrator()?;
     require_vhost(&api, &vhost)?;
     let (exchanges, queues, bindings) = topology(&api, Some(&vhost));
     Ok(Json(json!({
@@ -151,12 +155,14 @@ pub async fn export_vhost(State(api): State<Api>, Path(vhost): Path<String>) -> 
     .into_response())
 }
 
-pub async fn import_all(State(api): State<Api>, body: Bytes) -> Answer {
+pub async fn import_all(State(api): State<Api>, caller: Caller, body: Bytes) -> Answer {
+    caller.require_administrator()?;
     let body = body_json(&body)?;
     import(&api, &body, None)
 }
 
-pub async fn import_vhost(State(api): State<Api>, Path(vhost): Path<String>, body: Bytes) -> Answer {
+pub async fn import_vhost(State(api): State<Api>, caller: Caller, Path(vhost): Path<String>, body: Bytes) -> Answer {
+    caller.require_administrator()?;
     require_vhost(&api, &vhost)?;
     let body = body_json(&body)?;
     import(&api, &body, Some(&vhost))

@@ -5,6 +5,7 @@
 //! Every route needs HTTP basic auth with a broker user (the AMQP rules apply: `guest` only from
 //! loopback). Errors are JSON `{"error": ..., "reason": ...}` with RabbitMQ's status codes.
 
+mod access;
 mod console;
 mod definitions;
 mod json;
@@ -61,6 +62,7 @@ pub async fn serve(broker: Arc<Broker>, listener: tokio::net::TcpListener) {
     let api = Api::new(broker);
     tokio::spawn(rates::sample_forever(api.broker.clone(), api.rates.clone()));
     let app = routes::router()
+        .route_layer(axum::middleware::from_fn_with_state(api.clone(), access::authorize_vhost))
         .route_layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
         // The web console's static files, outside the authentication layer (the page logs in).
         .merge(console::router())
@@ -93,6 +95,7 @@ async fn authenticate(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<Soc
             if !tagged {
                 return ApiError::unauthorised("Not management user").into_response();
             }
+            request.extensions_mut().insert(access::Caller::new(&api, &name));
             request.extensions_mut().insert(AuthenticatedUser(name));
             next.run(request).await
         }

@@ -1,7 +1,9 @@
 //! The API's routes and handlers.
 
+use super::access::{Caller, Visibility};
 use super::json::{self, exchange_from_path, flag, integer, short, text};
 use super::{definitions, list_response, vhosts, Api, ApiError, AuthenticatedUser, ListQuery, GET_MESSAGES_MAX, RABBITMQ_API_VERSION};
+use crate::auth::Access;
 use amqp_codec::{ContentHeader, ShortStr};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -230,11 +232,13 @@ pub fn user_json(user: &crate::auth::User) -> Value {
     })
 }
 
-async fn users(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+async fn users(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+    caller.require_administrator()?;
     list_response(api.broker.users.list().iter().map(user_json).collect(), &query)
 }
 
-async fn user(State(api): State<Api>, Path(name): Path<String>) -> Answer {
+async fn user(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
+    caller.require_administrator()?;
     let user = api.broker.users.get(&name).ok_or_else(ApiError::object_not_found)?;
     Ok(Json(user_json(&user)).into_response())
 }
@@ -311,13 +315,15 @@ async fn delete_user(State(api): State<Api>, Extension(caller): Extension<Authen
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn user_permissions(State(api): State<Api>, Path(name): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+async fn user_permissions(State(api): State<Api>, caller: Caller, Path(name): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    caller.require_administrator()?;
     api.broker.users.get(&name).ok_or_else(ApiError::object_not_found)?;
     let list = api.broker.permissions.list().iter().filter(|entry| entry.user == name).map(|entry| permission_json(entry)).collect();
     list_response(list, &query)
 }
 
-async fn permission(State(api): State<Api>, Path((vhost, user)): Path<(String, String)>) -> Answer {
+async fn permission(State(api): State<Api>, caller: Caller, Path((vhost, user)): Path<(String, String)>) -> Answer {
+    caller.require_administrator()?;
     let entry = api.broker.permissions.get(&user, &vhost).ok_or_else(ApiError::object_not_found)?;
     Ok(Json(permission_json(&entry)).into_response())
 }
@@ -356,11 +362,13 @@ async fn delete_permission(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn permissions(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+async fn permissions(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+    caller.require_administrator()?;
     list_response(permission_list(&api, None), &query)
 }
 
-async fn vhost_permissions(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+async fn vhost_permissions(State(api): State<Api>, caller: Caller, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    caller.require_administrator()?;
     require_vhost(&api, &vhost)?;
     list_response(permission_list(&api, Some(&vhost)), &query)
 }
@@ -410,13 +418,13 @@ fn connection_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
         .collect()
 }
 
-async fn connections(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
-    list_response(connection_list(&api, None), &query)
+async fn connections(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+    list_response(caller.visible(connection_list(&api, None), Visibility::OwnConnection), &query)
 }
 
-async fn vhost_connections(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+async fn vhost_connections(State(api): State<Api>, caller: Caller, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
     require_vhost(&api, &vhost)?;
-    list_response(connection_list(&api, Some(&vhost)), &query)
+    list_response(caller.visible(connection_list(&api, Some(&vhost)), Visibility::OwnConnection), &query)
 }
 
 /// Finds a connection by its RabbitMQ-style name (or Lepus's numeric id).
@@ -428,13 +436,25 @@ fn find_connection(api: &Api, name: &str) -> Option<crate::introspect::Connectio
         .find(|connection| json::connection_name(connection, address) == name || connection.id.to_string() == name)
 }
 
-async fn connection(State(api): State<Api>, Path(name): Path<String>) -> Answer {
-    let connection = find_connection(&api, &name).ok_or_else(ApiError::object_not_found)?;
+/// A connection the caller may see: its own, or any for administrators and monitoring users.
+fn find_own_connection(api: &Api, caller: &Caller, name: &str) -> Result<crate::introspect::ConnectionInfo, ApiError> {
+    let connection = find_connection(api, name).ok_or_else(ApiError::object_not_found)?;
+    if !caller.sees_all && connection.session.user != caller.name {
+        return Err(ApiError::unauthorised("Not_Authorized"));
+    }
+    Ok(connection)
+}
+
+async fn connection(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
+    let connection = find_own_connection(&api, &caller, &name)?;
     Ok(Json(json::connection_json(&connection, amqp_address(&api), &api.node, disk_alarm(&api))).into_response())
 }
 
-async fn close_connection(State(api): State<Api>, Path(name): Path<String>, headers: axum::http::HeaderMap) -> Answer {
-    let connection = find_connection(&api, &name).ok_or_else(ApiError::object_not_found)?;
+async fn close_connection(State(api): State<Api>, caller: Caller, Path(name): Path<String>, headers: axum::http::HeaderMap) -> Answer {
+    let connection = find_own_connection(&api, &caller, &name)?;
+    if !caller.administrator && connection.session.user != caller.name {
+        return Err(ApiError::unauthorised("Not_Authorized"));
+    }
     let reason = headers
         .get("x-reason")
         .and_then(|value| value.to_str().ok())
@@ -484,16 +504,17 @@ fn channel_list(api: &Api, only_vhost: Option<&str>, only_connection: Option<&st
     list
 }
 
-async fn channels(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
-    list_response(channel_list(&api, None, None), &query)
+async fn channels(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+    list_response(caller.visible(channel_list(&api, None, None), Visibility::OwnConnection), &query)
 }
 
-async fn vhost_channels(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+async fn vhost_channels(State(api): State<Api>, caller: Caller, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
     require_vhost(&api, &vhost)?;
-    list_response(channel_list(&api, Some(&vhost), None), &query)
+    list_response(caller.visible(channel_list(&api, Some(&vhost), None), Visibility::OwnConnection), &query)
 }
 
-async fn connection_channels(State(api): State<Api>, Path(name): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+async fn connection_channels(State(api): State<Api>, caller: Caller, Path(name): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+    find_own_connection(&api, &caller, &name)?;
     let address = amqp_address(&api);
     if !api.broker.list_connections().iter().any(|connection| json::connection_name(connection, address) == name) {
         return Err(ApiError::object_not_found());
@@ -501,15 +522,17 @@ async fn connection_channels(State(api): State<Api>, Path(name): Path<String>, Q
     list_response(channel_list(&api, None, Some(&name)), &query)
 }
 
-async fn channel(State(api): State<Api>, Path(name): Path<String>) -> Answer {
-    let found =
-        channel_list(&api, None, None).into_iter().find(|channel| channel.get("name").and_then(Value::as_str) == Some(name.as_str()));
+async fn channel(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
+    let found = caller
+        .visible(channel_list(&api, None, None), Visibility::OwnConnection)
+        .into_iter()
+        .find(|channel| channel.get("name").and_then(Value::as_str) == Some(name.as_str()));
     Ok(Json(found.ok_or_else(ApiError::object_not_found)?).into_response())
 }
 
 /// Consumers, shaped like RabbitMQ's `/api/consumers`.
-async fn consumers(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
-    list_response(consumer_list(&api, None), &query)
+async fn consumers(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+    list_response(caller.visible(consumer_list(&api, None), Visibility::InVhost), &query)
 }
 
 async fn vhost_consumers(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
@@ -539,8 +562,8 @@ fn exchange_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
         .collect()
 }
 
-async fn exchanges(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
-    list_response(exchange_list(&api, None), &query)
+async fn exchanges(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+    list_response(caller.visible(exchange_list(&api, None), Visibility::InVhost), &query)
 }
 
 async fn vhost_exchanges(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
@@ -562,8 +585,9 @@ async fn exchange(State(api): State<Api>, Path((vhost, name)): Path<(String, Str
     Ok(Json(json::exchange_json(&find_exchange(&api, &vhost, &name)?)).into_response())
 }
 
-async fn declare_exchange(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+async fn declare_exchange(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
     require_vhost(&api, &vhost)?;
+    caller.require(&vhost, Access::Configure, "exchange", exchange_from_path(&name))?;
     let body = body_json(&body)?;
     let declaration = exchange_declaration(&name, &body)?;
     let existed = find_exchange(&api, &vhost, &name).is_ok();
@@ -593,8 +617,14 @@ struct DeleteQuery {
     if_empty: Option<String>,
 }
 
-async fn delete_exchange(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, Query(query): Query<DeleteQuery>) -> Answer {
+async fn delete_exchange(
+    State(api): State<Api>,
+    caller: Caller,
+    Path((vhost, name)): Path<(String, String)>,
+    Query(query): Query<DeleteQuery>,
+) -> Answer {
     find_exchange(&api, &vhost, &name)?;
+    caller.require(&vhost, Access::Configure, "exchange", exchange_from_path(&name))?;
     let name = short(exchange_from_path(&name), "exchange name")?;
     api.broker.delete_exchange(&vhost, &name, query.if_unused.as_deref() == Some("true"))?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -624,8 +654,8 @@ fn binding_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
     list
 }
 
-async fn bindings(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
-    list_response(binding_list(&api, None), &query)
+async fn bindings(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+    list_response(caller.visible(binding_list(&api, None), Visibility::InVhost), &query)
 }
 
 async fn vhost_bindings(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
@@ -682,8 +712,8 @@ fn queue_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
         .collect()
 }
 
-async fn queues(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
-    list_response(queue_list(&api, None), &query)
+async fn queues(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+    list_response(caller.visible(queue_list(&api, None), Visibility::InVhost), &query)
 }
 
 async fn vhost_queues(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
@@ -710,8 +740,9 @@ pub fn queue_definition(name: &str, body: &Value) -> Result<QueueDefinition, Api
     })
 }
 
-async fn declare_queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+async fn declare_queue(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
     require_vhost(&api, &vhost)?;
+    caller.require(&vhost, Access::Configure, "queue", &name)?;
     let body = body_json(&body)?;
     let definition = queue_definition(&name, &body)?;
     let existed = find_queue(&api, &vhost, &name).is_ok();
@@ -719,8 +750,14 @@ async fn declare_queue(State(api): State<Api>, Path((vhost, name)): Path<(String
     Ok(created_or_existing(existed))
 }
 
-async fn delete_queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, Query(query): Query<DeleteQuery>) -> Answer {
+async fn delete_queue(
+    State(api): State<Api>,
+    caller: Caller,
+    Path((vhost, name)): Path<(String, String)>,
+    Query(query): Query<DeleteQuery>,
+) -> Answer {
     let queue = find_queue(&api, &vhost, &name)?;
+    caller.require(&vhost, Access::Configure, "queue", &name)?;
     let short_name = short(&name, "queue name")?;
     api.broker.topology(&vhost)?.read().require_queue(&short_name, 0)?;
     if query.if_empty.as_deref() == Some("true") && queue.snapshot.ready > 0 {
@@ -733,8 +770,9 @@ async fn delete_queue(State(api): State<Api>, Path((vhost, name)): Path<(String,
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn purge_queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
+async fn purge_queue(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>) -> Answer {
     find_queue(&api, &vhost, &name)?;
+    caller.require(&vhost, Access::Read, "queue", &name)?;
     let handle = api.broker.topology(&vhost)?.read().require_queue(&short(&name, "queue name")?, 0)?.handle.clone();
     handle.purge();
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -743,8 +781,9 @@ async fn purge_queue(State(api): State<Api>, Path((vhost, name)): Path<(String, 
 /// How long a publish through the API waits for its message to be synced to disk.
 const PUBLISH_SYNC_WAIT_S: u64 = 30;
 
-async fn publish(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+async fn publish(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
     let exchange = find_exchange(&api, &vhost, &name)?;
+    caller.require(&vhost, Access::Write, "exchange", &exchange.name)?;
     let body = body_json(&body)?;
     if exchange.internal {
         return Err(broker_core::AmqpError::access_refused(format!(
@@ -796,8 +835,9 @@ async fn publish(State(api): State<Api>, Path((vhost, name)): Path<(String, Stri
     Ok(Json(json!({ "routed": published.routed })).into_response())
 }
 
-async fn get_messages(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+async fn get_messages(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
     find_queue(&api, &vhost, &name)?;
+    caller.require(&vhost, Access::Read, "queue", &name)?;
     let body = body_json(&body)?;
     let count = integer(&body, "count")?.ok_or_else(|| ApiError::bad_request("[{key_missing,count}]"))?;
     let count = usize::try_from(count).unwrap_or(usize::MAX).min(GET_MESSAGES_MAX);
@@ -882,9 +922,16 @@ fn binding_path(params: &HashMap<String, String>) -> Result<(&str, &str, &str, &
     Ok((param("vhost")?, param("source")?, param("kind")?, param("destination")?))
 }
 
-async fn create_binding(State(api): State<Api>, Path(params): Path<HashMap<String, String>>, body: Bytes) -> Answer {
+/// queue.bind and exchange.bind need write on the destination and read on the source.
+fn require_binding_access(caller: &Caller, vhost: &str, source: &str, is_queue: bool, destination: &str) -> Result<(), ApiError> {
+    caller.require(vhost, Access::Write, if is_queue { "queue" } else { "exchange" }, destination)?;
+    caller.require(vhost, Access::Read, "exchange", exchange_from_path(source))
+}
+
+async fn create_binding(State(api): State<Api>, caller: Caller, Path(params): Path<HashMap<String, String>>, body: Bytes) -> Answer {
     let (vhost, source, kind, destination) = binding_path(&params)?;
     let is_queue = destination_kind(kind)?;
+    require_binding_access(&caller, vhost, source, is_queue, destination)?;
     pair_bindings(&api, vhost, source, is_queue, destination)?;
     let body = body_json(&body)?;
     let routing_key = text(&body, "routing_key")?.unwrap_or_default();
@@ -928,9 +975,10 @@ async fn binding(State(api): State<Api>, Path(params): Path<HashMap<String, Stri
     Ok(Json(find_binding(&api, &params)?).into_response())
 }
 
-async fn delete_binding(State(api): State<Api>, Path(params): Path<HashMap<String, String>>) -> Answer {
+async fn delete_binding(State(api): State<Api>, caller: Caller, Path(params): Path<HashMap<String, String>>) -> Answer {
     let found = find_binding(&api, &params)?;
     let (vhost, source, kind, destination) = binding_path(&params)?;
+    require_binding_access(&caller, vhost, source, destination_kind(kind)?, destination)?;
     if source.is_empty() || exchange_from_path(source).is_empty() {
         return Err(broker_core::AmqpError::access_refused("operation not permitted on the default exchange").into());
     }

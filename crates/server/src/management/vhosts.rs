@@ -1,6 +1,7 @@
 //! `/api/vhosts` and `/api/policies`: creating and deleting vhosts, and the policies that give
 //! queues their limits, shaped as RabbitMQ 3.10's management API.
 
+use super::access::{Caller, Visibility};
 use super::routes::{body_json, require_administrator, require_vhost, tags_of};
 use super::{list_response, Api, ApiError, AuthenticatedUser, ListQuery};
 use crate::policy::Policy;
@@ -38,12 +39,13 @@ fn vhost_json(api: &Api, info: &crate::broker::VhostInfo) -> Value {
 }
 
 /// GET /api/vhosts.
-pub async fn vhosts(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
-    list_response(api.broker.vhost_infos().iter().map(|info| vhost_json(&api, info)).collect(), &query)
+pub async fn vhosts(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+    list_response(caller.visible(api.broker.vhost_infos().iter().map(|info| vhost_json(&api, info)).collect(), Visibility::Vhost), &query)
 }
 
 /// GET /api/vhosts/{vhost}.
-pub async fn vhost(State(api): State<Api>, Path(vhost): Path<String>) -> Answer {
+pub async fn vhost(State(api): State<Api>, caller: Caller, Path(vhost): Path<String>) -> Answer {
+    caller.require_visible(&vhost)?;
     let info = api.broker.vhost_infos().into_iter().find(|info| info.name == vhost).ok_or_else(ApiError::object_not_found)?;
     Ok(Json(vhost_json(&api, &info)).into_response())
 }
@@ -100,8 +102,8 @@ fn policy_list(api: &Api, vhost: Option<&str>) -> Vec<Value> {
 }
 
 /// GET /api/policies.
-pub async fn policies(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
-    list_response(policy_list(&api, None), &query)
+pub async fn policies(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+    list_response(caller.visible(policy_list(&api, None), Visibility::InVhost), &query)
 }
 
 /// GET /api/policies/{vhost}.
@@ -118,10 +120,11 @@ pub async fn policy(State(api): State<Api>, Path((vhost, name)): Path<(String, S
 }
 
 /// 401 unless the caller may change policies (RabbitMQ: the policymaker or administrator tag).
-fn require_policymaker(api: &Api, caller: &AuthenticatedUser) -> Result<(), ApiError> {
-    match api.broker.users.get(&caller.0) {
-        Some(user) if user.has_tag("administrator") || user.has_tag("policymaker") => Ok(()),
-        _ => Err(ApiError::unauthorised("Not policymaker or administrator user")),
+fn require_policymaker(caller: &Caller) -> Result<(), ApiError> {
+    if caller.administrator || caller.policymaker {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorised("Not policymaker or administrator user"))
     }
 }
 
@@ -142,25 +145,16 @@ pub fn policy_from_body(vhost: &str, name: &str, body: &Value) -> Result<Policy,
 }
 
 /// PUT /api/policies/{vhost}/{name}: sets a policy and applies it to the vhost's queues at once.
-pub async fn put_policy(
-    State(api): State<Api>,
-    Extension(caller): Extension<AuthenticatedUser>,
-    Path((vhost, name)): Path<(String, String)>,
-    body: Bytes,
-) -> Answer {
-    require_policymaker(&api, &caller)?;
+pub async fn put_policy(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+    require_policymaker(&caller)?;
     require_vhost(&api, &vhost)?;
     let policy = policy_from_body(&vhost, &name, &body_json(&body)?)?;
     Ok(created_or_updated(api.broker.put_policy(policy)?))
 }
 
 /// DELETE /api/policies/{vhost}/{name}.
-pub async fn delete_policy(
-    State(api): State<Api>,
-    Extension(caller): Extension<AuthenticatedUser>,
-    Path((vhost, name)): Path<(String, String)>,
-) -> Answer {
-    require_policymaker(&api, &caller)?;
+pub async fn delete_policy(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>) -> Answer {
+    require_policymaker(&caller)?;
     if !api.broker.delete_policy(&vhost, &name)? {
         return Err(ApiError::object_not_found());
     }
