@@ -63,7 +63,9 @@ type SinkConfirms = (Arc<dyn ConfirmSink>, Vec<(u64, bool)>);
 struct SyncRequest {
     logs: Vec<SharedLog>,
     callback: Option<SyncCallback>,
-    confirm: Option<Confirm>,
+    /// Publisher confirms, in the order their publishes arrived (a connection hands over those of
+    /// one socket read together).
+    confirms: Vec<Confirm>,
 }
 
 /// Upper bounds, in microseconds, of the fsync latency histogram's buckets (Prometheus style:
@@ -124,7 +126,7 @@ impl Syncer {
 
     /// Makes the records buffered in `logs` durable, then calls `callback`.
     pub fn sync(&self, logs: Vec<SharedLog>, callback: Option<SyncCallback>) {
-        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback, confirm: None }) {
+        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback, confirms: Vec::new() }) {
             // The syncer only stops when the process does; refuse the confirm rather than lie.
             if let Some(callback) = request.callback {
                 callback(false);
@@ -132,11 +134,11 @@ impl Syncer {
         }
     }
 
-    /// Makes the records buffered in `logs` durable (none: only keeps the confirm's place in
-    /// line), then hands the confirm to its sink with the others of the same batch.
-    pub fn confirm(&self, logs: Vec<SharedLog>, confirm: Confirm) {
-        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback: None, confirm: Some(confirm) }) {
-            if let Some(confirm) = request.confirm {
+    /// Makes the records buffered in `logs` durable (none: only keeps the confirms' place in
+    /// line), then hands the confirms to their sinks with the others of the same batch.
+    pub fn confirm(&self, logs: Vec<SharedLog>, confirms: Vec<Confirm>) {
+        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback: None, confirms }) {
+            for confirm in request.confirms {
                 confirm.sink.confirm_batch(&[(confirm.delivery_tag, false)]);
             }
         }
@@ -208,7 +210,7 @@ fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, stats: &SyncStats) {
             if let Some(callback) = request.callback {
                 callback(durable);
             }
-            if let Some(confirm) = request.confirm {
+            for confirm in request.confirms {
                 let settled = (confirm.delivery_tag, confirm.accepted && durable);
                 match confirms.iter_mut().find(|(sink, _)| Arc::ptr_eq(sink, &confirm.sink)) {
                     Some((_, tags)) => tags.push(settled),

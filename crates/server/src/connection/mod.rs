@@ -104,6 +104,7 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
         heartbeat_s,
         authentication_failure_close: false,
         refused_login: None,
+        channels_with_pending_syncs: Vec::new(),
         blocked_notify: false,
     };
     tracing::debug!(%peer, id = shared.id, "connection accepted");
@@ -138,6 +139,8 @@ struct Connection {
     authentication_failure_close: bool,
     /// A refused login, answered after the throttle's delay (see `login_throttle.rs`).
     refused_login: Option<RefusedLogin>,
+    /// Channels whose publishes of this socket read wait for [`Channel::flush_syncs`].
+    channels_with_pending_syncs: Vec<u16>,
     /// Whether the client understands connection.blocked / unblocked.
     blocked_notify: bool,
 }
@@ -176,7 +179,13 @@ impl Connection {
                 self.buffer.clear();
             }
             while let Some(frame) = self.next_buffered_frame()? {
+                let channel = frame.channel;
                 self.handle_frame(frame);
+                if self.channels.get(&channel).is_some_and(Channel::has_pending_syncs)
+                    && !self.channels_with_pending_syncs.contains(&channel)
+                {
+                    self.channels_with_pending_syncs.push(channel);
+                }
                 if self.phase == Phase::Done {
                     if let Some(refused) = self.refused_login.take() {
                         // Rate limiting: the answer (and the socket's close) waits its turn.
@@ -188,6 +197,7 @@ impl Connection {
                     return Err(EndReason::Closed);
                 }
             }
+            self.flush_pending_syncs();
             let timeout = match self.phase {
                 Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => {
                     handshake_deadline.saturating_duration_since(tokio::time::Instant::now())
@@ -262,6 +272,16 @@ impl Connection {
         // The stream can no longer be parsed: drain what the client still sends for a bounded
         // time (closing at once would make its pending writes fail), then close, as RabbitMQ does.
         self.phase = Phase::Draining;
+    }
+
+    /// Hands each channel's publishes of the last socket read to the syncer, one request per
+    /// channel per read.
+    fn flush_pending_syncs(&mut self) {
+        for id in std::mem::take(&mut self.channels_with_pending_syncs) {
+            if let Some(channel) = self.channels.get_mut(&id) {
+                channel.flush_syncs(&self.context);
+            }
+        }
     }
 
     fn handle_frame(&mut self, frame: Frame) {

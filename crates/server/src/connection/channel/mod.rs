@@ -29,6 +29,17 @@ use storage::syncer::SharedLog;
 
 /// How many publishes and acks one transaction may hold before commit (a bound on memory).
 pub const TRANSACTION_OPERATIONS_MAX: usize = 1_000_000;
+/// How many publisher confirms a channel gathers before it hands them to the syncer even in the
+/// middle of a socket read (the read buffer bounds them too; this names the bound).
+pub const PENDING_CONFIRMS_MAX: usize = 4096;
+
+/// Publishes of the current socket read that wait to be handed to the syncer together: one
+/// request per read instead of one per message.
+#[derive(Default)]
+struct PendingSync {
+    logs: Vec<SharedLog>,
+    confirms: Vec<storage::syncer::Confirm>,
+}
 
 /// What the connection does with the channel after a frame.
 pub enum After {
@@ -89,6 +100,8 @@ pub struct Channel {
     last_declared_queue: Option<ShortStr>,
     /// The exchange this channel last passed the write-permission check for.
     publish_allowed: Option<ShortStr>,
+    /// Publishes waiting to be handed to the syncer at the end of the socket read.
+    pending_sync: PendingSync,
 }
 
 fn random_name(prefix: &str) -> ShortStr {
@@ -113,11 +126,31 @@ impl Channel {
             transaction: None,
             last_declared_queue: None,
             publish_allowed: None,
+            pending_sync: PendingSync::default(),
         }
     }
 
     fn id(&self) -> u16 {
         self.shared.id
+    }
+
+    /// Whether publishes wait to be handed to the syncer (see [`Channel::flush_syncs`]).
+    pub fn has_pending_syncs(&self) -> bool {
+        !self.pending_sync.logs.is_empty() || !self.pending_sync.confirms.is_empty()
+    }
+
+    /// Hands the publishes of this socket read to the syncer in one request. The connection calls
+    /// it after each read's frames, and the channel before it releases its state.
+    pub fn flush_syncs(&mut self, context: &Context) {
+        if !self.has_pending_syncs() {
+            return;
+        }
+        let PendingSync { logs, confirms } = std::mem::take(&mut self.pending_sync);
+        if confirms.is_empty() {
+            context.broker.syncer.sync(logs, None);
+        } else {
+            context.broker.syncer.confirm(logs, confirms);
+        }
     }
 
     /// What the channel shares with queues and listings.
@@ -185,6 +218,7 @@ impl Channel {
 
     /// Stops deliveries, removes consumers (auto-deleting queues) and requeues unacked messages.
     pub fn release(&mut self, context: &Context) {
+        self.flush_syncs(context);
         self.content = None;
         self.transaction = None;
         let unacked = {

@@ -130,14 +130,14 @@ impl Channel {
                     self.shared.confirms_in_syncer.fetch_add(1, Ordering::AcqRel);
                     self.shared.connection.begin_pending();
                     let sink: Arc<dyn ConfirmSink> = self.shared.clone();
-                    context.broker.syncer.confirm(logs, Confirm { sink, delivery_tag, accepted });
+                    self.pending_sync.confirms.push(Confirm { sink, delivery_tag, accepted });
+                    self.add_pending_logs(logs);
+                    if self.pending_sync.confirms.len() >= PENDING_CONFIRMS_MAX {
+                        self.flush_syncs(context);
+                    }
                 }
             }
-            None => {
-                if !logs.is_empty() {
-                    context.broker.syncer.sync(logs, None);
-                }
-            }
+            None => self.add_pending_logs(logs),
         }
         Ok(())
     }
@@ -173,6 +173,16 @@ impl Channel {
             }
         }
         Routed { logs, rejected }
+    }
+}
+
+impl Channel {
+    fn add_pending_logs(&mut self, logs: Vec<SharedLog>) {
+        for log in logs {
+            if !self.pending_sync.logs.iter().any(|known| Arc::ptr_eq(known, &log)) {
+                self.pending_sync.logs.push(log);
+            }
+        }
     }
 }
 
