@@ -13,6 +13,7 @@ mod metrics;
 mod outbound;
 mod queue_runtime;
 mod settings;
+mod tls;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
