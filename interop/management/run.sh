@@ -19,6 +19,12 @@ if [ -z "${RABBITMQADMIN:-}" ] && ! command -v rabbitmqadmin >/dev/null 2>&1 && 
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends rabbitmq-server) >/dev/null
 fi
 
+# The TLS tests make their CA and certificates with the openssl command line.
+if ! command -v openssl >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "run.sh: installing openssl for the TLS tests"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssl) >/dev/null
+fi
+
 PYTHON="${PYTHON:-python3}"
 VENV=.venv
 STAMP="$VENV/.requirements.installed"

@@ -16,6 +16,20 @@ pub struct ServerConfig {
     pub http_port: u16,
     /// The Prometheus metrics port (0: not served).
     pub metrics_port: u16,
+    /// The AMQP-over-TLS port (0: not served; served only with a certificate and key).
+    pub amqps_port: u16,
+    /// The management API's HTTPS port (0: not served; served only with a certificate and key).
+    pub https_port: u16,
+    /// The server's certificate chain (PEM), leaf first.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM: PKCS#8, PKCS#1 or SEC1) of the certificate's leaf.
+    pub tls_key_file: Option<PathBuf>,
+    /// The CA certificates (PEM) that client certificates must chain to.
+    pub tls_ca_file: Option<PathBuf>,
+    /// Whether AMQPS asks clients for a certificate and verifies the ones presented.
+    pub tls_verify_peer: bool,
+    /// Whether AMQPS refuses clients that present no certificate (needs `tls_verify_peer`).
+    pub tls_fail_if_no_peer_cert: bool,
     /// The largest frame we accept and offer in connection.tune, in bytes (RabbitMQ's default).
     pub frame_bytes_max: u32,
     /// The most channels per connection we offer in connection.tune (RabbitMQ's default).
@@ -43,6 +57,13 @@ impl Default for ServerConfig {
             amqp_port: 5672,
             http_port: 15672,
             metrics_port: 15692,
+            amqps_port: 5671,
+            https_port: 15671,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_ca_file: None,
+            tls_verify_peer: false,
+            tls_fail_if_no_peer_cert: false,
             frame_bytes_max: 131_072,
             channels_per_connection_max: 2047,
             heartbeat_interval_s: 60,

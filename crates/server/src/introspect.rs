@@ -92,6 +92,8 @@ pub struct ConnectionInfo {
     pub session: SessionInfo,
     /// Whether it has published (and so is blocked by a resource alarm).
     pub has_published: bool,
+    /// What TLS negotiated (None: plain AMQP).
+    pub tls: Option<crate::tls::TlsInfo>,
 }
 
 /// Broker-wide totals.
@@ -217,6 +219,7 @@ impl Broker {
                 connected_at_ms: connection.connected_at_ms,
                 session: connection.session.lock().clone(),
                 has_published: connection.has_published.load(Ordering::Acquire),
+                tls: connection.tls.clone(),
             })
             .collect();
         connections.sort_by_key(|connection| connection.id);
@@ -325,6 +328,7 @@ impl Broker {
             connected_at_ms: 0,
             session: Default::default(),
             close_reason: Default::default(),
+            tls: None,
         });
         let channel = ChannelShared::new(1, connection);
         let mut got = Vec::new();

@@ -15,6 +15,7 @@ mod outbound;
 mod policy;
 mod queue_runtime;
 mod settings;
+mod tls;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -101,6 +101,8 @@ pub struct ConnectionShared {
     pub session: Mutex<SessionInfo>,
     /// Why the broker closes the connection, when an operator closes it (else: shutdown).
     pub close_reason: Mutex<Option<String>>,
+    /// What TLS negotiated, for a connection to the AMQPS port.
+    pub tls: Option<crate::tls::TlsInfo>,
 }
 
 /// What the handshake learned about a connection, for listings.

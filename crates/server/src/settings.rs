@@ -45,6 +45,27 @@ pub struct ServerArguments {
     /// Prometheus metrics port, `/metrics`; 0 disables it [default: 15692].
     #[arg(long, env = "LEPUS_METRICS_PORT")]
     metrics_port: Option<u16>,
+    /// AMQP over TLS port, served when --tls-cert-file and --tls-key-file are given; 0 disables it [default: 5671].
+    #[arg(long, env = "LEPUS_AMQPS_PORT")]
+    amqps_port: Option<u16>,
+    /// Management HTTP API over TLS port, served when --tls-cert-file and --tls-key-file are given; 0 disables it [default: 15671].
+    #[arg(long, env = "LEPUS_HTTPS_PORT")]
+    https_port: Option<u16>,
+    /// The server's certificate chain, PEM, leaf first; with --tls-key-file it turns the TLS listeners on.
+    #[arg(long, env = "LEPUS_TLS_CERT_FILE")]
+    tls_cert_file: Option<PathBuf>,
+    /// The private key of the certificate, PEM (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "LEPUS_TLS_KEY_FILE")]
+    tls_key_file: Option<PathBuf>,
+    /// CA certificates, PEM, that client certificates must chain to (with --tls-verify-peer).
+    #[arg(long, env = "LEPUS_TLS_CA_FILE")]
+    tls_ca_file: Option<PathBuf>,
+    /// AMQPS asks clients for a certificate and verifies the ones presented [default: false].
+    #[arg(long, env = "LEPUS_TLS_VERIFY_PEER", num_args = 0..=1, default_missing_value = "true")]
+    tls_verify_peer: Option<bool>,
+    /// AMQPS refuses clients that present no certificate; needs --tls-verify-peer [default: false].
+    #[arg(long, env = "LEPUS_TLS_FAIL_IF_NO_PEER_CERT", num_args = 0..=1, default_missing_value = "true")]
+    tls_fail_if_no_peer_cert: Option<bool>,
     /// Heartbeat interval proposed to clients, in seconds; 0 disables [default: 60].
     #[arg(long, env = "LEPUS_HEARTBEAT_S")]
     heartbeat_s: Option<u16>,
@@ -74,6 +95,13 @@ struct FileSettings {
     bind: Option<IpAddr>,
     http_port: Option<u16>,
     metrics_port: Option<u16>,
+    amqps_port: Option<u16>,
+    https_port: Option<u16>,
+    tls_cert_file: Option<PathBuf>,
+    tls_key_file: Option<PathBuf>,
+    tls_ca_file: Option<PathBuf>,
+    tls_verify_peer: Option<bool>,
+    tls_fail_if_no_peer_cert: Option<bool>,
     heartbeat_s: Option<u16>,
     segment_bytes_max: Option<u64>,
     disk_free_limit_bytes: Option<u64>,
@@ -108,6 +136,16 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
         bind_address: arguments.bind.or(file.bind).unwrap_or(defaults.bind_address),
         http_port: arguments.http_port.or(file.http_port).unwrap_or(defaults.http_port),
         metrics_port: arguments.metrics_port.or(file.metrics_port).unwrap_or(defaults.metrics_port),
+        amqps_port: arguments.amqps_port.or(file.amqps_port).unwrap_or(defaults.amqps_port),
+        https_port: arguments.https_port.or(file.https_port).unwrap_or(defaults.https_port),
+        tls_cert_file: arguments.tls_cert_file.or(file.tls_cert_file),
+        tls_key_file: arguments.tls_key_file.or(file.tls_key_file),
+        tls_ca_file: arguments.tls_ca_file.or(file.tls_ca_file),
+        tls_verify_peer: arguments.tls_verify_peer.or(file.tls_verify_peer).unwrap_or(defaults.tls_verify_peer),
+        tls_fail_if_no_peer_cert: arguments
+            .tls_fail_if_no_peer_cert
+            .or(file.tls_fail_if_no_peer_cert)
+            .unwrap_or(defaults.tls_fail_if_no_peer_cert),
         heartbeat_interval_s: arguments.heartbeat_s.or(file.heartbeat_s).unwrap_or(defaults.heartbeat_interval_s),
         segment_bytes_max: arguments.segment_bytes_max.or(file.segment_bytes_max).unwrap_or(defaults.segment_bytes_max).max(1),
         disk_free_limit_bytes: arguments.disk_free_limit_bytes.or(file.disk_free_limit_bytes).unwrap_or(defaults.disk_free_limit_bytes),
@@ -122,6 +160,7 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
         },
         ..defaults
     };
+    check_tls(&config)?;
     if !arguments.print_config {
         return Ok(Resolved::Run(config));
     }
@@ -131,6 +170,13 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
         bind: Some(config.bind_address),
         http_port: Some(config.http_port),
         metrics_port: Some(config.metrics_port),
+        amqps_port: Some(config.amqps_port),
+        https_port: Some(config.https_port),
+        tls_cert_file: config.tls_cert_file.clone(),
+        tls_key_file: config.tls_key_file.clone(),
+        tls_ca_file: config.tls_ca_file.clone(),
+        tls_verify_peer: Some(config.tls_verify_peer),
+        tls_fail_if_no_peer_cert: Some(config.tls_fail_if_no_peer_cert),
         heartbeat_s: Some(config.heartbeat_interval_s),
         segment_bytes_max: Some(config.segment_bytes_max),
         disk_free_limit_bytes: Some(config.disk_free_limit_bytes),
@@ -139,6 +185,28 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
         sync_interval_ms: Some(sync_interval_ms),
     };
     toml::to_string(&effective).map(Resolved::Print).map_err(|error| error.to_string())
+}
+
+/// Refuses TLS settings that cannot mean what the operator wants, before anything listens: a
+/// certificate without its key (or the reverse), or client verification that would not happen.
+/// Whether the files themselves are usable is checked when the broker starts (see `tls::load`).
+fn check_tls(config: &ServerConfig) -> Result<(), String> {
+    let tls_enabled = match (&config.tls_cert_file, &config.tls_key_file) {
+        (Some(_), Some(_)) => true,
+        (None, None) => false,
+        (Some(_), None) => return Err("tls_cert_file is set but tls_key_file is not: TLS needs both".to_string()),
+        (None, Some(_)) => return Err("tls_key_file is set but tls_cert_file is not: TLS needs both".to_string()),
+    };
+    if !tls_enabled && (config.tls_ca_file.is_some() || config.tls_verify_peer || config.tls_fail_if_no_peer_cert) {
+        return Err("tls_ca_file, tls_verify_peer and tls_fail_if_no_peer_cert need tls_cert_file and tls_key_file".to_string());
+    }
+    if config.tls_verify_peer && config.tls_ca_file.is_none() {
+        return Err("tls_verify_peer needs tls_ca_file: the CA certificates that client certificates must chain to".to_string());
+    }
+    if config.tls_fail_if_no_peer_cert && !config.tls_verify_peer {
+        return Err("tls_fail_if_no_peer_cert needs tls_verify_peer: without it no client certificate is asked for".to_string());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -176,5 +244,37 @@ mod tests {
         let error = resolve_from(&["--config", path.to_str().expect("utf-8")]).err().expect("an unknown key is an error");
         assert!(error.contains("unknown field `amqp_prot`"), "{error}");
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn tls_settings_resolve_and_inconsistent_ones_are_refused() {
+        let Ok(Resolved::Run(config)) = resolve_from(&[]) else { panic!("resolves") };
+        assert_eq!((config.amqps_port, config.https_port), (5671, 15671), "RabbitMQ's TLS ports");
+        assert!(config.tls_cert_file.is_none() && !config.tls_verify_peer && !config.tls_fail_if_no_peer_cert);
+        let all = [
+            "--tls-cert-file=c.pem",
+            "--tls-key-file=k.pem",
+            "--tls-ca-file=ca.pem",
+            "--tls-verify-peer",
+            "--tls-fail-if-no-peer-cert=true",
+            "--amqps-port=5999",
+        ];
+        let Ok(Resolved::Run(config)) = resolve_from(&all) else { panic!("resolves") };
+        assert!(config.tls_verify_peer && config.tls_fail_if_no_peer_cert);
+        assert_eq!(config.amqps_port, 5999);
+        assert_eq!(config.tls_ca_file, Some(PathBuf::from("ca.pem")));
+        let Ok(Resolved::Print(toml)) = resolve_from(&[&all[..], &["--print-config"]].concat()) else { panic!("prints") };
+        assert!(toml.contains("tls_cert_file = \"c.pem\"") && toml.contains("tls_verify_peer = true"), "{toml}");
+        let refused = [
+            (&["--tls-cert-file=c.pem"][..], "tls_key_file is not"),
+            (&["--tls-key-file=k.pem"][..], "tls_cert_file is not"),
+            (&["--tls-verify-peer", "--tls-ca-file=ca.pem"][..], "need tls_cert_file"),
+            (&["--tls-cert-file=c.pem", "--tls-key-file=k.pem", "--tls-verify-peer"][..], "needs tls_ca_file"),
+            (&["--tls-cert-file=c.pem", "--tls-key-file=k.pem", "--tls-fail-if-no-peer-cert"][..], "needs tls_verify_peer"),
+        ];
+        for (arguments, expected) in refused {
+            let error = resolve_from(arguments).err().unwrap_or_default();
+            assert!(error.contains(expected), "{arguments:?}: {error}");
+        }
     }
 }

@@ -32,13 +32,13 @@ def unique(prefix="mgmt"):
 class Lepus:
     """One running broker and clients for it."""
 
-    def __init__(self, binary, data_dir):
+    def __init__(self, binary, data_dir, extra_args=()):
         self.amqp_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
         self.data_dir = data_dir
         self.log = open(os.path.join(os.path.dirname(str(data_dir)), "lepus-%d.log" % self.amqp_port), "wb")
         self.process = subprocess.Popen(
             [binary, "server", "--data-dir", str(data_dir), "--amqp-port", str(self.amqp_port),
-             "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port), "--bind", "127.0.0.1"],
+             "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port), "--bind", "127.0.0.1", *extra_args],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.api = "http://127.0.0.1:%d/api" % self.http_port
         self.metrics_url = "http://127.0.0.1:%d/metrics" % self.metrics_port

@@ -28,6 +28,8 @@ def test_queue_counts_follow_amqp(lepus, names):
     conn = lepus.connect()
     try:
         ch = conn.channel()
+        # Confirms make the publishes wait for their fdatasync, which the metrics below count.
+        ch.confirm_delivery()
         ch.queue_declare(queue, durable=True)
         for index in range(5):
             ch.basic_publish("", queue, b"m%d" % index, pika.BasicProperties(delivery_mode=2))

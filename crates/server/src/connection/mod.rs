@@ -6,7 +6,10 @@
 
 mod channel;
 mod context;
+mod stream;
 mod writer;
+
+pub use stream::ClientStream;
 
 use crate::broker::Broker;
 use crate::login_throttle::Admission;
@@ -24,9 +27,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use writer::{run_writer, WriterSettings};
 
@@ -54,10 +55,10 @@ enum Phase {
     Done,
 }
 
-/// Serves one accepted socket to the end.
-pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
-    let _ = stream.set_nodelay(true);
-    let (mut read_half, mut write_half) = stream.into_split();
+/// Serves one accepted socket to the end: plain TCP, or a TLS stream after its handshake (`tls`
+/// then says what it negotiated).
+pub async fn serve<S: ClientStream>(broker: Arc<Broker>, stream: S, peer: SocketAddr, tls: Option<crate::tls::TlsInfo>) {
+    let (mut read_half, mut write_half) = stream.into_halves();
     let mut header = [0u8; 8];
     let header_read = tokio::time::timeout(Duration::from_secs(HANDSHAKE_TIMEOUT_S), read_half.read_exact(&mut header)).await;
     match header_read {
@@ -86,6 +87,7 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
         connected_at_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as u64),
         session: Default::default(),
         close_reason: Default::default(),
+        tls,
     });
     broker.register_connection(shared.clone());
     let frame_max = Arc::new(AtomicU32::new(broker.config.frame_bytes_max));
@@ -95,7 +97,7 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
     let mut connection = Connection {
         context: Context::new(broker.clone(), shared.clone()),
         peer,
-        reader: read_half,
+        reader: Box::new(read_half),
         buffer: BytesMut::with_capacity(READ_BUFFER_BYTES),
         phase: Phase::AwaitStartOk,
         channels: HashMap::new(),
@@ -107,10 +109,10 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
         channels_with_pending_syncs: Vec::new(),
         blocked_notify: false,
     };
-    tracing::debug!(%peer, id = shared.id, "connection accepted");
+    tracing::debug!(%peer, id = shared.id, tls = shared.tls.as_ref().map_or("no", |tls| tls.protocol), "connection accepted");
     connection.send_start();
     if let Err(error) = connection.run().await {
-        tracing::info!(%peer, %error, "connection ended");
+        tracing::info!(%peer, tls = shared.tls.is_some(), %error, "connection ended");
     }
     connection.release_everything();
     shared.send(Outbound::Shutdown);
@@ -129,7 +131,7 @@ struct RefusedLogin {
 struct Connection {
     context: Context,
     peer: SocketAddr,
-    reader: OwnedReadHalf,
+    reader: Box<dyn AsyncRead + Unpin + Send>,
     buffer: BytesMut,
     phase: Phase,
     channels: HashMap<u16, Channel>,

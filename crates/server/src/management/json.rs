@@ -333,12 +333,22 @@ pub fn consumer_json(
 
 /// A connection's name as RabbitMQ forms it: "client address -> server address".
 pub fn connection_name(connection: &ConnectionInfo, server: std::net::SocketAddr) -> String {
-    format!("{} -> {}", connection.peer, server)
+    format!("{} -> {}", connection.peer, listener_address(connection, server))
+}
+
+/// The address the connection came in on: `server` (the AMQP listener's), with the AMQPS port for
+/// a TLS connection.
+fn listener_address(connection: &ConnectionInfo, server: std::net::SocketAddr) -> std::net::SocketAddr {
+    match &connection.tls {
+        Some(tls) => std::net::SocketAddr::new(server.ip(), tls.listener_port),
+        None => server,
+    }
 }
 
 /// A connection as `/api/connections` shows it.
 pub fn connection_json(connection: &ConnectionInfo, server: std::net::SocketAddr, node: &str, disk_alarm: bool) -> Value {
     let session = &connection.session;
+    let server = listener_address(connection, server);
     let state = if connection.session.user.is_empty() {
         "starting"
     } else if disk_alarm && connection.has_published {
@@ -362,7 +372,11 @@ pub fn connection_json(connection: &ConnectionInfo, server: std::net::SocketAddr
         "host": server.ip().to_string(),
         "port": server.port(),
         "connected_at": connection.connected_at_ms,
-        "ssl": false,
+        "ssl": connection.tls.is_some(),
+        "ssl_protocol": connection.tls.as_ref().map(|tls| tls.protocol),
+        "ssl_cipher": connection.tls.as_ref().map(|tls| tls.cipher_suite.as_str()),
+        "peer_cert_subject": connection.tls.as_ref().and_then(|tls| tls.peer_cert_subject.as_deref()),
+        "peer_cert_issuer": connection.tls.as_ref().and_then(|tls| tls.peer_cert_issuer.as_deref()),
         "auth_mechanism": "PLAIN",
         "client_properties": {
             "product": session.client_product,

@@ -57,20 +57,63 @@ pub fn node_name() -> String {
     format!("lepus@{host}")
 }
 
-/// Serves the API on `listener` forever, and samples message rates in the background.
-pub async fn serve(broker: Arc<Broker>, listener: tokio::net::TcpListener) {
+/// The API's router, one for the HTTP and the HTTPS listener, and the message-rate sampling in the
+/// background that both show.
+pub fn app(broker: Arc<Broker>) -> axum::Router {
     let api = Api::new(broker);
     tokio::spawn(rates::sample_forever(api.broker.clone(), api.rates.clone()));
-    let app = routes::router()
+    routes::router()
         .route_layer(axum::middleware::from_fn_with_state(api.clone(), access::authorize_vhost))
         .route_layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
         // The web console's static files, outside the authentication layer (the page logs in).
         .merge(console::router())
         .fallback(|| async { ApiError::object_not_found() })
         .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
-        .with_state(api);
+        .with_state(api)
+}
+
+/// Serves the API over plain HTTP on `listener` forever.
+pub async fn serve(app: axum::Router, listener: tokio::net::TcpListener) {
     if let Err(error) = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await {
         tracing::error!(%error, "the management HTTP API stopped");
+    }
+}
+
+/// Serves the API over HTTPS on `listener` forever: each socket gets its TLS handshake in its own
+/// task, then HTTP/1.1 on the TLS stream with the same router as plain HTTP.
+pub async fn serve_tls(app: axum::Router, listener: tokio::net::TcpListener, acceptor: tokio_rustls::TlsAcceptor) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors and the like: keep serving the others.
+                tracing::warn!(%error, "management HTTPS: accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let app = app.clone();
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let Some((stream, _)) = crate::tls::accept(&acceptor, stream, peer, "management HTTPS").await else { return };
+            // The authentication layer reads the client's address as plain HTTP gives it.
+            let app = tower::ServiceExt::map_request(app, with_connect_info(peer));
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            if let Err(error) = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await {
+                tracing::debug!(%peer, %error, "management HTTPS connection ended");
+            }
+        });
+    }
+}
+
+/// Adds the client's address to a request, as `into_make_service_with_connect_info` does for plain
+/// HTTP, for the authentication layer (`guest` only from loopback).
+fn with_connect_info<B>(peer: SocketAddr) -> impl Fn(axum::http::Request<B>) -> axum::http::Request<B> + Clone {
+    move |mut request| {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        request
     }
 }
 

@@ -156,11 +156,21 @@ async fn overview(State(api): State<Api>) -> Json<Value> {
             "ack": overview.acked,
             "ack_details": json::details(rates.ack),
         },
-        "listeners": [
-            {"node": api.node, "protocol": "amqp", "ip_address": address.ip().to_string(), "port": address.port()},
-        ],
+        "listeners": listeners(&api, address),
         "contexts": [{"node": api.node, "description": "RabbitMQ Management", "path": "/"}],
     }))
+}
+
+/// The AMQP listeners, as RabbitMQ names them: `amqp`, and `amqp/ssl` when TLS is configured.
+fn listeners(api: &Api, address: SocketAddr) -> Value {
+    let listener =
+        |protocol: &str, port: u16| json!({"node": api.node, "protocol": protocol, "ip_address": address.ip().to_string(), "port": port});
+    let config = &api.broker.config;
+    let mut listeners = vec![listener("amqp", address.port())];
+    if config.tls_cert_file.is_some() && config.tls_key_file.is_some() && config.amqps_port != 0 {
+        listeners.push(listener("amqp/ssl", config.amqps_port));
+    }
+    Value::Array(listeners)
 }
 
 async fn cluster_name(State(api): State<Api>) -> Json<Value> {
