@@ -85,8 +85,13 @@ function notify(text, kind = 'ok') {
 // ---------------------------------------------------------------- API
 
 class ApiError extends Error {
-  constructor(status, reason) { super(reason); this.status = status; }
+  /** `sessionEnded`: the credentials no longer work and the console has logged out. */
+  constructor(status, reason, sessionEnded = false) { super(reason); this.status = status; this.sessionEnded = sessionEnded; }
 }
+
+// The 401 reasons that mean the credentials are refused; any other 401 refuses one operation
+// (e.g. "Not administrator user") and is shown to the user, who stays logged in.
+const LOGIN_REFUSALS = new Set(['Login failed', 'Not_Authorized', 'Not management user']);
 
 function credentials() { return sessionStorage.getItem(AUTH_KEY); }
 
@@ -105,11 +110,13 @@ async function api(method, path, body, extraHeaders = {}) {
     try { data = JSON.parse(text); } catch (_) { data = text; }
   }
   if (response.status === 401) {
-    logout('Your session is no longer valid: ' + ((data && data.reason) || 'login failed'));
-    throw new ApiError(401, 'not authorised');
+    const reason = (data && data.reason) || 'Login failed';
+    if (!LOGIN_REFUSALS.has(reason)) throw new ApiError(401, 'not authorised: ' + reason);
+    logout('Your session is no longer valid: ' + reason);
+    throw new ApiError(401, 'not authorised', true);
   }
   if (!response.ok) {
-    const reason = data && data.reason ? data.reason : `HTTP ${response.status}`;
+    const reason = data && data.reason ? String(data.reason).trim() : `HTTP ${response.status}`;
     throw new ApiError(response.status, reason);
   }
   return data;
@@ -209,7 +216,7 @@ async function refresh() {
     if (view === currentView) await view.refresh();
     document.body.dataset.loaded = String(Date.now());
   } catch (error) {
-    if (error.status !== 401) notify('Refresh failed: ' + error.message, 'error');
+    if (!error.sessionEnded) notify('Refresh failed: ' + error.message, 'error');
   }
 }
 
@@ -267,12 +274,79 @@ function vhostSelect() {
   return select;
 }
 
-function parseArguments(text) {
-  if (!text.trim()) return {};
-  const value = JSON.parse(text);
-  if (typeof value !== 'object' || Array.isArray(value) || value === null) throw new Error('arguments must be a JSON object');
+/** Parses `text` as a JSON object; `what` names it in the error ("the definition ..."). */
+function parseJsonObject(text, what) {
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw new Error(`${what} is not valid JSON (${error.message})`);
+  }
+  if (typeof value !== 'object' || Array.isArray(value) || value === null) {
+    throw new Error(`${what} must be a JSON object: {"key": value, ...}`);
+  }
   return value;
 }
+
+function parseArguments(text) {
+  return text.trim() ? parseJsonObject(text, 'the arguments') : {};
+}
+
+/** Fills a select with `values`, keeping the chosen one; leaves it alone when nothing changed. */
+function fillSelect(select, values) {
+  const current = [...select.options].map((option) => option.value);
+  if (current.length === values.length && current.every((value, index) => value === values[index])) return;
+  const chosen = select.value;
+  select.replaceChildren(...values.map((value) => h('option', {value}, value)));
+  if (values.includes(chosen)) select.value = chosen;
+}
+
+/** The error line of a form: shows why its last submit failed. */
+function formError() {
+  return h('p', {class: 'error form-error', 'data-form-error': '', hidden: true});
+}
+
+/**
+ * Submits a form: `action(form)` does the work and answers the notice to show. A failure shows
+ * in the form's error line, next to what the user just did: "`what(form)` failed: reason".
+ */
+async function submitForm(event, what, action) {
+  event.preventDefault();
+  const form = event.target;
+  const error = $('.form-error', form);
+  const label = what(form);
+  error.hidden = true;
+  try {
+    notify(await action(form));
+    refresh();
+  } catch (failure) {
+    if (failure.sessionEnded) return;
+    error.textContent = `${label} failed: ${failure.message}`;
+    error.hidden = false;
+  }
+}
+
+/** A row button's work: asks `question` first (when given), runs `action`, reports. */
+async function confirmThen(question, action, done, what) {
+  if (question && !confirm(question)) return;
+  try {
+    await action();
+    notify(done);
+    refresh();
+  } catch (error) {
+    if (!error.sessionEnded) notify(`${what} failed: ${error.message}`, 'error');
+  }
+}
+
+function rowButton(text, kind, data, onclick) {
+  return h('button', {type: 'button', class: `${kind} small`, ...data, onclick}, text);
+}
+
+function rowActions(...buttons) {
+  return h('span', {class: 'row-actions'}, ...buttons);
+}
+
+const tagList = (tags) => (Array.isArray(tags) ? tags.join(', ') : tags || '');
 
 function stat(label, value, id) {
   return h('div', {class: 'stat'}, h('div', {class: 'stat-value', 'data-stat': id}, value), h('div', {class: 'stat-label'}, label));
@@ -460,6 +534,7 @@ function queuesView() {
     {id: 'vhost', title: 'Vhost', cell: (q) => q.vhost},
     {id: 'features', title: 'Features', cell: (q) => flags(q)},
     {id: 'state', title: 'State', cell: (q) => q.state},
+    {id: 'policy', title: 'Policy', cell: (q) => q.policy || '–'},
     {id: 'ready', title: 'Ready', num: true, cell: (q) => fmtNumber(q.messages_ready)},
     {id: 'unacked', title: 'Unacked', num: true, cell: (q) => fmtNumber(q.messages_unacknowledged)},
     {id: 'total', title: 'Total', num: true, cell: (q) => fmtNumber(q.messages)},
@@ -560,7 +635,7 @@ function queueView(vhost, name) {
         stat('Consumers', fmtNumber(queue.consumers), 'consumers'),
         stat('Publish', fmtRate(s.publish_details), 'publish_rate'),
         stat('Deliver / get', fmtRate(s.deliver_get_details), 'deliver_rate'));
-      const fact = (term, value) => [h('dt', {}, term), h('dd', {}, value)];
+      const fact = (term, value, id) => [h('dt', {}, term), h('dd', {'data-fact': id}, value)];
       facts.replaceChildren(
         ...fact('Vhost', queue.vhost),
         ...fact('Type', queue.type),
@@ -569,6 +644,8 @@ function queueView(vhost, name) {
         ...fact('Auto-delete', queue.auto_delete ? 'yes' : 'no'),
         ...fact('Exclusive', queue.exclusive ? 'yes' : 'no'),
         ...fact('Arguments', JSON.stringify(queue.arguments || {})),
+        ...fact('Policy', queue.policy ? h('a', {href: '#/policies'}, queue.policy) : 'none', 'policy'),
+        ...fact('Policy settings', JSON.stringify(queue.effective_policy_definition || {}), 'effective_policy'),
         ...fact('Published', fmtNumber(s.publish)),
         ...fact('Delivered / got', fmtNumber(s.deliver_get)),
         ...fact('Acked', fmtNumber(s.ack)),
@@ -720,28 +797,56 @@ async function closeConnection(name) {
 function channelsView() {
   const table = dataTable('channels', [
     {id: 'name', title: 'Channel', cell: (c) => c.name},
+    {id: 'number', title: 'Number', num: true, cell: (c) => c.number},
     {id: 'connection', title: 'Connection', cell: (c) => (c.connection_details || {}).name},
     {id: 'user', title: 'User', cell: (c) => c.user},
     {id: 'vhost', title: 'Vhost', cell: (c) => c.vhost},
-    {id: 'state', title: 'State', cell: (c) => c.state},
+    {id: 'mode', title: 'Mode', cell: channelMode},
+    {id: 'state', title: 'State', cell: (c) => h('span', {class: 'badge ' + (c.state === 'running' ? 'ok' : 'alarm')}, c.state)},
+    {id: 'prefetch', title: 'Prefetch', num: true, cell: channelPrefetch},
+    {id: 'consumers', title: 'Consumers', num: true, cell: (c) => fmtNumber(c.consumer_count)},
+    {id: 'unacked', title: 'Unacked', num: true, cell: (c) => fmtNumber(c.messages_unacknowledged)},
+    {id: 'unconfirmed', title: 'Unconfirmed', num: true, cell: (c) => fmtNumber(c.messages_unconfirmed)},
   ], 'No open channels.');
+  const count = h('span', {class: 'muted'});
   return {
-    element: h('div', {}, h('h1', {}, 'Channels'),
+    element: h('div', {}, h('h1', {}, 'Channels ', count),
       section('Open channels', table.element,
-        h('p', {class: 'muted small'}, 'Lepus numbers channels by position on their connection (1..n), not by AMQP channel number.'))),
+        h('p', {class: 'muted small'}, 'Mode: C = publisher confirms, T = transactional. Prefetch: per consumer, ',
+          'with the channel-wide (global) limit after it when one is set; 0 is unlimited.'))),
     async refresh() {
-      table.update(await api('GET', '/channels'), (c) => c.name);
+      const channels = await api('GET', '/channels');
+      count.textContent = `(${channels.length})`;
+      table.update(channels, (c) => c.name);
     },
   };
+}
+
+function channelMode(channel) {
+  const modes = [];
+  if (channel.confirm) modes.push(h('abbr', {class: 'flag', title: 'publisher confirms'}, 'C'));
+  if (channel.transactional) modes.push(h('abbr', {class: 'flag', title: 'transactional'}, 'T'));
+  return modes.length ? modes : '–';
+}
+
+function channelPrefetch(channel) {
+  const global = channel.global_prefetch_count;
+  return fmtNumber(channel.prefetch_count) + (global ? ` (global ${fmtNumber(global)})` : '');
 }
 
 // ---------------------------------------------------------------- users and permissions
 
 function adminView() {
+  const userSelect = h('select', {name: 'user', required: true});
+  const userForm = userFormElement();
+  const permissionForm = permissionFormElement(userSelect);
   const users = dataTable('users', [
     {id: 'name', title: 'Name', cell: (u) => u.name},
-    {id: 'tags', title: 'Tags', cell: (u) => (u.tags || []).join(', ')},
+    {id: 'tags', title: 'Tags', cell: (u) => tagList(u.tags)},
     {id: 'hashing', title: 'Password hashing', cell: (u) => u.hashing_algorithm},
+    {id: 'actions', title: '', cell: (u) => rowActions(
+      rowButton('Edit', 'secondary', {'data-edit-user': u.name}, () => editUser(userForm, u)),
+      rowButton('Delete', 'danger', {'data-delete-user': u.name}, () => deleteUser(u.name)))},
   ], 'No users.');
   const permissions = dataTable('permissions', [
     {id: 'user', title: 'User', cell: (p) => p.user},
@@ -749,17 +854,211 @@ function adminView() {
     {id: 'configure', title: 'Configure', cell: (p) => h('code', {}, p.configure)},
     {id: 'write', title: 'Write', cell: (p) => h('code', {}, p.write)},
     {id: 'read', title: 'Read', cell: (p) => h('code', {}, p.read)},
+    {id: 'actions', title: '', cell: (p) => rowActions(
+      rowButton('Edit', 'secondary', {'data-edit-permission': `${p.user} ${p.vhost}`}, () => editPermission(permissionForm, p)),
+      rowButton('Delete', 'danger', {'data-delete-permission': `${p.user} ${p.vhost}`}, () => deletePermission(p)))},
   ], 'No permissions.');
   return {
     element: h('div', {}, h('h1', {}, 'Users and permissions'),
-      h('p', {class: 'muted'}, 'Read-only here: users and permissions are managed through the HTTP API or lepus ctl.'),
-      h('div', {class: 'columns'}, section('Users', users.element), section('Permissions', permissions.element))),
+      h('div', {class: 'columns'},
+        section('Users', users.element, h('h3', {}, 'Add or update a user'), userForm),
+        section('Permissions', permissions.element, h('h3', {}, 'Set a permission'), permissionForm))),
     async refresh() {
       const [userList, permissionList] = await Promise.all([api('GET', '/users'), api('GET', '/permissions')]);
       users.update(userList, (u) => u.name);
       permissions.update(permissionList, (p) => `${p.user} ${p.vhost}`);
+      fillSelect(userSelect, userList.map((u) => u.name));
     },
   };
+}
+
+function userFormElement() {
+  return h('form', {id: 'user-form', class: 'stacked', onsubmit: (event) => submitForm(event, (f) => `Saving user ${f.name.value.trim()}`, saveUser)},
+    h('label', {}, 'Name ', h('input', {name: 'name', required: true, autocomplete: 'off', placeholder: 'orders-service'})),
+    h('label', {}, 'Password ', h('input', {name: 'password', type: 'password', autocomplete: 'new-password',
+      placeholder: 'empty: keep the current password'})),
+    h('label', {}, 'Tags (comma-separated) ', h('input', {name: 'tags', autocomplete: 'off', placeholder: 'management'})),
+    h('p', {class: 'muted small'}, 'Tags: administrator (everything), policymaker (policies), monitoring, management ',
+      '(this console and the API). A user without tags can use AMQP only.'),
+    formError(),
+    h('div', {}, h('button', {type: 'submit'}, 'Save user')));
+}
+
+async function saveUser(form) {
+  const name = form.name.value.trim();
+  const password = form.password.value;
+  const body = {tags: form.tags.value.split(',').map((tag) => tag.trim()).filter(Boolean).join(',')};
+  if (password) {
+    body.password = password;
+  } else {
+    // The API takes a password or its hash: an update without a new password keeps the hash.
+    const existing = await api('GET', `/users/${enc(name)}`).catch((error) => {
+      if (error.status === 404) throw new Error('a new user needs a password');
+      throw error;
+    });
+    body.password_hash = existing.password_hash;
+    body.hashing_algorithm = existing.hashing_algorithm;
+  }
+  await api('PUT', `/users/${enc(name)}`, body);
+  // Changing one's own password: the console goes on with the new one.
+  if (password && name === sessionUser) sessionStorage.setItem(AUTH_KEY, login(name, password));
+  form.password.value = '';
+  return `User ${name} saved.`;
+}
+
+function editUser(form, user) {
+  form.name.value = user.name;
+  form.tags.value = tagList(user.tags);
+  form.password.value = '';
+  form.password.focus();
+}
+
+function deleteUser(name) {
+  const self = name === sessionUser ? ' You are logged in as this user: the console will log you out.' : '';
+  return confirmThen(`Delete user ${name} and its permissions?${self}`,
+    () => api('DELETE', `/users/${enc(name)}`), `User ${name} deleted.`, `Deleting user ${name}`);
+}
+
+function permissionFormElement(userSelect) {
+  const what = (f) => `Setting the permission of ${f.user.value} in vhost ${f.vhost.value}`;
+  return h('form', {id: 'permission-form', class: 'stacked', onsubmit: (event) => submitForm(event, what, savePermission)},
+    h('div', {class: 'row'}, h('label', {}, 'User ', userSelect), h('label', {}, 'Vhost ', vhostSelect())),
+    h('label', {}, 'Configure ', h('input', {name: 'configure', value: '.*', autocomplete: 'off'})),
+    h('label', {}, 'Write ', h('input', {name: 'write', value: '.*', autocomplete: 'off'})),
+    h('label', {}, 'Read ', h('input', {name: 'read', value: '.*', autocomplete: 'off'})),
+    h('p', {class: 'muted small'}, 'Regular expressions over the names of queues and exchanges the user may ',
+      'configure (declare, delete), write (publish, bind) and read (consume, get). Empty allows nothing.'),
+    formError(),
+    h('div', {}, h('button', {type: 'submit'}, 'Set permission')));
+}
+
+async function savePermission(form) {
+  const [user, vhost] = [form.user.value, form.vhost.value];
+  const body = {configure: form.configure.value, write: form.write.value, read: form.read.value};
+  await api('PUT', `/permissions/${enc(vhost)}/${enc(user)}`, body);
+  return `Permission of ${user} in vhost ${vhost} set.`;
+}
+
+function editPermission(form, permission) {
+  form.user.value = permission.user;
+  form.vhost.value = permission.vhost;
+  for (const key of ['configure', 'write', 'read']) form[key].value = permission[key];
+  form.configure.focus();
+}
+
+function deletePermission({user, vhost}) {
+  return confirmThen(`Delete the permission of ${user} in vhost ${vhost}?`,
+    () => api('DELETE', `/permissions/${enc(vhost)}/${enc(user)}`),
+    `Permission of ${user} in vhost ${vhost} deleted.`, `Deleting the permission of ${user} in vhost ${vhost}`);
+}
+
+// ---------------------------------------------------------------- vhosts
+
+function vhostsView() {
+  const table = dataTable('vhosts', [
+    {id: 'name', title: 'Name', cell: (v) => v.name},
+    {id: 'description', title: 'Description', cell: (v) => v.description || ''},
+    {id: 'tags', title: 'Tags', cell: (v) => tagList(v.tags)},
+    {id: 'ready', title: 'Ready', num: true, cell: (v) => fmtNumber(v.messages_ready)},
+    {id: 'unacked', title: 'Unacked', num: true, cell: (v) => fmtNumber(v.messages_unacknowledged)},
+    {id: 'messages', title: 'Messages', num: true, cell: (v) => fmtNumber(v.messages)},
+    {id: 'actions', title: '', cell: (v) => rowActions(
+      rowButton('Delete', 'danger', {'data-delete-vhost': v.name}, () => deleteVhost(v.name)))},
+  ], 'No vhosts.');
+  const form = h('form', {id: 'vhost-form', class: 'inline-form', onsubmit: (event) => submitForm(event, (f) => `Saving vhost ${f.name.value.trim()}`, saveVhost)},
+    h('label', {}, 'Name ', h('input', {name: 'name', required: true, autocomplete: 'off', placeholder: 'staging'})),
+    h('label', {class: 'wide'}, 'Description ', h('input', {name: 'description', autocomplete: 'off'})),
+    h('label', {}, 'Tags ', h('input', {name: 'tags', autocomplete: 'off', placeholder: 'a, b'})),
+    h('button', {type: 'submit'}, 'Add vhost'),
+    formError());
+  return {
+    element: h('div', {}, h('h1', {}, 'Virtual hosts'), section('All vhosts', table.element),
+      section('Add or update a vhost', form,
+        h('p', {class: 'muted small'}, 'You get full permissions in a vhost you create; give other users theirs on the Users page.'))),
+    async refresh() {
+      table.update(await api('GET', '/vhosts'), (v) => v.name);
+    },
+  };
+}
+
+async function saveVhost(form) {
+  const name = form.name.value.trim();
+  const body = {description: form.description.value, tags: form.tags.value.split(',').map((tag) => tag.trim()).filter(Boolean).join(',')};
+  await api('PUT', `/vhosts/${enc(name)}`, body);
+  form.name.value = '';
+  return `Vhost ${name} saved.`;
+}
+
+function deleteVhost(name) {
+  return confirmThen(`Delete vhost ${name}? This deletes every queue in it with its messages, its exchanges, `
+    + 'permissions and policies, and closes its connections. It cannot be undone.',
+  () => api('DELETE', `/vhosts/${enc(name)}`), `Vhost ${name} deleted.`, `Deleting vhost ${name}`);
+}
+
+// ---------------------------------------------------------------- policies
+
+function policiesView() {
+  const form = policyFormElement();
+  const table = dataTable('policies', [
+    {id: 'vhost', title: 'Vhost', cell: (p) => p.vhost},
+    {id: 'name', title: 'Name', cell: (p) => p.name},
+    {id: 'pattern', title: 'Pattern', cell: (p) => h('code', {}, p.pattern)},
+    {id: 'apply_to', title: 'Apply to', cell: (p) => p['apply-to']},
+    {id: 'priority', title: 'Priority', num: true, cell: (p) => p.priority},
+    {id: 'definition', title: 'Definition', cell: (p) => h('code', {}, JSON.stringify(p.definition))},
+    {id: 'actions', title: '', cell: (p) => rowActions(
+      rowButton('Edit', 'secondary', {'data-edit-policy': `${p.vhost} ${p.name}`}, () => editPolicy(form, p)),
+      rowButton('Delete', 'danger', {'data-delete-policy': `${p.vhost} ${p.name}`}, () => deletePolicy(p)))},
+  ], 'No policies.');
+  return {
+    element: h('div', {}, h('h1', {}, 'Policies'), section('All policies', table.element),
+      section('Add or update a policy', form)),
+    async refresh() {
+      table.update(await api('GET', '/policies'), (p) => `${p.vhost} ${p.name}`);
+    },
+  };
+}
+
+function policyFormElement() {
+  return h('form', {id: 'policy-form', class: 'stacked narrow', onsubmit: (event) => submitForm(event, (f) => `Saving policy ${f.name.value.trim()}`, savePolicy)},
+    h('div', {class: 'row'},
+      h('label', {}, 'Vhost ', vhostSelect()),
+      h('label', {}, 'Name ', h('input', {name: 'name', required: true, autocomplete: 'off', placeholder: 'orders-limit'}))),
+    h('label', {}, 'Pattern (regular expression over names) ', h('input', {name: 'pattern', required: true, autocomplete: 'off', placeholder: '^orders'})),
+    h('div', {class: 'row'},
+      h('label', {}, 'Apply to ', h('select', {name: 'apply_to'},
+        h('option', {value: 'queues'}, 'queues'), h('option', {value: 'exchanges'}, 'exchanges'), h('option', {value: 'all'}, 'all'))),
+      h('label', {}, 'Priority ', h('input', {name: 'priority', type: 'number', step: 1, value: 0}))),
+    h('label', {}, 'Definition (JSON object) ', h('textarea', {name: 'definition', rows: 4, required: true,
+      placeholder: '{"max-length": 1000, "overflow": "reject-publish", "message-ttl": 60000}'})),
+    h('p', {class: 'muted small'}, 'Lepus applies max-length, overflow (drop-head, reject-publish), message-ttl (ms) and ',
+      'queue-mode, and refuses the settings it does not implement. Of the policies that match a queue, the one of ',
+      'highest priority applies.'),
+    formError(),
+    h('div', {}, h('button', {type: 'submit'}, 'Save policy')));
+}
+
+async function savePolicy(form) {
+  const definition = parseJsonObject(form.definition.value, 'the definition');
+  const [vhost, name] = [form.vhost.value, form.name.value.trim()];
+  const body = {pattern: form.pattern.value, definition, priority: Number(form.priority.value) || 0, 'apply-to': form.apply_to.value};
+  await api('PUT', `/policies/${enc(vhost)}/${enc(name)}`, body);
+  return `Policy ${name} saved in vhost ${vhost}.`;
+}
+
+function editPolicy(form, policy) {
+  form.vhost.value = policy.vhost;
+  form.name.value = policy.name;
+  form.pattern.value = policy.pattern;
+  form.apply_to.value = policy['apply-to'];
+  form.priority.value = policy.priority;
+  form.definition.value = JSON.stringify(policy.definition, null, 2);
+  form.pattern.focus();
+}
+
+function deletePolicy({vhost, name}) {
+  return confirmThen(`Delete policy ${name} of vhost ${vhost}? The queues it applies to lose its settings.`,
+    () => api('DELETE', `/policies/${enc(vhost)}/${enc(name)}`), `Policy ${name} deleted.`, `Deleting policy ${name}`);
 }
 
 const views = {
@@ -769,6 +1068,8 @@ const views = {
   connections: connectionsView,
   channels: channelsView,
   admin: adminView,
+  vhosts: vhostsView,
+  policies: policiesView,
 };
 
 // ---------------------------------------------------------------- start
