@@ -8,6 +8,7 @@
 
 pub mod definitions;
 pub mod janitor;
+pub mod journal;
 pub mod queue_log;
 pub mod range_set;
 pub mod syncer;
