@@ -8,7 +8,6 @@
 
 pub mod definitions;
 pub mod janitor;
-pub mod journal;
 pub mod queue_log;
 pub mod range_set;
 pub mod syncer;
