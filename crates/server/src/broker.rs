@@ -186,6 +186,8 @@ impl Broker {
                 Exchange::new(ShortStr::truncating(record.name.clone()), kind, true, record.auto_delete, record.internal, arguments);
             vhost.write().restore_exchange(exchange);
         }
+        // Logs of queues deleted just before a crash, renamed away but not yet removed.
+        storage::queue_log::remove_deleted_logs(&self.config.data_dir.join("queues"));
         let mut restored_messages = 0usize;
         for record in &definitions.queues {
             let Some(vhost) = self.vhost(&record.vhost) else {

@@ -3,6 +3,7 @@
 //!
 //! Argument tables are stored as the hex of their AMQP encoding, so they come back byte-exact.
 
+use crate::record::STORAGE_FORMAT_VERSION;
 use crate::{write_atomically, StorageError};
 use amqp_codec::{write_table, FieldTable, Reader};
 use bytes::{Bytes, BytesMut};
@@ -57,8 +58,12 @@ pub struct BindingRecord {
 }
 
 /// Everything durable.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Definitions {
+    /// The storage format of the whole data directory (see [`STORAGE_FORMAT_VERSION`]); absent
+    /// in files written by format 1.
+    #[serde(default = "format_version_1")]
+    pub storage_format_version: u32,
     /// Exchanges (not the predeclared ones).
     pub exchanges: Vec<ExchangeRecord>,
     /// Queues.
@@ -109,6 +114,23 @@ pub struct PolicyRecord {
     pub priority: i64,
     /// The settings, as the JSON object the management API took.
     pub definition: serde_json::Map<String, serde_json::Value>,
+}
+
+fn format_version_1() -> u32 {
+    1
+}
+
+impl Default for Definitions {
+    fn default() -> Definitions {
+        Definitions {
+            storage_format_version: u32::from(STORAGE_FORMAT_VERSION),
+            exchanges: Vec::new(),
+            queues: Vec::new(),
+            bindings: Vec::new(),
+            users: None,
+            permissions: None,
+        }
+    }
 }
 
 /// A user.
@@ -165,20 +187,75 @@ impl DefinitionsStore {
         DefinitionsStore { path: data_dir.join("definitions.json") }
     }
 
-    /// Reads the definitions; empty when the file does not exist yet.
+    /// Reads the definitions; empty when the file does not exist yet. A data directory of another
+    /// storage format is refused, except a format 1 one without durable queues: its file holds no
+    /// message logs, and the definitions themselves read the same.
     pub fn load(&self) -> Result<Definitions, StorageError> {
-        match std::fs::read(&self.path) {
+        let mut definitions: Definitions = match std::fs::read(&self.path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|error| StorageError::Corrupt { path: self.path.display().to_string(), detail: error.to_string() }),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Definitions::default()),
-            Err(error) => Err(StorageError::io(&self.path, error)),
+                .map_err(|error| StorageError::Corrupt { path: self.path.display().to_string(), detail: error.to_string() })?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Definitions::default()),
+            Err(error) => return Err(StorageError::io(&self.path, error)),
+        };
+        let current = u32::from(STORAGE_FORMAT_VERSION);
+        if definitions.storage_format_version != current {
+            if definitions.storage_format_version == 1 && definitions.queues.is_empty() {
+                definitions.storage_format_version = current;
+            } else {
+                return Err(StorageError::UnsupportedFormat {
+                    path: self.path.display().to_string(),
+                    found: definitions.storage_format_version,
+                });
+            }
         }
+        Ok(definitions)
     }
 
     /// Replaces the definitions atomically.
     pub fn save(&self, definitions: &Definitions) -> Result<(), StorageError> {
+        assert_eq!(definitions.storage_format_version, u32::from(STORAGE_FORMAT_VERSION), "definitions are written in the current format");
         let bytes = serde_json::to_vec_pretty(definitions)
             .map_err(|error| StorageError::Corrupt { path: self.path.display().to_string(), detail: error.to_string() })?;
         write_atomically(&self.path, &bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(name: &str) -> DefinitionsStore {
+        let dir = std::env::temp_dir().join(format!("lepus-definitions-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        DefinitionsStore::new(&dir)
+    }
+
+    fn queue() -> QueueRecord {
+        QueueRecord { vhost: "/".to_string(), name: "q".to_string(), auto_delete: false, arguments_hex: String::new() }
+    }
+
+    #[test]
+    fn the_format_version_is_written_and_other_versions_are_refused() {
+        let store = store("version");
+        let definitions = Definitions { queues: vec![queue()], ..Definitions::default() };
+        store.save(&definitions).expect("save");
+        assert_eq!(store.load().expect("load"), definitions);
+        let text = std::fs::read_to_string(&store.path).expect("read");
+        assert!(text.contains(&format!("\"storage_format_version\": {STORAGE_FORMAT_VERSION}")), "{text}");
+        // A newer format, or format 1 (no version) with queues whose logs this build cannot read.
+        std::fs::write(&store.path, text.replace(&format!(": {STORAGE_FORMAT_VERSION},"), ": 99,")).expect("write");
+        let error = store.load().expect_err("unknown version");
+        assert!(matches!(error, StorageError::UnsupportedFormat { found: 99, .. }), "{error}");
+        assert!(error.to_string().contains("empty data directory"), "{error}");
+        std::fs::write(
+            &store.path,
+            r#"{"exchanges": [], "queues": [{"vhost": "/", "name": "q", "auto_delete": false, "arguments_hex": ""}], "bindings": []}"#,
+        )
+        .expect("write");
+        assert!(matches!(store.load(), Err(StorageError::UnsupportedFormat { found: 1, .. })));
+        // Format 1 without queues has no logs: read as the current format.
+        std::fs::write(&store.path, r#"{"exchanges": [], "queues": [], "bindings": []}"#).expect("write");
+        assert_eq!(store.load().expect("load").storage_format_version, u32::from(STORAGE_FORMAT_VERSION));
     }
 }

@@ -1,8 +1,10 @@
 //! Lepus's storage: what must survive a restart.
 //!
 //! - [`definitions`]: durable exchanges, queues and bindings, rewritten atomically on each change.
-//! - [`queue_log`]: one append-only log per durable queue; each record carries a length, a CRC32C
-//!   and the message's queue position. Recovery replays it and cuts a torn tail.
+//! - [`queue_log`]: one log per durable queue, a directory of segment files that are recycled
+//!   rather than deleted; each record carries a length, a CRC32C over the record and its
+//!   segment's identity, a term and the message's queue position ([`record`]). Recovery replays
+//!   it and ends each segment at its seal or its first invalid record.
 //! - [`syncer`]: one thread that writes and fdatasyncs every dirty log in a batch (group commit)
 //!   and only then runs the callbacks that send publisher confirms.
 
@@ -10,6 +12,7 @@ pub mod definitions;
 pub mod janitor;
 pub mod queue_log;
 pub mod range_set;
+pub mod record;
 pub mod syncer;
 
 /// A storage failure, with the file it concerns.
@@ -22,6 +25,18 @@ pub enum StorageError {
         path: String,
         /// The error.
         source: std::io::Error,
+    },
+    /// A file written in a storage format this build does not read.
+    #[error(
+        "{path}: storage format {found} is not supported: this build reads format {supported} only, and there is no upgrade \
+         path yet; start with an empty data directory",
+        supported = crate::record::STORAGE_FORMAT_VERSION
+    )]
+    UnsupportedFormat {
+        /// The file.
+        path: String,
+        /// The format version it says (or appears) to have.
+        found: u32,
     },
     /// A file that does not parse.
     #[error("{path}: corrupt: {detail}")]

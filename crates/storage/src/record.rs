@@ -1,0 +1,200 @@
+//! The record format of queue log segments, in one place: how a record is laid out, what its
+//! checksum covers, and how the segment header and seal records look.
+//!
+//! Layout (all integers big-endian):
+//!
+//! ```text
+//! length u32 | crc32c u32 | kind u8 | term u64 | position u64 | payload
+//! ```
+//!
+//! `length` counts kind, term, position and payload. The CRC32C covers the same bytes, prefixed
+//! with the segment's identity (its first position and a random nonce drawn when the file starts
+//! a new life), so a record left in a recycled file by its previous life fails its checksum in
+//! the new one. Every segment starts with a header record, whose checksum has no prefix (it is
+//! what tells the identity): it names the segment's first position and holds the format version
+//! and the nonce. A zero `length` is not a record: it ends a segment's replay normally (every
+//! write is followed by zeros, and fresh segment files are filled with zeros).
+
+use bytes::{BufMut, BytesMut};
+
+/// A persistent message: exchange, routing key, property flags, properties, body.
+pub(crate) const KIND_PUBLISH: u8 = 1;
+/// The message was handed to a consumer, so it comes back with `redelivered` set.
+pub(crate) const KIND_DELIVERED: u8 = 2;
+/// The message was acked, rejected, expired or purged.
+pub(crate) const KIND_SETTLED: u8 = 3;
+/// Closes a segment that is no longer active; its payload is its own offset (the segment's valid
+/// length before it). Replay of a segment stops at its seal: what follows is stale. An older
+/// segment without its seal was truncated or damaged.
+pub(crate) const KIND_SEALED: u8 = 4;
+/// A transient message written only because its queue was paging: read back while the broker
+/// runs, ignored by recovery.
+pub(crate) const KIND_PUBLISH_TRANSIENT: u8 = 5;
+/// The first record of every segment: payload `format_version u8 | nonce u64`.
+pub(crate) const KIND_SEGMENT_HEADER: u8 = 6;
+
+/// The on-disk format version, in every segment header and in the definitions file. Version 1
+/// (no term, no segment header, no identity in the checksum) is not readable any more.
+pub const STORAGE_FORMAT_VERSION: u8 = 2;
+/// The term every record is written with until replication elects leaders. Terms never decrease
+/// along a log; recovery treats a decrease as corruption.
+pub const CURRENT_TERM: u64 = 1;
+
+/// `length` and `crc32c`: the bytes before what the checksum covers.
+pub(crate) const LENGTH_AND_CHECKSUM_BYTES: usize = 8;
+/// kind, term and position: what `length` counts besides the payload, so its smallest value.
+pub(crate) const RECORD_FIXED_BYTES: usize = 17;
+/// Everything before the payload.
+pub(crate) const RECORD_HEADER_BYTES: usize = LENGTH_AND_CHECKSUM_BYTES + RECORD_FIXED_BYTES;
+/// No record may claim more than this; a larger length is corruption, not a message (RabbitMQ's
+/// largest message is 512 MiB).
+pub const RECORD_BYTES_MAX: usize = 600 * 1024 * 1024;
+/// Zeros written after the last record of every write: a zero length ends replay, so the normal
+/// end of a segment is never mistaken for a torn record, whatever an older life left behind.
+pub(crate) const TERMINATOR_BYTES: usize = LENGTH_AND_CHECKSUM_BYTES;
+const SEGMENT_HEADER_PAYLOAD_BYTES: usize = 9;
+/// How many bytes a segment header record takes: records of the segment start after it.
+pub(crate) const SEGMENT_HEADER_RECORD_BYTES: u64 = (RECORD_HEADER_BYTES + SEGMENT_HEADER_PAYLOAD_BYTES) as u64;
+const SEAL_PAYLOAD_BYTES: usize = 8;
+/// How many bytes a seal record takes.
+pub(crate) const SEAL_RECORD_BYTES: u64 = (RECORD_HEADER_BYTES + SEAL_PAYLOAD_BYTES) as u64;
+/// The checksum prefix of segment headers: none, so a header can be checked without knowing the
+/// identity it announces.
+pub(crate) const HEADER_SEED: u32 = 0;
+
+/// Which life of which segment a record belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SegmentIdentity {
+    /// The segment's first position (its file name).
+    pub first_position: u64,
+    /// Drawn at random each time a file starts a new life as a segment.
+    pub nonce: u64,
+}
+
+impl SegmentIdentity {
+    /// A new life for a segment starting at `first_position`.
+    pub fn new(first_position: u64) -> SegmentIdentity {
+        SegmentIdentity { first_position, nonce: rand::random() }
+    }
+
+    /// The CRC32C state after the identity bytes: the checksum prefix of the segment's records.
+    pub fn seed(&self) -> u32 {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&self.first_position.to_be_bytes());
+        bytes[8..].copy_from_slice(&self.nonce.to_be_bytes());
+        crc32c::crc32c(&bytes)
+    }
+}
+
+/// The fixed part of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecordHeader {
+    /// Bytes from `kind` to the end of the payload.
+    pub length: usize,
+    pub checksum: u32,
+    pub kind: u8,
+    pub term: u64,
+    pub position: u64,
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_be_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+}
+
+impl RecordHeader {
+    /// Decodes the first [`RECORD_HEADER_BYTES`] of `bytes`; `None` when there are fewer.
+    pub fn decode(bytes: &[u8]) -> Option<RecordHeader> {
+        Some(RecordHeader {
+            length: u32_at(bytes, 0)? as usize,
+            checksum: u32_at(bytes, 4)?,
+            kind: *bytes.get(8)?,
+            term: u64_at(bytes, 9)?,
+            position: u64_at(bytes, 17)?,
+        })
+    }
+
+    /// The payload's size, or `None` when `length` cannot be a record's.
+    pub fn payload_bytes(&self) -> Option<usize> {
+        (RECORD_FIXED_BYTES..=RECORD_BYTES_MAX).contains(&self.length).then(|| self.length - RECORD_FIXED_BYTES)
+    }
+
+    /// The whole record's size on disk.
+    pub fn record_bytes(&self) -> u64 {
+        (LENGTH_AND_CHECKSUM_BYTES + self.length) as u64
+    }
+
+    /// Whether `covered` (the record's bytes from `kind` to the end of the payload) matches the
+    /// checksum under the segment's `seed`.
+    pub fn checksum_matches(&self, seed: u32, covered: &[u8]) -> bool {
+        covered.len() == self.length && crc32c::crc32c_append(seed, covered) == self.checksum
+    }
+}
+
+/// Appends one record to `buffer`; returns its size.
+pub(crate) fn encode(buffer: &mut BytesMut, seed: u32, kind: u8, term: u64, position: u64, payload: impl FnOnce(&mut BytesMut)) -> usize {
+    let start = buffer.len();
+    buffer.put_u32(0);
+    buffer.put_u32(0);
+    buffer.put_u8(kind);
+    buffer.put_u64(term);
+    buffer.put_u64(position);
+    payload(buffer);
+    let length = buffer.len() - start - LENGTH_AND_CHECKSUM_BYTES;
+    assert!((RECORD_FIXED_BYTES..=RECORD_BYTES_MAX).contains(&length), "record of {length} bytes");
+    let checksum = crc32c::crc32c_append(seed, &buffer[start + LENGTH_AND_CHECKSUM_BYTES..]);
+    buffer[start..start + 4].copy_from_slice(&(length as u32).to_be_bytes());
+    buffer[start + 4..start + 8].copy_from_slice(&checksum.to_be_bytes());
+    buffer.len() - start
+}
+
+/// Appends the header record that starts a segment's life.
+pub(crate) fn encode_segment_header(buffer: &mut BytesMut, identity: SegmentIdentity, term: u64) {
+    let written = encode(buffer, HEADER_SEED, KIND_SEGMENT_HEADER, term, identity.first_position, |buffer| {
+        buffer.put_u8(STORAGE_FORMAT_VERSION);
+        buffer.put_u64(identity.nonce);
+    });
+    debug_assert_eq!(written as u64, SEGMENT_HEADER_RECORD_BYTES);
+}
+
+/// A segment header's format version and nonce, if the payload has the right size.
+pub(crate) fn decode_segment_header(payload: &[u8]) -> Option<(u8, u64)> {
+    if payload.len() != SEGMENT_HEADER_PAYLOAD_BYTES {
+        return None;
+    }
+    Some((payload[0], u64_at(payload, 1)?))
+}
+
+/// Appends a seal record that will start at `offset` of its segment.
+pub(crate) fn encode_seal(buffer: &mut BytesMut, seed: u32, term: u64, next_first_position: u64, offset: u64) {
+    let written = encode(buffer, seed, KIND_SEALED, term, next_first_position, |buffer| buffer.put_u64(offset));
+    debug_assert_eq!(written as u64, SEAL_RECORD_BYTES);
+}
+
+/// The offset a seal record says it starts at, if the payload has the right size.
+pub(crate) fn decode_seal(payload: &[u8]) -> Option<u64> {
+    (payload.len() == SEAL_PAYLOAD_BYTES).then(|| u64_at(payload, 0)).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip_and_identity_in_the_checksum() {
+        let identity = SegmentIdentity { first_position: 7, nonce: 42 };
+        let mut buffer = BytesMut::new();
+        encode(&mut buffer, identity.seed(), KIND_SETTLED, 3, 99, |buffer| buffer.put_slice(b"xy"));
+        let header = RecordHeader::decode(&buffer).expect("25 bytes");
+        assert_eq!((header.kind, header.term, header.position, header.payload_bytes()), (KIND_SETTLED, 3, 99, Some(2)));
+        let covered = &buffer[LENGTH_AND_CHECKSUM_BYTES..];
+        assert!(header.checksum_matches(identity.seed(), covered));
+        // The same bytes in another life of the file, or another segment, do not check.
+        assert!(!header.checksum_matches(SegmentIdentity { nonce: 43, ..identity }.seed(), covered));
+        assert!(!header.checksum_matches(SegmentIdentity { first_position: 8, ..identity }.seed(), covered));
+        assert!(RecordHeader::decode(&buffer[..RECORD_HEADER_BYTES - 1]).is_none());
+    }
+}
