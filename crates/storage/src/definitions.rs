@@ -129,6 +129,8 @@ impl Default for Definitions {
             bindings: Vec::new(),
             users: None,
             permissions: None,
+            vhosts: None,
+            policies: Vec::new(),
         }
     }
 }
