@@ -75,6 +75,8 @@ pub struct Broker {
     pub permissions: Permissions,
     /// Group commit.
     pub syncer: Syncer,
+    /// Whether queue logs write through the node journal (see storage/src/journal.rs).
+    journaled: bool,
     /// Failed logins by client address (AMQP and HTTP).
     pub login_throttle: crate::login_throttle::LoginThrottle,
     /// Vhosts by name. Lock order: this map, then a topology; the map lock is held only to look
@@ -98,6 +100,19 @@ pub struct Broker {
     connections: Mutex<HashMap<u64, Arc<ConnectionShared>>>,
 }
 
+/// Replays the node journal the previous run left into the queue segments (before any queue log
+/// is opened), then starts a new journal file.
+fn replay_journal(data_dir: &std::path::Path) -> Result<storage::journal::Journal, String> {
+    let (mut journal, entries) = storage::journal::Journal::open(&data_dir.join("journal")).map_err(|error| error.to_string())?;
+    if !entries.is_empty() {
+        let replayed = storage::journal::replay(&data_dir.join("queues"), &entries, storage::queue_log::is_past_every_segment)
+            .map_err(|error| error.to_string())?;
+        tracing::info!(applied = replayed.applied, skipped = replayed.skipped, "replayed the journal into the queue segments");
+    }
+    journal.start_new_file().map_err(|error| error.to_string())?;
+    Ok(journal)
+}
+
 fn queue_log_path(data_dir: &std::path::Path, vhost: &str, name: &ShortStr) -> PathBuf {
     let mut key: Vec<u8> = vhost.as_bytes().to_vec();
     key.push(0);
@@ -111,10 +126,14 @@ impl Broker {
     pub fn open(config: ServerConfig) -> Result<Arc<Broker>, String> {
         std::fs::create_dir_all(config.data_dir.join("queues")).map_err(|error| format!("{}: {error}", config.data_dir.display()))?;
         let definitions = DefinitionsStore::new(&config.data_dir);
+        let journal = replay_journal(&config.data_dir)?;
+        // Only `--sync always` syncs before confirms; the other policies write segments directly.
+        let journaled = config.sync_policy == storage::syncer::SyncPolicy::Always;
         let mut broker = Broker {
+            journaled,
             users: Users::default(),
             permissions: Permissions::default_for_guest(),
-            syncer: Syncer::start(config.sync_policy),
+            syncer: Syncer::start(config.sync_policy, journaled.then_some(journal)),
             login_throttle: Default::default(),
             vhosts: RwLock::new(BTreeMap::new()),
             policies: RwLock::new(Vec::new()),
@@ -202,7 +221,10 @@ impl Broker {
                 arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
             };
             let path = queue_log_path(&self.config.data_dir, &record.vhost, &definition.name);
-            let (log, recovery) = QueueLog::open(&path, self.config.segment_bytes_max).map_err(|error| error.to_string())?;
+            let (mut log, recovery) = QueueLog::open(&path, self.config.segment_bytes_max).map_err(|error| error.to_string())?;
+            if self.journaled {
+                log.use_journal();
+            }
             for (file, offset) in &recovery.truncated {
                 tracing::error!(file = %file.display(), offset, queue = %definition.name, "recovered the intact part of a damaged segment");
             }
@@ -247,12 +269,32 @@ impl Broker {
     /// Writes and syncs every queue log (graceful shutdown), so acks and unconfirmed publishes
     /// buffered in memory are not lost.
     pub fn flush_all(&self) {
+        if self.journaled {
+            // Through the syncer, which owns the journal: every log written, journaled and synced,
+            // then a checkpoint, so the next start has nothing to replay.
+            let logs: Vec<_> = self
+                .topologies()
+                .iter()
+                .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.log.clone()).collect::<Vec<_>>())
+                .collect();
+            if !self.syncer.checkpoint(logs) {
+                tracing::error!("the final checkpoint failed; the next start replays the journal");
+            }
+        } else {
+            self.flush_all_unjournaled();
+        }
+        if let Err(error) = storage::write_atomically(&self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER), b"") {
+            tracing::error!(%error, "writing the clean-shutdown marker failed");
+        }
+    }
+
+    fn flush_all_unjournaled(&self) {
         for (_, vhost) in self.topologies() {
             for entry in vhost.read().queues() {
                 let Some(log) = &entry.handle.log else {
                     continue;
                 };
-                let written = log.lock().write_pending();
+                let written = log.lock().write_pending().map(|written| written.sync_now);
                 let synced = written
                     .map_err(|error| error.to_string())
                     .and_then(|files| files.iter().try_for_each(|file| file.sync_data()).map_err(|error| error.to_string()));
@@ -260,9 +302,6 @@ impl Broker {
                     tracing::error!(%error, "writing or syncing a queue log at shutdown failed");
                 }
             }
-        }
-        if let Err(error) = storage::write_atomically(&self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER), b"") {
-            tracing::error!(%error, "writing the clean-shutdown marker failed");
         }
     }
 
@@ -576,6 +615,7 @@ impl Broker {
     ) -> Result<(ShortStr, u32, u32), AmqpError> {
         let data_dir = self.config.data_dir.clone();
         let segment_bytes_max = self.config.segment_bytes_max;
+        let journaled = self.journaled;
         let mut log_error = None;
         let topology = self.topology(vhost_name)?;
         let (queue, created) = {
@@ -587,7 +627,12 @@ impl Broker {
                     // the same name left behind.
                     let _ = std::fs::remove_dir_all(&path);
                     match QueueLog::open(&path, segment_bytes_max) {
-                        Ok((log, _)) => Some(Arc::new(Mutex::new(log))),
+                        Ok((mut log, _)) => {
+                            if journaled {
+                                log.use_journal();
+                            }
+                            Some(Arc::new(Mutex::new(log)))
+                        }
                         Err(error) => {
                             log_error = Some(error.to_string());
                             None

@@ -10,6 +10,7 @@
 
 pub mod definitions;
 pub mod janitor;
+pub mod journal;
 pub mod queue_log;
 pub mod range_set;
 pub mod record;

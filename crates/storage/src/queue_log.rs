@@ -148,6 +148,55 @@ pub struct QueueLog {
     spare_requested: bool,
     segments_recycled: u64,
     deleted: bool,
+    /// Set when the node journal carries this log's writes (`--sync always`).
+    journal: Option<JournalState>,
+}
+
+/// What a journaled log keeps for the syncer: the writes of the current batch, to append to the
+/// node journal, and the segment files written since the last checkpoint, to sync then.
+#[derive(Debug, Default)]
+struct JournalState {
+    writes: Vec<JournalWrite>,
+    checkpoint_files: Vec<File>,
+    active_in_checkpoint: bool,
+    /// The log directory's name, which prefixes targets (they are relative to the queues directory).
+    target_prefix: String,
+}
+
+/// One write to a segment file, as the node journal records it.
+#[derive(Debug, Clone)]
+pub struct JournalWrite {
+    /// The segment, relative to the directory that holds every queue log.
+    pub target: String,
+    /// Where in the segment.
+    pub offset: u64,
+    /// The bytes written there.
+    pub bytes: Bytes,
+}
+
+/// What [`QueueLog::write_pending`] leaves for the syncer.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// Files and directories to fdatasync before the batch counts as durable.
+    pub sync_now: Vec<File>,
+    /// The batch's writes, for the node journal (journaled logs only).
+    pub journal: Vec<JournalWrite>,
+}
+
+/// Whether a segment path that does not exist names a segment past every segment of its log,
+/// i.e. one that the batch a crash interrupted had just begun (journal replay recreates it);
+/// otherwise it was settled and retired since, and its writes are not needed.
+pub fn is_past_every_segment(path: &Path) -> bool {
+    let first_position = path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .and_then(|name| name.strip_suffix(SEGMENT_SUFFIX))
+        .and_then(|stem| stem.parse::<u64>().ok());
+    let (Some(first_position), Some(directory)) = (first_position, path.parent()) else { return false };
+    match list_directory(directory) {
+        Ok(listing) => listing.segments.last().is_none_or(|(newest, _)| first_position > *newest),
+        Err(_) => false,
+    }
 }
 
 fn segment_path(directory: &Path, first_position: u64) -> PathBuf {
@@ -366,10 +415,30 @@ impl QueueLog {
             spare_requested: false,
             segments_recycled: 0,
             deleted: false,
+            journal: None,
         };
         log.begin_segment(next_position, active_path);
         log.recycle_settled_segments();
         Ok((log, recovery))
+    }
+
+    /// Routes this log's writes through the node journal: the syncer appends them to the journal
+    /// and fdatasyncs it once per batch for every log, and the segment files are synced only at
+    /// checkpoints (see journal.rs).
+    pub fn use_journal(&mut self) {
+        let target_prefix = format!("{}/", self.directory.file_name().unwrap_or_default().to_string_lossy());
+        self.journal = Some(JournalState { target_prefix, ..JournalState::default() });
+    }
+
+    /// The segment files written since the last call (journaled logs), to fdatasync at a checkpoint.
+    pub fn take_checkpoint_files(&mut self) -> Vec<File> {
+        match self.journal.as_mut() {
+            Some(journal) => {
+                journal.active_in_checkpoint = false;
+                std::mem::take(&mut journal.checkpoint_files)
+            }
+            None => Vec::new(),
+        }
     }
 
     /// The directory.
@@ -591,7 +660,11 @@ impl QueueLog {
             return Err(error);
         }
         let sealed = std::mem::replace(&mut self.active, file);
-        self.unsynced.push(sealed);
+        match self.journal.as_mut() {
+            // The sealed segment's writes are in the journal and the file in the checkpoint list.
+            Some(journal) => journal.active_in_checkpoint = false,
+            None => self.unsynced.push(sealed),
+        }
         let active_bytes = std::mem::take(&mut self.active_bytes);
         if let Some(previous) = self.segments.last_mut() {
             previous.valid_bytes = active_bytes;
@@ -655,6 +728,9 @@ impl QueueLog {
         let written = self.pending.len();
         self.pending.put_bytes(0, TERMINATOR_BYTES);
         let result = self.active.write_all_at(&self.pending, self.active_bytes);
+        if result.is_ok() {
+            self.journal_write();
+        }
         self.pending.truncate(written);
         if let Err(error) = result {
             let path = &self.active_segment().path;
@@ -668,16 +744,44 @@ impl QueueLog {
         Ok(())
     }
 
+    /// Records the write `write_to_active` just made (pending records and their terminator at
+    /// the active segment's end) for the node journal, when the log is journaled.
+    fn journal_write(&mut self) {
+        let Some(journal) = self.journal.as_mut() else { return };
+        let segment = self.segments.last().expect("a log always has an active segment");
+        let name = segment.path.file_name().unwrap_or_default().to_string_lossy();
+        let target = format!("{}{name}", journal.target_prefix);
+        journal.writes.push(JournalWrite { target, offset: self.active_bytes, bytes: Bytes::copy_from_slice(&self.pending) });
+        if !journal.active_in_checkpoint {
+            match self.active.try_clone() {
+                Ok(file) => {
+                    journal.checkpoint_files.push(file);
+                    journal.active_in_checkpoint = true;
+                }
+                Err(error) => {
+                    tracing::error!(file = %segment.path.display(), %error, "keeping a segment for the next checkpoint failed; it is synced at the next write")
+                }
+            }
+        }
+    }
+
     /// Writes the buffered records; returns the files (and directories whose entries changed) to
-    /// fdatasync outside the caller's lock.
-    pub fn write_pending(&mut self) -> Result<Vec<File>, StorageError> {
+    /// fdatasync outside the caller's lock, and, for a journaled log, the writes to journal (its
+    /// segment files are then synced at checkpoints, not here).
+    pub fn write_pending(&mut self) -> Result<Written, StorageError> {
         if self.deleted {
-            return Ok(Vec::new());
+            return Ok(Written::default());
         }
         self.write_to_active()?;
         let mut files = std::mem::take(&mut self.unsynced);
-        let path = &self.active_segment().path;
-        files.push(self.active.try_clone().map_err(|error| StorageError::io(path, error))?);
+        let journal = match self.journal.as_mut() {
+            Some(journal) => std::mem::take(&mut journal.writes),
+            None => {
+                let path = &self.active_segment().path;
+                files.push(self.active.try_clone().map_err(|error| StorageError::io(path, error))?);
+                Vec::new()
+            }
+        };
         if self.directory_unsynced {
             files.push(self.directory_file.try_clone().map_err(|error| StorageError::io(&self.directory, error))?);
             self.directory_unsynced = false;
@@ -686,7 +790,7 @@ impl QueueLog {
             files.push(File::open(parent).map_err(|error| StorageError::io(parent, error))?);
             self.parent_unsynced = None;
         }
-        Ok(files)
+        Ok(Written { sync_now: files, journal })
     }
 
     /// Deletes every segment (queue deleted); later appends are dropped. The directory is renamed
@@ -695,6 +799,10 @@ impl QueueLog {
         self.deleted = true;
         self.pending.clear();
         self.unsynced.clear();
+        if let Some(journal) = self.journal.as_mut() {
+            journal.writes.clear();
+            journal.checkpoint_files.clear();
+        }
         {
             let mut pool = self.spares.lock();
             pool.closed = true;
@@ -1262,6 +1370,52 @@ mod tests {
         std::fs::write(&path, &record).expect("write");
         let error = QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect_err("version 1");
         assert!(matches!(&error, StorageError::UnsupportedFormat { found: 1, .. }), "{error}");
+    }
+
+    /// A journaled log: what the syncer does (write, journal, sync the journal), then the segment
+    /// files lose every unsynced write (as a power loss could), then the journal is replayed.
+    #[test]
+    fn the_journal_brings_back_segment_writes_that_never_reached_the_disk() {
+        use crate::journal::{replay, Journal};
+        let root = temporary_dir("journaled");
+        let queues = root.join("queues");
+        let directory = queues.join("q1");
+        let (mut journal, _) = Journal::open(&root.join("journal")).expect("journal");
+        let (mut log, _) = QueueLog::open(&directory, 256).expect("open");
+        log.use_journal();
+        let mut synced_lengths = Vec::new();
+        for position in 0..20u64 {
+            log.append_publish(position, &message(&format!("m{position}")), true);
+            if position % 3 == 0 {
+                log.append_settled(position);
+            }
+            let written = log.write_pending().expect("write");
+            for write in &written.journal {
+                journal.append(&write.target, write.offset, &write.bytes);
+            }
+            journal.write_and_sync().expect("journal sync");
+        }
+        assert!(log.segment_count() > 2, "small segments roll");
+        let checkpoint_files = log.take_checkpoint_files();
+        assert!(!checkpoint_files.is_empty());
+        drop(log);
+        // Every segment loses its content: only the journal has the writes.
+        for entry in std::fs::read_dir(&directory).expect("list") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|extension| extension == "seg") {
+                synced_lengths.push(std::fs::metadata(&path).expect("stat").len());
+                std::fs::write(&path, b"").expect("truncate");
+            }
+        }
+        let (_, entries) = Journal::open(&root.join("journal")).expect("reopen journal");
+        let stats = replay(&queues, &entries, is_past_every_segment).expect("replay");
+        assert!(stats.applied > 0);
+        let (mut log, recovery) = QueueLog::open(&directory, 256).expect("reopen");
+        assert!(recovery.truncated.is_empty(), "{:?}", recovery.truncated);
+        let bodies: Vec<u64> = recovered(&mut log, &recovery).into_iter().map(|(position, _, _)| position).collect();
+        let expected: Vec<u64> = (0..20).filter(|position| position % 3 != 0).collect();
+        assert_eq!(bodies, expected, "every unsettled message is back, no settled one");
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

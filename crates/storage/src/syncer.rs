@@ -3,6 +3,7 @@
 //! runs is covered by the next one, so the number of fsyncs per second stays bounded by the disk,
 //! not by the message rate.
 
+use crate::journal::Journal;
 use crate::queue_log::QueueLog;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,6 +67,8 @@ struct SyncRequest {
     /// Publisher confirms, in the order their publishes arrived (a connection hands over those of
     /// one socket read together).
     confirms: Vec<Confirm>,
+    /// Run a journal checkpoint before the callback (graceful shutdown).
+    checkpoint: bool,
 }
 
 /// Upper bounds, in microseconds, of the fsync latency histogram's buckets (Prometheus style:
@@ -107,14 +110,15 @@ pub struct Syncer {
 }
 
 impl Syncer {
-    /// Starts the syncer thread.
-    pub fn start(policy: SyncPolicy) -> Syncer {
+    /// Starts the syncer thread. With a journal, the logs that use it (see
+    /// [`QueueLog::use_journal`]) cost one fdatasync per batch together, the journal's.
+    pub fn start(policy: SyncPolicy, journal: Option<Journal>) -> Syncer {
         let (sender, receiver) = mpsc::channel();
         let stats = Arc::new(SyncStats::default());
         let thread_stats = stats.clone();
         std::thread::Builder::new()
             .name("lepus-syncer".to_string())
-            .spawn(move || run(receiver, policy, &thread_stats))
+            .spawn(move || run(receiver, policy, journal, &thread_stats))
             .expect("spawning the syncer thread");
         Syncer { sender, stats }
     }
@@ -124,9 +128,23 @@ impl Syncer {
         &self.stats
     }
 
+    /// Writes and syncs `logs`, then runs a journal checkpoint (every segment written since the
+    /// last one synced, the journal emptied), and waits for it: a graceful shutdown leaves nothing
+    /// for the next start to replay. Returns whether everything was made durable.
+    pub fn checkpoint(&self, logs: Vec<SharedLog>) -> bool {
+        let (done, wait) = mpsc::channel();
+        let callback: SyncCallback = Box::new(move |durable| {
+            let _ = done.send(durable);
+        });
+        if self.sender.send(SyncRequest { logs, callback: Some(callback), confirms: Vec::new(), checkpoint: true }).is_err() {
+            return false;
+        }
+        wait.recv().unwrap_or(false)
+    }
+
     /// Makes the records buffered in `logs` durable, then calls `callback`.
     pub fn sync(&self, logs: Vec<SharedLog>, callback: Option<SyncCallback>) {
-        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback, confirms: Vec::new() }) {
+        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback, confirms: Vec::new(), checkpoint: false }) {
             // The syncer only stops when the process does; refuse the confirm rather than lie.
             if let Some(callback) = request.callback {
                 callback(false);
@@ -137,7 +155,7 @@ impl Syncer {
     /// Makes the records buffered in `logs` durable (none: only keeps the confirms' place in
     /// line), then hands the confirms to their sinks with the others of the same batch.
     pub fn confirm(&self, logs: Vec<SharedLog>, confirms: Vec<Confirm>) {
-        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback: None, confirms }) {
+        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback: None, confirms, checkpoint: false }) {
             for confirm in request.confirms {
                 confirm.sink.confirm_batch(&[(confirm.delivery_tag, false)]);
             }
@@ -145,7 +163,8 @@ impl Syncer {
     }
 }
 
-fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, stats: &SyncStats) {
+fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, mut journal: Option<Journal>, stats: &SyncStats) {
+    let mut checkpoint = Checkpoint::default();
     let mut last_sync = std::time::Instant::now();
     let mut known_logs: Vec<SharedLog> = Vec::new();
     loop {
@@ -199,7 +218,12 @@ fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, stats: &SyncStats) {
         if fsync_now {
             last_sync = std::time::Instant::now();
         }
-        let durable = sync_all(&logs, fsync_now, stats);
+        let mut durable = sync_all(&logs, fsync_now, journal.as_mut(), &mut checkpoint, stats);
+        if requests.iter().any(|request| request.checkpoint) {
+            if let Some(journal) = journal.as_mut() {
+                durable &= checkpoint.run(journal, stats);
+            }
+        }
         stats.batches.fetch_add(1, Ordering::Relaxed);
         stats.requests.fetch_add(requests.len() as u64, Ordering::Relaxed);
         if !durable {
@@ -221,13 +245,75 @@ fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, stats: &SyncStats) {
         for (sink, tags) in confirms {
             sink.confirm_batch(&tags);
         }
+        if let Some(journal) = journal.as_mut() {
+            if journal.needs_checkpoint() {
+                checkpoint.run(journal, stats);
+            }
+        }
     }
 }
 
-fn sync_all(logs: &[SharedLog], fsync: bool, stats: &SyncStats) -> bool {
+/// The logs whose segment writes are in the current journal file and not yet synced.
+#[derive(Default)]
+struct Checkpoint {
+    logs: Vec<SharedLog>,
+}
+
+impl Checkpoint {
+    fn note(&mut self, log: &SharedLog) {
+        if !self.logs.iter().any(|known| Arc::ptr_eq(known, log)) {
+            self.logs.push(log.clone());
+        }
+    }
+
+    /// Syncs every segment written since the last checkpoint, then lets the journal start a new
+    /// file. On failure the journal keeps its file (and so its entries) and the next batch tries again.
+    fn run(&mut self, journal: &mut Journal, stats: &SyncStats) -> bool {
+        let mut remaining = Vec::new();
+        let mut failed = false;
+        for log in self.logs.drain(..) {
+            let files = log.lock().take_checkpoint_files();
+            for file in files {
+                let started = std::time::Instant::now();
+                let synced = file.sync_data();
+                stats.record_fsync(started.elapsed());
+                if let Err(error) = synced {
+                    tracing::error!(%error, "syncing a segment at a journal checkpoint failed; the journal keeps its entries");
+                    failed = true;
+                }
+            }
+            if Arc::strong_count(&log) > 1 {
+                remaining.push(log);
+            }
+        }
+        if failed {
+            self.logs = remaining;
+            return false;
+        }
+        if let Err(error) = journal.start_new_file() {
+            tracing::error!(%error, "starting a new journal file failed; the current one keeps growing until it works");
+            return false;
+        }
+        true
+    }
+}
+
+/// Writes every log's buffered records; then, when `fsync`, appends the journaled logs' writes to
+/// the journal and syncs it once, and syncs what the others (and directory changes) need.
+fn sync_all(logs: &[SharedLog], fsync: bool, mut journal: Option<&mut Journal>, checkpoint: &mut Checkpoint, stats: &SyncStats) -> bool {
     let mut all_durable = true;
     for log in logs {
         let written = log.lock().write_pending();
+        let written = written.map(|written| {
+            if !written.journal.is_empty() {
+                checkpoint.note(log);
+            }
+            match journal.as_deref_mut() {
+                Some(journal) => written.journal.iter().for_each(|write| journal.append(&write.target, write.offset, &write.bytes)),
+                None => assert!(written.journal.is_empty(), "a journaled log needs the syncer's journal"),
+            }
+            written.sync_now
+        });
         let result = match written {
             Ok(files) if fsync => files
                 .iter()
@@ -243,6 +329,15 @@ fn sync_all(logs: &[SharedLog], fsync: bool, stats: &SyncStats) -> bool {
         };
         if let Err(error) = result {
             tracing::error!(%error, "writing or syncing a queue log failed; confirms for it are nacked");
+            all_durable = false;
+        }
+    }
+    if let Some(journal) = journal.filter(|journal| journal.has_pending()) {
+        let started = std::time::Instant::now();
+        let synced = journal.write_and_sync();
+        stats.record_fsync(started.elapsed());
+        if let Err(error) = synced {
+            tracing::error!(%error, "writing or syncing the journal failed; this batch's confirms are nacked");
             all_durable = false;
         }
     }

@@ -1,0 +1,307 @@
+//! The node's journal: one append-only file that every queue log's writes pass through, so a group
+//! commit costs one fdatasync for the whole node however many queues it touched.
+//!
+//! Each journal entry is a redo record of a physical write: "these bytes go at this offset of this
+//! segment file". The syncer appends the batch's writes here, fdatasyncs the journal once, and only
+//! then confirms; the segment files get the same writes without a sync. A checkpoint (when the
+//! journal has grown past [`JOURNAL_BYTES_MAX`]) fdatasyncs the segment files written since the
+//! previous checkpoint and their directories, then starts a new journal file and deletes the old.
+//!
+//! At start, before queue logs are opened, [`replay`] writes every entry of the journal files left
+//! behind into its segment file again. Writing the same bytes at the same offset is idempotent, so
+//! replaying entries whose writes did reach the segment is harmless. An entry whose segment file
+//! is gone is skipped when the queue has a newer segment (the old one was settled and deleted or
+//! recycled since) or no directory (the queue was deleted); it recreates the file when the segment
+//! would be the queue's newest (it was created in the batch that stopped).
+//!
+//! Entry layout: `length u32 | crc32c u32 | target_length u16 | target | offset u64 | payload`, with
+//! `length` counting everything after the CRC and the CRC covering the same bytes seeded with the
+//! journal file's sequence number, so an entry left over in a reused file is never replayed.
+//! `target` is the segment's path relative to the data directory.
+
+use crate::StorageError;
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// A checkpoint starts once the current journal file holds this many bytes.
+pub const JOURNAL_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// The largest entry a journal accepts (a record is at most 600 MiB; a batch splits per segment).
+pub const JOURNAL_ENTRY_BYTES_MAX: usize = 1024 * 1024 * 1024;
+const ENTRY_HEADER_BYTES: usize = 8;
+const SUFFIX: &str = ".wal";
+
+/// One replayable write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry {
+    /// The segment file, relative to the data directory.
+    pub target: String,
+    /// Where in it.
+    pub offset: u64,
+    /// What.
+    pub payload: Vec<u8>,
+}
+
+/// The journal being written.
+#[derive(Debug)]
+pub struct Journal {
+    directory: PathBuf,
+    file: File,
+    path: PathBuf,
+    sequence: u64,
+    /// Bytes written to the current file (the next entry's offset).
+    written_bytes: u64,
+    /// Entries appended and not yet written.
+    pending: Vec<u8>,
+}
+
+fn file_name(sequence: u64) -> String {
+    format!("{sequence:020}{SUFFIX}")
+}
+
+fn checksum(sequence: u64, bytes: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&sequence.to_be_bytes()), bytes)
+}
+
+/// The journal files in `directory`, oldest first, with their sequence numbers.
+fn journal_files(directory: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
+    let mut files = Vec::new();
+    let entries = std::fs::read_dir(directory).map_err(|error| StorageError::io(directory, error))?;
+    for entry in entries {
+        let entry = entry.map_err(|error| StorageError::io(directory, error))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(sequence) = name.strip_suffix(SUFFIX).and_then(|stem| stem.parse::<u64>().ok()) {
+            files.push((sequence, entry.path()));
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+impl Journal {
+    /// Opens the journal directory: returns the entries left by the previous run (to [`replay`]
+    /// before anything else writes segments) and a journal that writes a new file after them.
+    pub fn open(directory: &Path) -> Result<(Journal, Vec<JournalEntry>), StorageError> {
+        std::fs::create_dir_all(directory).map_err(|error| StorageError::io(directory, error))?;
+        let mut entries = Vec::new();
+        let files = journal_files(directory)?;
+        for (sequence, path) in &files {
+            read_entries(path, *sequence, &mut entries)?;
+        }
+        let sequence = files.last().map_or(1, |(sequence, _)| sequence + 1);
+        let path = directory.join(file_name(sequence));
+        let file = OpenOptions::new().create_new(true).write(true).open(&path).map_err(|error| StorageError::io(&path, error))?;
+        sync_directory(directory)?;
+        let journal = Journal { directory: directory.to_path_buf(), file, path, sequence, written_bytes: 0, pending: Vec::new() };
+        Ok((journal, entries))
+    }
+
+    /// Appends an entry to the batch being built.
+    pub fn append(&mut self, target: &str, offset: u64, payload: &[u8]) {
+        assert!(target.len() <= usize::from(u16::MAX), "journal targets are relative segment paths");
+        let length = 2 + target.len() + 8 + payload.len();
+        assert!(length <= JOURNAL_ENTRY_BYTES_MAX, "journal entry of {length} bytes");
+        let start = self.pending.len();
+        self.pending.extend_from_slice(&(length as u32).to_be_bytes());
+        self.pending.extend_from_slice(&[0; 4]);
+        self.pending.extend_from_slice(&(target.len() as u16).to_be_bytes());
+        self.pending.extend_from_slice(target.as_bytes());
+        self.pending.extend_from_slice(&offset.to_be_bytes());
+        self.pending.extend_from_slice(payload);
+        let crc = checksum(self.sequence, &self.pending[start + ENTRY_HEADER_BYTES..]);
+        self.pending[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+    }
+
+    /// Whether entries wait to be written.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Writes the batch's entries and fdatasyncs the journal: after this, the batch survives a
+    /// crash. On failure the entries stay pending and the file is cut back, so the next attempt
+    /// rewrites them whole.
+    pub fn write_and_sync(&mut self) -> Result<(), StorageError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let written = self.file.write_all_at(&self.pending, self.written_bytes).and_then(|()| self.file.sync_data());
+        if let Err(error) = written {
+            let _ = self.file.set_len(self.written_bytes);
+            return Err(StorageError::io(&self.path, error));
+        }
+        self.written_bytes += self.pending.len() as u64;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Whether the current file is large enough for a checkpoint.
+    pub fn needs_checkpoint(&self) -> bool {
+        self.written_bytes >= JOURNAL_BYTES_MAX
+    }
+
+    /// Ends a checkpoint, once every segment written since the last one is synced: starts a new
+    /// journal file and deletes the older ones, whose writes are all on disk now.
+    pub fn start_new_file(&mut self) -> Result<(), StorageError> {
+        assert!(self.pending.is_empty(), "a checkpoint follows a written batch");
+        let sequence = self.sequence + 1;
+        let path = self.directory.join(file_name(sequence));
+        let file = OpenOptions::new().create_new(true).write(true).open(&path).map_err(|error| StorageError::io(&path, error))?;
+        sync_directory(&self.directory)?;
+        for (old_sequence, old_path) in journal_files(&self.directory)? {
+            if old_sequence < sequence {
+                std::fs::remove_file(&old_path).map_err(|error| StorageError::io(&old_path, error))?;
+            }
+        }
+        sync_directory(&self.directory)?;
+        *self = Journal { directory: self.directory.clone(), file, path, sequence, written_bytes: 0, pending: Vec::new() };
+        Ok(())
+    }
+}
+
+/// fdatasyncs a directory, so files created, renamed or deleted in it stay so after a power loss.
+pub fn sync_directory(directory: &Path) -> Result<(), StorageError> {
+    File::open(directory).and_then(|file| file.sync_all()).map_err(|error| StorageError::io(directory, error))
+}
+
+/// Reads the whole entries of one journal file; a torn or corrupt entry ends the file (it was the
+/// batch being written when the process stopped, and was not confirmed).
+fn read_entries(path: &Path, sequence: u64, entries: &mut Vec<JournalEntry>) -> Result<(), StorageError> {
+    let mut bytes = Vec::new();
+    File::open(path).and_then(|mut file| file.read_to_end(&mut bytes)).map_err(|error| StorageError::io(path, error))?;
+    let mut at = 0usize;
+    while bytes.len() - at >= ENTRY_HEADER_BYTES {
+        let length = u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize;
+        let crc = u32::from_be_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]]);
+        let body_start = at + ENTRY_HEADER_BYTES;
+        if !(10..=JOURNAL_ENTRY_BYTES_MAX).contains(&length) || bytes.len() - body_start < length {
+            break;
+        }
+        let body = &bytes[body_start..body_start + length];
+        if checksum(sequence, body) != crc {
+            break;
+        }
+        let target_length = usize::from(u16::from_be_bytes([body[0], body[1]]));
+        if 2 + target_length + 8 > length {
+            break;
+        }
+        let target = String::from_utf8_lossy(&body[2..2 + target_length]).into_owned();
+        let mut offset_bytes = [0u8; 8];
+        offset_bytes.copy_from_slice(&body[2 + target_length..2 + target_length + 8]);
+        entries.push(JournalEntry { target, offset: u64::from_be_bytes(offset_bytes), payload: body[2 + target_length + 8..].to_vec() });
+        at = body_start + length;
+    }
+    if at != bytes.len() {
+        tracing::warn!(file = %path.display(), offset = at, "journal ends in a torn entry (an unconfirmed batch); ignored");
+    }
+    Ok(())
+}
+
+/// How a replay went.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayStats {
+    /// Entries written into their segment again.
+    pub applied: usize,
+    /// Entries whose segment was deleted or recycled since (a newer segment of the queue exists)
+    /// or whose queue was deleted.
+    pub skipped: usize,
+}
+
+/// Writes every entry into its segment file under `data_directory` again (see the module comment
+/// for which entries are skipped), then fdatasyncs the files it wrote.
+pub fn replay(
+    data_directory: &Path,
+    entries: &[JournalEntry],
+    is_newer_segment: impl Fn(&Path) -> bool,
+) -> Result<ReplayStats, StorageError> {
+    let mut stats = ReplayStats::default();
+    let mut touched: Vec<(PathBuf, File)> = Vec::new();
+    for entry in entries {
+        let path = data_directory.join(&entry.target);
+        let Some(queue_directory) = path.parent() else {
+            stats.skipped += 1;
+            continue;
+        };
+        if !queue_directory.is_dir() || (!path.exists() && !is_newer_segment(&path)) {
+            stats.skipped += 1;
+            continue;
+        }
+        if !touched.iter().any(|(known, _)| *known == path) {
+            let file =
+                OpenOptions::new().create(true).write(true).truncate(false).open(&path).map_err(|error| StorageError::io(&path, error))?;
+            touched.push((path.clone(), file));
+        }
+        let Some((_, file)) = touched.iter().find(|(known, _)| *known == path) else { unreachable!("inserted above") };
+        file.write_all_at(&entry.payload, entry.offset).map_err(|error| StorageError::io(&path, error))?;
+        stats.applied += 1;
+    }
+    for (path, file) in &touched {
+        file.sync_data().map_err(|error| StorageError::io(path, error))?;
+        if let Some(directory) = path.parent() {
+            sync_directory(directory)?;
+        }
+    }
+    Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temporary_directory(name: &str) -> PathBuf {
+        let directory = std::env::temp_dir().join(format!("lepus-journal-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&directory);
+        std::fs::create_dir_all(&directory).expect("create");
+        directory
+    }
+
+    #[test]
+    fn entries_survive_a_reopen_and_replay_rewrites_segments() {
+        let data = temporary_directory("replay");
+        std::fs::create_dir_all(data.join("queues/q")).expect("create");
+        std::fs::write(data.join("queues/q/00000000000000000001.seg"), b"abcXXXghi").expect("write");
+        let (mut journal, left) = Journal::open(&data.join("journal")).expect("open");
+        assert!(left.is_empty());
+        journal.append("queues/q/00000000000000000001.seg", 3, b"def");
+        journal.append("queues/q/00000000000000000009.seg", 0, b"new");
+        journal.append("queues/gone/00000000000000000001.seg", 0, b"lost");
+        journal.write_and_sync().expect("sync");
+        journal.append("queues/q/00000000000000000001.seg", 9, b"unsynced");
+        drop(journal);
+        let (_journal, entries) = Journal::open(&data.join("journal")).expect("reopen");
+        assert_eq!(entries.len(), 3, "the unwritten batch is not there");
+        let stats = replay(&data, &entries, |path| path.ends_with("00000000000000000009.seg")).expect("replay");
+        assert_eq!(stats, ReplayStats { applied: 2, skipped: 1 });
+        assert_eq!(std::fs::read(data.join("queues/q/00000000000000000001.seg")).expect("read"), b"abcdefghi");
+        assert_eq!(std::fs::read(data.join("queues/q/00000000000000000009.seg")).expect("read"), b"new");
+        let _ = std::fs::remove_dir_all(&data);
+    }
+
+    #[test]
+    fn a_torn_or_stale_entry_ends_the_file_and_a_checkpoint_removes_old_files() {
+        let data = temporary_directory("torn");
+        let directory = data.join("journal");
+        let (mut journal, _) = Journal::open(&directory).expect("open");
+        journal.append("a", 0, b"one");
+        journal.append("a", 3, b"two");
+        journal.write_and_sync().expect("sync");
+        let path = journal.path.clone();
+        let sequence = journal.sequence;
+        drop(journal);
+        let mut bytes = std::fs::read(&path).expect("read");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(&path, &bytes).expect("write");
+        let mut entries = Vec::new();
+        read_entries(&path, sequence, &mut entries).expect("read");
+        assert_eq!(entries.len(), 1, "the flipped entry and what follows are dropped");
+        entries.clear();
+        read_entries(&path, sequence + 1, &mut entries).expect("read");
+        assert!(entries.is_empty(), "entries checksummed for another file's sequence are stale");
+        let (mut journal, left) = Journal::open(&directory).expect("reopen");
+        assert_eq!(left.len(), 1);
+        journal.start_new_file().expect("checkpoint");
+        assert_eq!(journal_files(&directory).expect("list").len(), 1, "older files are deleted");
+        let _ = std::fs::remove_dir_all(&data);
+    }
+}
