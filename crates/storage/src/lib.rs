@@ -5,6 +5,8 @@
 //!   rather than deleted; each record carries a length, a CRC32C over the record and its
 //!   segment's identity, a term and the message's queue position ([`record`]). Recovery replays
 //!   it and ends each segment at its seal or its first invalid record.
+//! - [`journal`]: the node journal: every journaled segment write as a redo entry, so a group
+//!   commit fdatasyncs one file for the whole node; replayed into the segments at start.
 //! - [`syncer`]: one thread that writes and fdatasyncs every dirty log in a batch (group commit)
 //!   and only then runs the callbacks that send publisher confirms.
 
