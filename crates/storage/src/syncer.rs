@@ -253,10 +253,12 @@ fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, mut journal: Option<
     }
 }
 
-/// The logs whose segment writes are in the current journal file and not yet synced.
+/// The logs whose segment writes are in the current journal file and not yet synced, and the
+/// segment files a failed checkpoint could not sync (tried again first).
 #[derive(Default)]
 struct Checkpoint {
     logs: Vec<SharedLog>,
+    unsynced_files: Vec<std::fs::File>,
 }
 
 impl Checkpoint {
@@ -267,27 +269,22 @@ impl Checkpoint {
     }
 
     /// Syncs every segment written since the last checkpoint, then lets the journal start a new
-    /// file. On failure the journal keeps its file (and so its entries) and the next batch tries again.
+    /// file. On failure the journal keeps its file (and so its entries) and the files that did not
+    /// sync are kept for the next attempt.
     fn run(&mut self, journal: &mut Journal, stats: &SyncStats) -> bool {
-        let mut remaining = Vec::new();
-        let mut failed = false;
         for log in self.logs.drain(..) {
             let files = log.lock().take_checkpoint_files();
-            for file in files {
-                let started = std::time::Instant::now();
-                let synced = file.sync_data();
-                stats.record_fsync(started.elapsed());
-                if let Err(error) = synced {
-                    tracing::error!(%error, "syncing a segment at a journal checkpoint failed; the journal keeps its entries");
-                    failed = true;
-                }
-            }
-            if Arc::strong_count(&log) > 1 {
-                remaining.push(log);
+            self.unsynced_files.extend(files);
+        }
+        let mut failed = Vec::new();
+        for file in self.unsynced_files.drain(..) {
+            if let Err(error) = timed_sync(&file, stats) {
+                tracing::error!(%error, "syncing a segment at a journal checkpoint failed; the journal keeps its entries");
+                failed.push(file);
             }
         }
-        if failed {
-            self.logs = remaining;
+        if !failed.is_empty() {
+            self.unsynced_files = failed;
             return false;
         }
         if let Err(error) = journal.start_new_file() {
@@ -296,6 +293,14 @@ impl Checkpoint {
         }
         true
     }
+}
+
+/// fdatasyncs a file, counting the call and its time in the stats.
+fn timed_sync(file: &std::fs::File, stats: &SyncStats) -> std::io::Result<()> {
+    let started = std::time::Instant::now();
+    let synced = file.sync_data();
+    stats.record_fsync(started.elapsed());
+    synced
 }
 
 /// Writes every log's buffered records; then, when `fsync`, appends the journaled logs' writes to
@@ -315,15 +320,7 @@ fn sync_all(logs: &[SharedLog], fsync: bool, mut journal: Option<&mut Journal>, 
             written.sync_now
         });
         let result = match written {
-            Ok(files) if fsync => files
-                .iter()
-                .try_for_each(|file| {
-                    let started = std::time::Instant::now();
-                    let synced = file.sync_data();
-                    stats.record_fsync(started.elapsed());
-                    synced
-                })
-                .map_err(|error| error.to_string()),
+            Ok(files) if fsync => files.iter().try_for_each(|file| timed_sync(file, stats)).map_err(|error| error.to_string()),
             Ok(_) => Ok(()),
             Err(error) => Err(error.to_string()),
         };
