@@ -3,6 +3,7 @@
 use crate::constants::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD};
 use crate::properties::ContentHeader;
 use crate::reader::Reader;
+use crate::types::ShortStr;
 use crate::{DecodeError, Method};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -108,6 +109,43 @@ pub fn encode_method_frame(writer: &mut BytesMut, channel: u16, method: &Method)
     end_frame(writer, size_at);
 }
 
+/// Appends a basic.deliver method frame from borrowed fields: the same bytes as encoding a
+/// [`crate::BasicDeliver`], without cloning the strings into one (a reference count each) for
+/// every delivery.
+pub fn encode_deliver_frame(writer: &mut BytesMut, channel: u16, deliver: DeliverFields<'_>) {
+    const BASIC_DELIVER_METHOD_ID: u16 = 60;
+    let size_at = begin_frame(writer, FRAME_METHOD, channel);
+    writer.put_u16(crate::class_id::BASIC);
+    writer.put_u16(BASIC_DELIVER_METHOD_ID);
+    put_short_str(writer, deliver.consumer_tag);
+    writer.put_u64(deliver.delivery_tag);
+    writer.put_u8(u8::from(deliver.redelivered));
+    put_short_str(writer, deliver.exchange);
+    put_short_str(writer, deliver.routing_key);
+    end_frame(writer, size_at);
+}
+
+/// The arguments of a basic.deliver, borrowed (see [`encode_deliver_frame`]).
+#[derive(Debug, Clone, Copy)]
+pub struct DeliverFields<'a> {
+    /// Consumer tag.
+    pub consumer_tag: &'a ShortStr,
+    /// Delivery tag.
+    pub delivery_tag: u64,
+    /// Redelivered flag.
+    pub redelivered: bool,
+    /// Exchange the message was published to.
+    pub exchange: &'a ShortStr,
+    /// Routing key it was published with.
+    pub routing_key: &'a ShortStr,
+}
+
+fn put_short_str(writer: &mut BytesMut, text: &ShortStr) {
+    // A ShortStr is at most 255 bytes by construction, so the length fits its octet.
+    writer.put_u8(text.len() as u8);
+    writer.put_slice(text.as_bytes());
+}
+
 /// Appends a content header frame.
 pub fn encode_content_header(writer: &mut BytesMut, channel: u16, header: &ContentHeader) {
     let size_at = begin_frame(writer, FRAME_HEADER, channel);
@@ -133,4 +171,34 @@ pub fn encode_body_frames(writer: &mut BytesMut, channel: u16, body: &[u8], fram
 /// Appends a heartbeat frame.
 pub fn encode_heartbeat(writer: &mut BytesMut) {
     writer.put_slice(&[FRAME_HEARTBEAT, 0, 0, 0, 0, 0, 0, FRAME_END]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BasicDeliver;
+
+    #[test]
+    fn deliver_frame_matches_the_generated_encoding() {
+        let (consumer_tag, exchange, routing_key) = (ShortStr::from("ctag"), ShortStr::from("ex"), ShortStr::from("rk"));
+        let mut generated = BytesMut::new();
+        let method = Method::BasicDeliver(BasicDeliver {
+            consumer_tag: consumer_tag.clone(),
+            delivery_tag: 7,
+            redelivered: true,
+            exchange: exchange.clone(),
+            routing_key: routing_key.clone(),
+        });
+        encode_method_frame(&mut generated, 3, &method);
+        let mut borrowed = BytesMut::new();
+        let fields = DeliverFields {
+            consumer_tag: &consumer_tag,
+            delivery_tag: 7,
+            redelivered: true,
+            exchange: &exchange,
+            routing_key: &routing_key,
+        };
+        encode_deliver_frame(&mut borrowed, 3, fields);
+        assert_eq!(borrowed, generated);
+    }
 }

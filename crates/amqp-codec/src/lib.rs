@@ -18,8 +18,8 @@ mod types;
 
 pub use error::DecodeError;
 pub use frame::{
-    decode_frame, encode_body_frames, encode_content_header, encode_heartbeat, encode_method_frame, Frame, FramePayload,
-    FRAME_HEADER_BYTES, FRAME_OVERHEAD_BYTES, PROTOCOL_HEADER,
+    decode_frame, encode_body_frames, encode_content_header, encode_deliver_frame, encode_heartbeat, encode_method_frame, DeliverFields,
+    Frame, FramePayload, FRAME_HEADER_BYTES, FRAME_OVERHEAD_BYTES, PROTOCOL_HEADER,
 };
 pub use methods::*;
 pub use properties::{BasicProperties, ContentHeader};

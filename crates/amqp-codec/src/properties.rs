@@ -80,29 +80,23 @@ impl ContentHeader {
         self.property_flags & FLAG_EXPIRATION != 0
     }
 
-    /// The delivery mode (2 = persistent) without decoding the other properties.
+    /// The delivery mode (2 = persistent) without decoding the other properties. It reads the raw
+    /// bytes in place: cloning them would cost a reference count per message.
     pub fn delivery_mode(&self) -> Option<u8> {
         if self.property_flags & FLAG_DELIVERY_MODE == 0 {
             return None;
         }
-        let mut reader = Reader::new(self.properties_raw.clone());
-        let skip = || -> Result<u8, DecodeError> {
-            if self.property_flags & FLAG_CONTENT_TYPE != 0 {
-                let length = usize::from(reader.read_u8()?);
-                reader.take(length)?;
+        let raw: &[u8] = &self.properties_raw;
+        let mut offset = 0usize;
+        for (flag, length_bytes) in [(FLAG_CONTENT_TYPE, 1), (FLAG_CONTENT_ENCODING, 1), (FLAG_HEADERS, 4)] {
+            if self.property_flags & flag == 0 {
+                continue;
             }
-            if self.property_flags & FLAG_CONTENT_ENCODING != 0 {
-                let length = usize::from(reader.read_u8()?);
-                reader.take(length)?;
-            }
-            if self.property_flags & FLAG_HEADERS != 0 {
-                let length = reader.read_u32()? as usize;
-                reader.take(length)?;
-            }
-            reader.read_u8()
-        };
-        let mut skip = skip;
-        skip().ok()
+            let length_field = raw.get(offset..offset + length_bytes)?;
+            let length = length_field.iter().fold(0usize, |length, &byte| (length << 8) | usize::from(byte));
+            offset = offset.checked_add(length_bytes + length)?;
+        }
+        raw.get(offset).copied()
     }
 }
 

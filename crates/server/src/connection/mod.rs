@@ -141,7 +141,8 @@ struct Connection {
     authentication_failure_close: bool,
     /// A refused login, answered after the throttle's delay (see `login_throttle.rs`).
     refused_login: Option<RefusedLogin>,
-    /// Channels whose publishes of this socket read wait for [`Channel::flush_syncs`].
+    /// Channels whose publishes or acks of this socket read wait for [`Channel::flush_syncs`]
+    /// and [`Channel::flush_acks`].
     channels_with_pending_syncs: Vec<u16>,
     /// Whether the client understands connection.blocked / unblocked.
     blocked_notify: bool,
@@ -183,9 +184,8 @@ impl Connection {
             while let Some(frame) = self.next_buffered_frame()? {
                 let channel = frame.channel;
                 self.handle_frame(frame);
-                if self.channels.get(&channel).is_some_and(Channel::has_pending_syncs)
-                    && !self.channels_with_pending_syncs.contains(&channel)
-                {
+                let pending = |channel: &Channel| channel.has_pending_syncs() || channel.has_pending_acks();
+                if self.channels.get(&channel).is_some_and(pending) && !self.channels_with_pending_syncs.contains(&channel) {
                     self.channels_with_pending_syncs.push(channel);
                 }
                 if self.phase == Phase::Done {
@@ -277,11 +277,12 @@ impl Connection {
     }
 
     /// Hands each channel's publishes of the last socket read to the syncer, one request per
-    /// channel per read.
+    /// channel per read, and settles the read's acks in their queues.
     fn flush_pending_syncs(&mut self) {
         for id in std::mem::take(&mut self.channels_with_pending_syncs) {
             if let Some(channel) = self.channels.get_mut(&id) {
                 channel.flush_syncs(&self.context);
+                channel.flush_acks();
             }
         }
     }

@@ -3,7 +3,8 @@
 
 use crate::outbound::{ConnectionShared, Outbound, OUTBOUND_DELIVERIES_RESUME};
 use amqp_codec::{
-    encode_body_frames, encode_content_header, encode_heartbeat, encode_method_frame, BasicDeliver, BasicGetOk, BasicReturn, Method,
+    encode_body_frames, encode_content_header, encode_deliver_frame, encode_heartbeat, encode_method_frame, BasicGetOk, BasicReturn,
+    DeliverFields, Method,
 };
 use broker_core::Message;
 use bytes::BytesMut;
@@ -36,14 +37,16 @@ fn encode_item(buffer: &mut BytesMut, item: Outbound, frame_max: u32, connection
     match item {
         Outbound::Frames(frames) => buffer.extend_from_slice(&frames),
         Outbound::Deliver { channel, consumer_tag, delivery_tag, redelivered, message } => {
-            let method = Method::BasicDeliver(BasicDeliver {
-                consumer_tag,
+            let fields = DeliverFields {
+                consumer_tag: &consumer_tag,
                 delivery_tag,
                 redelivered,
-                exchange: message.exchange.clone(),
-                routing_key: message.routing_key.clone(),
-            });
-            encode_content(buffer, channel, &method, &message, frame_max);
+                exchange: &message.exchange,
+                routing_key: &message.routing_key,
+            };
+            encode_deliver_frame(buffer, channel, fields);
+            encode_content_header(buffer, channel, &message.header);
+            encode_body_frames(buffer, channel, &message.body, frame_max);
             connection.outbound_deliveries.fetch_sub(1, Ordering::AcqRel);
         }
         Outbound::GetOk { channel, delivery_tag, redelivered, message_count, message } => {

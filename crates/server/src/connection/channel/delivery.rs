@@ -59,9 +59,19 @@ impl Channel {
     /// with `multiple`). An unknown tag is a 406, as in RabbitMQ.
     pub(super) fn take_deliveries(&self, delivery_tag: u64, multiple: bool) -> Result<Vec<Unacked>, AmqpError> {
         let mut ledger = self.shared.ledger.lock();
-        let taken: Vec<Unacked> = if multiple {
-            let keep = if delivery_tag == 0 { std::collections::BTreeMap::new() } else { ledger.unacked.split_off(&(delivery_tag + 1)) };
-            std::mem::replace(&mut ledger.unacked, keep).into_values().collect()
+        let taken: Vec<Unacked> = if multiple && delivery_tag == 0 {
+            std::mem::take(&mut ledger.unacked).into_values().collect()
+        } else if multiple {
+            // Taking entries off the front costs no allocation for the common few-tag ack, where
+            // splitting the map would allocate a new one for what remains.
+            let mut taken = Vec::new();
+            while let Some(entry) = ledger.unacked.first_entry() {
+                if *entry.key() > delivery_tag {
+                    break;
+                }
+                taken.push(entry.remove());
+            }
+            taken
         } else {
             ledger.unacked.remove(&delivery_tag).into_iter().collect()
         };
@@ -82,11 +92,34 @@ impl Channel {
             return Ok(());
         }
         let taken = self.take_deliveries(delivery_tag, multiple)?;
+        if requeue.is_none() {
+            // Acks wait for the end of the socket read (or the channel's next other method), so a
+            // read full of acks settles each queue under one lock and dispatches once.
+            self.pending_acks.extend(taken);
+            return Ok(());
+        }
+        self.flush_acks();
         finish_grouped(taken.into_iter(), requeue.unwrap_or(false));
         if self.shared.prefetch_global.load(Ordering::Acquire) != 0 {
             self.dispatch_consumed_queues();
         }
         Ok(())
+    }
+
+    /// Whether acks wait to be applied to their queues (see [`Channel::flush_acks`]).
+    pub fn has_pending_acks(&self) -> bool {
+        !self.pending_acks.is_empty()
+    }
+
+    /// Settles the acks gathered since the last flush in their queues, each queue locked once.
+    pub fn flush_acks(&mut self) {
+        if self.pending_acks.is_empty() {
+            return;
+        }
+        finish_grouped(self.pending_acks.drain(..), false);
+        if self.shared.prefetch_global.load(Ordering::Acquire) != 0 {
+            self.dispatch_consumed_queues();
+        }
     }
 
     pub(super) fn recover(&mut self, requeue: bool) -> Result<(), AmqpError> {

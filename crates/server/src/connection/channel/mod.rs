@@ -102,6 +102,9 @@ pub struct Channel {
     publish_allowed: Option<ShortStr>,
     /// Publishes waiting to be handed to the syncer at the end of the socket read.
     pending_sync: PendingSync,
+    /// Deliveries acked in this socket read, taken off the ledger and not yet settled in their
+    /// queues (see [`Channel::flush_acks`]).
+    pending_acks: Vec<Unacked>,
 }
 
 fn random_name(prefix: &str) -> ShortStr {
@@ -127,6 +130,7 @@ impl Channel {
             last_declared_queue: None,
             publish_allowed: None,
             pending_sync: PendingSync::default(),
+            pending_acks: Vec::new(),
         }
     }
 
@@ -180,6 +184,10 @@ impl Channel {
                     ))
                     .during(60, 40));
                 }
+                // Any other method sees the queues as they are after the acks before it.
+                if !matches!(method, Method::BasicAck(_)) {
+                    self.flush_acks();
+                }
                 let (class_id, method_id) = (method.class_id(), method.method_id());
                 self.handle_method(context, method).map_err(
                     |error| {
@@ -219,6 +227,9 @@ impl Channel {
     /// Stops deliveries, removes consumers (auto-deleting queues) and requeues unacked messages.
     pub fn release(&mut self, context: &Context) {
         self.flush_syncs(context);
+        // Acked deliveries are already off the ledger: settle them, or they would be neither
+        // settled nor requeued.
+        self.flush_acks();
         self.content = None;
         self.transaction = None;
         let unacked = {

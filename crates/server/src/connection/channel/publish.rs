@@ -89,23 +89,28 @@ impl Channel {
                 }
             }
         }
+        let message = Arc::new(Message { exchange: content.exchange, routing_key: content.routing_key, header, body });
+        let mut queues: Vec<Arc<QueueRuntime>> = Vec::new();
         {
             let vhost = context.topology()?.read();
-            let exchange = vhost.require_exchange(&content.exchange).map_err(|error| error.during(60, 40))?;
+            let exchange = vhost.require_exchange(&message.exchange).map_err(|error| error.during(60, 40))?;
             // One regex match per exchange per channel: a publisher's exchange rarely changes.
-            if self.publish_allowed.as_ref() != Some(&content.exchange) {
-                context.check(crate::auth::Access::Write, "exchange", content.exchange.as_bytes()).map_err(|error| error.during(60, 40))?;
-                self.publish_allowed = Some(content.exchange.clone());
+            if self.publish_allowed.as_ref() != Some(&message.exchange) {
+                context.check(crate::auth::Access::Write, "exchange", message.exchange.as_bytes()).map_err(|error| error.during(60, 40))?;
+                self.publish_allowed = Some(message.exchange.clone());
             }
             if exchange.internal {
                 return Err(AmqpError::access_refused(format!(
                     "cannot publish to internal exchange '{}' in vhost '{}'",
-                    content.exchange, context.vhost
+                    message.exchange, context.vhost
                 ))
                 .during(60, 40));
             }
+            // Outside a transaction the message is routed under the same read lock as the checks.
+            if self.transaction.is_none() {
+                route_to_queues(&vhost, &message, &mut queues);
+            }
         }
-        let message = Arc::new(Message { exchange: content.exchange, routing_key: content.routing_key, header, body });
         let publish = Publish { mandatory: content.mandatory, message };
         if let Some(transaction) = self.transaction.as_mut() {
             if transaction.publishes.len() + transaction.settles.len() >= TRANSACTION_OPERATIONS_MAX {
@@ -114,7 +119,7 @@ impl Channel {
             transaction.publishes.push(publish);
             return Ok(());
         }
-        let Routed { logs, rejected } = self.route(context, &publish);
+        let Routed { logs, rejected } = self.enqueue(context, &publish, &queues);
         match self.confirm_sequence.as_mut() {
             Some(sequence) => {
                 *sequence += 1;
@@ -144,14 +149,17 @@ impl Channel {
 
     /// Routes a publish into its queues; returns the logs written, to sync before confirming.
     pub(super) fn route(&self, context: &Context, publish: &Publish) -> Routed {
-        let message = &publish.message;
         let mut queues: Vec<Arc<QueueRuntime>> = Vec::new();
         // Channels exist only after connection.open set the topology.
         if let Ok(topology) = context.topology() {
-            let vhost = topology.read();
-            let mut headers = || message.header.properties().ok().and_then(|properties| properties.headers);
-            vhost.route(&message.exchange, &message.routing_key, &mut headers, &mut queues);
+            route_to_queues(&topology.read(), &publish.message, &mut queues);
         }
+        self.enqueue(context, publish, &queues)
+    }
+
+    /// Enqueues a routed publish in its queues (returning it when mandatory and unroutable).
+    fn enqueue(&self, context: &Context, publish: &Publish, queues: &[Arc<QueueRuntime>]) -> Routed {
+        let message = &publish.message;
         if queues.is_empty() {
             if publish.mandatory {
                 context.connection.send(Outbound::Return {
@@ -165,7 +173,7 @@ impl Channel {
         }
         let mut logs = Vec::new();
         let mut rejected = false;
-        for queue in &queues {
+        for queue in queues {
             match queue.publish(message.clone()) {
                 Enqueued::Logged(log) => logs.push(log),
                 Enqueued::InMemory => {}
@@ -174,6 +182,12 @@ impl Channel {
         }
         Routed { logs, rejected }
     }
+}
+
+/// The queues the message's exchange and routing key lead to.
+fn route_to_queues(vhost: &broker_core::vhost::Vhost<crate::broker::QueueHandle>, message: &Message, queues: &mut Vec<Arc<QueueRuntime>>) {
+    let mut headers = || message.header.properties().ok().and_then(|properties| properties.headers);
+    vhost.route(&message.exchange, &message.routing_key, &mut headers, queues);
 }
 
 impl Channel {
