@@ -163,8 +163,8 @@ impl Syncer {
     }
 }
 
-fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, mut journal: Option<Journal>, stats: &SyncStats) {
-    let mut checkpoint = Checkpoint::default();
+fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, mut journal: Option<Journal>, stats: &Arc<SyncStats>) {
+    let mut checkpoint = Checkpoint::start(stats.clone());
     let mut last_sync = std::time::Instant::now();
     let mut known_logs: Vec<SharedLog> = Vec::new();
     loop {
@@ -221,7 +221,7 @@ fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, mut journal: Option<
         let mut durable = sync_all(&logs, fsync_now, journal.as_mut(), &mut checkpoint, stats);
         if requests.iter().any(|request| request.checkpoint) {
             if let Some(journal) = journal.as_mut() {
-                durable &= checkpoint.run(journal, stats);
+                durable &= checkpoint.run_now(journal, stats);
             }
         }
         stats.batches.fetch_add(1, Ordering::Relaxed);
@@ -247,44 +247,106 @@ fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, mut journal: Option<
         }
         if let Some(journal) = journal.as_mut() {
             if journal.needs_checkpoint() {
-                checkpoint.run(journal, stats);
+                checkpoint.start_background(journal);
             }
         }
     }
 }
 
 /// The logs whose segment writes are in the current journal file and not yet synced, and the
-/// segment files a failed checkpoint could not sync (tried again first).
-#[derive(Default)]
+/// checkpoint running in the background, if any.
+///
+/// A periodic checkpoint must not stall confirms: syncing 64 MiB of segments takes tens of
+/// milliseconds. So the syncer rotates the journal (new entries go to a new file), hands the
+/// segment files of the finished period to the checkpoint thread, and goes on; that thread syncs
+/// them and only then deletes the journal files of the period. One runs at a time; files that did
+/// not sync come back and join the next one, whose success deletes every older journal file.
 struct Checkpoint {
     logs: Vec<SharedLog>,
-    unsynced_files: Vec<std::fs::File>,
+    in_flight: Arc<std::sync::atomic::AtomicBool>,
+    failed_files: Arc<Mutex<Vec<std::fs::File>>>,
+    jobs: Sender<CheckpointJob>,
+}
+
+/// Segment files to sync, then journal files older than `sequence` to delete.
+struct CheckpointJob {
+    files: Vec<std::fs::File>,
+    sequence: u64,
+    directory: std::path::PathBuf,
 }
 
 impl Checkpoint {
+    fn start(stats: Arc<SyncStats>) -> Checkpoint {
+        let (jobs, receiver) = mpsc::channel::<CheckpointJob>();
+        let in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let failed_files = Arc::new(Mutex::new(Vec::new()));
+        let (thread_in_flight, thread_failed) = (in_flight.clone(), failed_files.clone());
+        std::thread::Builder::new()
+            .name("lepus-checkpoint".to_string())
+            .spawn(move || {
+                for job in receiver {
+                    let failed = sync_files(job.files, &stats);
+                    if failed.is_empty() {
+                        if let Err(error) = crate::journal::remove_files_before(&job.directory, job.sequence) {
+                            tracing::error!(%error, "deleting checkpointed journal files failed; a later checkpoint deletes them");
+                        }
+                    } else {
+                        thread_failed.lock().extend(failed);
+                    }
+                    thread_in_flight.store(false, Ordering::Release);
+                }
+            })
+            .expect("spawning the checkpoint thread");
+        Checkpoint { logs: Vec::new(), in_flight, failed_files, jobs }
+    }
+
     fn note(&mut self, log: &SharedLog) {
         if !self.logs.iter().any(|known| Arc::ptr_eq(known, log)) {
             self.logs.push(log.clone());
         }
     }
 
-    /// Syncs every segment written since the last checkpoint, then lets the journal start a new
-    /// file. On failure the journal keeps its file (and so its entries) and the files that did not
-    /// sync are kept for the next attempt.
-    fn run(&mut self, journal: &mut Journal, stats: &SyncStats) -> bool {
+    /// The segment files written since the last checkpoint, and those a failed one left.
+    fn take_files(&mut self) -> Vec<std::fs::File> {
+        let mut files = std::mem::take(&mut *self.failed_files.lock());
         for log in self.logs.drain(..) {
-            let files = log.lock().take_checkpoint_files();
-            self.unsynced_files.extend(files);
+            let taken = log.lock().take_checkpoint_files();
+            files.extend(taken);
         }
-        let mut failed = Vec::new();
-        for file in self.unsynced_files.drain(..) {
-            if let Err(error) = timed_sync(&file, stats) {
-                tracing::error!(%error, "syncing a segment at a journal checkpoint failed; the journal keeps its entries");
-                failed.push(file);
+        files
+    }
+
+    /// Starts a background checkpoint unless one is running.
+    fn start_background(&mut self, journal: &mut Journal) {
+        if self.in_flight.load(Ordering::Acquire) {
+            return;
+        }
+        let files = self.take_files();
+        match journal.rotate() {
+            Ok(sequence) => {
+                self.in_flight.store(true, Ordering::Release);
+                let job = CheckpointJob { files, sequence, directory: journal.directory().to_path_buf() };
+                if let Err(mpsc::SendError(job)) = self.jobs.send(job) {
+                    self.in_flight.store(false, Ordering::Release);
+                    self.failed_files.lock().extend(job.files);
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "starting a new journal file failed; the current one keeps growing until it works");
+                self.failed_files.lock().extend(files);
             }
         }
+    }
+
+    /// A checkpoint the caller waits for (graceful shutdown): after the running one, every
+    /// segment synced and every older journal file deleted.
+    fn run_now(&mut self, journal: &mut Journal, stats: &SyncStats) -> bool {
+        while self.in_flight.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let failed = sync_files(self.take_files(), stats);
         if !failed.is_empty() {
-            self.unsynced_files = failed;
+            self.failed_files.lock().extend(failed);
             return false;
         }
         if let Err(error) = journal.start_new_file() {
@@ -293,6 +355,18 @@ impl Checkpoint {
         }
         true
     }
+}
+
+/// fdatasyncs every file; returns those that failed.
+fn sync_files(files: Vec<std::fs::File>, stats: &SyncStats) -> Vec<std::fs::File> {
+    let mut failed = Vec::new();
+    for file in files {
+        if let Err(error) = timed_sync(&file, stats) {
+            tracing::error!(%error, "syncing a segment at a journal checkpoint failed; the journal keeps its entries");
+            failed.push(file);
+        }
+    }
+    failed
 }
 
 /// fdatasyncs a file, counting the call and its time in the stats.
