@@ -38,3 +38,15 @@ for ((i = 0; i < ${#brokers[@]}; i += 2)); do
   done
 done
 python3 "$BENCH_DIR/summarize.py" "Storage targets (issue 3): Lepus vs RabbitMQ, safe mode, 1 producer / 1 consumer" "$out" "$RESULTS/storage-targets.md"
+python3 - "$RESULTS/storage-targets.md" "$(uname -r)" "$(nproc)" <<'PY'
+import sys, datetime
+path, kernel, cores = sys.argv[1:4]
+text = open(path).read()
+title, rest = text.split("\n", 1)
+header = (f"\nCommand: `bench/storage-targets.sh` ({datetime.date.today()}). Machine: {cores} vCPUs, Linux {kernel}; the load "
+          "generator and one broker at a time on the same machine (RabbitMQ: a private 3.10.8 node from Debian's package). "
+          "Durable queue, persistent messages, publisher confirms (Lepus: `--sync always`, after the node journal's "
+          "fdatasync), manual acks, 1 producer and 1 consumer, `--max-pending 1000`; 5 s warm-up, 20 s measured per run. "
+          "A single run per row on a shared, noisy machine: compare within a row pair, not across runs.\n")
+open(path, "w").write(title + "\n" + header + rest)
+PY
