@@ -234,7 +234,9 @@ impl Broker {
             let pager = Pager::recovered(&log, &recovery, clean_shutdown);
             let messages = QueueState::with_paged(recovery.next_position, recovery.live_count);
             restored_messages += recovery.live_count as usize;
-            let queue = QueueRuntime::new(definition.clone(), &record.vhost, Some(Arc::new(Mutex::new(log))), messages, pager);
+            let log = Arc::new(Mutex::new(log));
+            self.syncer.watch(log.clone());
+            let queue = QueueRuntime::new(definition.clone(), &record.vhost, Some(log), messages, pager);
             queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
             vhost.write().restore_queue(definition, queue);
         }
@@ -616,6 +618,7 @@ impl Broker {
         let data_dir = self.config.data_dir.clone();
         let segment_bytes_max = self.config.segment_bytes_max;
         let journaled = self.journaled;
+        let syncer = &self.syncer;
         let mut log_error = None;
         let topology = self.topology(vhost_name)?;
         let (queue, created) = {
@@ -631,7 +634,9 @@ impl Broker {
                             if journaled {
                                 log.use_journal();
                             }
-                            Some(Arc::new(Mutex::new(log)))
+                            let log = Arc::new(Mutex::new(log));
+                            syncer.watch(log.clone());
+                            Some(log)
                         }
                         Err(error) => {
                             log_error = Some(error.to_string());

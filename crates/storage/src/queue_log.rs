@@ -733,8 +733,16 @@ impl QueueLog {
     }
 
     /// Whether records (or a directory change) wait to be written and synced.
+    ///
+    /// Writes already made to the active segment but not yet handed to the node journal count
+    /// too: a page-in writes the buffered records itself (to read past them), and those writes
+    /// wait in memory for the syncer.
     pub fn has_pending(&self) -> bool {
-        let waiting = !self.pending.is_empty() || !self.unsynced.is_empty() || self.directory_unsynced || self.parent_unsynced.is_some();
+        let waiting = !self.pending.is_empty()
+            || !self.unsynced.is_empty()
+            || self.directory_unsynced
+            || self.parent_unsynced.is_some()
+            || self.journal.as_ref().is_some_and(|journal| !journal.writes.is_empty());
         !self.deleted && waiting
     }
 
@@ -1396,6 +1404,36 @@ mod tests {
         std::fs::write(&path, &record).expect("write");
         let error = QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect_err("version 1");
         assert!(matches!(&error, StorageError::UnsupportedFormat { found: 1, .. }), "{error}");
+    }
+
+    /// A page-in writes the buffered settle records itself; a journaled log keeps those writes
+    /// for the journal until the syncer takes them, so the log must say it has something pending
+    /// (else an idle syncer never takes them and they pile up for every message drained).
+    #[test]
+    fn writes_made_by_a_page_in_wait_for_the_syncer() {
+        let directory = temporary_dir("page-in-journal-writes");
+        {
+            let (mut log, _) = QueueLog::open(&directory, 1 << 20).expect("open");
+            for position in 0..10u64 {
+                log.append_publish(position, &message(&format!("m{position}")), true);
+            }
+            log.write_pending().expect("write");
+        }
+        let (mut log, recovery) = QueueLog::open(&directory, 1 << 20).expect("reopen");
+        log.use_journal();
+        log.write_pending().expect("write");
+        assert!(!log.has_pending());
+        let mut cursor = log.recovered_tail(&recovery);
+        let first = log.read_tail(&mut cursor, 5, usize::MAX).expect("read");
+        for (position, _) in &first {
+            log.append_settled(*position);
+        }
+        log.read_tail(&mut cursor, 5, usize::MAX).expect("read");
+        assert!(log.has_pending(), "the settles written by the page-in wait for the journal");
+        let written = log.write_pending().expect("write");
+        assert_eq!(written.journal.len(), 1);
+        assert!(!log.has_pending());
+        let _ = std::fs::remove_dir_all(&directory);
     }
 
     /// A journaled log: what the syncer does (write, journal, sync the journal), then the segment

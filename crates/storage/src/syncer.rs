@@ -152,6 +152,16 @@ impl Syncer {
         }
     }
 
+    /// Adds `log` to the logs the syncer flushes when idle (at least every
+    /// [`IDLE_FLUSH_INTERVAL_MS`]). Every log must be watched from its queue's start: records
+    /// appended without a sync request of their own (settles, delivered markers) are otherwise
+    /// never written, journaled or synced, and a journaled log keeps every write a page-in made in
+    /// memory for the journal (a recovered backlog drained without a publish grew the broker by
+    /// the settle and delivered records of every message).
+    pub fn watch(&self, log: SharedLog) {
+        self.sync(vec![log], None);
+    }
+
     /// Makes the records buffered in `logs` durable (none: only keeps the confirms' place in
     /// line), then hands the confirms to their sinks with the others of the same batch.
     pub fn confirm(&self, logs: Vec<SharedLog>, confirms: Vec<Confirm>) {
@@ -413,4 +423,65 @@ fn sync_all(logs: &[SharedLog], fsync: bool, mut journal: Option<&mut Journal>, 
         }
     }
     all_durable
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use amqp_codec::{BasicProperties, ContentHeader, ShortStr};
+    use broker_core::Message;
+    use bytes::Bytes;
+
+    fn message(position: u64) -> Message {
+        let properties = BasicProperties { delivery_mode: Some(2), ..Default::default() };
+        let body = format!("m{position}");
+        Message {
+            exchange: ShortStr::from("x"),
+            routing_key: ShortStr::from("k"),
+            header: ContentHeader::from_properties(60, body.len() as u64, &properties),
+            body: Bytes::from(body),
+        }
+    }
+
+    /// A recovered backlog drained without any publish: the log never comes with a sync request,
+    /// only settles and page-ins touch it. Watched, it is still flushed when the syncer is idle,
+    /// so the writes kept for the journal do not grow with every message drained.
+    #[test]
+    fn a_watched_log_that_only_settles_is_flushed_when_idle() {
+        let root = std::env::temp_dir().join(format!("lepus-syncer-test-watch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let directory = root.join("queues").join("q");
+        {
+            let (mut log, _) = QueueLog::open(&directory, 4096).expect("open");
+            for position in 0..200u64 {
+                log.append_publish(position, &message(position), true);
+            }
+            log.write_pending().expect("write");
+        }
+        let (journal, _) = Journal::open(&root.join("journal")).expect("journal");
+        let syncer = Syncer::start(SyncPolicy::Always, Some(journal));
+        let (mut log, recovery) = QueueLog::open(&directory, 4096).expect("reopen");
+        log.use_journal();
+        let mut cursor = log.recovered_tail(&recovery);
+        let log: SharedLog = Arc::new(Mutex::new(log));
+        syncer.watch(log.clone());
+        loop {
+            let mut locked = log.lock();
+            let batch = locked.read_tail(&mut cursor, 10, usize::MAX).expect("read");
+            if batch.is_empty() {
+                break;
+            }
+            for (position, _) in batch {
+                locked.append_delivered(position);
+                locked.append_settled(position);
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_millis(20 * IDLE_FLUSH_INTERVAL_MS);
+        while log.lock().has_pending() {
+            assert!(std::time::Instant::now() < deadline, "the idle syncer never flushed the watched log");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(syncer);
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }
