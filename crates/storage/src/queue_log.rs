@@ -1447,7 +1447,6 @@ mod tests {
         let (mut journal, _) = Journal::open(&root.join("journal")).expect("journal");
         let (mut log, _) = QueueLog::open(&directory, 256).expect("open");
         log.use_journal();
-        let mut synced_lengths = Vec::new();
         for position in 0..20u64 {
             log.append_publish(position, &message(&format!("m{position}")), true);
             if position % 3 == 0 {
@@ -1467,7 +1466,6 @@ mod tests {
         for entry in std::fs::read_dir(&directory).expect("list") {
             let path = entry.expect("entry").path();
             if path.extension().is_some_and(|extension| extension == "seg") {
-                synced_lengths.push(std::fs::metadata(&path).expect("stat").len());
                 std::fs::write(&path, b"").expect("truncate");
             }
         }

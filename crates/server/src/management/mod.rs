@@ -40,10 +40,6 @@ pub struct Api {
     node: String,
 }
 
-/// The user a request authenticated as.
-#[derive(Clone, Debug)]
-struct AuthenticatedUser(String);
-
 impl Api {
     fn new(broker: Arc<Broker>) -> Api {
         Api { broker, rates: Arc::new(rates::Rates::default()), started: std::time::Instant::now(), node: node_name() }
@@ -139,7 +135,6 @@ async fn authenticate(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<Soc
                 return ApiError::unauthorised("Not management user").into_response();
             }
             request.extensions_mut().insert(access::Caller::new(&api, &name));
-            request.extensions_mut().insert(AuthenticatedUser(name));
             next.run(request).await
         }
         Err(error) => {

@@ -2,7 +2,7 @@
 
 use super::access::{Caller, Visibility};
 use super::json::{self, exchange_from_path, flag, integer, short, text};
-use super::{definitions, list_response, vhosts, Api, ApiError, AuthenticatedUser, ListQuery, GET_MESSAGES_MAX, RABBITMQ_API_VERSION};
+use super::{definitions, list_response, vhosts, Api, ApiError, ListQuery, GET_MESSAGES_MAX, RABBITMQ_API_VERSION};
 use crate::auth::Access;
 use amqp_codec::{ContentHeader, ShortStr};
 use axum::body::Bytes;
@@ -10,7 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use broker_core::exchange::{Binding, Destination};
 use broker_core::vhost::{ExchangeDeclaration, QueueDefinition};
 use broker_core::Message;
@@ -101,7 +101,7 @@ fn disk_alarm(api: &Api) -> bool {
     api.broker.publishers_blocked_by().is_some()
 }
 
-fn created_or_existing(existed: bool) -> Response {
+pub fn created_or_existing(existed: bool) -> Response {
     if existed {
         StatusCode::NO_CONTENT.into_response()
     } else {
@@ -227,9 +227,9 @@ async fn node(State(api): State<Api>, Path(node): Path<String>) -> Answer {
     Ok(Json(node_json(&api)).into_response())
 }
 
-async fn whoami(State(api): State<Api>, Extension(user): Extension<AuthenticatedUser>) -> Json<Value> {
-    let tags = api.broker.users.get(&user.0).map(|user| user.tags).unwrap_or_default();
-    Json(json!({ "name": user.0, "tags": tags }))
+async fn whoami(State(api): State<Api>, caller: Caller) -> Json<Value> {
+    let tags = api.broker.users.get(&caller.name).map(|user| user.tags).unwrap_or_default();
+    Json(json!({ "name": caller.name, "tags": tags }))
 }
 
 pub fn user_json(user: &crate::auth::User) -> Value {
@@ -268,14 +268,6 @@ fn permission_json(entry: &crate::auth::Permission) -> Value {
     json!({"user": entry.user, "vhost": entry.vhost, "configure": entry.configure, "write": entry.write, "read": entry.read})
 }
 
-/// 401 unless the caller is an administrator (RabbitMQ's rule for user and permission changes).
-pub fn require_administrator(api: &Api, caller: &AuthenticatedUser) -> Result<(), ApiError> {
-    match api.broker.users.get(&caller.0) {
-        Some(user) if user.has_tag("administrator") => Ok(()),
-        _ => Err(ApiError::unauthorised("Not administrator user")),
-    }
-}
-
 /// The tags of a PUT /api/users body: RabbitMQ takes a comma-separated string or a list.
 pub fn tags_of(body: &Value) -> Vec<String> {
     match body.get("tags") {
@@ -301,13 +293,8 @@ pub fn password_hash_of(body: &Value) -> Result<String, ApiError> {
     }
 }
 
-async fn put_user(
-    State(api): State<Api>,
-    Extension(caller): Extension<AuthenticatedUser>,
-    Path(name): Path<String>,
-    body: Bytes,
-) -> Answer {
-    require_administrator(&api, &caller)?;
+async fn put_user(State(api): State<Api>, caller: Caller, Path(name): Path<String>, body: Bytes) -> Answer {
+    caller.require_administrator()?;
     let body: Value = serde_json::from_slice(&body).map_err(|error| ApiError::bad_request(error.to_string()))?;
     let user = crate::auth::User::new(&name, password_hash_of(&body)?, tags_of(&body));
     let created = api.broker.users.put(user);
@@ -315,8 +302,8 @@ async fn put_user(
     Ok(if created { StatusCode::CREATED } else { StatusCode::NO_CONTENT }.into_response())
 }
 
-async fn delete_user(State(api): State<Api>, Extension(caller): Extension<AuthenticatedUser>, Path(name): Path<String>) -> Answer {
-    require_administrator(&api, &caller)?;
+async fn delete_user(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
+    caller.require_administrator()?;
     if !api.broker.users.delete(&name) {
         return Err(ApiError::object_not_found());
     }
@@ -338,13 +325,8 @@ async fn permission(State(api): State<Api>, caller: Caller, Path((vhost, user)):
     Ok(Json(permission_json(&entry)).into_response())
 }
 
-async fn put_permission(
-    State(api): State<Api>,
-    Extension(caller): Extension<AuthenticatedUser>,
-    Path((vhost, user)): Path<(String, String)>,
-    body: Bytes,
-) -> Answer {
-    require_administrator(&api, &caller)?;
+async fn put_permission(State(api): State<Api>, caller: Caller, Path((vhost, user)): Path<(String, String)>, body: Bytes) -> Answer {
+    caller.require_administrator()?;
     require_vhost(&api, &vhost)?;
     if api.broker.users.get(&user).is_none() {
         return Err(ApiError::bad_request(format!("no user '{user}'")));
@@ -359,12 +341,8 @@ async fn put_permission(
     Ok(if created { StatusCode::CREATED } else { StatusCode::NO_CONTENT }.into_response())
 }
 
-async fn delete_permission(
-    State(api): State<Api>,
-    Extension(caller): Extension<AuthenticatedUser>,
-    Path((vhost, user)): Path<(String, String)>,
-) -> Answer {
-    require_administrator(&api, &caller)?;
+async fn delete_permission(State(api): State<Api>, caller: Caller, Path((vhost, user)): Path<(String, String)>) -> Answer {
+    caller.require_administrator()?;
     if !api.broker.permissions.delete(&user, &vhost) {
         return Err(ApiError::object_not_found());
     }

@@ -2,21 +2,17 @@
 //! queues their limits, shaped as RabbitMQ 3.10's management API.
 
 use super::access::{Caller, Visibility};
-use super::routes::{body_json, require_administrator, require_vhost, tags_of};
-use super::{list_response, Api, ApiError, AuthenticatedUser, ListQuery};
+use super::routes::{body_json, created_or_existing, require_vhost, tags_of};
+use super::{list_response, Api, ApiError, ListQuery};
 use crate::policy::Policy;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use serde_json::{json, Value};
 
 type Answer = Result<Response, ApiError>;
-
-fn created_or_updated(created: bool) -> Response {
-    if created { StatusCode::CREATED } else { StatusCode::NO_CONTENT }.into_response()
-}
 
 fn vhost_json(api: &Api, info: &crate::broker::VhostInfo) -> Value {
     let (mut ready, mut unacked) = (0, 0);
@@ -52,28 +48,23 @@ pub async fn vhost(State(api): State<Api>, caller: Caller, Path(vhost): Path<Str
 
 /// PUT /api/vhosts/{vhost}: creates a vhost (or updates its description and tags). As in
 /// RabbitMQ, the administrator who creates it gets full permissions in it.
-pub async fn put_vhost(
-    State(api): State<Api>,
-    Extension(caller): Extension<AuthenticatedUser>,
-    Path(vhost): Path<String>,
-    body: Bytes,
-) -> Answer {
-    require_administrator(&api, &caller)?;
+pub async fn put_vhost(State(api): State<Api>, caller: Caller, Path(vhost): Path<String>, body: Bytes) -> Answer {
+    caller.require_administrator()?;
     let body = body_json(&body)?;
     let description = body.get("description").and_then(Value::as_str).unwrap_or("").to_string();
     let created = api.broker.put_vhost(&vhost, description, tags_of(&body))?;
     if created {
         let permission =
-            crate::auth::Permission::new(&caller.0, &vhost, ".*", ".*", ".*").map_err(|error| ApiError::internal(error.to_string()))?;
+            crate::auth::Permission::new(&caller.name, &vhost, ".*", ".*", ".*").map_err(|error| ApiError::internal(error.to_string()))?;
         api.broker.permissions.put(permission);
         api.broker.persist()?;
     }
-    Ok(created_or_updated(created))
+    Ok(created_or_existing(!created))
 }
 
 /// DELETE /api/vhosts/{vhost}: closes its connections and deletes everything in it.
-pub async fn delete_vhost(State(api): State<Api>, Extension(caller): Extension<AuthenticatedUser>, Path(vhost): Path<String>) -> Answer {
-    require_administrator(&api, &caller)?;
+pub async fn delete_vhost(State(api): State<Api>, caller: Caller, Path(vhost): Path<String>) -> Answer {
+    caller.require_administrator()?;
     if !api.broker.delete_vhost(&vhost)? {
         return Err(ApiError::object_not_found());
     }
@@ -149,7 +140,7 @@ pub async fn put_policy(State(api): State<Api>, caller: Caller, Path((vhost, nam
     require_policymaker(&caller)?;
     require_vhost(&api, &vhost)?;
     let policy = policy_from_body(&vhost, &name, &body_json(&body)?)?;
-    Ok(created_or_updated(api.broker.put_policy(policy)?))
+    Ok(created_or_existing(!api.broker.put_policy(policy)?))
 }
 
 /// DELETE /api/policies/{vhost}/{name}.
