@@ -31,15 +31,17 @@ pub enum DecodeError {
     /// The octet after the payload was not 0xCE.
     #[error("bad frame end marker {0:#04x}")]
     BadFrameEnd(u8),
-    /// The frame is larger than the negotiated maximum.
-    #[error("type {kind}: {{frame_too_large,{size},{frame_max}}}")]
+    /// The frame's payload is larger than the negotiated maximum allows. The text is RabbitMQ's:
+    /// the announced payload size, then the payload size the spec allows (frame_max less the 8
+    /// bytes of framing).
+    #[error("type {kind}, all octets = <<>>: {{frame_too_large,{payload_bytes},{payload_bytes_allowed}}}")]
     FrameTooLarge {
         /// The frame type.
         kind: u8,
-        /// The size the frame header announced (payload plus the 8 bytes of framing).
-        size: u64,
-        /// The negotiated maximum.
-        frame_max: u32,
+        /// The payload size the frame header announced.
+        payload_bytes: u64,
+        /// The negotiated frame_max less the 8 bytes of framing.
+        payload_bytes_allowed: u64,
     },
     /// A method's arguments could not be decoded.
     #[error("cannot decode the arguments of method {class_id}/{method_id}: {detail}")]

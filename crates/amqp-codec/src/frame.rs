@@ -39,8 +39,10 @@ pub enum FramePayload {
 /// Takes one complete frame off the front of `buffer`, or returns `None` when more bytes are needed.
 ///
 /// `frame_max` is the negotiated maximum frame size including the 8 bytes of framing (0 means no
-/// limit). A frame that announces more than that is an error before its payload arrives, so a
-/// hostile size never makes us buffer it.
+/// limit). Like RabbitMQ, the reader allows one empty frame's size of slack: a payload of up to
+/// `frame_max` bytes is accepted, because clients such as rabbitpy and aiorabbit split bodies into
+/// payloads of exactly `frame_max` and RabbitMQ has always taken them. A frame that announces more
+/// is an error before its payload arrives, so a hostile size never makes us buffer it.
 pub fn decode_frame(buffer: &mut BytesMut, frame_max: u32) -> Result<Option<Frame>, DecodeError> {
     if buffer.len() < FRAME_HEADER_BYTES {
         return Ok(None);
@@ -51,9 +53,9 @@ pub fn decode_frame(buffer: &mut BytesMut, frame_max: u32) -> Result<Option<Fram
     if !matches!(kind, FRAME_METHOD | FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT) {
         return Err(DecodeError::UnknownFrameType(kind));
     }
-    let frame_bytes = size as u64 + FRAME_OVERHEAD_BYTES as u64;
-    if frame_max != 0 && frame_bytes > u64::from(frame_max) {
-        return Err(DecodeError::FrameTooLarge { kind, size: frame_bytes, frame_max });
+    if frame_max != 0 && size as u64 > u64::from(frame_max) {
+        let payload_bytes_allowed = u64::from(frame_max).saturating_sub(FRAME_OVERHEAD_BYTES as u64);
+        return Err(DecodeError::FrameTooLarge { kind, payload_bytes: size as u64, payload_bytes_allowed });
     }
     if buffer.len() < FRAME_HEADER_BYTES + size + 1 {
         buffer.reserve(FRAME_HEADER_BYTES + size + 1 - buffer.len());
@@ -200,5 +202,29 @@ mod tests {
         };
         encode_deliver_frame(&mut borrowed, 3, fields);
         assert_eq!(borrowed, generated);
+    }
+
+    fn body_frame_of(payload_bytes: usize) -> BytesMut {
+        let mut frame = BytesMut::new();
+        frame.put_u8(FRAME_BODY);
+        frame.put_u16(1);
+        frame.put_u32(payload_bytes as u32);
+        frame.put_bytes(b'x', payload_bytes);
+        frame.put_u8(FRAME_END);
+        frame
+    }
+
+    #[test]
+    fn a_payload_of_exactly_frame_max_is_accepted_as_rabbitmq_accepts_it() {
+        let mut buffer = body_frame_of(4096);
+        let frame = decode_frame(&mut buffer, 4096).expect("RabbitMQ's slack of one empty frame").expect("complete");
+        assert_eq!(frame.payload, FramePayload::Body(Bytes::from(vec![b'x'; 4096])));
+    }
+
+    #[test]
+    fn a_payload_one_byte_over_frame_max_is_refused_with_rabbitmqs_text() {
+        let mut buffer = body_frame_of(4097);
+        let error = decode_frame(&mut buffer, 4096).expect_err("over the slack");
+        assert_eq!(error.to_string(), "type 3, all octets = <<>>: {frame_too_large,4097,4088}");
     }
 }

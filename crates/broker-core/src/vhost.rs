@@ -359,8 +359,11 @@ impl<Q: Clone> Vhost<Q> {
         if let Destination::Exchange(destination) = &binding.destination {
             Self::refuse_default_exchange(destination)?;
         }
-        let vhost = self.name.clone();
-        let exchange = self.exchanges.get_mut(source).ok_or_else(|| AmqpError::no_exchange(&source.to_string_lossy(), &vhost))?;
+        // RabbitMQ answers unbind-ok when the source exchange does not exist: there is no binding
+        // to remove, and clients (kombu's cleanup among them) rely on that.
+        let Some(exchange) = self.exchanges.get_mut(source) else {
+            return Ok((false, None));
+        };
         let removed = exchange.unbind(binding);
         if removed && exchange.auto_delete && exchange.bindings.is_empty() {
             return Ok((true, self.exchanges.remove(source)));

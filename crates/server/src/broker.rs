@@ -668,20 +668,44 @@ impl Broker {
     /// Removes a queue: from the topology, its log, and its consumers (told with basic.cancel).
     /// Returns the ready messages it held.
     pub fn remove_queue(&self, vhost_name: &str, name: &ShortStr) -> u32 {
-        let Some(topology) = self.vhost(vhost_name) else { return 0 };
-        let removed = topology.write().remove_queue(name);
+        let (count, consumers) = self.remove_queue_quietly(vhost_name, name, None);
+        notify_cancelled(&consumers);
+        count
+    }
+
+    /// Removes a connection's exclusive queue, if it is still the one that connection owns: the
+    /// queue may have been deleted meanwhile (auto-delete, the management API) and its name taken
+    /// by another connection's queue, which must survive this connection's close.
+    pub fn remove_exclusive_queue(&self, vhost_name: &str, name: &ShortStr, owner: u64) {
+        let (_, consumers) = self.remove_queue_quietly(vhost_name, name, Some(owner));
+        notify_cancelled(&consumers);
+    }
+
+    /// Removes a queue (only if `owner`, when given, owns it exclusively) and returns its ready
+    /// messages and the consumers it had, which the caller tells of the cancel when it should:
+    /// queue.delete answers delete-ok before the deleting channel's own consumers hear of it, as
+    /// RabbitMQ orders them.
+    pub fn remove_queue_quietly(&self, vhost_name: &str, name: &ShortStr, owner: Option<u64>) -> (u32, Vec<Arc<ConsumerHandle>>) {
+        let Some(topology) = self.vhost(vhost_name) else { return (0, Vec::new()) };
+        let removed = {
+            let mut topology = topology.write();
+            let owned = |owner: u64| topology.queue(name).is_some_and(|entry| entry.definition.exclusive_owner == Some(owner));
+            if owner.is_some_and(|owner| !owned(owner)) {
+                return (0, Vec::new());
+            }
+            topology.remove_queue(name)
+        };
         let Some((entry, removed_exchanges)) = removed else {
-            return 0;
+            return (0, Vec::new());
         };
         let (count, consumers) = entry.handle.delete();
-        notify_cancelled(&consumers);
         let durable = entry.definition.durable && entry.definition.exclusive_owner.is_none();
         if durable || removed_exchanges.iter().any(|exchange| exchange.durable) {
             if let Err(error) = self.persist() {
                 tracing::error!(%error, "persisting a queue deletion failed");
             }
         }
-        count
+        (count, consumers)
     }
 
     /// queue.bind / exchange.bind.
@@ -708,6 +732,8 @@ impl Broker {
 pub fn notify_cancelled(consumers: &[Arc<ConsumerHandle>]) {
     for consumer in consumers {
         consumer.cancelled.store(true, Ordering::Release);
+        // The channel forgets the consumer at its next method, so its tag is free to use again.
+        consumer.channel.consumers_cancelled_by_broker.store(true, Ordering::Release);
         let connection = &consumer.channel.connection;
         if connection.consumer_cancel_notify.load(Ordering::Acquire) && consumer.channel.ledger.lock().open {
             let mut frames = BytesMut::new();

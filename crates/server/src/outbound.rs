@@ -225,6 +225,9 @@ pub struct ChannelShared {
     pub prefetch_count: AtomicU32,
     /// Consumers on this channel (for listings).
     pub consumer_count: AtomicU32,
+    /// Set when the broker cancelled one of this channel's consumers (its queue was deleted); the
+    /// channel then forgets cancelled consumers, freeing their tags.
+    pub consumers_cancelled_by_broker: AtomicBool,
 }
 
 impl ChannelShared {
@@ -242,6 +245,7 @@ impl ChannelShared {
             transactional: AtomicBool::new(false),
             prefetch_count: AtomicU32::new(0),
             consumer_count: AtomicU32::new(0),
+            consumers_cancelled_by_broker: AtomicBool::new(false),
         }
     }
 }

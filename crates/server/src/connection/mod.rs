@@ -35,6 +35,9 @@ use writer::{run_writer, WriterSettings};
 pub const HANDSHAKE_TIMEOUT_S: u64 = 10;
 /// How long we wait for close-ok after sending connection.close.
 pub const CLOSE_OK_TIMEOUT_S: u64 = 3;
+/// How long a refused login's socket stays open for the client to close it first (RabbitMQ's
+/// `SILENT_CLOSE_DELAY`: 3 s, with or without connection.close sent).
+pub const REFUSED_LOGIN_CLOSE_DELAY_S: u64 = 3;
 /// The size of one socket read.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -108,6 +111,7 @@ pub async fn serve<S: ClientStream>(broker: Arc<Broker>, stream: S, peer: Socket
         refused_login: None,
         channels_with_pending_syncs: Vec::new(),
         blocked_notify: false,
+        close_wait: Duration::from_secs(CLOSE_OK_TIMEOUT_S),
     };
     tracing::debug!(%peer, id = shared.id, tls = shared.tls.as_ref().map_or("no", |tls| tls.protocol), "connection accepted");
     connection.send_start();
@@ -146,6 +150,8 @@ struct Connection {
     channels_with_pending_syncs: Vec<u16>,
     /// Whether the client understands connection.blocked / unblocked.
     blocked_notify: bool,
+    /// How long to wait for the client once the connection is closing.
+    close_wait: Duration,
 }
 
 /// Why the read loop ended.
@@ -189,14 +195,10 @@ impl Connection {
                     self.channels_with_pending_syncs.push(channel);
                 }
                 if self.phase == Phase::Done {
-                    if let Some(refused) = self.refused_login.take() {
-                        // Rate limiting: the answer (and the socket's close) waits its turn.
-                        tokio::time::sleep(refused.answer_after).await;
-                        if let Some(error) = refused.close {
-                            self.send_connection_close(&error);
-                        }
-                    }
-                    return Err(EndReason::Closed);
+                    let Some(refused) = self.refused_login.take() else {
+                        return Err(EndReason::Closed);
+                    };
+                    self.answer_refused_login(refused).await;
                 }
             }
             self.flush_pending_syncs();
@@ -204,7 +206,7 @@ impl Connection {
                 Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => {
                     handshake_deadline.saturating_duration_since(tokio::time::Instant::now())
                 }
-                Phase::Closing | Phase::AwaitClientEof | Phase::Draining => Duration::from_secs(CLOSE_OK_TIMEOUT_S),
+                Phase::Closing | Phase::AwaitClientEof | Phase::Draining => self.close_wait,
                 _ => match self.heartbeat_s.load(Ordering::Acquire) {
                     0 => Duration::from_secs(u64::from(u32::MAX)),
                     interval => Duration::from_secs(2 * u64::from(interval)),
@@ -240,6 +242,21 @@ impl Connection {
                 self.buffer.reserve(READ_BUFFER_BYTES);
             }
         }
+    }
+
+    /// Answers a refused login after the throttle's delay, as RabbitMQ does: connection.close
+    /// (403) when the client asked for it, and in any case the socket stays open until the client
+    /// closes it or [`REFUSED_LOGIN_CLOSE_DELAY_S`] pass. Closing at once would race the client's
+    /// close-ok: its bytes arriving at a closed socket make the kernel answer with a reset, and the
+    /// reset can destroy the unread connection.close on the client's side (rabbitpy then reports
+    /// "connection reset" instead of ACCESS_REFUSED).
+    async fn answer_refused_login(&mut self, refused: RefusedLogin) {
+        tokio::time::sleep(refused.answer_after).await;
+        match refused.close {
+            Some(error) => self.send_connection_close(&error),
+            None => self.phase = Phase::Draining,
+        }
+        self.close_wait = Duration::from_secs(REFUSED_LOGIN_CLOSE_DELAY_S);
     }
 
     /// Decodes the next complete frame; a decoding error closes the connection with its code.
@@ -587,8 +604,9 @@ impl Connection {
             session.channels = 0;
             session.open_channels.clear();
         }
+        let owner = self.context.connection.id;
         for name in std::mem::take(&mut self.context.exclusive_queues) {
-            self.context.broker.remove_queue(&self.context.vhost, &name);
+            self.context.broker.remove_exclusive_queue(&self.context.vhost, &name, owner);
         }
     }
 }

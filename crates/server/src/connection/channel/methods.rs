@@ -134,7 +134,11 @@ impl Channel {
                 let queue = self.queue_name(&unbind.queue)?;
                 context.check(Access::Write, "queue", queue.as_bytes())?;
                 context.check(Access::Read, "exchange", unbind.exchange.as_bytes())?;
-                self.require_queue(context, &queue)?;
+                // Unbinding a queue that does not exist is a no-op that succeeds, as in RabbitMQ;
+                // one that exists must still be this connection's if it is exclusive.
+                if context.topology()?.read().queue(&queue).is_some() {
+                    self.require_queue(context, &queue)?;
+                }
                 let binding =
                     Binding { destination: Destination::Queue(queue), routing_key: unbind.routing_key, arguments: unbind.arguments };
                 context.broker.unbind(&context.vhost, &unbind.exchange, &binding)?;
@@ -153,7 +157,7 @@ impl Channel {
                 let name = self.queue_name(&delete.queue)?;
                 context.check(Access::Configure, "queue", name.as_bytes())?;
                 let exists = context.topology()?.read().queue(&name).is_some();
-                let message_count = if exists {
+                let (message_count, consumers) = if exists {
                     let queue = self.require_queue(context, &name)?;
                     let (ready, consumers) = queue.counts();
                     if delete.if_unused && consumers > 0 {
@@ -163,13 +167,16 @@ impl Channel {
                         return Err(AmqpError::precondition(format!("queue '{name}' in vhost '{}' not empty", context.vhost)));
                     }
                     context.exclusive_queues.retain(|exclusive| exclusive != &name);
-                    context.broker.remove_queue(&context.vhost, &name)
+                    context.broker.remove_queue_quietly(&context.vhost, &name, None)
                 } else {
-                    0
+                    (0, Vec::new())
                 };
                 if !delete.nowait {
                     context.reply(id, QueueDeleteOk { message_count }.into());
                 }
+                // After delete-ok, as RabbitMQ: its channel learns of its consumers' end from the
+                // queue going away, which comes after the reply to the delete.
+                crate::broker::notify_cancelled(&consumers);
             }
             Method::BasicQos(qos) => {
                 if qos.prefetch_size != 0 {

@@ -188,6 +188,9 @@ impl Channel {
                 if !matches!(method, Method::BasicAck(_)) {
                     self.flush_acks();
                 }
+                if self.shared.consumers_cancelled_by_broker.swap(false, Ordering::AcqRel) {
+                    self.forget_cancelled_consumers();
+                }
                 let (class_id, method_id) = (method.class_id(), method.method_id());
                 self.handle_method(context, method).map_err(
                     |error| {
@@ -209,6 +212,14 @@ impl Channel {
             }
             FramePayload::Heartbeat => Err(AmqpError::unexpected_frame("heartbeat frame on a non-zero channel")),
         }
+    }
+
+    /// Forgets consumers the broker cancelled (their queue was deleted): their tags become free
+    /// for a new basic.consume, as in RabbitMQ, where aio-pika's and the Java client's recovery
+    /// re-consume with the same tag. Their unacked deliveries stay on the ledger until settled.
+    fn forget_cancelled_consumers(&mut self) {
+        self.consumers.retain(|_, (consumer, _)| !consumer.cancelled.load(Ordering::Acquire));
+        self.shared.consumer_count.store(self.consumers.len() as u32, Ordering::Relaxed);
     }
 
     /// Sends channel.close for a soft error and releases the channel's deliveries and consumers.
