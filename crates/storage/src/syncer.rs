@@ -3,6 +3,7 @@
 //! runs is covered by the next one, so the number of fsyncs per second stays bounded by the disk,
 //! not by the message rate.
 
+use crate::file_sync::{DirectSync, FileSync};
 use crate::journal::Journal;
 use crate::queue_log::QueueLog;
 use parking_lot::Mutex;
@@ -113,12 +114,18 @@ impl Syncer {
     /// Starts the syncer thread. With a journal, the logs that use it (see
     /// [`QueueLog::use_journal`]) cost one fdatasync per batch together, the journal's.
     pub fn start(policy: SyncPolicy, journal: Option<Journal>) -> Syncer {
+        Syncer::start_with_sync(policy, journal, DirectSync)
+    }
+
+    /// [`Syncer::start`], with every fdatasync the syncer and its checkpoints make going through
+    /// `sync` (the journal's go through the journal's own, see [`Journal::open_with_sync`]).
+    pub fn start_with_sync<S: FileSync + Clone>(policy: SyncPolicy, journal: Option<Journal<S>>, sync: S) -> Syncer {
         let (sender, receiver) = mpsc::channel();
         let stats = Arc::new(SyncStats::default());
         let thread_stats = stats.clone();
         std::thread::Builder::new()
             .name("lepus-syncer".to_string())
-            .spawn(move || run(receiver, policy, journal, &thread_stats))
+            .spawn(move || run(receiver, policy, journal, sync, &thread_stats))
             .expect("spawning the syncer thread");
         Syncer { sender, stats }
     }
@@ -173,8 +180,14 @@ impl Syncer {
     }
 }
 
-fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, mut journal: Option<Journal>, stats: &Arc<SyncStats>) {
-    let mut checkpoint = Checkpoint::start(stats.clone());
+fn run<S: FileSync + Clone>(
+    receiver: Receiver<SyncRequest>,
+    policy: SyncPolicy,
+    mut journal: Option<Journal<S>>,
+    sync: S,
+    stats: &Arc<SyncStats>,
+) {
+    let mut checkpoint = Checkpoint::start(stats.clone(), sync);
     let mut last_sync = std::time::Instant::now();
     let mut known_logs: Vec<SharedLog> = Vec::new();
     loop {
@@ -271,11 +284,12 @@ fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, mut journal: Option<
 /// segment files of the finished period to the checkpoint thread, and goes on; that thread syncs
 /// them and only then deletes the journal files of the period. One runs at a time; files that did
 /// not sync come back and join the next one, whose success deletes every older journal file.
-struct Checkpoint {
+struct Checkpoint<S: FileSync> {
     logs: Vec<SharedLog>,
     in_flight: Arc<std::sync::atomic::AtomicBool>,
     failed_files: Arc<Mutex<Vec<std::fs::File>>>,
     jobs: Sender<CheckpointJob>,
+    sync: S,
 }
 
 /// Segment files to sync, then journal files older than `sequence` to delete.
@@ -285,19 +299,19 @@ struct CheckpointJob {
     directory: std::path::PathBuf,
 }
 
-impl Checkpoint {
-    fn start(stats: Arc<SyncStats>) -> Checkpoint {
+impl<S: FileSync + Clone> Checkpoint<S> {
+    fn start(stats: Arc<SyncStats>, sync: S) -> Checkpoint<S> {
         let (jobs, receiver) = mpsc::channel::<CheckpointJob>();
         let in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let failed_files = Arc::new(Mutex::new(Vec::new()));
-        let (thread_in_flight, thread_failed) = (in_flight.clone(), failed_files.clone());
+        let (thread_in_flight, thread_failed, thread_sync) = (in_flight.clone(), failed_files.clone(), sync.clone());
         std::thread::Builder::new()
             .name("lepus-checkpoint".to_string())
             .spawn(move || {
                 for job in receiver {
-                    let failed = sync_files(job.files, &stats);
+                    let failed = sync_files(job.files, &stats, &thread_sync);
                     if failed.is_empty() {
-                        if let Err(error) = crate::journal::remove_files_before(&job.directory, job.sequence) {
+                        if let Err(error) = crate::journal::remove_files_before(&job.directory, job.sequence, &thread_sync) {
                             tracing::error!(%error, "deleting checkpointed journal files failed; a later checkpoint deletes them");
                         }
                     } else {
@@ -307,7 +321,7 @@ impl Checkpoint {
                 }
             })
             .expect("spawning the checkpoint thread");
-        Checkpoint { logs: Vec::new(), in_flight, failed_files, jobs }
+        Checkpoint { logs: Vec::new(), in_flight, failed_files, jobs, sync }
     }
 
     fn note(&mut self, log: &SharedLog) {
@@ -327,7 +341,7 @@ impl Checkpoint {
     }
 
     /// Starts a background checkpoint unless one is running.
-    fn start_background(&mut self, journal: &mut Journal) {
+    fn start_background(&mut self, journal: &mut Journal<S>) {
         if self.in_flight.load(Ordering::Acquire) {
             return;
         }
@@ -350,11 +364,12 @@ impl Checkpoint {
 
     /// A checkpoint the caller waits for (graceful shutdown): after the running one, every
     /// segment synced and every older journal file deleted.
-    fn run_now(&mut self, journal: &mut Journal, stats: &SyncStats) -> bool {
+    fn run_now(&mut self, journal: &mut Journal<S>, stats: &SyncStats) -> bool {
         while self.in_flight.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let failed = sync_files(self.take_files(), stats);
+        let files = self.take_files();
+        let failed = sync_files(files, stats, &self.sync);
         if !failed.is_empty() {
             self.failed_files.lock().extend(failed);
             return false;
@@ -368,10 +383,10 @@ impl Checkpoint {
 }
 
 /// fdatasyncs every file; returns those that failed.
-fn sync_files(files: Vec<std::fs::File>, stats: &SyncStats) -> Vec<std::fs::File> {
+fn sync_files(files: Vec<std::fs::File>, stats: &SyncStats, sync: &impl FileSync) -> Vec<std::fs::File> {
     let mut failed = Vec::new();
     for file in files {
-        if let Err(error) = timed_sync(&file, stats) {
+        if let Err(error) = timed_sync(&file, stats, sync) {
             tracing::error!(%error, "syncing a segment at a journal checkpoint failed; the journal keeps its entries");
             failed.push(file);
         }
@@ -380,16 +395,22 @@ fn sync_files(files: Vec<std::fs::File>, stats: &SyncStats) -> Vec<std::fs::File
 }
 
 /// fdatasyncs a file, counting the call and its time in the stats.
-fn timed_sync(file: &std::fs::File, stats: &SyncStats) -> std::io::Result<()> {
+fn timed_sync(file: &std::fs::File, stats: &SyncStats, sync: &impl FileSync) -> std::io::Result<()> {
     let started = std::time::Instant::now();
-    let synced = file.sync_data();
+    let synced = sync.sync_data(file);
     stats.record_fsync(started.elapsed());
     synced
 }
 
 /// Writes every log's buffered records; then, when `fsync`, appends the journaled logs' writes to
 /// the journal and syncs it once, and syncs what the others (and directory changes) need.
-fn sync_all(logs: &[SharedLog], fsync: bool, mut journal: Option<&mut Journal>, checkpoint: &mut Checkpoint, stats: &SyncStats) -> bool {
+fn sync_all<S: FileSync + Clone>(
+    logs: &[SharedLog],
+    fsync: bool,
+    mut journal: Option<&mut Journal<S>>,
+    checkpoint: &mut Checkpoint<S>,
+    stats: &SyncStats,
+) -> bool {
     let mut all_durable = true;
     for log in logs {
         let written = log.lock().write_pending();
@@ -404,7 +425,9 @@ fn sync_all(logs: &[SharedLog], fsync: bool, mut journal: Option<&mut Journal>, 
             written.sync_now
         });
         let result = match written {
-            Ok(files) if fsync => files.iter().try_for_each(|file| timed_sync(file, stats)).map_err(|error| error.to_string()),
+            Ok(files) if fsync => {
+                files.iter().try_for_each(|file| timed_sync(file, stats, &checkpoint.sync)).map_err(|error| error.to_string())
+            }
             Ok(_) => Ok(()),
             Err(error) => Err(error.to_string()),
         };
