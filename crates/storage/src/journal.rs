@@ -133,11 +133,6 @@ impl<S: FileSync> Journal<S> {
         self.checkpoint_bytes = bytes;
     }
 
-    /// The syncs this journal goes through (the checkpoint retires journal files with them).
-    pub fn file_sync(&self) -> &S {
-        &self.sync
-    }
-
     /// Appends an entry to the batch being built.
     pub fn append(&mut self, target: &str, offset: u64, payload: &[u8]) {
         assert!(target.len() <= usize::from(u16::MAX), "journal targets are relative segment paths");
