@@ -19,6 +19,7 @@
 //! journal file's sequence number, so an entry left over in a reused file is never replayed.
 //! `target` is the segment's path relative to the data directory.
 
+use crate::file_sync::{DirectSync, FileSync};
 use crate::StorageError;
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -53,9 +54,9 @@ pub struct JournalEntry {
     pub payload: Vec<u8>,
 }
 
-/// The journal being written.
+/// The journal being written, reaching fdatasync through `S` (see [`crate::file_sync`]).
 #[derive(Debug)]
-pub struct Journal {
+pub struct Journal<S: FileSync = DirectSync> {
     directory: PathBuf,
     file: File,
     path: PathBuf,
@@ -64,6 +65,9 @@ pub struct Journal {
     written_bytes: u64,
     /// Entries appended and not yet written.
     pending: Vec<u8>,
+    /// The size at which the current file asks for a checkpoint ([`JOURNAL_BYTES_MAX`] unless set).
+    checkpoint_bytes: u64,
+    sync: S,
 }
 
 fn file_name(sequence: u64) -> String {
@@ -93,6 +97,13 @@ impl Journal {
     /// Opens the journal directory: returns the entries left by the previous run (to [`replay`]
     /// before anything else writes segments) and a journal that writes a new file after them.
     pub fn open(directory: &Path) -> Result<(Journal, Vec<JournalEntry>), StorageError> {
+        Journal::open_with_sync(directory, DirectSync)
+    }
+}
+
+impl<S: FileSync> Journal<S> {
+    /// [`Journal::open`], with the journal's syncs going through `sync`.
+    pub fn open_with_sync(directory: &Path, sync: S) -> Result<(Journal<S>, Vec<JournalEntry>), StorageError> {
         std::fs::create_dir_all(directory).map_err(|error| StorageError::io(directory, error))?;
         let mut entries = Vec::new();
         let files = journal_files(directory)?;
@@ -102,9 +113,24 @@ impl Journal {
         let sequence = files.last().map_or(1, |(sequence, _)| sequence + 1);
         let path = directory.join(file_name(sequence));
         let file = OpenOptions::new().create_new(true).write(true).open(&path).map_err(|error| StorageError::io(&path, error))?;
-        sync_directory(directory)?;
-        let journal = Journal { directory: directory.to_path_buf(), file, path, sequence, written_bytes: 0, pending: Vec::new() };
+        sync_directory(directory, &sync)?;
+        let journal = Journal {
+            directory: directory.to_path_buf(),
+            file,
+            path,
+            sequence,
+            written_bytes: 0,
+            pending: Vec::new(),
+            checkpoint_bytes: JOURNAL_BYTES_MAX,
+            sync,
+        };
         Ok((journal, entries))
+    }
+
+    /// Makes the current file ask for a checkpoint at `bytes` instead of [`JOURNAL_BYTES_MAX`]
+    /// (tests use a small size to rotate through several files).
+    pub fn set_checkpoint_bytes(&mut self, bytes: u64) {
+        self.checkpoint_bytes = bytes;
     }
 
     /// Appends an entry to the batch being built.
@@ -135,7 +161,7 @@ impl Journal {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let written = self.file.write_all_at(&self.pending, self.written_bytes).and_then(|()| self.file.sync_data());
+        let written = self.file.write_all_at(&self.pending, self.written_bytes).and_then(|()| self.sync.sync_data(&self.file));
         if let Err(error) = written {
             let _ = self.file.set_len(self.written_bytes);
             return Err(StorageError::io(&self.path, error));
@@ -147,14 +173,14 @@ impl Journal {
 
     /// Whether the current file is large enough for a checkpoint.
     pub fn needs_checkpoint(&self) -> bool {
-        self.written_bytes >= JOURNAL_BYTES_MAX
+        self.written_bytes >= self.checkpoint_bytes
     }
 
     /// Ends a checkpoint, once every segment written since the last one is synced: starts a new
     /// journal file and deletes the older ones, whose writes are all on disk now.
     pub fn start_new_file(&mut self) -> Result<(), StorageError> {
         let sequence = self.rotate()?;
-        remove_files_before(&self.directory, sequence)
+        remove_files_before(&self.directory, sequence, &self.sync)
     }
 
     /// Starts a new journal file (a spare when one is ready) and keeps the older ones: a
@@ -169,8 +195,11 @@ impl Journal {
         }
         let file =
             OpenOptions::new().create(true).write(true).truncate(false).open(&path).map_err(|error| StorageError::io(&path, error))?;
-        sync_directory(&self.directory)?;
-        *self = Journal { directory: self.directory.clone(), file, path, sequence, written_bytes: 0, pending: Vec::new() };
+        sync_directory(&self.directory, &self.sync)?;
+        self.file = file;
+        self.path = path;
+        self.sequence = sequence;
+        self.written_bytes = 0;
         Ok(sequence)
     }
 
@@ -182,7 +211,7 @@ impl Journal {
 
 /// Retires the journal files older than `sequence` (their segments are synced): kept as spares
 /// for [`Journal::rotate`] up to [`JOURNAL_SPARES_MAX`], deleted beyond. Then syncs the directory.
-pub fn remove_files_before(directory: &Path, sequence: u64) -> Result<(), StorageError> {
+pub fn remove_files_before(directory: &Path, sequence: u64, sync: &impl FileSync) -> Result<(), StorageError> {
     let mut spares = spare_files(directory)?.len();
     for (old_sequence, old_path) in journal_files(directory)? {
         if old_sequence >= sequence {
@@ -196,7 +225,7 @@ pub fn remove_files_before(directory: &Path, sequence: u64) -> Result<(), Storag
             std::fs::remove_file(&old_path).map_err(|error| StorageError::io(&old_path, error))?;
         }
     }
-    sync_directory(directory)
+    sync_directory(directory, sync)
 }
 
 /// The spare journal files in `directory`.
@@ -214,8 +243,8 @@ fn spare_files(directory: &Path) -> Result<Vec<PathBuf>, StorageError> {
 }
 
 /// fdatasyncs a directory, so files created, renamed or deleted in it stay so after a power loss.
-pub fn sync_directory(directory: &Path) -> Result<(), StorageError> {
-    File::open(directory).and_then(|file| file.sync_all()).map_err(|error| StorageError::io(directory, error))
+pub fn sync_directory(directory: &Path, sync: &impl FileSync) -> Result<(), StorageError> {
+    File::open(directory).and_then(|file| sync.sync_directory(&file)).map_err(|error| StorageError::io(directory, error))
 }
 
 /// Reads the whole entries of one journal file; a torn or corrupt entry ends the file (it was the
@@ -293,7 +322,7 @@ pub fn replay(
     for (path, file) in &touched {
         file.sync_data().map_err(|error| StorageError::io(path, error))?;
         if let Some(directory) = path.parent() {
-            sync_directory(directory)?;
+            sync_directory(directory, &DirectSync)?;
         }
     }
     Ok(stats)

@@ -1527,8 +1527,10 @@ mod tests {
 
     mod model {
         use super::*;
+        use crate::record::SEAL_RECORD_BYTES;
         use proptest::prelude::*;
         use std::collections::BTreeMap;
+        use std::sync::atomic::{AtomicU64, Ordering};
 
         #[derive(Debug, Clone)]
         enum Operation {
@@ -1542,92 +1544,296 @@ mod tests {
             SettleOldest,
             /// Writes what is buffered (a group commit), so writes end at varied places.
             Flush,
+            /// A clean stop: writes what is buffered, then reopens.
             Reopen,
+            /// The process dies: what was buffered and not written yet is lost.
+            DropWithoutWrite,
+            /// Writes, stops, and cuts the newest segment file at a random byte (a torn write).
+            TruncateNewest(u64),
+            /// Writes, stops, and flips a random byte of a random segment's data (a bad sector).
+            FlipByte {
+                segment: usize,
+                offset: u64,
+            },
         }
 
         fn operation() -> impl Strategy<Value = Operation> {
             prop_oneof![
-                4 => (any::<bool>(), 0usize..300).prop_map(|(persistent, body_bytes)| Operation::Publish { persistent, body_bytes }),
-                1 => any::<usize>().prop_map(Operation::Deliver),
-                2 => any::<usize>().prop_map(Operation::Settle),
-                2 => Just(Operation::SettleOldest),
-                1 => Just(Operation::Flush),
-                1 => Just(Operation::Reopen),
+                8 => (any::<bool>(), 0usize..300).prop_map(|(persistent, body_bytes)| Operation::Publish { persistent, body_bytes }),
+                2 => any::<usize>().prop_map(Operation::Deliver),
+                4 => any::<usize>().prop_map(Operation::Settle),
+                4 => Just(Operation::SettleOldest),
+                2 => Just(Operation::Flush),
+                2 => Just(Operation::Reopen),
+                1 => Just(Operation::DropWithoutWrite),
+                1 => any::<u64>().prop_map(Operation::TruncateNewest),
+                1 => (any::<usize>(), any::<u64>()).prop_map(|(segment, offset)| Operation::FlipByte { segment, offset }),
             ]
         }
 
-        /// Reopens the log and checks recovery against the model: exactly the persistent live
-        /// messages, with their bodies and delivered flags, nothing stale from a recycled file,
-        /// and no normal segment end reported as damage.
+        #[derive(Debug, Clone)]
+        enum Kind {
+            Publish { body: Bytes, persistent: bool },
+            Delivered,
+            Settled,
+        }
+
+        /// A record the test appended: where it went, in which life of the log (a restart starts
+        /// a new one), and whether it is gone (never written, damaged, or in a retired segment).
+        #[derive(Debug, Clone)]
+        struct ModelRecord {
+            kind: Kind,
+            position: u64,
+            segment: u64,
+            offset: u64,
+            end: u64,
+            life: u32,
+            lost: bool,
+        }
+
+        /// What recovery must find: the state the records not lost describe, replayed in order.
+        #[derive(Debug, Default)]
+        struct Model {
+            records: Vec<ModelRecord>,
+            /// Records before this index have been written to their segment.
+            written: usize,
+            /// Restarts so far.
+            life: u32,
+        }
+
+        impl Model {
+            /// Live messages: position -> (body, persistent, delivered).
+            fn live(&self) -> BTreeMap<u64, (Bytes, bool, bool)> {
+                let mut live = BTreeMap::new();
+                for record in self.records.iter().filter(|record| !record.lost) {
+                    match &record.kind {
+                        // A transient publish is live only until the next restart.
+                        Kind::Publish { body, persistent } if *persistent || record.life == self.life => {
+                            live.insert(record.position, (body.clone(), *persistent, false));
+                        }
+                        Kind::Publish { .. } => {}
+                        Kind::Delivered => {
+                            if let Some(entry) = live.get_mut(&record.position) {
+                                entry.2 = true;
+                            }
+                        }
+                        Kind::Settled => {
+                            live.remove(&record.position);
+                        }
+                    }
+                }
+                live
+            }
+
+            /// Appends a record that starts at `at` and ends where the log's end now is.
+            fn push(&mut self, kind: Kind, position: u64, at: RecordLocation, log: &QueueLog) {
+                let end = log.end_location();
+                assert_eq!(end.segment, at.segment);
+                let life = self.life;
+                self.records.push(ModelRecord {
+                    kind,
+                    position,
+                    segment: at.segment,
+                    offset: at.offset,
+                    end: end.offset,
+                    life,
+                    lost: false,
+                });
+            }
+
+            /// Damage at byte `at` of `segment` ends its replay at the record holding that byte:
+            /// that record and every later one in the segment are gone (all of them if the
+            /// segment header is hit).
+            fn lose_in_segment_from(&mut self, segment: u64, at: u64) {
+                for record in self.records.iter_mut().filter(|record| record.segment == segment && !record.lost) {
+                    if at < SEGMENT_HEADER_RECORD_BYTES || record.end > at {
+                        record.lost = true;
+                        DAMAGE_LOST_TOTAL.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+
+            /// Where the record holding byte `at` of `segment` starts: the header, a record the
+            /// test appended, or the seal at `seal_at`.
+            fn record_start(&self, segment: u64, at: u64, seal_at: Option<u64>) -> u64 {
+                let starts = self.records.iter().filter(|record| record.segment == segment && !record.lost).map(|record| record.offset);
+                starts.chain([0]).chain(seal_at).filter(|start| *start <= at).max().unwrap_or(0)
+            }
+
+            /// A restart: a new life (transient publishes of earlier ones are not live), and the
+            /// records of segments the log retired are gone (they only held settled messages and
+            /// records about them).
+            fn after_restart(&mut self, log: &QueueLog) {
+                self.life += 1;
+                self.forget_retired(log);
+                self.written = self.records.len();
+            }
+
+            fn forget_retired(&mut self, log: &QueueLog) {
+                for record in &mut self.records {
+                    if !log.segments.iter().any(|segment| segment.first_position == record.segment) {
+                        record.lost = true;
+                    }
+                }
+            }
+        }
+
+        /// What recovery must report as damage.
+        enum Reported {
+            Nothing,
+            /// Exactly this segment, at this offset.
+            Exactly(PathBuf, u64),
+            /// This, or nothing (a newest segment cut at a record boundary looks like its end).
+            AtMost(PathBuf, u64),
+        }
+
+        /// Reopens the log and checks recovery against the model: exactly the persistent records
+        /// not lost, replayed in order, with their bodies and delivered flags; never a record that
+        /// was not written; damage reported where it is.
         fn reopen_and_check(
             directory: &Path,
             segment_bytes: u64,
-            live: &mut BTreeMap<u64, (Bytes, bool, bool)>,
+            model: &mut Model,
+            reported: Reported,
         ) -> Result<(QueueLog, Recovery), TestCaseError> {
-            let (mut log, recovery) = QueueLog::open(directory, segment_bytes).expect("reopen");
-            // Transient messages do not survive a restart.
-            live.retain(|_, (_, persistent, _)| *persistent);
-            prop_assert!(recovery.truncated.is_empty(), "a normal end reported as damage: {:?}", recovery.truncated);
-            prop_assert_eq!(recovery.live_count, live.len() as u64);
+            let (mut log, recovery) = QueueLog::open(directory, segment_bytes).expect("recovery never fails on damage");
+            model.after_restart(&log);
+            let live = model.live();
             let expected: Vec<(u64, Bytes, bool)> =
                 live.iter().map(|(position, (body, _, delivered))| (*position, body.clone(), *delivered)).collect();
+            match reported {
+                Reported::Nothing => {
+                    prop_assert!(recovery.truncated.is_empty(), "a normal end reported as damage: {:?}", recovery.truncated)
+                }
+                Reported::Exactly(path, offset) => prop_assert_eq!(&recovery.truncated, &vec![(path, offset)]),
+                Reported::AtMost(path, offset) => {
+                    prop_assert!(recovery.truncated.is_empty() || recovery.truncated == vec![(path, offset)], "{:?}", recovery.truncated)
+                }
+            }
+            prop_assert_eq!(recovery.live_count, live.len() as u64);
             prop_assert_eq!(recovered(&mut log, &recovery), expected);
+            if let Some(last) = live.keys().next_back() {
+                prop_assert!(recovery.next_position > *last, "next position {} at or before {last}", recovery.next_position);
+            }
             Ok((log, recovery))
+        }
+
+        /// Applies one operation that does not stop the log.
+        fn apply(log: &mut QueueLog, model: &mut Model, next: &mut u64, operation: &Operation) {
+            let live = model.live();
+            let pick = |index: usize| *live.keys().nth(index % live.len()).expect("non-empty");
+            match *operation {
+                Operation::Publish { persistent, body_bytes } => {
+                    // Bodies name their position and vary in size, so a stale record would show
+                    // and records of two lives of a file rarely align.
+                    let body = format!("{next}:{}", "x".repeat(body_bytes));
+                    let active = log.end_location().segment;
+                    let at = log.append_publish(*next, &message(&body), persistent);
+                    if at.segment != active {
+                        // Starting a segment wrote (and sealed) everything before it.
+                        model.written = model.records.len();
+                    }
+                    model.push(Kind::Publish { body: Bytes::from(body), persistent }, *next, at, log);
+                    *next += 1;
+                }
+                Operation::Deliver(index) if !live.is_empty() => {
+                    let (position, at) = (pick(index), log.end_location());
+                    log.append_delivered(position);
+                    model.push(Kind::Delivered, position, at, log);
+                }
+                Operation::Settle(index) if !live.is_empty() => {
+                    let (position, at) = (pick(index), log.end_location());
+                    log.append_settled(position);
+                    model.push(Kind::Settled, position, at, log);
+                }
+                Operation::SettleOldest if !live.is_empty() => {
+                    let (position, at) = (pick(0), log.end_location());
+                    log.append_settled(position);
+                    model.push(Kind::Settled, position, at, log);
+                }
+                Operation::Flush => {
+                    log.write_pending().expect("write");
+                    model.written = model.records.len();
+                }
+                _ => {}
+            }
+            model.forget_retired(log);
+        }
+
+        /// Stops the log the way `operation` says, damages its files, and says what recovery
+        /// must report.
+        fn stop_and_damage(mut log: QueueLog, model: &mut Model, operation: &Operation) -> Reported {
+            if matches!(operation, Operation::DropWithoutWrite) {
+                let unwritten = &mut model.records[model.written..];
+                UNWRITTEN_LOST_TOTAL.fetch_add(unwritten.len() as u64, Ordering::Relaxed);
+                for record in unwritten {
+                    record.lost = true;
+                }
+                return Reported::Nothing;
+            }
+            log.write_pending().expect("write");
+            model.written = model.records.len();
+            match *operation {
+                Operation::TruncateNewest(at) => {
+                    let newest = log.active_segment();
+                    let (path, segment, data_end) = (newest.path.clone(), newest.first_position, log.active_bytes);
+                    drop(log);
+                    let file_bytes = std::fs::metadata(&path).expect("metadata").len();
+                    let cut = at % (file_bytes.min(data_end + TERMINATOR_BYTES as u64) + 1);
+                    OpenOptions::new().write(true).open(&path).expect("open").set_len(cut).expect("truncate");
+                    let start = model.record_start(segment, cut, Some(data_end));
+                    model.lose_in_segment_from(segment, cut);
+                    Reported::AtMost(path, start)
+                }
+                Operation::FlipByte { segment, offset } => {
+                    let index = segment % log.segments.len();
+                    let victim = &log.segments[index];
+                    let is_active = index + 1 == log.segments.len();
+                    let data_end = if is_active { log.active_bytes } else { victim.valid_bytes };
+                    let seal_at = (!is_active).then(|| victim.valid_bytes - SEAL_RECORD_BYTES);
+                    let (path, segment) = (victim.path.clone(), victim.first_position);
+                    drop(log);
+                    let at = offset % data_end;
+                    flip_byte(&path, at);
+                    let start = model.record_start(segment, at, seal_at);
+                    model.lose_in_segment_from(segment, at);
+                    Reported::Exactly(path, start)
+                }
+                _ => Reported::Nothing,
+            }
         }
 
         proptest! {
             #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
-            /// The log against a model of live messages: after any mix of publishes (persistent
+            /// The log against a model of its records: after any mix of publishes (persistent
             /// or not), deliveries, settles, writes, segment roll-overs, recycling of settled
-            /// segments into spares (and of spares into new segments), zero-filled spares, and
-            /// reopenings, recovery finds exactly the persistent unsettled messages, with their
-            /// bodies and delivered flags, never replays a record left in a recycled file, and
-            /// never keeps a segment that holds nothing live at the front.
+            /// segments into spares (and of spares into new segments), zero-filled spares, clean
+            /// reopenings, crashes that lose what was not written, a newest segment cut at any
+            /// byte, and a flipped byte in any segment, recovery never fails and finds exactly
+            /// the persistent unsettled messages the surviving records describe: all of them
+            /// outside the damaged segment (all of them when nothing was damaged), those before
+            /// the damage inside it, with their bodies and delivered flags, never a record left
+            /// in a recycled file; it reports the damage where it is, and never keeps a segment
+            /// that holds nothing live at the front.
             #[test]
             fn recovery_matches_the_model(operations in proptest::collection::vec(operation(), 1..120), segment_bytes in 64u64..2048) {
                 let directory = temporary_dir(&format!("model-{}", rand_suffix())).join("q");
                 let (mut log, _) = QueueLog::open(&directory, segment_bytes).expect("open");
-                // position -> (body, persistent, delivered)
-                let mut live: BTreeMap<u64, (Bytes, bool, bool)> = BTreeMap::new();
+                let mut model = Model::default();
                 let mut next = 0u64;
                 let mut recycled = 0u64;
                 for operation in operations {
-                    match operation {
-                        Operation::Publish { persistent, body_bytes } => {
-                            // Bodies name their position and vary in size, so a stale record
-                            // would show and records of two lives of a file rarely align.
-                            let body = format!("{next}:{}", "x".repeat(body_bytes));
-                            log.append_publish(next, &message(&body), persistent);
-                            live.insert(next, (Bytes::from(body), persistent, false));
-                            next += 1;
-                        }
-                        Operation::Deliver(index) if !live.is_empty() => {
-                            let position = *live.keys().nth(index % live.len()).expect("non-empty");
-                            log.append_delivered(position);
-                            live.get_mut(&position).expect("present").2 = true;
-                        }
-                        Operation::Settle(index) if !live.is_empty() => {
-                            let position = *live.keys().nth(index % live.len()).expect("non-empty");
-                            log.append_settled(position);
-                            live.remove(&position);
-                        }
-                        Operation::SettleOldest if !live.is_empty() => {
-                            let position = *live.keys().next().expect("non-empty");
-                            log.append_settled(position);
-                            live.remove(&position);
-                        }
-                        Operation::Flush => {
-                            log.write_pending().expect("write");
-                        }
-                        Operation::Reopen => {
-                            log.write_pending().expect("write");
-                            recycled += log.recycled_segment_count();
-                            drop(log);
-                            let (reopened, recovery) = reopen_and_check(&directory, segment_bytes, &mut live)?;
-                            log = reopened;
-                            next = next.max(recovery.next_position);
-                        }
-                        _ => {}
+                    if matches!(
+                        operation,
+                        Operation::Reopen | Operation::DropWithoutWrite | Operation::TruncateNewest(_) | Operation::FlipByte { .. }
+                    ) {
+                        recycled += log.recycled_segment_count();
+                        let reported = stop_and_damage(log, &mut model, &operation);
+                        let (reopened, recovery) = reopen_and_check(&directory, segment_bytes, &mut model, reported)?;
+                        log = reopened;
+                        next = recovery.next_position;
+                    } else {
+                        apply(&mut log, &mut model, &mut next, &operation);
                     }
                     // Spares the log asked for arrive before the next step, so a failing case
                     // replays the same way.
@@ -1637,11 +1843,11 @@ mod tests {
                 log.write_pending().expect("write");
                 recycled += log.recycled_segment_count();
                 drop(log);
-                let (log, _) = reopen_and_check(&directory, segment_bytes, &mut live)?;
-                RECYCLED_TOTAL.fetch_add(recycled, std::sync::atomic::Ordering::Relaxed);
+                let (log, _) = reopen_and_check(&directory, segment_bytes, &mut model, Reported::Nothing)?;
+                RECYCLED_TOTAL.fetch_add(recycled, Ordering::Relaxed);
                 // Nothing settled stays at the front: the oldest segment holds the oldest live
                 // message, or is the only (active) one.
-                match live.keys().next() {
+                match model.live().keys().next() {
                     None => prop_assert_eq!(log.segment_count(), 1),
                     Some(oldest_live) if log.segments.len() > 1 => {
                         prop_assert!(log.segments[0].first_position <= *oldest_live && *oldest_live < log.segments[1].first_position);
@@ -1655,17 +1861,23 @@ mod tests {
         }
 
         /// Settled segments recycled over all cases of the model test.
-        static RECYCLED_TOTAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        static RECYCLED_TOTAL: AtomicU64 = AtomicU64::new(0);
+        /// Records lost because the process died before they were written.
+        static UNWRITTEN_LOST_TOTAL: AtomicU64 = AtomicU64::new(0);
+        /// Records lost to a cut or a flipped byte.
+        static DAMAGE_LOST_TOTAL: AtomicU64 = AtomicU64::new(0);
 
         #[test]
-        fn the_model_test_recycles_segments() {
-            // Runs after (or while) the proptest; it only proves the cases exercise recycling.
+        fn the_model_test_recycles_segments_and_loses_records() {
+            // Runs after (or while) the proptest; it only proves the cases exercise recycling,
+            // crashes that lose buffered records, and damage that loses written ones.
             recovery_matches_the_model();
-            assert!(RECYCLED_TOTAL.load(std::sync::atomic::Ordering::Relaxed) > 0);
+            assert!(RECYCLED_TOTAL.load(Ordering::Relaxed) > 0);
+            assert!(UNWRITTEN_LOST_TOTAL.load(Ordering::Relaxed) > 0);
+            assert!(DAMAGE_LOST_TOTAL.load(Ordering::Relaxed) > 0);
         }
 
         fn rand_suffix() -> u64 {
-            use std::sync::atomic::{AtomicU64, Ordering};
             static COUNTER: AtomicU64 = AtomicU64::new(0);
             COUNTER.fetch_add(1, Ordering::Relaxed)
         }

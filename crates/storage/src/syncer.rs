@@ -3,6 +3,7 @@
 //! runs is covered by the next one, so the number of fsyncs per second stays bounded by the disk,
 //! not by the message rate.
 
+use crate::file_sync::{DirectSync, FileSync};
 use crate::journal::Journal;
 use crate::queue_log::QueueLog;
 use parking_lot::Mutex;
@@ -113,12 +114,18 @@ impl Syncer {
     /// Starts the syncer thread. With a journal, the logs that use it (see
     /// [`QueueLog::use_journal`]) cost one fdatasync per batch together, the journal's.
     pub fn start(policy: SyncPolicy, journal: Option<Journal>) -> Syncer {
+        Syncer::start_with_sync(policy, journal, DirectSync)
+    }
+
+    /// [`Syncer::start`], with every fdatasync the syncer and its checkpoints make going through
+    /// `sync` (the journal's go through the journal's own, see [`Journal::open_with_sync`]).
+    pub fn start_with_sync<S: FileSync + Clone>(policy: SyncPolicy, journal: Option<Journal<S>>, sync: S) -> Syncer {
         let (sender, receiver) = mpsc::channel();
         let stats = Arc::new(SyncStats::default());
         let thread_stats = stats.clone();
         std::thread::Builder::new()
             .name("lepus-syncer".to_string())
-            .spawn(move || run(receiver, policy, journal, &thread_stats))
+            .spawn(move || run(receiver, policy, journal, sync, &thread_stats))
             .expect("spawning the syncer thread");
         Syncer { sender, stats }
     }
@@ -173,8 +180,14 @@ impl Syncer {
     }
 }
 
-fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, mut journal: Option<Journal>, stats: &Arc<SyncStats>) {
-    let mut checkpoint = Checkpoint::start(stats.clone());
+fn run<S: FileSync + Clone>(
+    receiver: Receiver<SyncRequest>,
+    policy: SyncPolicy,
+    mut journal: Option<Journal<S>>,
+    sync: S,
+    stats: &Arc<SyncStats>,
+) {
+    let mut checkpoint = Checkpoint::start(stats.clone(), sync);
     let mut last_sync = std::time::Instant::now();
     let mut known_logs: Vec<SharedLog> = Vec::new();
     loop {
@@ -271,11 +284,13 @@ fn run(receiver: Receiver<SyncRequest>, policy: SyncPolicy, mut journal: Option<
 /// segment files of the finished period to the checkpoint thread, and goes on; that thread syncs
 /// them and only then deletes the journal files of the period. One runs at a time; files that did
 /// not sync come back and join the next one, whose success deletes every older journal file.
-struct Checkpoint {
+struct Checkpoint<S: FileSync> {
     logs: Vec<SharedLog>,
     in_flight: Arc<std::sync::atomic::AtomicBool>,
     failed_files: Arc<Mutex<Vec<std::fs::File>>>,
     jobs: Sender<CheckpointJob>,
+    /// How the syncer thread (segments, directories) and the checkpoint thread reach fdatasync.
+    sync: S,
 }
 
 /// Segment files to sync, then journal files older than `sequence` to delete.
@@ -285,19 +300,19 @@ struct CheckpointJob {
     directory: std::path::PathBuf,
 }
 
-impl Checkpoint {
-    fn start(stats: Arc<SyncStats>) -> Checkpoint {
+impl<S: FileSync + Clone> Checkpoint<S> {
+    fn start(stats: Arc<SyncStats>, sync: S) -> Checkpoint<S> {
         let (jobs, receiver) = mpsc::channel::<CheckpointJob>();
         let in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let failed_files = Arc::new(Mutex::new(Vec::new()));
-        let (thread_in_flight, thread_failed) = (in_flight.clone(), failed_files.clone());
+        let (thread_in_flight, thread_failed, thread_sync) = (in_flight.clone(), failed_files.clone(), sync.clone());
         std::thread::Builder::new()
             .name("lepus-checkpoint".to_string())
             .spawn(move || {
                 for job in receiver {
-                    let failed = sync_files(job.files, &stats);
+                    let failed = sync_files(job.files, &stats, &thread_sync);
                     if failed.is_empty() {
-                        if let Err(error) = crate::journal::remove_files_before(&job.directory, job.sequence) {
+                        if let Err(error) = crate::journal::remove_files_before(&job.directory, job.sequence, &thread_sync) {
                             tracing::error!(%error, "deleting checkpointed journal files failed; a later checkpoint deletes them");
                         }
                     } else {
@@ -307,7 +322,7 @@ impl Checkpoint {
                 }
             })
             .expect("spawning the checkpoint thread");
-        Checkpoint { logs: Vec::new(), in_flight, failed_files, jobs }
+        Checkpoint { logs: Vec::new(), in_flight, failed_files, jobs, sync }
     }
 
     fn note(&mut self, log: &SharedLog) {
@@ -327,7 +342,7 @@ impl Checkpoint {
     }
 
     /// Starts a background checkpoint unless one is running.
-    fn start_background(&mut self, journal: &mut Journal) {
+    fn start_background(&mut self, journal: &mut Journal<S>) {
         if self.in_flight.load(Ordering::Acquire) {
             return;
         }
@@ -350,11 +365,12 @@ impl Checkpoint {
 
     /// A checkpoint the caller waits for (graceful shutdown): after the running one, every
     /// segment synced and every older journal file deleted.
-    fn run_now(&mut self, journal: &mut Journal, stats: &SyncStats) -> bool {
+    fn run_now(&mut self, journal: &mut Journal<S>, stats: &SyncStats) -> bool {
         while self.in_flight.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let failed = sync_files(self.take_files(), stats);
+        let files = self.take_files();
+        let failed = sync_files(files, stats, &self.sync);
         if !failed.is_empty() {
             self.failed_files.lock().extend(failed);
             return false;
@@ -368,10 +384,10 @@ impl Checkpoint {
 }
 
 /// fdatasyncs every file; returns those that failed.
-fn sync_files(files: Vec<std::fs::File>, stats: &SyncStats) -> Vec<std::fs::File> {
+fn sync_files(files: Vec<std::fs::File>, stats: &SyncStats, sync: &impl FileSync) -> Vec<std::fs::File> {
     let mut failed = Vec::new();
     for file in files {
-        if let Err(error) = timed_sync(&file, stats) {
+        if let Err(error) = timed_sync(&file, stats, sync) {
             tracing::error!(%error, "syncing a segment at a journal checkpoint failed; the journal keeps its entries");
             failed.push(file);
         }
@@ -380,16 +396,22 @@ fn sync_files(files: Vec<std::fs::File>, stats: &SyncStats) -> Vec<std::fs::File
 }
 
 /// fdatasyncs a file, counting the call and its time in the stats.
-fn timed_sync(file: &std::fs::File, stats: &SyncStats) -> std::io::Result<()> {
+fn timed_sync(file: &std::fs::File, stats: &SyncStats, sync: &impl FileSync) -> std::io::Result<()> {
     let started = std::time::Instant::now();
-    let synced = file.sync_data();
+    let synced = sync.sync_data(file);
     stats.record_fsync(started.elapsed());
     synced
 }
 
 /// Writes every log's buffered records; then, when `fsync`, appends the journaled logs' writes to
 /// the journal and syncs it once, and syncs what the others (and directory changes) need.
-fn sync_all(logs: &[SharedLog], fsync: bool, mut journal: Option<&mut Journal>, checkpoint: &mut Checkpoint, stats: &SyncStats) -> bool {
+fn sync_all<S: FileSync + Clone>(
+    logs: &[SharedLog],
+    fsync: bool,
+    mut journal: Option<&mut Journal<S>>,
+    checkpoint: &mut Checkpoint<S>,
+    stats: &SyncStats,
+) -> bool {
     let mut all_durable = true;
     for log in logs {
         let written = log.lock().write_pending();
@@ -404,7 +426,9 @@ fn sync_all(logs: &[SharedLog], fsync: bool, mut journal: Option<&mut Journal>, 
             written.sync_now
         });
         let result = match written {
-            Ok(files) if fsync => files.iter().try_for_each(|file| timed_sync(file, stats)).map_err(|error| error.to_string()),
+            Ok(files) if fsync => {
+                files.iter().try_for_each(|file| timed_sync(file, stats, &checkpoint.sync)).map_err(|error| error.to_string())
+            }
             Ok(_) => Ok(()),
             Err(error) => Err(error.to_string()),
         };
@@ -483,5 +507,400 @@ mod tests {
         }
         drop(syncer);
         let _ = std::fs::remove_dir_all(&root);
+    }
+}
+
+/// The syncer and the journal through a recording [`FileSync`]: what a confirm waits for, what a
+/// failed sync does to it, and in which order a checkpoint syncs segments and retires journal files.
+#[cfg(test)]
+mod sync_order_tests {
+    use super::*;
+    use crate::journal::{replay, Journal};
+    use crate::queue_log::{is_past_every_segment, Recovery};
+    use amqp_codec::{BasicProperties, ContentHeader, ShortStr};
+    use broker_core::Message;
+    use bytes::Bytes;
+    use std::os::fd::AsRawFd;
+    use std::path::{Path, PathBuf};
+    use std::time::Instant;
+
+    /// Which syncs the recorder fails (with EIO) instead of making.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Failing {
+        Nothing,
+        /// Files and directories at or under this path.
+        Under(PathBuf),
+        /// Every sync made by the background checkpoint thread.
+        CheckpointThread,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Event {
+        /// A sync returned: what it synced, whether it succeeded, on which thread, and the journal
+        /// files (sequences) that existed when it was called.
+        Synced { path: PathBuf, succeeded: bool, thread: String, journal_files: Vec<u64> },
+        /// A confirm callback or sink ran.
+        Confirmed { delivery_tag: u64, durable: bool },
+    }
+
+    #[derive(Debug, Clone)]
+    struct RecordingSync {
+        events: Arc<Mutex<Vec<Event>>>,
+        failing: Arc<Mutex<Failing>>,
+        journal_directory: PathBuf,
+    }
+
+    impl RecordingSync {
+        fn new(journal_directory: PathBuf) -> RecordingSync {
+            RecordingSync { events: Arc::default(), failing: Arc::new(Mutex::new(Failing::Nothing)), journal_directory }
+        }
+
+        fn record(&self, file: &std::fs::File, real_sync: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
+            let path = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).expect("the path of an open file");
+            let thread = std::thread::current().name().unwrap_or_default().to_string();
+            let journal_files = journal_sequences(&self.journal_directory);
+            let fails = match &*self.failing.lock() {
+                Failing::Nothing => false,
+                Failing::Under(prefix) => path.starts_with(prefix),
+                Failing::CheckpointThread => thread == "lepus-checkpoint",
+            };
+            let result = if fails { Err(std::io::Error::from_raw_os_error(libc::EIO)) } else { real_sync() };
+            self.events.lock().push(Event::Synced { path, succeeded: result.is_ok(), thread, journal_files });
+            result
+        }
+
+        fn fail(&self, failing: Failing) {
+            *self.failing.lock() = failing;
+        }
+
+        fn take_events(&self) -> Vec<Event> {
+            std::mem::take(&mut *self.events.lock())
+        }
+    }
+
+    impl FileSync for RecordingSync {
+        fn sync_data(&self, file: &std::fs::File) -> std::io::Result<()> {
+            self.record(file, || file.sync_data())
+        }
+
+        fn sync_directory(&self, directory: &std::fs::File) -> std::io::Result<()> {
+            self.record(directory, || directory.sync_all())
+        }
+    }
+
+    /// A sink that records its confirms among the sync events, in the order they happen.
+    struct RecordingSink(Arc<Mutex<Vec<Event>>>);
+
+    impl ConfirmSink for RecordingSink {
+        fn confirm_batch(&self, confirms: &[(u64, bool)]) {
+            let mut events = self.0.lock();
+            for (delivery_tag, durable) in confirms {
+                events.push(Event::Confirmed { delivery_tag: *delivery_tag, durable: *durable });
+            }
+        }
+    }
+
+    /// The sequences of the journal files (`*.wal`) in `directory`.
+    fn journal_sequences(directory: &Path) -> Vec<u64> {
+        let mut sequences: Vec<u64> = std::fs::read_dir(directory)
+            .map(|entries| entries.filter_map(|entry| entry.ok()?.file_name().to_str()?.strip_suffix(".wal")?.parse().ok()).collect())
+            .unwrap_or_default();
+        sequences.sort_unstable();
+        sequences
+    }
+
+    fn message(position: u64) -> Message {
+        let properties = BasicProperties { delivery_mode: Some(2), ..Default::default() };
+        let body = format!("m{position}:{}", "x".repeat(100));
+        Message {
+            exchange: ShortStr::from("x"),
+            routing_key: ShortStr::from("k"),
+            header: ContentHeader::from_properties(60, body.len() as u64, &properties),
+            body: Bytes::from(body),
+        }
+    }
+
+    fn temporary_root(name: &str) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("lepus-sync-order-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("queues")).expect("create");
+        root
+    }
+
+    /// Publishes `position` to `log` and asks the syncer to confirm it, as a channel does.
+    fn publish_and_confirm(syncer: &Syncer, log: &SharedLog, sink: &Arc<dyn ConfirmSink>, position: u64) {
+        log.lock().append_publish(position, &message(position), true);
+        let confirm = Confirm { sink: sink.clone(), delivery_tag: position, accepted: true };
+        syncer.confirm(vec![log.clone()], vec![confirm]);
+    }
+
+    /// Waits (bounded) until the recorder saw the confirm of `delivery_tag`; returns whether it was
+    /// positive.
+    fn wait_for_confirm(recorder: &RecordingSync, delivery_tag: u64) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = recorder.events.lock().iter().find_map(|event| match event {
+                Event::Confirmed { delivery_tag: tag, durable } if *tag == delivery_tag => Some(*durable),
+                _ => None,
+            });
+            if let Some(durable) = found {
+                return durable;
+            }
+            assert!(Instant::now() < deadline, "no confirm for delivery tag {delivery_tag}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Stops the syncer and waits (bounded) until its thread let go of `log`, so nothing writes
+    /// or syncs behind the test's back.
+    fn stop(syncer: Syncer, log: &SharedLog) {
+        drop(syncer);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(log) > 1 {
+            assert!(Instant::now() < deadline, "the syncer thread did not stop");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The index of the first event that confirms `delivery_tag`.
+    fn confirm_index(events: &[Event], delivery_tag: u64) -> usize {
+        events
+            .iter()
+            .position(|event| matches!(event, Event::Confirmed { delivery_tag: tag, .. } if *tag == delivery_tag))
+            .expect("the confirm was recorded")
+    }
+
+    /// Whether a sync of a file at or under `prefix` returned with `succeeded` among `events`.
+    fn synced_under(events: &[Event], prefix: &Path, succeeded: bool) -> bool {
+        events
+            .iter()
+            .any(|event| matches!(event, Event::Synced { path, succeeded: ok, .. } if path.starts_with(prefix) && *ok == succeeded))
+    }
+
+    /// `--sync always`: a confirm is sent only after the journal's fdatasync returned, and the
+    /// new segment's directory entry is synced before it too; a failed journal sync nacks, and
+    /// the next batch (sync working again) confirms.
+    #[test]
+    fn a_journaled_confirm_follows_the_journal_sync_and_a_failed_sync_nacks() {
+        let root = temporary_root("journaled");
+        let journal_directory = root.join("journal");
+        let recorder = RecordingSync::new(journal_directory.clone());
+        let (journal, _) = Journal::open_with_sync(&journal_directory, recorder.clone()).expect("journal");
+        let syncer = Syncer::start_with_sync(SyncPolicy::Always, Some(journal), recorder.clone());
+        let log_directory = root.join("queues").join("q");
+        let (mut log, _) = QueueLog::open(&log_directory, 1 << 20).expect("open");
+        log.use_journal();
+        let log: SharedLog = Arc::new(Mutex::new(log));
+        let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
+        recorder.take_events();
+
+        publish_and_confirm(&syncer, &log, &sink, 1);
+        assert!(wait_for_confirm(&recorder, 1), "a working sync confirms");
+        let events = recorder.take_events();
+        let before_confirm = &events[..confirm_index(&events, 1)];
+        assert!(synced_under(before_confirm, &journal_directory, true), "confirmed before the journal sync returned: {events:#?}");
+        assert!(synced_under(before_confirm, &log_directory, true), "confirmed before the new segment's name was synced: {events:#?}");
+
+        recorder.fail(Failing::Under(journal_directory.clone()));
+        publish_and_confirm(&syncer, &log, &sink, 2);
+        assert!(!wait_for_confirm(&recorder, 2), "a failed journal sync must nack");
+        let events = recorder.take_events();
+        assert!(synced_under(&events[..confirm_index(&events, 2)], &journal_directory, false), "{events:#?}");
+
+        recorder.fail(Failing::Nothing);
+        publish_and_confirm(&syncer, &log, &sink, 3);
+        assert!(wait_for_confirm(&recorder, 3), "the next batch, sync working again, confirms");
+        let events = recorder.take_events();
+        assert!(synced_under(&events[..confirm_index(&events, 3)], &journal_directory, true), "{events:#?}");
+        stop(syncer, &log);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// A log without the journal (the syncer has none): the confirm callback runs only after its
+    /// segment's fdatasync returned, and gets `false` when that sync fails.
+    #[test]
+    fn an_unjournaled_confirm_follows_the_segment_sync_and_a_failed_sync_is_false() {
+        let root = temporary_root("unjournaled");
+        let recorder = RecordingSync::new(root.join("journal"));
+        let syncer = Syncer::start_with_sync(SyncPolicy::Always, None::<Journal<RecordingSync>>, recorder.clone());
+        let log_directory = root.join("queues").join("q");
+        let (log, _) = QueueLog::open(&log_directory, 1 << 20).expect("open");
+        let log: SharedLog = Arc::new(Mutex::new(log));
+        recorder.take_events();
+        let callback_events = recorder.events.clone();
+        let callback = move |delivery_tag: u64| -> SyncCallback {
+            let events = callback_events.clone();
+            Box::new(move |durable| events.lock().push(Event::Confirmed { delivery_tag, durable }))
+        };
+        let segment = log_directory.join(format!("{:020}.seg", 0));
+
+        log.lock().append_publish(0, &message(0), true);
+        syncer.sync(vec![log.clone()], Some(callback(1)));
+        assert!(wait_for_confirm(&recorder, 1), "a working sync is durable");
+        let events = recorder.take_events();
+        let before_confirm = &events[..confirm_index(&events, 1)];
+        assert!(synced_under(before_confirm, &segment, true), "the callback ran before the segment sync returned: {events:#?}");
+        assert!(synced_under(before_confirm, &log_directory, true), "{events:#?}");
+
+        recorder.fail(Failing::Under(segment.clone()));
+        log.lock().append_publish(1, &message(1), true);
+        syncer.sync(vec![log.clone()], Some(callback(2)));
+        assert!(!wait_for_confirm(&recorder, 2), "a failed segment sync must report not durable");
+        let events = recorder.take_events();
+        assert!(synced_under(&events[..confirm_index(&events, 2)], &segment, false), "{events:#?}");
+        recorder.fail(Failing::Nothing);
+        stop(syncer, &log);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+    /// Waits (bounded) until `directory` holds exactly `count` journal files.
+    fn wait_for_journal_files(directory: &Path, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while journal_sequences(directory).len() != count {
+            assert!(Instant::now() < deadline, "journal files: {:?}", journal_sequences(directory));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The segment syncs among `events` made on `thread`, with the journal files present at each.
+    fn segment_syncs(events: &[Event], queues: &Path, on_thread: &str) -> Vec<(PathBuf, Vec<u64>)> {
+        events
+            .iter()
+            .filter_map(|event| match event {
+                Event::Synced { path, thread, journal_files, .. }
+                    if thread == on_thread && path.starts_with(queues) && path.extension().is_some_and(|extension| extension == "seg") =>
+                {
+                    Some((path.clone(), journal_files.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A background checkpoint (the journal past its size) fdatasyncs the segments of the finished
+    /// period while that period's journal file still exists, and retires the file only after.
+    #[test]
+    fn a_background_checkpoint_syncs_segments_before_it_retires_their_journal_file() {
+        let root = temporary_root("background-checkpoint");
+        let (journal_directory, queues) = (root.join("journal"), root.join("queues"));
+        let recorder = RecordingSync::new(journal_directory.clone());
+        let (mut journal, _) = Journal::open_with_sync(&journal_directory, recorder.clone()).expect("journal");
+        journal.set_checkpoint_bytes(1);
+        let syncer = Syncer::start_with_sync(SyncPolicy::Always, Some(journal), recorder.clone());
+        let (mut log, _) = QueueLog::open(&queues.join("q"), 512).expect("open");
+        log.use_journal();
+        let log: SharedLog = Arc::new(Mutex::new(log));
+        let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
+        // Every batch starts a checkpoint unless one still runs; a few are enough.
+        let checkpoint_syncs = || segment_syncs(&recorder.events.lock(), &queues, "lepus-checkpoint").len();
+        for position in 0..200 {
+            publish_and_confirm(&syncer, &log, &sink, position);
+            assert!(wait_for_confirm(&recorder, position));
+            wait_for_journal_files(&journal_directory, 1);
+            if checkpoint_syncs() >= 4 {
+                break;
+            }
+        }
+        stop(syncer, &log);
+        let syncs = segment_syncs(&recorder.take_events(), &queues, "lepus-checkpoint");
+        assert!(syncs.len() >= 4, "checkpoints synced segments: {syncs:?}");
+        for (segment, journal_files) in &syncs {
+            assert!(
+                journal_files.len() >= 2,
+                "{} was synced after the journal file holding its writes was retired (journal files then: {journal_files:?})",
+                segment.display()
+            );
+        }
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// The checkpoint of a graceful shutdown, which the caller waits for: segments synced while
+    /// the journal file holding their writes exists, then that file retired.
+    #[test]
+    fn a_shutdown_checkpoint_syncs_segments_before_it_retires_their_journal_file() {
+        let root = temporary_root("shutdown-checkpoint");
+        let (journal_directory, queues) = (root.join("journal"), root.join("queues"));
+        let recorder = RecordingSync::new(journal_directory.clone());
+        let (journal, _) = Journal::open_with_sync(&journal_directory, recorder.clone()).expect("journal");
+        let syncer = Syncer::start_with_sync(SyncPolicy::Always, Some(journal), recorder.clone());
+        let (mut log, _) = QueueLog::open(&queues.join("q"), 512).expect("open");
+        log.use_journal();
+        let log: SharedLog = Arc::new(Mutex::new(log));
+        let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
+        for position in 0..8 {
+            publish_and_confirm(&syncer, &log, &sink, position);
+            assert!(wait_for_confirm(&recorder, position));
+        }
+        let written = journal_sequences(&journal_directory);
+        assert_eq!(written.len(), 1, "no background checkpoint at the default size");
+        recorder.take_events();
+        assert!(syncer.checkpoint(vec![log.clone()]), "the checkpoint succeeds");
+        let syncs = segment_syncs(&recorder.take_events(), &queues, "lepus-syncer");
+        assert!(syncs.len() >= 2, "the checkpoint synced every segment written: {syncs:?}");
+        for (segment, journal_files) in &syncs {
+            assert!(
+                journal_files.contains(&written[0]),
+                "{} was synced after journal file {} was retired (journal files then: {journal_files:?})",
+                segment.display(),
+                written[0]
+            );
+        }
+        assert!(!journal_sequences(&journal_directory).contains(&written[0]), "the checkpoint retires the journal file");
+        stop(syncer, &log);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// Confirmed messages whose segment writes never reached the disk come back from the journal
+    /// when it spans several files: the journal rotates every few batches and every checkpoint
+    /// fails (the segment syncs return EIO), so no file is retired; then every segment loses its
+    /// content, as unsynced writes can at a power loss, and replay rebuilds it from all the files.
+    #[test]
+    fn replay_across_several_journal_files_restores_every_confirmed_message() {
+        let root = temporary_root("replay-files");
+        let (journal_directory, queues) = (root.join("journal"), root.join("queues"));
+        let recorder = RecordingSync::new(journal_directory.clone());
+        recorder.fail(Failing::CheckpointThread);
+        let (mut journal, _) = Journal::open_with_sync(&journal_directory, recorder.clone()).expect("journal");
+        journal.set_checkpoint_bytes(512);
+        let syncer = Syncer::start_with_sync(SyncPolicy::Always, Some(journal), recorder.clone());
+        let directory = queues.join("q");
+        let (mut log, _) = QueueLog::open(&directory, 1024).expect("open");
+        log.use_journal();
+        let log: SharedLog = Arc::new(Mutex::new(log));
+        let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
+        let mut settled = Vec::new();
+        for position in 0..40 {
+            if position % 3 == 1 {
+                log.lock().append_settled(position - 1);
+                settled.push(position - 1);
+            }
+            publish_and_confirm(&syncer, &log, &sink, position);
+            assert!(wait_for_confirm(&recorder, position));
+        }
+        stop(syncer, &log);
+        let segments = log.lock().segment_count();
+        drop(log);
+        assert!(segments >= 3, "segments roll: {segments}");
+        let sequences = journal_sequences(&journal_directory);
+        assert!(sequences.len() >= 3, "the journal rotated through several files: {sequences:?}");
+        assert_eq!(sequences, (1..=sequences.len() as u64).collect::<Vec<_>>(), "a failed checkpoint retires nothing");
+        for entry in std::fs::read_dir(&directory).expect("list") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|extension| extension == "seg") {
+                std::fs::write(&path, b"").expect("empty the segment");
+            }
+        }
+        let (_, entries) = Journal::open(&journal_directory).expect("reopen the journal");
+        replay(&queues, &entries, is_past_every_segment).expect("replay");
+        let (mut log, recovery) = QueueLog::open(&directory, 1024).expect("reopen");
+        assert!(recovery.truncated.is_empty(), "{:?}", recovery.truncated);
+        let expected: Vec<u64> = (0..40).filter(|position| !settled.contains(position)).collect();
+        assert_eq!(recovered_positions(&mut log, &recovery), expected);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    fn recovered_positions(log: &mut QueueLog, recovery: &Recovery) -> Vec<u64> {
+        let mut cursor = log.recovered_tail(recovery);
+        let messages = log.read_tail(&mut cursor, usize::MAX, usize::MAX).expect("read tail");
+        messages.into_iter().map(|(position, _)| position).collect()
     }
 }
