@@ -19,7 +19,7 @@ use support::*;
 /// seen set and clear many times.
 const CASES_PER_METHOD: u32 = 48;
 /// Random cases for the content header tests.
-const HEADER_CASES: u32 = 512;
+const HEADER_CASES: u32 = 256;
 /// Any channel but 0 (the value does not matter to the codec, only that it survives).
 const CHANNEL: u16 = 0x0102;
 
@@ -236,7 +236,7 @@ fn damaged_content_headers_give_frame_errors_never_panics() {
 
 #[test]
 fn damaged_field_tables_give_typed_errors_never_panics() {
-    runner(1024)
+    runner(384)
         .run(&(field_table(), damage()), |(table, damage)| {
             let mut encoded = Vec::new();
             encode_table(&mut encoded, &table);
