@@ -503,6 +503,7 @@ pub fn apply_damage(bytes: &[u8], keep: usize, damage: &Damage) -> Option<Vec<u8
 /// Hex digits (whitespace ignored) to bytes.
 pub fn from_hex(text: &str) -> Vec<u8> {
     let digits: Vec<u8> = text.bytes().filter(|byte| !byte.is_ascii_whitespace()).collect();
-    assert!(digits.len() % 2 == 0, "odd number of hex digits");
-    digits.chunks(2).map(|pair| u8::from_str_radix(std::str::from_utf8(pair).expect("ASCII"), 16).expect("hex digits")).collect()
+    let pairs = digits.chunks_exact(2);
+    assert!(pairs.remainder().is_empty(), "odd number of hex digits");
+    pairs.map(|pair| u8::from_str_radix(std::str::from_utf8(pair).expect("ASCII"), 16).expect("hex digits")).collect()
 }
