@@ -53,9 +53,6 @@ pub enum DecodeError {
         /// What went wrong.
         detail: String,
     },
-    /// A content header whose property flags announce properties we cannot parse.
-    #[error("bad content header: {0}")]
-    BadContentHeader(&'static str),
 }
 
 impl DecodeError {

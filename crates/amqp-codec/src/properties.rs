@@ -23,8 +23,6 @@ const FLAG_TYPE: u16 = 1 << 5;
 const FLAG_USER_ID: u16 = 1 << 4;
 const FLAG_APP_ID: u16 = 1 << 3;
 const FLAG_CLUSTER_ID: u16 = 1 << 2;
-/// Bits 1 and 0 are unused by the basic class (bit 0 would announce a second flags word).
-const FLAGS_UNUSED: u16 = 0b11;
 
 /// A content header frame's payload.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,10 +44,10 @@ impl ContentHeader {
         let class_id = reader.read_u16()?;
         let _weight = reader.read_u16()?;
         let body_size = reader.read_u64()?;
+        // Bits 1 and 0 name no basic property (bit 0 would announce a second flags word).
+        // RabbitMQ 3.10.8 ignores them and hands them on to consumers unchanged (see the
+        // `unused-property-flags` fixture), so they are kept, not refused.
         let property_flags = reader.read_u16()?;
-        if property_flags & FLAGS_UNUSED != 0 {
-            return Err(DecodeError::BadContentHeader("unknown property flags"));
-        }
         let properties_raw = reader.take(reader.remaining())?;
         // Parse once to reject malformed properties at the door, as RabbitMQ does, so that a
         // delivery never carries bytes a consumer's client cannot decode.
