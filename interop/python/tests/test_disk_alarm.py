@@ -72,6 +72,8 @@ def test_low_disk_blocks_publishers_until_space_returns(small_disk, tmp_path, mo
         channel = conn.channel()
         channel.queue_declare("disk-q", durable=True)
         channel.confirm_delivery()
+        # Opened now: while blocked, the broker would not read a channel.open either.
+        unconfirmed_channel = conn.channel()
         before = [b"before-%d" % index for index in range(BEFORE)]
         for body in before:
             channel.basic_publish("", "disk-q", body, pika.BasicProperties(delivery_mode=2))
@@ -85,11 +87,11 @@ def test_low_disk_blocks_publishers_until_space_returns(small_disk, tmp_path, mo
             f.write(b"\0" * BALLAST_BYTES)
         # A publisher learns of the alarm without publishing again.
         pump(conn, lambda: ("blocked", "low on disk") in events, "connection.blocked")
-        # Sent now, these are not read while the alarm is up (their confirms come later).
+        # Sent now, on a channel without confirms (nothing to wait for), these are not read while
+        # the alarm is up.
         during = [b"during-%d" % index for index in range(DURING)]
-        channel_impl = channel._impl
         for body in during:
-            channel_impl.basic_publish("", "disk-q", body, pika.BasicProperties(delivery_mode=2))
+            unconfirmed_channel.basic_publish("", "disk-q", body, pika.BasicProperties(delivery_mode=2))
         conn.process_data_events(time_limit=0.1)
         assert_depth_stays(observer_channel, BEFORE, "before draining")
         # Consumers still drain while publishers are blocked.
@@ -100,6 +102,7 @@ def test_low_disk_blocks_publishers_until_space_returns(small_disk, tmp_path, mo
 
         os.remove(ballast)
         pump(conn, lambda: ("unblocked", None) in events, "connection.unblocked")
+        # Confirmed, so everything this connection sent before it was taken too.
         channel.basic_publish("", "disk-q", b"after", pika.BasicProperties(delivery_mode=2))
         bodies = [observer_channel.basic_get("disk-q", auto_ack=True)[2] for _ in range(DURING + 1)]
         assert bodies == during + [b"after"]
