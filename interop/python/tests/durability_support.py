@@ -102,7 +102,7 @@ def queue_directories(data_dir):
 
 def queue_directory_name(directory):
     """The queue name a log directory holds: its name is the hex of `vhost NUL name`."""
-    vhost, _, name = bytes.fromhex(directory).partition(b"\0")
+    _vhost, _, name = bytes.fromhex(directory).partition(b"\0")
     return name.decode()
 
 
