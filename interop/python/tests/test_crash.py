@@ -2,6 +2,10 @@
 run while the broker is killed with SIGKILL at a random moment; after a restart, a ledger check
 proves that every confirmed message that was not acked is still there.
 
+Before the kills, the test checks that the --sync policy asked for (LEPUS_SYNC) took effect, from
+the broker's fdatasync counter and its node journal, so a broker that ignored it would not run
+every case as `always`.
+
 At-least-once allows duplicates (an ack or a settle record in flight at the crash), so messages
 that come back although acked are counted, not failed.
 """
@@ -16,7 +20,7 @@ import pika
 import pytest
 
 from conftest import make_params, safe_close
-from test_lifecycle import LepusBroker
+from durability_support import ObservedBroker, journal_bytes
 
 pytestmark = pytest.mark.lepus_only
 
@@ -26,6 +30,10 @@ QUEUE = "crash-ledger"
 RUN_SECONDS_MIN = 0.3
 RUN_SECONDS_MAX = 1.5
 DRAIN_SECONDS_MAX = 30.0
+SYNC_PROBE_MESSAGES = 30
+# The --sync interval default (docs/storage.md), and how long to watch for fdatasyncs that never come.
+SYNC_INTERVAL_SECONDS = 0.2
+SYNC_WATCH_SECONDS = 5 * SYNC_INTERVAL_SECONDS
 
 
 class Ledger:
@@ -106,13 +114,54 @@ def broker(request, tmp_path, monkeypatch):
     monkeypatch.setenv("LEPUS_SYNC", request.param)
     data_dir = tmp_path / "data"
     data_dir.mkdir()
-    lepus = LepusBroker(os.environ["LEPUS_BIN"], data_dir, tmp_path)
+    lepus = ObservedBroker(os.environ["LEPUS_BIN"], data_dir, tmp_path)
+    lepus.sync_mode = request.param
     lepus.start()
     yield lepus
     lepus.kill()
 
 
+def assert_sync_mode_took_effect(broker):
+    """Proves the broker runs the --sync policy asked for (through LEPUS_SYNC): only `always`
+    writes the node journal and fdatasyncs before each confirm; `interval` fdatasyncs later,
+    on its timer; `never` does not fdatasync at all (docs/storage.md, "What a confirm promises")."""
+    fsyncs_before = broker.fsync_count()
+    journal_before = journal_bytes(broker.data_dir)
+    conn = broker.connect()
+    try:
+        channel = conn.channel()
+        channel.queue_declare("sync-probe", durable=True)
+        channel.confirm_delivery()
+        # One at a time: each waits for its confirm, so `always` needs one group commit each.
+        for index in range(SYNC_PROBE_MESSAGES):
+            channel.basic_publish("", "sync-probe", b"probe-%d" % index, pika.BasicProperties(delivery_mode=2))
+        fsyncs_at_confirm = broker.fsync_count() - fsyncs_before
+        journal_grown = journal_bytes(broker.data_dir) - journal_before
+        check_later_fsyncs(broker, fsyncs_before, fsyncs_at_confirm, journal_grown)
+        # Deleted only now: the interval sync skips the logs of deleted queues.
+        channel.queue_delete("sync-probe")
+    finally:
+        safe_close(conn)
+
+
+def check_later_fsyncs(broker, fsyncs_before, fsyncs_at_confirm, journal_grown):
+    seen = "%s: %d fdatasyncs by the last confirm, journal grew %d bytes" % (broker.sync_mode, fsyncs_at_confirm, journal_grown)
+    if broker.sync_mode == "always":
+        assert fsyncs_at_confirm >= SYNC_PROBE_MESSAGES and journal_grown > 0, seen
+        return
+    assert journal_grown == 0, seen
+    deadline = time.monotonic() + SYNC_WATCH_SECONDS
+    while time.monotonic() < deadline and broker.fsync_count() == fsyncs_before:
+        time.sleep(0.02)
+    fsyncs_later = broker.fsync_count() - fsyncs_before
+    if broker.sync_mode == "interval":
+        assert 0 < fsyncs_later < SYNC_PROBE_MESSAGES, seen + "; %d within %.1f s" % (fsyncs_later, SYNC_WATCH_SECONDS)
+    else:
+        assert fsyncs_later == 0, seen + "; %d within %.1f s" % (fsyncs_later, SYNC_WATCH_SECONDS)
+
+
 def test_sigkill_during_confirmed_publishing_loses_nothing_confirmed(broker):
+    assert_sync_mode_took_effect(broker)
     conn = broker.connect()
     conn.channel().queue_declare(QUEUE, durable=True)
     safe_close(conn)
