@@ -225,6 +225,9 @@ pub struct ChannelShared {
     pub prefetch_count: AtomicU32,
     /// Consumers on this channel (for listings).
     pub consumer_count: AtomicU32,
+    /// Set when channel.close was sent from outside the reader task (a tx.commit whose sync
+    /// failed, see `Channel::commit`); the reader then treats the channel as closing.
+    pub closed_by_broker: AtomicBool,
 }
 
 impl ChannelShared {
@@ -242,6 +245,7 @@ impl ChannelShared {
             transactional: AtomicBool::new(false),
             prefetch_count: AtomicU32::new(0),
             consumer_count: AtomicU32::new(0),
+            closed_by_broker: AtomicBool::new(false),
         }
     }
 }

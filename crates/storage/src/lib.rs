@@ -1,5 +1,6 @@
 //! Lepus's storage: what must survive a restart.
 //!
+//! - [`data_dir_lock`]: the exclusive lock one broker process holds on its data directory.
 //! - [`definitions`]: durable exchanges, queues and bindings, rewritten atomically on each change.
 //! - [`queue_log`]: one log per durable queue, a directory of segment files that are recycled
 //!   rather than deleted; each record carries a length, a CRC32C over the record and its
@@ -10,6 +11,7 @@
 //! - [`syncer`]: one thread that writes and fdatasyncs every dirty log in a batch (group commit)
 //!   and only then runs the callbacks that send publisher confirms.
 
+pub mod data_dir_lock;
 pub mod definitions;
 pub mod janitor;
 pub mod journal;
