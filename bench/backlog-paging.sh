@@ -25,7 +25,7 @@ cleanup() { [[ -n $broker_pid ]] && kill "$broker_pid" 2>/dev/null; rm -rf "$dat
 trap cleanup EXIT
 
 start_broker() { # LOG
-  "$lepus" server --data-dir "$data/data" --amqp-port $port --bind 127.0.0.1 >"$1" 2>&1 &
+  "$lepus" server --data-dir "$data/data" --amqp-port $port --bind 127.0.0.1 --http-port 0 --metrics-port 0 >"$1" 2>&1 &
   broker_pid=$!
   until (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; do sleep 0.02; done
 }

@@ -35,7 +35,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 port=$(free_port)
 data_dir=$(mktemp -d /tmp/lepus-test-XXXXXX)
 log="$data_dir.log"
-"$lepus" server --data-dir "$data_dir" --amqp-port "$port" --bind 127.0.0.1 >"$log" 2>&1 &
+# No HTTP servers: no suite uses this broker's, and a taken default port would stop its start.
+"$lepus" server --data-dir "$data_dir" --amqp-port "$port" --bind 127.0.0.1 --http-port 0 --metrics-port 0 >"$log" 2>&1 &
 broker_pid=$!
 cleanup() { kill "$broker_pid" 2>/dev/null || true; wait "$broker_pid" 2>/dev/null || true; rm -rf "$data_dir"; }
 trap cleanup EXIT

@@ -1,118 +1,212 @@
-//! The AMQP listeners (plain, and TLS when a certificate is configured): accept sockets and start
-//! a connection task for each; also starts the management API (HTTP, HTTPS) and metrics servers.
+//! The listeners: AMQP (plain, and TLS when a certificate is configured), the management API
+//! (HTTP, HTTPS) and metrics. Every configured listener is bound before storage is touched, and
+//! one that cannot be bound stops the start: a broker that runs on without the listener its
+//! operator configured (its management API, say) hides the failure until someone needs it.
 
 use crate::broker::Broker;
 use crate::config::ServerConfig;
+use crate::tls::TlsAcceptors;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use storage::data_dir_lock::{DataDirLock, DataDirLockError};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 /// How long a graceful shutdown waits for clients to answer connection.close.
 pub const SHUTDOWN_CONNECTIONS_WAIT_S: u64 = 5;
 
-/// Opens the data directory, listens, and serves until SIGINT or SIGTERM.
-pub fn run(config: ServerConfig) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|error| error.to_string())?;
-    runtime.block_on(async move {
-        // Bad TLS files stop the start here, before the data directory is opened or a port taken.
-        let tls = crate::tls::load(&config)?;
-        let broker = Broker::open(config.clone())?;
-        let address = SocketAddr::new(config.bind_address, config.amqp_port);
-        let listener = TcpListener::bind(address).await.map_err(|error| format!("listening on {address}: {error}"))?;
-        tracing::info!(%address, data_dir = %config.data_dir.display(), "Lepus is accepting AMQP 0-9-1 connections");
-        // AMQPS, once configured, is as essential as AMQP: a port already taken stops the broker.
-        let amqps_listener = match &tls {
-            Some(tls) if config.amqps_port != 0 => {
-                let address = SocketAddr::new(config.bind_address, config.amqps_port);
-                let listener = TcpListener::bind(address).await.map_err(|error| format!("listening on {address} (AMQPS): {error}"))?;
-                tracing::info!(%address, verify_peer = config.tls_verify_peer, fail_if_no_peer_cert = config.tls_fail_if_no_peer_cert,
-                    "Lepus is accepting AMQP 0-9-1 connections over TLS");
-                Some((listener, tls.amqp.clone()))
-            }
-            _ => None,
-        };
-        tokio::spawn(crate::disk::monitor(broker.clone()));
-        let management =
-            (config.http_port != 0 || (tls.is_some() && config.https_port != 0)).then(|| crate::management::app(broker.clone()));
-        // A port already taken stops only that server, not the broker: several brokers started
-        // with the defaults on one machine (test suites) keep working over AMQP.
-        let https_port = if tls.is_some() { config.https_port } else { 0 };
-        let servers = [(config.http_port, Server::Http), (https_port, Server::Https), (config.metrics_port, Server::Metrics)];
-        for (port, server) in servers {
-            if port == 0 {
-                continue;
-            }
-            let address = SocketAddr::new(config.bind_address, port);
-            let socket = match TcpListener::bind(address).await {
-                Ok(socket) => socket,
-                Err(error) => {
-                    tracing::error!(%address, %error, "cannot listen: the {} is not served", server.name());
-                    continue;
-                }
-            };
-            tracing::info!(%address, "serving the {}", server.name());
-            match (server, &management, &tls) {
-                (Server::Http, Some(app), _) => {
-                    tokio::spawn(crate::management::serve(app.clone(), socket));
-                }
-                (Server::Https, Some(app), Some(tls)) => {
-                    tokio::spawn(crate::management::serve_tls(app.clone(), socket, tls.https.clone()));
-                }
-                (Server::Metrics, _, _) => {
-                    tokio::spawn(crate::metrics::serve(broker.clone(), socket));
-                }
-                _ => {}
-            }
-        }
-        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|error| error.to_string())?;
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        let _ = stream.set_nodelay(true);
-                        tokio::spawn(crate::connection::serve(broker.clone(), stream, peer, None));
-                    }
-                    Err(error) => accept_failed(error).await,
-                },
-                accepted = accept_amqps(amqps_listener.as_ref()) => match accepted {
-                    Ok((stream, peer, acceptor)) => {
-                        tokio::spawn(serve_amqps(broker.clone(), acceptor, stream, peer));
-                    }
-                    Err(error) => accept_failed(error).await,
-                },
-                _ = tokio::signal::ctrl_c() => break,
-                _ = terminate.recv() => break,
-            }
-        }
-        tracing::info!(connections = broker.connection_count(), "shutting down: closing connections with 320 CONNECTION_FORCED");
-        drop(listener);
-        drop(amqps_listener);
-        broker.close_all_connections();
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(SHUTDOWN_CONNECTIONS_WAIT_S);
-        while broker.connection_count() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        broker.flush_all();
-        Ok(())
-    })
+/// Why `lepus server` could not start (or, for `Signal`, keep running).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The async runtime could not be built.
+    #[error("starting the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The TLS certificate or key files are unusable (the message names the file).
+    #[error("{0}")]
+    Tls(String),
+    /// Another process holds the data directory, or its lock file cannot be written.
+    #[error(transparent)]
+    DataDirectory(#[from] DataDirLockError),
+    /// A configured listener's address cannot be bound (taken, not permitted, not local).
+    #[error("cannot listen on {address} for {listener} (--{}): {source}", listener.setting())]
+    Listen {
+        /// Which listener.
+        listener: ListenerKind,
+        /// The address it was to listen on.
+        address: SocketAddr,
+        /// The bind error.
+        source: std::io::Error,
+    },
+    /// Opening the data directory or recovering from it failed (the message names the file).
+    #[error("{0}")]
+    Recovery(String),
+    /// The SIGTERM handler could not be installed.
+    #[error("handling SIGTERM: {0}")]
+    Signal(#[source] std::io::Error),
 }
 
-/// The HTTP servers besides AMQP.
-#[derive(Clone, Copy)]
-enum Server {
+/// The listeners a broker may serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenerKind {
+    /// AMQP 0-9-1.
+    Amqp,
+    /// AMQP 0-9-1 over TLS.
+    Amqps,
+    /// The management API over HTTP.
     Http,
+    /// The management API over HTTPS.
     Https,
+    /// Prometheus metrics.
     Metrics,
 }
 
-impl Server {
-    fn name(self) -> &'static str {
+impl ListenerKind {
+    /// The setting (flag without `--`, file key with `_`) that chooses its port.
+    pub fn setting(self) -> &'static str {
         match self {
-            Server::Http => "management HTTP API",
-            Server::Https => "management HTTPS API",
-            Server::Metrics => "Prometheus metrics at /metrics",
+            ListenerKind::Amqp => "amqp-port",
+            ListenerKind::Amqps => "amqps-port",
+            ListenerKind::Http => "http-port",
+            ListenerKind::Https => "https-port",
+            ListenerKind::Metrics => "metrics-port",
         }
     }
+}
+
+impl std::fmt::Display for ListenerKind {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(match self {
+            ListenerKind::Amqp => "AMQP",
+            ListenerKind::Amqps => "AMQPS (AMQP over TLS)",
+            ListenerKind::Http => "the management HTTP API",
+            ListenerKind::Https => "the management HTTPS API",
+            ListenerKind::Metrics => "Prometheus metrics",
+        })
+    }
+}
+
+/// Every configured listener, bound and not yet accepting.
+struct Listeners {
+    amqp: TcpListener,
+    amqps: Option<(TcpListener, TlsAcceptor)>,
+    http: Option<TcpListener>,
+    https: Option<(TcpListener, TlsAcceptor)>,
+    metrics: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds every listener the settings turn on; the first that fails stops the start. A port of
+    /// 0 turns a listener off (AMQP's is always on: 0 there asks the kernel for a free port).
+    async fn bind_all(config: &ServerConfig, tls: Option<&TlsAcceptors>) -> Result<Listeners, StartError> {
+        let amqp = bind(config, ListenerKind::Amqp, config.amqp_port).await?;
+        let (amqps_port, https_port) = if tls.is_some() { (config.amqps_port, config.https_port) } else { (0, 0) };
+        let amqps = bind_optional(config, ListenerKind::Amqps, amqps_port).await?;
+        let http = bind_optional(config, ListenerKind::Http, config.http_port).await?;
+        let https = bind_optional(config, ListenerKind::Https, https_port).await?;
+        let metrics = bind_optional(config, ListenerKind::Metrics, config.metrics_port).await?;
+        Ok(Listeners {
+            amqp,
+            amqps: amqps.zip(tls.map(|tls| tls.amqp.clone())),
+            http,
+            https: https.zip(tls.map(|tls| tls.https.clone())),
+            metrics,
+        })
+    }
+}
+
+async fn bind(config: &ServerConfig, listener: ListenerKind, port: u16) -> Result<TcpListener, StartError> {
+    let address = SocketAddr::new(config.bind_address, port);
+    TcpListener::bind(address).await.map_err(|source| StartError::Listen { listener, address, source })
+}
+
+async fn bind_optional(config: &ServerConfig, listener: ListenerKind, port: u16) -> Result<Option<TcpListener>, StartError> {
+    if port == 0 {
+        return Ok(None);
+    }
+    bind(config, listener, port).await.map(Some)
+}
+
+/// Locks and opens the data directory, listens, and serves until SIGINT or SIGTERM.
+pub fn run(config: ServerConfig) -> Result<(), StartError> {
+    // Bad TLS files stop the start here, before the data directory is locked or a port taken.
+    let tls = crate::tls::load(&config).map_err(StartError::Tls)?;
+    // Taken before anything in the directory is read, and held until this function returns
+    // (declared before the runtime, so dropped after it and after the final flush).
+    let _data_dir_lock = DataDirLock::acquire(&config.data_dir)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(StartError::Runtime)?;
+    runtime.block_on(async move {
+        let listeners = Listeners::bind_all(&config, tls.as_ref()).await?;
+        let broker = Broker::open(config.clone()).map_err(StartError::Recovery)?;
+        serve(broker, listeners).await
+    })
+}
+
+/// Serves every bound listener until SIGINT or SIGTERM, then shuts down.
+async fn serve(broker: Arc<Broker>, listeners: Listeners) -> Result<(), StartError> {
+    let Listeners { amqp, amqps, http, https, metrics } = listeners;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(StartError::Signal)?;
+    tokio::spawn(crate::disk::monitor(broker.clone()));
+    if http.is_some() || https.is_some() {
+        let app = crate::management::app(broker.clone());
+        if let Some(socket) = http {
+            log_serving(&socket, ListenerKind::Http);
+            tokio::spawn(crate::management::serve(app.clone(), socket));
+        }
+        if let Some((socket, acceptor)) = https {
+            log_serving(&socket, ListenerKind::Https);
+            tokio::spawn(crate::management::serve_tls(app, socket, acceptor));
+        }
+    }
+    if let Some(socket) = metrics {
+        log_serving(&socket, ListenerKind::Metrics);
+        tokio::spawn(crate::metrics::serve(broker.clone(), socket));
+    }
+    if let Some((socket, _)) = &amqps {
+        log_serving(socket, ListenerKind::Amqps);
+    }
+    log_serving(&amqp, ListenerKind::Amqp);
+    tracing::info!(data_dir = %broker.config.data_dir.display(), "Lepus is accepting AMQP 0-9-1 connections");
+    loop {
+        tokio::select! {
+            accepted = amqp.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    tokio::spawn(crate::connection::serve(broker.clone(), stream, peer, None));
+                }
+                Err(error) => accept_failed(error).await,
+            },
+            accepted = accept_amqps(amqps.as_ref()) => match accepted {
+                Ok((stream, peer, acceptor)) => {
+                    tokio::spawn(serve_amqps(broker.clone(), acceptor, stream, peer));
+                }
+                Err(error) => accept_failed(error).await,
+            },
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        }
+    }
+    drop(amqp);
+    drop(amqps);
+    shut_down(&broker).await;
+    Ok(())
+}
+
+fn log_serving(socket: &TcpListener, listener: ListenerKind) {
+    match socket.local_addr() {
+        Ok(address) => tracing::info!(%address, "serving {listener}"),
+        Err(error) => tracing::info!(%error, "serving {listener} (its address is unknown)"),
+    }
+}
+
+/// Closes every connection (waiting a bounded time for clients to answer) and flushes every log.
+async fn shut_down(broker: &Broker) {
+    tracing::info!(connections = broker.connection_count(), "shutting down: closing connections with 320 CONNECTION_FORCED");
+    broker.close_all_connections();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(SHUTDOWN_CONNECTIONS_WAIT_S);
+    while broker.connection_count() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    broker.flush_all();
 }
 
 /// Accepts from the AMQPS listener, or waits forever when there is none (TLS not configured).

@@ -68,7 +68,8 @@ fn main() -> ExitCode {
             Ok(settings::Resolved::Run(config)) => match listener::run(config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
-                    tracing::error!(%error, "the broker stopped");
+                    // Plain text on stderr, not a log line: the operator who started it reads it.
+                    eprintln!("lepus server: {error}");
                     ExitCode::FAILURE
                 }
             },

@@ -228,6 +228,9 @@ pub struct ChannelShared {
     /// Set when the broker cancelled one of this channel's consumers (its queue was deleted); the
     /// channel then forgets cancelled consumers, freeing their tags.
     pub consumers_cancelled_by_broker: AtomicBool,
+    /// Set when channel.close was sent from outside the reader task (a tx.commit whose sync
+    /// failed, see `Channel::commit`); the reader then treats the channel as closing.
+    pub closed_by_broker: AtomicBool,
 }
 
 impl ChannelShared {
@@ -246,6 +249,7 @@ impl ChannelShared {
             prefetch_count: AtomicU32::new(0),
             consumer_count: AtomicU32::new(0),
             consumers_cancelled_by_broker: AtomicBool::new(false),
+            closed_by_broker: AtomicBool::new(false),
         }
     }
 }

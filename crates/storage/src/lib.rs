@@ -1,5 +1,6 @@
 //! Lepus's storage: what must survive a restart.
 //!
+//! - [`data_dir_lock`]: the exclusive lock one broker process holds on its data directory.
 //! - [`definitions`]: durable exchanges, queues and bindings, rewritten atomically on each change.
 //! - [`queue_log`]: one log per durable queue, a directory of segment files that are recycled
 //!   rather than deleted; each record carries a length, a CRC32C over the record and its
@@ -12,6 +13,7 @@
 //! - [`file_sync`]: the seam through which the journal, the syncer and its checkpoints fdatasync,
 //!   so tests can record the order of syncs or fail them.
 
+pub mod data_dir_lock;
 pub mod definitions;
 pub mod file_sync;
 pub mod janitor;

@@ -156,15 +156,8 @@ impl Channel {
             context.reply(id, TxCommitOk {}.into());
         } else {
             // commit-ok promises the transaction's persistent messages are on disk.
-            let connection = context.connection.clone();
-            context.broker.syncer.sync(
-                logs,
-                Some(Box::new(move |_durable| {
-                    let mut frames = BytesMut::new();
-                    encode_method_frame(&mut frames, id, &TxCommitOk {}.into());
-                    connection.send(Outbound::Frames(frames.freeze()));
-                })),
-            );
+            let channel = self.shared.clone();
+            context.broker.syncer.sync(logs, Some(Box::new(move |durable| answer_commit(&channel, durable))));
         }
         Ok(())
     }
@@ -178,6 +171,37 @@ impl Channel {
             }
         }
     }
+}
+
+/// Answers a tx.commit once the syncer has run: commit-ok when its messages are on disk; when a
+/// write or sync failed, what RabbitMQ answers a commit whose messages a queue rejected, a channel
+/// error 406 "partial tx completion" (`rabbit_channel:complete_tx`), so the client never takes an
+/// unsynced message for committed. The commit-ok of a later commit that was already pipelined
+/// behind it is not sent either.
+fn answer_commit(channel: &ChannelShared, durable: bool) {
+    // Under the ledger lock, so the reader cannot release the channel (and the client reuse its
+    // number) between the check and the send.
+    let ledger = channel.ledger.lock();
+    if !ledger.open || channel.closed_by_broker.load(Ordering::Acquire) {
+        return;
+    }
+    let mut frames = BytesMut::new();
+    if durable {
+        encode_method_frame(&mut frames, channel.id, &TxCommitOk {}.into());
+    } else {
+        let error = AmqpError::precondition("partial tx completion").during(90, 20);
+        tracing::warn!(channel = channel.id, "tx.commit: its messages could not be written or synced; closing the channel");
+        channel.closed_by_broker.store(true, Ordering::Release);
+        let close = ChannelClose {
+            reply_code: error.code,
+            reply_text: ShortStr::truncating(error.text),
+            class_id: error.class_id,
+            method_id: error.method_id,
+        };
+        encode_method_frame(&mut frames, channel.id, &close.into());
+    }
+    channel.connection.send(Outbound::Frames(frames.freeze()));
+    drop(ledger);
 }
 
 /// Settles (or requeues) deliveries, grouped per queue so each queue is locked once.

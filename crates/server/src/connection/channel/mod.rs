@@ -164,6 +164,11 @@ impl Channel {
 
     /// Handles one frame for this channel.
     pub fn handle(&mut self, context: &mut Context, payload: FramePayload) -> Result<After, AmqpError> {
+        if !self.closing && self.shared.closed_by_broker.load(Ordering::Acquire) {
+            // A failed tx.commit already sent channel.close: release what `fail` would have.
+            self.release(context);
+            self.closing = true;
+        }
         if self.closing {
             return Ok(match payload {
                 FramePayload::Method(Method::ChannelCloseOk(_)) => After::Forget,
