@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # Runs the interop suites and the perf tool's broker test against a real RabbitMQ (Debian's
-# rabbitmq-server, a private node on free ports), to prove that what the suites expect of Lepus
-# is what RabbitMQ does. Called by scripts/test.sh; REFERENCE=none there skips it.
+# rabbitmq-server 3.10.8, a private node on free ports with the rabbitmq_management plugin), to prove
+# that what the suites expect of Lepus is what RabbitMQ does. Called by scripts/test.sh.
 #
-# Usage: scripts/rabbitmq-reference.sh SUITE...   (python go java)
+# A reference run that cannot run is a failure: when rabbitmq-server is missing and cannot be
+# installed (apt-get as root), or the node does not start, this exits 1. The one way to skip the
+# reference runs is to say so: REFERENCE=none scripts/test.sh (which then never calls this script).
+#
+# The suites get, besides AMQP_URL (LEPUS_BIN is unset, so they know they do not own the broker):
+#   MANAGEMENT_URL, LEPUS_MANAGEMENT_URL  the management API, http://guest:guest@127.0.0.1:PORT/api
+#   RABBITMQCTL                           a command prefix that reaches the node ("rabbitmqctl -n NODE")
+#
+# Usage: scripts/rabbitmq-reference.sh SUITE...   (python go java management)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -11,55 +19,73 @@ root=$(pwd)
 if ! command -v rabbitmq-server >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "rabbitmq-reference: installing Debian's rabbitmq-server"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends rabbitmq-server) >/dev/null
+    if ! (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends rabbitmq-server) >/dev/null; then
+      echo "rabbitmq-reference: FAILED: apt-get could not install rabbitmq-server (REFERENCE=none skips the reference runs)" >&2
+      exit 1
+    fi
   else
-    echo "rabbitmq-reference: rabbitmq-server is not installed and cannot be (not root): reference runs skipped" >&2
-    exit 0
+    echo "rabbitmq-reference: FAILED: rabbitmq-server is not installed and cannot be (needs root and apt-get);" \
+      "install it, or run REFERENCE=none scripts/test.sh to skip the reference runs deliberately" >&2
+    exit 1
   fi
 fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 port=$(free_port)
 dist_port=$(free_port)
+http_port=$(free_port)
 base=$(mktemp -d /tmp/lepus-rabbitmq-reference-XXXXXX)
 node="lepus-reference-$$@localhost"
 log="$base/server.out"
 mkdir -p "$base/mnesia" "$base/log"
-echo "[]." >"$base/enabled_plugins"
+echo "[rabbitmq_management]." >"$base/enabled_plugins"
+# Statistics every 500 ms rather than 5 s, so the management suite's waits for them stay short.
+cat >"$base/rabbitmq.conf" <<EOF
+listeners.tcp.default = $port
+management.tcp.port = $http_port
+management.tcp.ip = 127.0.0.1
+collect_statistics_interval = 500
+EOF
 # Debian's rabbitmq-server drops to the rabbitmq user: the node's directories must be its.
 if id rabbitmq >/dev/null 2>&1; then chown -R rabbitmq:rabbitmq "$base"; fi
-echo "rabbitmq-reference: starting RabbitMQ node $node on port $port"
-RABBITMQ_NODENAME=$node RABBITMQ_NODE_PORT=$port RABBITMQ_DIST_PORT=$dist_port \
+echo "rabbitmq-reference: starting RabbitMQ node $node on port $port (management API on $http_port)"
+RABBITMQ_NODENAME=$node RABBITMQ_DIST_PORT=$dist_port RABBITMQ_CONFIG_FILE=$base/rabbitmq.conf \
   RABBITMQ_MNESIA_BASE=$base/mnesia RABBITMQ_LOG_BASE=$base/log RABBITMQ_ENABLED_PLUGINS_FILE=$base/enabled_plugins \
   rabbitmq-server >"$log" 2>&1 &
 server_pid=$!
 stop() {
-  RABBITMQ_NODENAME=$node timeout 30 rabbitmqctl -n "$node" stop >/dev/null 2>&1 || kill "$server_pid" 2>/dev/null || true
+  timeout 30 rabbitmqctl -n "$node" stop >/dev/null 2>&1 || kill "$server_pid" 2>/dev/null || true
   wait "$server_pid" 2>/dev/null || true
   rm -rf "$base"
 }
 trap stop EXIT
+management_url="http://guest:guest@127.0.0.1:$http_port/api"
+# The management API answers once the node has booted its default vhost and user.
 for _ in $(seq 1 240); do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then break; fi
+  if python3 -c 'import sys, urllib.request; urllib.request.urlopen(urllib.request.Request(sys.argv[1],
+    headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}), timeout=1)' "http://127.0.0.1:$http_port/api/overview" 2>/dev/null; then break; fi
   if ! kill -0 "$server_pid" 2>/dev/null; then break; fi
   sleep 0.25
 done
-if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-  echo "rabbitmq-reference: RabbitMQ did not start; its output:" >&2
+# "Z3Vlc3Q6Z3Vlc3Q=" is guest:guest in base64. Both listeners must be up.
+if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || ! (exec 3<>"/dev/tcp/127.0.0.1/$http_port") 2>/dev/null; then
+  echo "rabbitmq-reference: FAILED: RabbitMQ did not start; its output:" >&2
   tail -30 "$log" >&2
   exit 1
 fi
-# Give the node a moment to finish booting its default vhost and user after the port opens.
-sleep 2
 url="amqp://guest:guest@127.0.0.1:$port/"
+export RABBITMQCTL="rabbitmqctl -n $node"
+export MANAGEMENT_URL="$management_url" LEPUS_MANAGEMENT_URL="$management_url"
 failed=0
 for suite in "$@"; do
   echo "== interop/$suite against RabbitMQ $(dpkg-query -W -f='${Version}' rabbitmq-server 2>/dev/null || true)"
-  # LEPUS_BIN is not passed: the Lepus-only tests skip.
+  # LEPUS_BIN is not passed: the suites test the broker at AMQP_URL and skip what only Lepus has.
   if ! env -u LEPUS_BIN AMQP_URL="$url" "interop/$suite/run.sh"; then failed=$((failed + 1)); echo "interop/$suite against RabbitMQ FAILED"; fi
 done
 echo "== lepus perf against RabbitMQ"
-if ! LEPUS_BIN="$root/target/release/lepus" LEPUS_PERF_RABBITMQ_URL="$url" cargo test --locked -p lepus-perf --test perf_broker -- --nocapture 2>&1 | grep -E "test result|rabbitmq|RabbitMQ|FAILED|panicked"; then
+if ! LEPUS_PERF_RABBITMQ_URL="$url" cargo test --locked -p lepus-perf --test perf_broker -- rabbitmq --nocapture 2>&1 \
+  | grep -E "test result|rabbitmq|RabbitMQ|FAILED|panicked"; then
   failed=$((failed + 1))
+  echo "lepus perf against RabbitMQ FAILED"
 fi
 [ "$failed" -eq 0 ]

@@ -1,11 +1,44 @@
-//! `lepus perf` against a real broker: Lepus from `LEPUS_BIN`, and RabbitMQ when
-//! `LEPUS_PERF_RABBITMQ_URL` names one (e.g. amqp://guest:guest@127.0.0.1:5672/).
+//! `lepus perf` against a real broker: Lepus from `LEPUS_BIN`, and RabbitMQ from
+//! `LEPUS_PERF_RABBITMQ_URL` (e.g. amqp://guest:guest@127.0.0.1:5672/).
+//!
+//! A test whose broker is not named fails rather than pass without running: set the variable, or
+//! set it to `none` to skip that test on purpose (scripts/test.sh sets `LEPUS_PERF_RABBITMQ_URL=none`
+//! for the workspace run and runs the RabbitMQ test in its reference run).
 
 mod common;
 
 use common::{mode, Broker};
 use lepus_perf::run::run;
 use std::time::Duration;
+
+/// The value that skips a broker test deliberately.
+const OPT_OUT: &str = "none";
+
+/// A Lepus broker from `LEPUS_BIN`; `None` when `LEPUS_BIN=none`. Panics when it is unset.
+fn lepus_broker() -> Option<Broker> {
+    match std::env::var("LEPUS_BIN").as_deref() {
+        Ok(OPT_OUT) => {
+            println!("skipped on purpose: LEPUS_BIN=none");
+            None
+        }
+        Ok(_) => Broker::start(),
+        Err(_) => panic!("LEPUS_BIN is not set: set it to a lepus binary (target/release/lepus), or to none to skip the broker tests"),
+    }
+}
+
+/// The RabbitMQ URL from `LEPUS_PERF_RABBITMQ_URL`; `None` when it is `none`. Panics when unset.
+fn rabbitmq_url() -> Option<String> {
+    match std::env::var("LEPUS_PERF_RABBITMQ_URL") {
+        Ok(url) if url == OPT_OUT => {
+            println!("skipped on purpose: LEPUS_PERF_RABBITMQ_URL=none");
+            None
+        }
+        Ok(url) => Some(url),
+        Err(_) => panic!(
+            "LEPUS_PERF_RABBITMQ_URL is not set: set it to a RabbitMQ AMQP URL (scripts/rabbitmq-reference.sh does), or to none to skip this test"
+        ),
+    }
+}
 
 fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
@@ -46,7 +79,7 @@ async fn queue_round_trip(url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lepus_queue_round_trip() {
-    let Some(broker) = Broker::start() else {
+    let Some(broker) = lepus_broker() else {
         return;
     };
     queue_round_trip(&broker.url).await;
@@ -54,8 +87,7 @@ async fn lepus_queue_round_trip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_queue_round_trip() {
-    let Ok(url) = std::env::var("LEPUS_PERF_RABBITMQ_URL") else {
-        println!("skipped: set LEPUS_PERF_RABBITMQ_URL to run against RabbitMQ");
+    let Some(url) = rabbitmq_url() else {
         return;
     };
     queue_round_trip(&url).await;
@@ -63,7 +95,7 @@ async fn rabbitmq_queue_round_trip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_topics_fan_out_to_every_subscriber() {
-    let Some(broker) = Broker::start() else {
+    let Some(broker) = lepus_broker() else {
         return;
     };
     let destination = format!("topic://{}", unique("topic"));
@@ -94,7 +126,7 @@ async fn durable_topics_fan_out_to_every_subscriber() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactions_batches_and_rate() {
-    let Some(broker) = Broker::start() else {
+    let Some(broker) = lepus_broker() else {
         return;
     };
     for extra in [
@@ -119,7 +151,7 @@ async fn transactions_batches_and_rate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn producer_and_consumer_run_apart() {
-    let Some(broker) = Broker::start() else {
+    let Some(broker) = lepus_broker() else {
         return;
     };
     let destination = format!("queue://{}", unique("split"));
@@ -134,7 +166,7 @@ async fn producer_and_consumer_run_apart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clear_errors() {
-    let Some(broker) = Broker::start() else {
+    let Some(broker) = lepus_broker() else {
         return;
     };
     let error = run(mode(&["client", "--url", "http://nowhere", "--duration", "1"])).await.err().unwrap();
@@ -150,7 +182,7 @@ async fn clear_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_going_away_ends_with_a_summary_and_failure() {
-    let Some(mut broker) = Broker::start() else {
+    let Some(mut broker) = lepus_broker() else {
         return;
     };
     let url = broker.url.clone();

@@ -1,13 +1,26 @@
-"""Fixtures for the Lepus management suite: each broker is a `lepus server` started by the suite
-on free ports (AMQP, management HTTP API, metrics) with its own data directory."""
+"""Fixtures for the Lepus management suite.
+
+Two ways to run it:
+- `LEPUS_BIN` set: each broker is a `lepus server` started by the suite on free ports (AMQP,
+  management HTTP API, metrics) with its own data directory.
+- `LEPUS_BIN` unset, `MANAGEMENT_URL` (http://guest:guest@HOST:PORT/api) and `AMQP_URL` set: the
+  suite runs against that running broker, which is how scripts/rabbitmq-reference.sh runs it against
+  RabbitMQ with its management plugin. A "fresh" broker is then that broker emptied through its own
+  API of everything but its defaults, and a restart goes through `RABBITMQCTL` (stop_app, start_app).
+
+Tests that only Lepus can pass are marked `lepus_only(reason)` and skip, with the reason, when the
+broker's /api/overview does not name Lepus as its product.
+"""
 
 import glob
 import os
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 
 import pika
@@ -15,6 +28,8 @@ import pytest
 import requests
 
 START_TIMEOUT_S = 15
+# RabbitMQ's start_app brings back the broker and its management plugin within seconds; this bounds it.
+RESTART_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 10
 HTTP_TIMEOUT_S = 10
 
@@ -29,33 +44,20 @@ def unique(prefix="mgmt"):
     return "%s-%s" % (prefix, uuid.uuid4().hex[:10])
 
 
-class Lepus:
-    """One running broker and clients for it."""
+class Broker:
+    """Clients for one running broker: the management API with requests, AMQP with pika."""
 
-    def __init__(self, binary, data_dir, extra_args=()):
-        self.amqp_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
-        self.data_dir = data_dir
-        self.log = open(os.path.join(os.path.dirname(str(data_dir)), "lepus-%d.log" % self.amqp_port), "wb")
-        self.process = subprocess.Popen(
-            [binary, "server", "--data-dir", str(data_dir), "--amqp-port", str(self.amqp_port),
-             "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port), "--bind", "127.0.0.1", *extra_args],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        self.api = "http://127.0.0.1:%d/api" % self.http_port
-        self.metrics_url = "http://127.0.0.1:%d/metrics" % self.metrics_port
-        self.auth = ("guest", "guest")
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError("lepus exited with %s" % self.process.returncode)
-            try:
-                if requests.get(self.api + "/overview", auth=self.auth, timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("lepus did not serve its HTTP API within %ss" % START_TIMEOUT_S)
-            time.sleep(0.05)
+    amqp_port = http_port = metrics_port = None
+    auth = ("guest", "guest")
+    host = "127.0.0.1"
+
+    @property
+    def api(self):
+        return "http://%s:%d/api" % (self.host, self.http_port)
+
+    @property
+    def metrics_url(self):
+        return "http://%s:%d/metrics" % (self.host, self.metrics_port)
 
     def url(self, path):
         return self.api + path
@@ -77,13 +79,30 @@ class Lepus:
         return requests.delete(self.url(path), timeout=HTTP_TIMEOUT_S, **kwargs)
 
     def connect(self):
-        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, credentials=pika.PlainCredentials("guest", "guest"),
+        params = pika.ConnectionParameters(self.host, self.amqp_port, credentials=pika.PlainCredentials(*self.auth),
                                            socket_timeout=5, stack_timeout=10, blocked_connection_timeout=10,
                                            connection_attempts=1)
         return pika.BlockingConnection(params)
 
+    def product_name(self):
+        return self.get("/overview").json().get("product_name")
+
+    def wait_for_api(self, timeout_s, process=None):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError("the broker exited with %s" % process.returncode)
+            try:
+                if requests.get(self.url("/overview"), auth=self.auth, timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the broker did not serve its HTTP API within %ss" % timeout_s)
+            time.sleep(0.05)
+
     def metrics(self):
-        """The metrics as {(name, frozenset(labels)): value}."""
+        """Lepus's Prometheus metrics as {(name, frozenset(labels)): value}."""
         response = requests.get(self.metrics_url, timeout=HTTP_TIMEOUT_S)
         assert response.status_code == 200
         samples = {}
@@ -100,6 +119,39 @@ class Lepus:
             samples[(name, labels)] = float(value)
         return samples
 
+
+class Lepus(Broker):
+    """One `lepus server` process started by the suite, on free ports and its own data directory."""
+
+    is_lepus = True
+
+    def __init__(self, binary, data_dir, extra_args=()):
+        self.binary, self.data_dir, self.extra_args = binary, data_dir, list(extra_args)
+        self.log = None
+        self.start()
+
+    def start(self):
+        self.amqp_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.log = open(os.path.join(os.path.dirname(str(self.data_dir)), "lepus-%d.log" % self.amqp_port), "wb")
+        self.process = subprocess.Popen(
+            [self.binary, "server", "--data-dir", str(self.data_dir), "--amqp-port", str(self.amqp_port),
+             "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port), "--bind", "127.0.0.1",
+             *self.extra_args],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self.wait_for_api(START_TIMEOUT_S, self.process)
+        except RuntimeError:
+            self.stop()
+            raise
+
+    def restart(self):
+        """Stops the broker gracefully and starts it again on the same data directory."""
+        self.stop()
+        self.start()
+
+    def reset(self):
+        """A broker the suite started for one test is already fresh."""
+
     def stop(self):
         if self.process.poll() is None:
             self.process.terminate()
@@ -111,36 +163,178 @@ class Lepus:
         self.log.close()
 
 
+class RunningBroker(Broker):
+    """A broker the suite did not start (the RabbitMQ reference node), from MANAGEMENT_URL and AMQP_URL."""
+
+    def __init__(self, management_url, amqp_url):
+        management = urllib.parse.urlparse(management_url)
+        amqp = urllib.parse.urlparse(amqp_url)
+        self.host = management.hostname
+        self.http_port = management.port
+        self.amqp_port = amqp.port or 5672
+        if management.username:
+            self.auth = (urllib.parse.unquote(management.username), urllib.parse.unquote(management.password or ""))
+        self.wait_for_api(START_TIMEOUT_S)
+        self.is_lepus = self.product_name() == "Lepus"
+
+    def stop(self):
+        """The broker outlives the suite."""
+
+    def restart(self):
+        """Restarts the broker application through RABBITMQCTL (stop_app, start_app), which keeps
+        durable definitions and persistent messages as a node restart does."""
+        command = os.environ.get("RABBITMQCTL")
+        if not command:
+            pytest.fail("RABBITMQCTL is not set: this test restarts the broker and needs a command that reaches its node")
+        for action in ("stop_app", "start_app"):
+            subprocess.run(shlex.split(command) + [action], check=True, capture_output=True, timeout=RESTART_TIMEOUT_S)
+        self.wait_for_api(RESTART_TIMEOUT_S)
+        deadline = time.monotonic() + RESTART_TIMEOUT_S
+        while True:
+            try:
+                self.connect().close()
+                return
+            except pika.exceptions.AMQPConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def reset(self):
+        """Empties the broker of everything a fresh one lacks: connections are left alone (other
+        suites' clients are closed by then); users other than guest, vhosts other than /, policies,
+        queues and exchanges other than the defaults are deleted through the API."""
+        for user in self.get("/users").json():
+            if user["name"] != self.auth[0]:
+                self.delete("/users/" + quote(user["name"]))
+        for vhost in self.get("/vhosts").json():
+            if vhost["name"] != "/":
+                self.delete("/vhosts/" + quote(vhost["name"]))
+        for policy in self.get("/policies").json():
+            self.delete("/policies/%s/%s" % (quote(policy["vhost"]), quote(policy["name"])))
+        for queue in self.get("/queues/%2F").json():
+            self.delete("/queues/%2F/" + quote(queue["name"]))
+        for exchange in self.get("/exchanges/%2F").json():
+            if exchange["name"] and not exchange["name"].startswith("amq."):
+                self.delete("/exchanges/%2F/" + quote(exchange["name"]))
+        assert self.put("/permissions/%2F/" + quote(self.auth[0]), {"configure": ".*", "write": ".*", "read": ".*"}).ok
+
+
+WAIT_S = 15
+
+
+def wait_for(predicate, timeout=WAIT_S):
+    """predicate()'s first true value, or its last value after `timeout` seconds. RabbitMQ's API
+    shows some fields (consumers, policy, messages, channels) only once its statistics have been
+    collected (every collect_statistics_interval), so the tests wait for them rather than read once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def quote(text):
+    return urllib.parse.quote(text, safe="")
+
+
 def lepus_binary():
     binary = os.environ.get("LEPUS_BIN")
     if not binary:
-        pytest.skip("LEPUS_BIN not set (this suite starts its own Lepus brokers)")
+        pytest.skip("LEPUS_BIN not set: this test starts its own Lepus brokers")
     return binary
 
 
+def running_broker():
+    """The broker named by MANAGEMENT_URL and AMQP_URL when the suite is not to start its own."""
+    if os.environ.get("LEPUS_BIN"):
+        return None
+    management_url = os.environ.get("MANAGEMENT_URL")
+    if not management_url:
+        pytest.fail("set LEPUS_BIN (the suite starts Lepus brokers) or MANAGEMENT_URL and AMQP_URL (a running broker)")
+    return RunningBroker(management_url, os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"))
+
+
 @pytest.fixture(scope="session")
-def lepus(tmp_path_factory):
+def shared_running_broker():
+    broker = running_broker()
+    yield broker
+    if broker is not None:
+        # Leave the node as the other suites found it.
+        broker.reset()
+
+
+@pytest.fixture(scope="session")
+def lepus(tmp_path_factory, shared_running_broker):
+    if shared_running_broker is not None:
+        yield shared_running_broker
+        return
     broker = Lepus(lepus_binary(), tmp_path_factory.mktemp("lepus-a") / "data")
     yield broker
     broker.stop()
 
 
 @pytest.fixture
-def fresh_lepus(tmp_path_factory):
+def fresh_lepus(tmp_path_factory, shared_running_broker):
+    if shared_running_broker is not None:
+        shared_running_broker.reset()
+        yield shared_running_broker
+        return
     broker = Lepus(lepus_binary(), tmp_path_factory.mktemp("lepus-fresh") / "data")
     yield broker
     broker.stop()
 
 
+@pytest.fixture
+def restartable_broker(tmp_path_factory, shared_running_broker):
+    """A fresh broker that the test may restart (`broker.restart()`) with its data kept."""
+    if shared_running_broker is not None:
+        shared_running_broker.reset()
+        yield shared_running_broker
+        return
+    broker = Lepus(lepus_binary(), tmp_path_factory.mktemp("lepus-restart") / "data")
+    yield broker
+    broker.stop()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "lepus_only(reason): a test of what only Lepus has; skipped, with the "
+                                       "reason, against a broker whose /api/overview names another product")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("LEPUS_BIN") or not os.environ.get("MANAGEMENT_URL"):
+        return
+    broker = RunningBroker(os.environ["MANAGEMENT_URL"], os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"))
+    if broker.is_lepus:
+        return
+    for item in items:
+        marker = item.get_closest_marker("lepus_only")
+        if marker is not None:
+            item.add_marker(pytest.mark.skip(reason="Lepus only (the broker is %s): %s" % (broker.product_name(), marker.args[0])))
+
+
 @pytest.fixture(scope="session")
-def rabbitmqadmin():
-    """A command list that runs rabbitmqadmin (stdlib-only Python) with this interpreter."""
+def rabbitmqadmin(shared_running_broker, tmp_path_factory):
+    """A command list that runs rabbitmqadmin (stdlib-only Python) with this interpreter: the one a
+    running RabbitMQ serves at /cli/rabbitmqadmin, else $RABBITMQADMIN, on PATH, or from Debian's
+    rabbitmq-server package (interop/management/run.sh installs it when it can)."""
+    if shared_running_broker is not None and not shared_running_broker.is_lepus:
+        response = requests.get("http://%s:%d/cli/rabbitmqadmin" % (shared_running_broker.host, shared_running_broker.http_port),
+                                timeout=HTTP_TIMEOUT_S)
+        assert response.status_code == 200, "RabbitMQ serves no rabbitmqadmin: %s" % response.status_code
+        path = tmp_path_factory.mktemp("rabbitmqadmin") / "rabbitmqadmin"
+        path.write_bytes(response.content)
+        return [sys.executable, str(path)]
     candidates = [os.environ.get("RABBITMQADMIN"), shutil.which("rabbitmqadmin")]
     candidates += sorted(glob.glob("/usr/lib/rabbitmq/lib/rabbitmq_server-*/plugins/rabbitmq_management-*/priv/www/cli/rabbitmqadmin"))
     for candidate in candidates:
         if candidate and os.path.isfile(candidate):
             return [sys.executable, candidate]
-    pytest.skip("rabbitmqadmin not found (install Debian's rabbitmq-server or set RABBITMQADMIN)")
+    reason = "rabbitmqadmin not found (install Debian's rabbitmq-server or set RABBITMQADMIN)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason + "; in CI this is a failure")
+    pytest.skip(reason)
 
 
 @pytest.fixture

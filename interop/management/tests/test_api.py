@@ -7,16 +7,7 @@ import pika
 import pytest
 import requests
 
-WAIT_S = 5
-
-
-def wait_for(predicate, timeout=WAIT_S):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
+from conftest import WAIT_S, wait_for
 
 
 def q(text):
@@ -40,7 +31,7 @@ def test_queue_counts_follow_amqp(lepus, names):
 
         def settled():
             info = lepus.get("/queues/%2F/" + q(queue)).json()
-            return info if info["consumers"] == 1 and info["messages_ready"] == 0 else None
+            return info if info.get("consumers") == 1 and info.get("messages_ready") == 0 else None
 
         info = wait_for(settled)
         assert info, lepus.get("/queues/%2F/" + q(queue)).json()
@@ -61,26 +52,33 @@ def test_queue_counts_follow_amqp(lepus, names):
         assert overview["object_totals"]["connections"] >= 1
         assert overview["queue_totals"]["messages_unacknowledged"] >= 5
 
-        metrics = lepus.metrics()
-        labels = frozenset({("vhost", "/"), ("queue", queue)})
-        assert metrics[("lepus_queue_messages_unacked", labels)] == 5
-        assert metrics[("lepus_queue_messages_ready", labels)] == 0
-        assert metrics[("lepus_queue_consumers", labels)] == 1
-        assert metrics[("lepus_queue_messages_published_total", labels)] == 5
-        assert metrics[("lepus_queue_messages_delivered_total", labels)] == 5
-        assert metrics[("lepus_connections", frozenset())] >= 1
-        assert metrics[("lepus_channels", frozenset())] >= 1
-        assert metrics[("lepus_disk_alarm", frozenset())] == 0
-        assert metrics[("lepus_process_resident_memory_bytes", frozenset())] > 0
-        assert metrics[("lepus_process_open_fds", frozenset())] > 0
-        # The durable queue's persistent, confirmed publishes went through fdatasync.
-        assert metrics[("lepus_storage_fsync_seconds_count", frozenset())] >= 1
-        assert metrics[("lepus_storage_fsync_seconds_bucket", frozenset({("le", "+Inf")}))] == metrics[("lepus_storage_fsync_seconds_count", frozenset())]
-        assert metrics[("lepus_storage_group_commits_total", frozenset())] >= 1
+        if lepus.is_lepus:
+            assert_lepus_metrics(lepus, queue)
         ch.queue_delete(queue)
     finally:
         conn.close()
     assert lepus.get("/queues/%2F/" + q(queue)).status_code == 404
+
+
+def assert_lepus_metrics(lepus, queue):
+    """Lepus's own Prometheus metrics for the queue of test_queue_counts_follow_amqp (RabbitMQ's
+    rabbitmq_prometheus plugin names them differently and is not enabled on the reference node)."""
+    metrics = lepus.metrics()
+    labels = frozenset({("vhost", "/"), ("queue", queue)})
+    assert metrics[("lepus_queue_messages_unacked", labels)] == 5
+    assert metrics[("lepus_queue_messages_ready", labels)] == 0
+    assert metrics[("lepus_queue_consumers", labels)] == 1
+    assert metrics[("lepus_queue_messages_published_total", labels)] == 5
+    assert metrics[("lepus_queue_messages_delivered_total", labels)] == 5
+    assert metrics[("lepus_connections", frozenset())] >= 1
+    assert metrics[("lepus_channels", frozenset())] >= 1
+    assert metrics[("lepus_disk_alarm", frozenset())] == 0
+    assert metrics[("lepus_process_resident_memory_bytes", frozenset())] > 0
+    assert metrics[("lepus_process_open_fds", frozenset())] > 0
+    # The durable queue's persistent, confirmed publishes went through fdatasync.
+    assert metrics[("lepus_storage_fsync_seconds_count", frozenset())] >= 1
+    assert metrics[("lepus_storage_fsync_seconds_bucket", frozenset({("le", "+Inf")}))] == metrics[("lepus_storage_fsync_seconds_count", frozenset())]
+    assert metrics[("lepus_storage_group_commits_total", frozenset())] >= 1
 
 
 def test_consumers_listed_with_their_channel_and_prefetch(lepus, names):
@@ -93,7 +91,8 @@ def test_consumers_listed_with_their_channel_and_prefetch(lepus, names):
         tag = ch.basic_consume(queue, lambda *args: None, auto_ack=False, consumer_tag="api-consumer",
                                arguments={"x-priority": 3})
         conn.process_data_events(time_limit=0.2)
-        listed = wait_for(lambda: [c for c in lepus.get("/consumers").json() if c["consumer_tag"] == tag])
+        # RabbitMQ fills in channel_details once it has collected the channel's statistics.
+        listed = wait_for(lambda: [c for c in lepus.get("/consumers").json() if c["consumer_tag"] == tag and c["channel_details"]])
         assert listed, lepus.get("/consumers").json()
         consumer = listed[0]
         assert consumer["queue"] == {"name": queue, "vhost": "/"}
@@ -216,9 +215,8 @@ def test_close_connection(lepus):
     conn = lepus.connect()
     try:
         port = conn._impl.socket.getsockname()[1] if hasattr(conn._impl, "socket") else None
-        listed = lepus.get("/connections").json()
-        mine = [c for c in listed if port is None or c["peer_port"] == port]
-        assert mine
+        mine = wait_for(lambda: [c for c in lepus.get("/connections").json() if port is None or c["peer_port"] == port])
+        assert mine, lepus.get("/connections").json()
         name = mine[0]["name"]
         assert lepus.get("/connections/" + q(name)).json()["name"] == name
         assert lepus.delete("/connections/" + q(name), headers={"X-Reason": "test says bye"}).status_code == 204
@@ -236,7 +234,7 @@ def test_close_connection(lepus):
 def test_errors_and_auth(lepus):
     response = lepus.get("/overview", auth=("guest", "wrong"))
     assert response.status_code == 401
-    assert response.json()["error"] == "not_authorised"
+    assert response.json() == {"error": "not_authorized", "reason": "Login failed"}
     assert "Basic" in response.headers.get("WWW-Authenticate", "")
     assert requests.get(lepus.url("/queues"), timeout=5).status_code == 401
     assert lepus.get("/overview", auth=("nobody", "guest")).status_code == 401
@@ -249,13 +247,30 @@ def test_errors_and_auth(lepus):
     assert response.status_code == 400
     response = requests.put(lepus.url("/queues/%2F/bad"), data=b"{not json", auth=lepus.auth, timeout=5)
     assert response.status_code == 400
-    assert lepus.put("/exchanges/%2F/x-no-type", {}).status_code == 400
-    assert lepus.post("/exchanges/%2F/no-such-exchange/publish", {"routing_key": "", "payload": ""}).status_code == 404
+    # An empty body takes exchange.declare's and queue.declare's defaults, as RabbitMQ's API does.
+    assert lepus.put("/exchanges/%2F/x-no-type", {}).status_code == 201
+    declared = lepus.get("/exchanges/%2F/x-no-type").json()
+    assert (declared["type"], declared["durable"], declared["auto_delete"]) == ("direct", False, False)
+    assert lepus.delete("/exchanges/%2F/x-no-type").status_code == 204
+    assert lepus.put("/queues/%2F/q-no-flags", {}).status_code == 201
+    assert (lepus.get("/queues/%2F/q-no-flags").json()["durable"], lepus.get("/queues/%2F/q-no-flags").json()["auto_delete"]) == (False, False)
+    response = lepus.post("/queues/%2F/q-no-flags/get", {"count": 1})
+    assert (response.status_code, response.json()["reason"]) == (400, "[{key_missing,ackmode},{key_missing,encoding}]")
+    assert lepus.delete("/queues/%2F/q-no-flags").status_code == 204
+    # RabbitMQ publishes on a channel: a missing exchange is that channel's 404, answered as a 400.
+    publish = {"routing_key": "", "payload": "", "payload_encoding": "string", "properties": {}}
+    response = lepus.post("/exchanges/%2F/no-such-exchange/publish", publish)
+    assert (response.status_code, response.json()["reason"]) == (400, "404 NOT_FOUND - no exchange 'no-such-exchange' in vhost '/'")
+    response = lepus.post("/exchanges/%2F/amq.direct/publish", {"payload": ""})
+    assert (response.status_code, response.json()["reason"]) == (
+        400, "[{key_missing,routing_key},\n {key_missing,properties},\n {key_missing,payload_encoding}]")
     assert lepus.get("/nodes").status_code == 200
     # Request bodies are bounded.
     huge = b"{" + b" " * (65 * 1024 * 1024) + b"}"
     response = requests.put(lepus.url("/queues/%2F/huge"), data=huge, auth=lepus.auth, timeout=30)
-    assert response.status_code == 413
+    # RabbitMQ 3.10.8 refuses it with an empty 500 (its body reader fails); Lepus says 413.
+    assert response.status_code == (413 if lepus.is_lepus else 500)
+    assert lepus.get("/queues/%2F/huge").status_code == 404
 
 
 def test_misc_endpoints(lepus):

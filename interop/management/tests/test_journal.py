@@ -2,6 +2,7 @@
 however many durable queues the batch touched (read from the broker's own Prometheus counters)."""
 
 import pika
+import pytest
 
 QUEUES = 8
 MESSAGES = 1500
@@ -12,6 +13,7 @@ def counters(broker):
     return metrics[("lepus_storage_fsync_seconds_count", frozenset())], metrics[("lepus_storage_group_commits_total", frozenset())]
 
 
+@pytest.mark.lepus_only("reads Lepus's own fsync and group-commit counters")
 def test_one_fdatasync_per_batch_for_many_queues(fresh_lepus):
     conn = fresh_lepus.connect()
     try:

@@ -12,6 +12,8 @@ import pika
 import pytest
 import requests
 
+pytestmark = pytest.mark.lepus_only("starts Lepus brokers with TLS settings; the reference node has no TLS listener")
+
 from conftest import HTTP_TIMEOUT_S, Lepus, free_port, lepus_binary, unique
 
 # How a refused TLS client fails in pika: the TLS error itself when the handshake fails, a lost

@@ -6,6 +6,9 @@ import subprocess
 import urllib.parse
 
 import pika
+import pytest
+
+from conftest import wait_for
 
 RUN_TIMEOUT_S = 30
 
@@ -35,8 +38,10 @@ def test_rabbitmqadmin(lepus, rabbitmqadmin, names):
     admin(lepus, rabbitmqadmin, "declare", "exchange", "name=" + exchange, "type=fanout")
     admin(lepus, rabbitmqadmin, "declare", "binding", "source=" + exchange, "destination=" + queue)
     admin(lepus, rabbitmqadmin, "publish", "exchange=" + exchange, "routing_key=any", "payload=from rabbitmqadmin")
-    listed = json.loads(admin(lepus, rabbitmqadmin, "-f", "raw_json", "list", "queues", "name", "messages"))
-    assert {"name": queue, "messages": 1} in listed
+    def listed():
+        return json.loads(admin(lepus, rabbitmqadmin, "-f", "raw_json", "list", "queues", "name", "messages"))
+
+    assert wait_for(lambda: {"name": queue, "messages": 1} in listed()), listed()
     table = admin(lepus, rabbitmqadmin, "list", "queues")
     assert queue in table
     assert exchange in admin(lepus, rabbitmqadmin, "list", "exchanges")
@@ -58,6 +63,7 @@ def test_rabbitmqadmin(lepus, rabbitmqadmin, names):
     assert lepus.get("/queues/%2F/" + q(queue)).status_code == 404
 
 
+@pytest.mark.lepus_only("lepus ctl export-definitions and import-definitions")
 def test_definitions_move_to_a_fresh_broker(lepus, fresh_lepus, names, tmp_path):
     exchange, queue, target = names("def-ex"), names("def-q"), names("def-ex2")
     conn = lepus.connect()
@@ -103,6 +109,7 @@ def test_definitions_move_to_a_fresh_broker(lepus, fresh_lepus, names, tmp_path)
     assert fresh_lepus.get("/queues/%2F/elsewhere").status_code == 404
 
 
+@pytest.mark.lepus_only("lepus ctl")
 def test_ctl_status_list_close(lepus, names):
     queue = names("ctl-q")
     assert lepus.put("/queues/%2F/" + q(queue), {"durable": False}).status_code == 201

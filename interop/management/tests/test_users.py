@@ -75,6 +75,7 @@ def test_management_api_needs_a_management_tag_and_administrator_for_user_change
     assert api.get("/users/plain").status_code == 404
 
 
+@pytest.mark.lepus_only("lepus ctl manages the users")
 def test_users_and_permissions_survive_a_restart_and_lepus_ctl_manages_them(tmp_path_factory):
     binary = lepus_binary()
     data_dir = tmp_path_factory.mktemp("users-restart") / "data"

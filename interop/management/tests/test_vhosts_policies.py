@@ -12,7 +12,7 @@ import requests
 from pika.exceptions import (AMQPConnectionError, ConnectionClosedByBroker, NackError, ProbableAccessDeniedError,
                              ProbableAuthenticationError)
 
-from conftest import Lepus, lepus_binary
+from conftest import lepus_binary, wait_for
 
 
 def connect(broker, vhost="/", user="guest", password="guest"):
@@ -36,57 +36,46 @@ def bodies(channel, queue):
         got.append(body)
 
 
-def test_vhost_lifecycle_through_api_and_amqp(tmp_path_factory):
-    binary = lepus_binary()
-    data_dir = tmp_path_factory.mktemp("vhosts") / "data"
-    broker = Lepus(binary, data_dir)
-    try:
-        assert broker.put("/vhosts/orders", {"description": "order processing", "tags": "prod,eu"}).status_code == 201
-        assert broker.put("/vhosts/orders", {"description": "order processing, v2"}).status_code == 204
-        listed = {vhost["name"]: vhost for vhost in broker.get("/vhosts").json()}
-        assert set(listed) == {"/", "orders"}
-        assert listed["orders"]["description"] == "order processing, v2"
-        # As RabbitMQ: the creating administrator gets full permissions in the new vhost.
-        assert broker.get("/permissions/orders/guest").json()["configure"] == ".*"
-        conn = connect(broker, "orders")
-        channel = conn.channel()
-        channel.queue_declare("orders-q", durable=True)
-        channel.confirm_delivery()
-        channel.basic_publish("", "orders-q", b"kept", pika.BasicProperties(delivery_mode=2))
-        conn.close()
-        assert [q["name"] for q in broker.get("/queues/orders").json()] == ["orders-q"]
-        assert broker.put("/policies/orders/cap", {"pattern": "^orders", "definition": {"max-length": 5}}).status_code == 201
-        assert broker.get("/queues/%2F/orders-q").status_code == 404, "queues are per vhost"
-    finally:
-        broker.stop()
-    broker = Lepus(binary, data_dir)
-    try:
-        assert broker.get("/vhosts/orders").json()["description"] == "order processing, v2"
-        assert broker.get("/queues/orders/orders-q").json()["policy"] == "cap", "policies survive a restart"
-        conn = connect(broker, "orders")
-        channel = conn.channel()
-        assert bodies(channel, "orders-q") == [b"kept"], "the vhost, its queue and message survive a restart"
-        # Deleting a vhost closes its connections with 320, as RabbitMQ does, and removes its queues.
-        assert broker.delete("/vhosts/orders").status_code == 204
-        with pytest.raises(ConnectionClosedByBroker) as closed:
-            for _ in range(50):
-                conn.process_data_events(time_limit=0.1)
-        assert closed.value.reply_code == 320
-        assert broker.get("/vhosts/orders").status_code == 404
-        assert broker.get("/permissions/orders/guest").status_code == 404
-        assert broker.get("/policies").json() == []
-        assert broker.delete("/vhosts/orders").status_code == 404
-        with pytest.raises(ProbableAccessDeniedError) as refused:
-            connect(broker, "orders")
-        assert "530" in str(refused.value) and "vhost orders not found" in str(refused.value)
-        connect(broker, "/").close()
-    finally:
-        broker.stop()
-    broker = Lepus(binary, data_dir)
-    try:
-        assert [vhost["name"] for vhost in broker.get("/vhosts").json()] == ["/"], "the deletion is durable"
-    finally:
-        broker.stop()
+def test_vhost_lifecycle_through_api_and_amqp(restartable_broker):
+    broker = restartable_broker
+    assert broker.put("/vhosts/orders", {"description": "order processing", "tags": "prod,eu"}).status_code == 201
+    assert broker.put("/vhosts/orders", {"description": "order processing, v2"}).status_code == 204
+    listed = {vhost["name"]: vhost for vhost in broker.get("/vhosts").json()}
+    assert set(listed) == {"/", "orders"}
+    assert listed["orders"]["description"] == "order processing, v2"
+    # As RabbitMQ: the creating administrator gets full permissions in the new vhost.
+    assert broker.get("/permissions/orders/guest").json()["configure"] == ".*"
+    conn = connect(broker, "orders")
+    channel = conn.channel()
+    channel.queue_declare("orders-q", durable=True)
+    channel.confirm_delivery()
+    channel.basic_publish("", "orders-q", b"kept", pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    assert [q["name"] for q in broker.get("/queues/orders").json()] == ["orders-q"]
+    assert broker.put("/policies/orders/cap", {"pattern": "^orders", "definition": {"max-length": 5}}).status_code == 201
+    assert broker.get("/queues/%2F/orders-q").status_code == 404, "queues are per vhost"
+    broker.restart()
+    assert broker.get("/vhosts/orders").json()["description"] == "order processing, v2"
+    assert wait_for(lambda: broker.get("/queues/orders/orders-q").json().get("policy") == "cap"), "policies survive a restart"
+    conn = connect(broker, "orders")
+    channel = conn.channel()
+    assert bodies(channel, "orders-q") == [b"kept"], "the vhost, its queue and message survive a restart"
+    # Deleting a vhost closes its connections with 320, as RabbitMQ does, and removes its queues.
+    assert broker.delete("/vhosts/orders").status_code == 204
+    with pytest.raises(ConnectionClosedByBroker) as closed:
+        for _ in range(50):
+            conn.process_data_events(time_limit=0.1)
+    assert closed.value.reply_code == 320
+    assert broker.get("/vhosts/orders").status_code == 404
+    assert broker.get("/permissions/orders/guest").status_code == 404
+    assert broker.get("/policies").json() == []
+    assert broker.delete("/vhosts/orders").status_code == 404
+    with pytest.raises(ProbableAccessDeniedError) as refused:
+        connect(broker, "orders")
+    assert "530" in str(refused.value) and "vhost orders not found" in str(refused.value)
+    connect(broker, "/").close()
+    broker.restart()
+    assert [vhost["name"] for vhost in broker.get("/vhosts").json()] == ["/"], "the deletion is durable"
 
 
 def test_vhost_changes_need_an_administrator(fresh_lepus):
@@ -109,7 +98,7 @@ def test_policy_limits_matching_queues_at_once(fresh_lepus):
     policy = {"pattern": "^cap\\.", "definition": {"max-length": 3}, "apply-to": "queues", "priority": 1}
     assert broker.put("/policies/%2F/cap", policy).status_code == 201
     assert broker.get("/policies/%2F/cap").json() == dict(policy, vhost="/", name="cap")
-    queue = broker.get("/queues/%2F/cap.a").json()
+    queue = wait_for(lambda: (lambda info: info if "policy" in info else None)(broker.get("/queues/%2F/cap.a").json()))
     assert queue["policy"] == "cap" and queue["effective_policy_definition"] == {"max-length": 3}
     assert broker.get("/queues/%2F/other").json()["policy"] is None
     # drop-head applies at once: the oldest go. The lower of argument and policy wins.
@@ -123,7 +112,7 @@ def test_policy_limits_matching_queues_at_once(fresh_lepus):
     channel.basic_publish("", "cap.a", b"first", pika.BasicProperties(delivery_mode=2))
     with pytest.raises(NackError):
         channel.basic_publish("", "cap.a", b"refused", pika.BasicProperties(delivery_mode=2))
-    assert broker.get("/queues/%2F/cap.a").json()["policy"] == "strict"
+    assert wait_for(lambda: broker.get("/queues/%2F/cap.a").json().get("policy") == "strict")
     assert broker.delete("/policies/%2F/strict").status_code == 204
     assert broker.delete("/policies/%2F/cap").status_code == 204
     assert broker.delete("/policies/%2F/cap").status_code == 404
@@ -149,8 +138,13 @@ def test_invalid_policies_are_refused_loudly(fresh_lepus):
     broker = fresh_lepus
     unknown = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"colour": "blue"}})
     assert unknown.status_code == 400 and "colour" in unknown.json()["reason"] and "not recognised" in unknown.json()["reason"]
-    unimplemented = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"dead-letter-exchange": "dlx"}})
-    assert unimplemented.status_code == 400 and "not implemented" in unimplemented.json()["reason"]
+    dead_lettering = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"dead-letter-exchange": "dlx"}})
+    if broker.is_lepus:
+        # Lepus has no dead-lettering yet: it refuses the key rather than ignore it.
+        assert dead_lettering.status_code == 400 and "not implemented" in dead_lettering.json()["reason"]
+    else:
+        assert dead_lettering.status_code == 201
+        assert broker.delete("/policies/%2F/p").status_code == 204
     assert broker.put("/policies/%2F/p", {"pattern": "(", "definition": {"max-length": 1}}).status_code == 400
     assert broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"max-length": "many"}}).status_code == 400
     assert broker.put("/policies/%2F/p", {"definition": {"max-length": 1}}).status_code == 400
@@ -173,6 +167,8 @@ def test_rabbitmqadmin_and_ctl_manage_vhosts_and_policies(fresh_lepus, rabbitmqa
     run("delete", "policy", "--vhost=staging", "name=limit")
     run("delete", "vhost", "name=staging")
     assert broker.get("/vhosts/staging").status_code == 404
+    if not broker.is_lepus:
+        return  # What follows is lepus ctl, Lepus's own tool.
 
     ctl(broker, "add-vhost", "batch", "--description", "nightly jobs")
     assert "nightly jobs" in ctl(broker, "list", "vhosts").stdout
@@ -192,10 +188,16 @@ def test_definitions_carry_vhosts_and_policies(lepus, fresh_lepus, names):
     assert lepus.put("/policies/%s/keep" % vhost, {"pattern": "^k", "definition": {"max-length": 9}, "apply-to": "queues"}).status_code == 201
     assert lepus.put("/queues/%s/k1" % vhost, {"durable": True}).status_code == 201
     exported = lepus.get("/definitions").json()
+    # On a shared reference node "fresh" is the same broker, emptied only now, after the export.
+    fresh_lepus.reset()
     assert {"vhost": vhost, "name": "keep", "pattern": "^k", "apply-to": "queues", "definition": {"max-length": 9}, "priority": 0} in exported["policies"]
     assert fresh_lepus.post("/definitions", exported).status_code == 204
-    assert fresh_lepus.get("/vhosts/" + vhost).json()["description"] == "moved"
-    assert fresh_lepus.get("/queues/%s/k1" % vhost).json()["policy"] == "keep"
+    assert fresh_lepus.get("/vhosts/" + vhost).status_code == 200
+    if lepus.is_lepus:
+        # Lepus exports a vhost's description too; RabbitMQ 3.10.8 exports only its name (and
+        # imports a description when one is given).
+        assert fresh_lepus.get("/vhosts/" + vhost).json()["description"] == "moved"
+    assert wait_for(lambda: fresh_lepus.get("/queues/%s/k1" % vhost).json().get("policy") == "keep")
     assert lepus.delete("/vhosts/" + vhost).status_code == 204
 
 
@@ -211,7 +213,12 @@ def test_channels_are_listed_one_by_one(lepus, names):
         second.basic_consume(queue, lambda *args: None)
         second.tx_select()
         client_port = conn._impl.params.port and conn._impl._transport._sock.getsockname()[1]
-        ours = [c for c in lepus.get("/channels").json() if c["connection_details"]["peer_port"] == client_port]
+
+        def ours_listed():
+            return [c for c in lepus.get("/channels").json() if c["connection_details"]["peer_port"] == client_port]
+
+        wait_for(lambda: len(ours_listed()) == 2)
+        ours = ours_listed()
         by_number = {c["number"]: c for c in ours}
         assert set(by_number) == {first.channel_number, second.channel_number}
         assert by_number[first.channel_number]["confirm"] is True
@@ -222,12 +229,14 @@ def test_channels_are_listed_one_by_one(lepus, names):
         assert len(lepus.get("/connections/%s/channels" % requests.utils.quote(connection_name, safe="")).json()) == 2
         assert lepus.get("/channels/%s" % requests.utils.quote(ours[0]["name"], safe="")).json()["name"] == ours[0]["name"]
         first.close()
-        remaining = [c for c in lepus.get("/channels").json() if c["connection_details"]["peer_port"] == client_port]
+        wait_for(lambda: len(ours_listed()) == 1)
+        remaining = ours_listed()
         assert [c["number"] for c in remaining] == [second.channel_number]
     finally:
         conn.close()
 
 
+@pytest.mark.lepus_only("RabbitMQ does not throttle failed logins")
 def test_failed_logins_are_rate_limited_per_address(fresh_lepus):
     """Five failures a minute are answered at once; later ones wait a second each, one after
     another, and a flood is refused unchecked. The limits are LOGIN_* in login_throttle.rs."""
@@ -284,18 +293,30 @@ def test_http_calls_are_held_to_the_callers_permissions(fresh_lepus):
     assert broker.put("/queues/%2F/mia-q", {"durable": False}, auth=mia).status_code == 201
     refused = broker.put("/queues/%2F/not-mine", {"durable": False}, auth=mia)
     assert refused.status_code == 401
-    assert "access to queue 'not-mine' in vhost '/' refused for user 'mia'" in refused.json()["reason"]
+    # As RabbitMQ's management plugin: its own permission check, not the AMQP channel error's text.
+    assert refused.json() == {"error": "not_authorised", "reason": "Access refused."}
     assert broker.put("/queues/other/mia-x", {"durable": False}, auth=mia).status_code == 401
     assert broker.get("/queues/other/hidden", auth=mia).status_code == 401
-    assert broker.post("/queues/%2F/guest-q/get", {"count": 1, "ackmode": "ack_requeue_true"}, auth=mia).status_code == 401
-    assert broker.post("/queues/%2F/mia-q/get", {"count": 1, "ackmode": "ack_requeue_true"}, auth=mia).status_code == 200
-    assert broker.delete("/queues/%2F/guest-q", auth=mia).status_code == 401
+    get = {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"}
+    refused = broker.post("/queues/%2F/guest-q/get", get, auth=mia)
+    assert refused.status_code == 401
+    # A get runs on a channel in RabbitMQ's management plugin: the AMQP error's text comes back.
+    assert refused.json()["reason"] == "ACCESS_REFUSED - access to queue 'guest-q' in vhost '/' refused for user 'mia'"
+    assert broker.post("/queues/%2F/mia-q/get", get, auth=mia).status_code == 200
+    # So does a publish's, as a 400.
+    refused = broker.post("/exchanges/%2F/amq.fanout/publish", {"routing_key": "", "payload": "x", "payload_encoding": "string", "properties": {}}, auth=mia)
+    assert (refused.status_code, refused.json()["reason"]) == (400, "403 ACCESS_REFUSED - access to exchange 'amq.fanout' in vhost '/' refused for user 'mia'")
+    assert broker.delete("/queues/%2F/guest-q", auth=mia).json() == {"error": "not_authorised", "reason": "Access refused."}
     assert broker.get("/queues/%2F/guest-q").status_code == 200, "still there"
 
-    # Listings show only what the caller may see; monitoring users see every vhost.
+    # Listings show only what the caller may see. Monitoring users see every vhost, but, as in
+    # RabbitMQ 3.10, the queues of only those vhosts they may log in to.
     assert {(q["vhost"], q["name"]) for q in broker.get("/queues", auth=mia).json()} == {("/", "guest-q"), ("/", "mia-q")}
     assert [v["name"] for v in broker.get("/vhosts", auth=mia).json()] == ["/"]
-    assert ("other", "hidden") in {(q["vhost"], q["name"]) for q in broker.get("/queues", auth=("watcher", "pw")).json()}
+    assert sorted(v["name"] for v in broker.get("/vhosts", auth=("watcher", "pw")).json()) == ["/", "other"]
+    assert broker.get("/queues", auth=("watcher", "pw")).json() == []
+    assert broker.put("/permissions/other/watcher", {"configure": "", "write": "", "read": ""}).status_code == 201
+    assert [(q["vhost"], q["name"]) for q in broker.get("/queues", auth=("watcher", "pw")).json()] == [("other", "hidden")]
 
     # Users, permissions and definitions are for administrators.
     for path in ("/users", "/permissions", "/definitions", "/users/mia"):
@@ -305,6 +326,7 @@ def test_http_calls_are_held_to_the_callers_permissions(fresh_lepus):
     guest_conn = connect(broker)
     mia_conn = connect(broker, user="mia", password="pw")
     try:
+        assert wait_for(lambda: len(broker.get("/connections").json()) == 2)
         assert [c["user"] for c in broker.get("/connections", auth=mia).json()] == ["mia"]
         assert sorted(c["user"] for c in broker.get("/connections").json()) == ["guest", "mia"]
         guest_name = [c["name"] for c in broker.get("/connections").json() if c["user"] == "guest"][0]

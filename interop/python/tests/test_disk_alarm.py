@@ -111,32 +111,3 @@ def test_low_disk_blocks_publishers_until_space_returns(small_disk, tmp_path, mo
         safe_close(conn)
         safe_close(observer)
         broker.kill()
-
-
-def test_memory_above_the_high_watermark_blocks_publishers_not_consumers(tmp_path, monkeypatch):
-    # A watermark below any real process's memory: the alarm is up from the first check.
-    monkeypatch.setenv("LEPUS_MEMORY_HIGH_WATERMARK_BYTES", "1")
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    broker = LepusBroker(os.environ["LEPUS_BIN"], data_dir, tmp_path)
-    broker.start()
-    publisher = consumer = None
-    try:
-        consumer = broker.connect()
-        consumer_channel = consumer.channel()
-        consumer_channel.queue_declare("memory-q")
-        publisher = broker.connect()
-        events = []
-        publisher.add_on_connection_blocked_callback(lambda _conn, method: events.append(method.method.reason))
-        publisher_channel = publisher.channel()
-        publisher_channel.basic_publish("", "memory-q", b"first")
-        pump(publisher, lambda: "low on memory" in events, "connection.blocked")
-        # The consumer's connection never published: it is still answered. (The publisher was
-        # blocked once its basic.publish was read, as RabbitMQ does, so "first" may still wait.)
-        method, _, body = consumer_channel.basic_get("memory-q", auto_ack=True)
-        assert method is None or body == b"first"
-        assert consumer_channel.queue_declare("memory-q", passive=True).method.message_count == 0
-    finally:
-        safe_close(publisher)
-        safe_close(consumer)
-        broker.kill()

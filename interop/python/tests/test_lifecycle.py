@@ -291,17 +291,3 @@ def test_restart_twice_is_stable(broker):
     broker.stop(signal.SIGKILL)
     broker.start()
     assert_recovered(broker, names, ["p%d" % i for i in range(5)], set())
-
-
-def test_sigterm_closes_clients_with_320_connection_forced(broker):
-    conn = broker.connect()
-    channel = conn.channel()
-    broker.proc.send_signal(signal.SIGTERM)
-    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while time.monotonic() < deadline:
-            conn.process_data_events(time_limit=0.1)
-    assert closed.value.reply_code == 320
-    assert closed.value.reply_text.startswith("CONNECTION_FORCED")
-    assert broker.proc.wait(STOP_TIMEOUT) == 0, broker.log_tail()
-    del channel

@@ -143,7 +143,8 @@ async fn authenticate(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<Soc
             if !matches!(error, crate::auth::LoginError::Throttled) {
                 tokio::time::sleep(api.broker.login_throttle.record_failure(peer.ip(), now)).await;
             }
-            ApiError::unauthorised("Login failed").into_response()
+            // RabbitMQ spells this one error "not_authorized", unlike its other 401s.
+            ApiError { status: StatusCode::UNAUTHORIZED, error: "not_authorized", reason: "Login failed".to_string() }.into_response()
         }
     }
 }

@@ -575,22 +575,27 @@ async fn exchange(State(api): State<Api>, Path((vhost, name)): Path<(String, Str
 
 async fn declare_exchange(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
     require_vhost(&api, &vhost)?;
-    caller.require(&vhost, Access::Configure, "exchange", exchange_from_path(&name))?;
-    let body = body_json(&body)?;
+    caller.require_managed(&vhost, Access::Configure, "exchange", exchange_from_path(&name))?;
+    let mut body = body_json(&body)?;
+    // As RabbitMQ: a PUT without a type declares a direct exchange, exchange.declare's default.
+    if let Some(fields) = body.as_object_mut() {
+        fields.entry("type").or_insert_with(|| json!("direct"));
+    }
     let declaration = exchange_declaration(&name, &body)?;
     let existed = find_exchange(&api, &vhost, &name).is_ok();
     api.broker.declare_exchange(&vhost, &declaration)?;
     Ok(created_or_existing(existed))
 }
 
-/// An exchange.declare from the API's JSON (`type`, `durable`, `auto_delete`, `internal`, `arguments`).
+/// An exchange.declare from the API's JSON (`type`, `durable`, `auto_delete`, `internal`, `arguments`);
+/// absent flags take exchange.declare's defaults (all false), as in RabbitMQ.
 pub fn exchange_declaration(name: &str, body: &Value) -> Result<ExchangeDeclaration, ApiError> {
     let kind = text(body, "type")?.ok_or_else(|| ApiError::bad_request("[{key_missing,type}]"))?;
     Ok(ExchangeDeclaration {
         name: short(exchange_from_path(name), "exchange name")?,
         kind: short(&kind, "exchange type")?,
         passive: false,
-        durable: flag(body, "durable", true)?,
+        durable: flag(body, "durable", false)?,
         auto_delete: flag(body, "auto_delete", false)?,
         internal: flag(body, "internal", false)?,
         arguments: json::json_to_table(body.get("arguments"))?,
@@ -612,7 +617,7 @@ async fn delete_exchange(
     Query(query): Query<DeleteQuery>,
 ) -> Answer {
     find_exchange(&api, &vhost, &name)?;
-    caller.require(&vhost, Access::Configure, "exchange", exchange_from_path(&name))?;
+    caller.require_managed(&vhost, Access::Configure, "exchange", exchange_from_path(&name))?;
     let name = short(exchange_from_path(&name), "exchange name")?;
     api.broker.delete_exchange(&vhost, &name, query.if_unused.as_deref() == Some("true"))?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -714,14 +719,15 @@ async fn queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String
     Ok(Json(json::queue_json(&queue, &api.rates.queue(&vhost, &name), &api.node)).into_response())
 }
 
-/// A queue.declare from the API's JSON (`durable`, `auto_delete`, `arguments`).
+/// A queue.declare from the API's JSON (`durable`, `auto_delete`, `arguments`); absent flags take
+/// queue.declare's defaults (false), as in RabbitMQ.
 pub fn queue_definition(name: &str, body: &Value) -> Result<QueueDefinition, ApiError> {
     if name.is_empty() {
         return Err(ApiError::bad_request("queue name must not be empty"));
     }
     Ok(QueueDefinition {
         name: short(name, "queue name")?,
-        durable: flag(body, "durable", true)?,
+        durable: flag(body, "durable", false)?,
         exclusive_owner: None,
         auto_delete: flag(body, "auto_delete", false)?,
         arguments: json::json_to_table(body.get("arguments"))?,
@@ -730,7 +736,7 @@ pub fn queue_definition(name: &str, body: &Value) -> Result<QueueDefinition, Api
 
 async fn declare_queue(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
     require_vhost(&api, &vhost)?;
-    caller.require(&vhost, Access::Configure, "queue", &name)?;
+    caller.require_managed(&vhost, Access::Configure, "queue", &name)?;
     let body = body_json(&body)?;
     let definition = queue_definition(&name, &body)?;
     let existed = find_queue(&api, &vhost, &name).is_ok();
@@ -745,7 +751,7 @@ async fn delete_queue(
     Query(query): Query<DeleteQuery>,
 ) -> Answer {
     let queue = find_queue(&api, &vhost, &name)?;
-    caller.require(&vhost, Access::Configure, "queue", &name)?;
+    caller.require_managed(&vhost, Access::Configure, "queue", &name)?;
     let short_name = short(&name, "queue name")?;
     api.broker.topology(&vhost)?.read().require_queue(&short_name, 0)?;
     if query.if_empty.as_deref() == Some("true") && queue.snapshot.ready > 0 {
@@ -760,19 +766,37 @@ async fn delete_queue(
 
 async fn purge_queue(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>) -> Answer {
     find_queue(&api, &vhost, &name)?;
-    caller.require(&vhost, Access::Read, "queue", &name)?;
+    caller.require_managed(&vhost, Access::Read, "queue", &name)?;
     let handle = api.broker.topology(&vhost)?.read().require_queue(&short(&name, "queue name")?, 0)?.handle.clone();
     handle.purge();
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// 400 naming every missing key, as RabbitMQ 3.10 answers: an Erlang term printed with `~p`, which
+/// puts each element on its own line once the list is wider than 80 columns.
+fn require_keys(body: &Value, keys: &[&str]) -> Result<(), ApiError> {
+    let missing: Vec<String> = keys.iter().filter(|key| body.get(**key).is_none()).map(|key| format!("{{key_missing,{key}}}")).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let one_line = format!("[{}]", missing.join(","));
+    const ERLANG_LINE_COLUMNS_MAX: usize = 80;
+    if one_line.len() <= ERLANG_LINE_COLUMNS_MAX {
+        return Err(ApiError::bad_request(one_line));
+    }
+    Err(ApiError::bad_request(format!("[{}]", missing.join(",\n "))))
 }
 
 /// How long a publish through the API waits for its message to be synced to disk.
 const PUBLISH_SYNC_WAIT_S: u64 = 30;
 
 async fn publish(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
-    let exchange = find_exchange(&api, &vhost, &name)?;
-    caller.require(&vhost, Access::Write, "exchange", &exchange.name)?;
     let body = body_json(&body)?;
+    require_keys(&body, &["routing_key", "properties", "payload", "payload_encoding"])?;
+    caller.require_for_publish(&vhost, "exchange", exchange_from_path(&name))?;
+    // RabbitMQ runs the publish on a channel: a missing exchange is its 404 channel error, as a 400.
+    let exchange = find_exchange(&api, &vhost, &name)
+        .map_err(|_| ApiError::bad_request(format!("404 NOT_FOUND - no exchange '{}' in vhost '{vhost}'", exchange_from_path(&name))))?;
     if exchange.internal {
         return Err(broker_core::AmqpError::access_refused(format!(
             "cannot publish to internal exchange '{}' in vhost '{vhost}'",
@@ -827,16 +851,14 @@ async fn get_messages(State(api): State<Api>, caller: Caller, Path((vhost, name)
     find_queue(&api, &vhost, &name)?;
     caller.require(&vhost, Access::Read, "queue", &name)?;
     let body = body_json(&body)?;
+    require_keys(&body, &["ackmode", "count", "encoding"])?;
     let count = integer(&body, "count")?.ok_or_else(|| ApiError::bad_request("[{key_missing,count}]"))?;
     let count = usize::try_from(count).unwrap_or(usize::MAX).min(GET_MESSAGES_MAX);
     let requeue = match text(&body, "ackmode")?.as_deref() {
         Some("ack_requeue_true") | Some("reject_requeue_true") => true,
         Some("ack_requeue_false") | Some("reject_requeue_false") => false,
         Some(other) => return Err(ApiError::bad_request(format!("unknown ackmode {other}"))),
-        None => {
-            // RabbitMQ 3.x before ackmode took `requeue`.
-            flag(&body, "requeue", true)?
-        }
+        None => return Err(ApiError::bad_request("[{key_missing,ackmode}]")),
     };
     let encoding = text(&body, "encoding")?.unwrap_or_else(|| "auto".to_string());
     if encoding != "auto" && encoding != "base64" {
@@ -912,8 +934,8 @@ fn binding_path(params: &HashMap<String, String>) -> Result<(&str, &str, &str, &
 
 /// queue.bind and exchange.bind need write on the destination and read on the source.
 fn require_binding_access(caller: &Caller, vhost: &str, source: &str, is_queue: bool, destination: &str) -> Result<(), ApiError> {
-    caller.require(vhost, Access::Write, if is_queue { "queue" } else { "exchange" }, destination)?;
-    caller.require(vhost, Access::Read, "exchange", exchange_from_path(source))
+    caller.require_managed(vhost, Access::Write, if is_queue { "queue" } else { "exchange" }, destination)?;
+    caller.require_managed(vhost, Access::Read, "exchange", exchange_from_path(source))
 }
 
 async fn create_binding(State(api): State<Api>, caller: Caller, Path(params): Path<HashMap<String, String>>, body: Bytes) -> Answer {
