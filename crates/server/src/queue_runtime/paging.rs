@@ -19,6 +19,8 @@ pub const QUEUE_MEMORY_MESSAGES_MAX: usize = 8192;
 pub const QUEUE_MEMORY_BYTES_MAX: u64 = 32 * 1024 * 1024;
 /// Paging in starts when the window falls below this many messages, so reads come in batches.
 pub const PAGE_IN_LOW_WATERMARK_MESSAGES: usize = QUEUE_MEMORY_MESSAGES_MAX / 2;
+/// ... and below this many body bytes: a window of few large messages is full by its bytes.
+pub const PAGE_IN_LOW_WATERMARK_BYTES: u64 = QUEUE_MEMORY_BYTES_MAX / 2;
 /// The most bytes one page-in reads.
 pub const PAGE_IN_BATCH_BYTES_MAX: usize = 8 * 1024 * 1024;
 
@@ -68,15 +70,22 @@ impl QueueRuntime {
         }
     }
 
-    /// Refills the window from the tail when it has fallen below the low watermark.
+    /// Refills the window from the tail when it has fallen below both low watermarks, up to the
+    /// window's bounds in messages and in bytes (a message is read even when it alone exceeds the
+    /// byte room, so an empty window always makes progress).
     pub(super) fn page_in(&self, inner: &mut QueueInner) {
-        if inner.messages.paged_count() == 0 || inner.messages.ready_in_memory() >= PAGE_IN_LOW_WATERMARK_MESSAGES {
+        let bytes_in_memory = inner.messages.ready_bytes_in_memory();
+        if inner.messages.paged_count() == 0
+            || inner.messages.ready_in_memory() >= PAGE_IN_LOW_WATERMARK_MESSAGES
+            || bytes_in_memory >= PAGE_IN_LOW_WATERMARK_BYTES
+        {
             return;
         }
         let (Some(log), Some(pager)) = (self.log.as_ref(), inner.pager.as_mut()) else { return };
         let room = QUEUE_MEMORY_MESSAGES_MAX - inner.messages.ready_in_memory();
         let wanted = room.min(inner.messages.paged_count() as usize);
-        let batch = log.lock().read_tail(&mut pager.cursor, wanted, PAGE_IN_BATCH_BYTES_MAX);
+        let bytes_room = (QUEUE_MEMORY_BYTES_MAX - bytes_in_memory) as usize;
+        let batch = log.lock().read_tail(&mut pager.cursor, wanted, PAGE_IN_BATCH_BYTES_MAX.min(bytes_room));
         match batch {
             Ok(batch) if !batch.is_empty() => {
                 for (position, message) in batch {
