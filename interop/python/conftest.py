@@ -89,13 +89,6 @@ def consume_n(conn, ch, queue, n, timeout=RECEIVE_TIMEOUT, auto_ack=False, ack=F
     return tag, got
 
 
-def drain_events(conn, seconds):
-    """Service pika I/O for a bounded time (used to prove that nothing more arrives)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        conn.process_data_events(time_limit=min(0.05, max(0.0, deadline - time.monotonic())))
-
-
 def get_all(ch, queue, auto_ack=True, limit=10000):
     """basic.get until get-empty; returns the list of (method, props, body)."""
     out = []
