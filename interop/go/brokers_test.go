@@ -109,7 +109,13 @@ func withMemoryAlarm(t *testing.T) (string, func()) {
 		t.Fatalf("unexpected memory watermark %q", watermark)
 	}
 	rabbitmqctl(t, "set_vm_memory_high_watermark", "0")
-	clear := func() { rabbitmqctl(t, "set_vm_memory_high_watermark", watermark) }
+	cleared := false
+	clear := func() {
+		if !cleared {
+			cleared = true
+			rabbitmqctl(t, "set_vm_memory_high_watermark", watermark)
+		}
+	}
 	t.Cleanup(clear)
 	return amqpURL(), clear
 }

@@ -205,6 +205,9 @@ func TestConnectionBlockedByMemoryAlarm(t *testing.T) {
 	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 2))
 	ch := openChannel(t, conn)
 	q := declareQueue(t, ch, "blocked")
+	// A blocked connection is not read, so it would never get close-ok: cut it instead (cleanups
+	// run last-in first-out, so this runs before the channel's and the connection's Close).
+	t.Cleanup(func() { _ = conn.CloseDeadline(time.Now()) })
 	// Only a connection that publishes is blocked; the publish itself waits for the alarm.
 	if err := ch.Publish("", q.Name, false, false, amqp.Publishing{Body: []byte("held back")}); err != nil {
 		t.Fatalf("publish: %v", err)

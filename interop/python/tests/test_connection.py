@@ -234,14 +234,35 @@ def test_qos_prefetch_size_is_540_not_implemented(connection, channel):
     assert connection.is_closed
 
 
+class MemoryAlarm:
+    """A broker whose memory alarm is raised (see the memory_alarm fixture)."""
+
+    def __init__(self, url, clear=None, stop=None):
+        self.url = url
+        self.can_clear = clear is not None
+        self._clear = clear
+        self._stop = stop
+
+    def clear(self):
+        if self._clear is not None:
+            clear, self._clear = self._clear, None
+            clear()
+
+    def stop(self):
+        """Clear the alarm where possible, else stop the private broker (a blocked connection is not
+        read, so closing it gracefully would wait for a close-ok that never comes)."""
+        self.clear()
+        if self._stop is not None:
+            self._stop()
+
+
 @pytest.fixture
 def memory_alarm(amqp_url, tmp_path, monkeypatch):
-    """A broker whose memory alarm is raised: yields (url, clear_alarm).
+    """A broker whose memory alarm is raised.
 
-    RabbitMQ: the shared node's watermark goes to 0 through rabbitmqctl and back afterwards, and
-    clear_alarm() restores it. Lepus cannot change its watermark at run time, so a private broker
-    ($LEPUS_BIN) starts with a 1-byte watermark and clear_alarm is None (test_disk_alarm.py covers
-    the unblock there)."""
+    RabbitMQ: the shared node's watermark goes to 0 through rabbitmqctl and back on clear().
+    Lepus cannot change its watermark at run time, so a private broker ($LEPUS_BIN) starts with a
+    1-byte watermark and cannot clear (test_disk_alarm.py covers the unblock there)."""
     if broker_is_lepus(amqp_url):
         binary = os.environ.get("LEPUS_BIN")
         if not binary:
@@ -251,24 +272,21 @@ def memory_alarm(amqp_url, tmp_path, monkeypatch):
         data_dir.mkdir()
         broker = LepusBroker(binary, data_dir, tmp_path)
         broker.start()
-        try:
-            yield broker.url, None
-        finally:
-            broker.kill()
-        return
-    admin = broker_admin(amqp_url)
-    watermark = admin.run("eval", "vm_memory_monitor:get_vm_memory_high_watermark().").strip()
-    assert re.fullmatch(r"[0-9.]+", watermark), "unexpected watermark %r" % watermark
-    admin.run("set_vm_memory_high_watermark", "0")
+        alarm = MemoryAlarm(broker.url, stop=broker.kill)
+    else:
+        admin = broker_admin(amqp_url)
+        watermark = admin.run("eval", "vm_memory_monitor:get_vm_memory_high_watermark().").strip()
+        assert re.fullmatch(r"[0-9.]+", watermark), "unexpected memory watermark %r" % watermark
+        admin.run("set_vm_memory_high_watermark", "0")
+        alarm = MemoryAlarm(amqp_url, clear=lambda: admin.run("set_vm_memory_high_watermark", watermark))
     try:
-        yield amqp_url, lambda: admin.run("set_vm_memory_high_watermark", watermark)
+        yield alarm
     finally:
-        admin.run("set_vm_memory_high_watermark", watermark)
+        alarm.stop()
 
 
 def test_memory_alarm_sends_connection_blocked_to_a_publisher(memory_alarm):
-    url, clear_alarm = memory_alarm
-    conn = connect(url)
+    conn = connect(memory_alarm.url)
     try:
         assert conn._impl.server_capabilities.get("connection.blocked") is True
         events = []
@@ -279,11 +297,12 @@ def test_memory_alarm_sends_connection_blocked_to_a_publisher(memory_alarm):
         channel.basic_publish("", queue, b"held back")  # only a publishing connection is blocked
         wait_until(lambda: events, conn=conn)
         assert events == [("blocked", "low on memory")]
-        if clear_alarm is None:
+        if not memory_alarm.can_clear:
             return
-        clear_alarm()
+        memory_alarm.clear()
         wait_until(lambda: len(events) == 2, conn=conn)
         assert events == [("blocked", "low on memory"), ("unblocked",)]
         assert wait_for_count(queue, 1, channel) == 1, "the publish read after the alarm cleared is enqueued"
     finally:
+        memory_alarm.stop()
         safe_close(conn)

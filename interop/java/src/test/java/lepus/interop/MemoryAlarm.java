@@ -30,6 +30,7 @@ final class MemoryAlarm implements AutoCloseable {
     private final ConnectionFactory factory;
     private final Process lepus;
     private final String watermark;
+    private boolean cleared;
 
     private MemoryAlarm(ConnectionFactory factory, Process lepus, String watermark) {
         this.factory = factory;
@@ -62,7 +63,8 @@ final class MemoryAlarm implements AutoCloseable {
     }
 
     void clear() throws Exception {
-        if (watermark != null) {
+        if (watermark != null && !cleared) {
+            cleared = true;
             rabbitmqctl("set_vm_memory_high_watermark", watermark);
         }
     }
