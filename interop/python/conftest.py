@@ -186,19 +186,25 @@ class RabbitmqctlAdmin:
 
 
 class ManagementApiAdmin:
-    """Users and permissions on Lepus through its RabbitMQ-compatible HTTP API ($LEPUS_MANAGEMENT_URL),
-    as the administrator named in AMQP_URL."""
+    """Users and permissions on Lepus through its RabbitMQ-compatible HTTP API.
 
-    def __init__(self, base_url, amqp_url):
-        self.base_url = base_url.rstrip("/")
-        parsed = urllib.parse.urlparse(amqp_url)
-        credentials = "%s:%s" % (urllib.parse.unquote(parsed.username or "guest"),
-                                 urllib.parse.unquote(parsed.password or "guest"))
+    $LEPUS_MANAGEMENT_URL is `http://user:password@HOST:PORT/api` (scripts/test.sh); without
+    credentials in it, the administrator named in AMQP_URL is used, and without `/api` it is added."""
+
+    def __init__(self, management_url, amqp_url):
+        parsed = urllib.parse.urlparse(management_url)
+        credentials_from = parsed if parsed.username else urllib.parse.urlparse(amqp_url)
+        credentials = "%s:%s" % (urllib.parse.unquote(credentials_from.username or "guest"),
+                                 urllib.parse.unquote(credentials_from.password or "guest"))
         self.authorization = "Basic " + base64.b64encode(credentials.encode()).decode()
+        path = parsed.path.rstrip("/")
+        if not path.endswith("/api"):
+            path += "/api"
+        self.api_url = "%s://%s:%d%s" % (parsed.scheme, parsed.hostname, parsed.port or 15672, path)
 
     def request(self, method, path, body=None):
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base_url + "/api" + path, data=data, method=method,
+        request = urllib.request.Request(self.api_url + path, data=data, method=method,
                                          headers={"Authorization": self.authorization,
                                                   "Content-Type": "application/json"})
         try:
@@ -207,7 +213,7 @@ class ManagementApiAdmin:
         except urllib.error.HTTPError as error:
             pytest.fail("%s %s -> %d %s" % (method, path, error.code, error.read()[:500]))
         except urllib.error.URLError as error:
-            pytest.fail("management API at %s unreachable: %s" % (self.base_url, error))
+            pytest.fail("management API at %s unreachable: %s" % (self.api_url, error))
 
     def add_user(self, name, password):
         self.request("PUT", "/users/%s" % urllib.parse.quote(name, safe=""), {"password": password, "tags": ""})
@@ -229,7 +235,7 @@ def broker_admin(url=None):
     if broker_is_lepus(url):
         base_url = os.environ.get("LEPUS_MANAGEMENT_URL")
         if not base_url:
-            pytest.fail("the broker is Lepus: set LEPUS_MANAGEMENT_URL (e.g. http://127.0.0.1:15672) "
+            pytest.fail("the broker is Lepus: set LEPUS_MANAGEMENT_URL (e.g. http://guest:guest@127.0.0.1:15672/api) "
                         "so the test can create users and permissions")
         return ManagementApiAdmin(base_url, url)
     command = os.environ.get("RABBITMQCTL")
