@@ -194,22 +194,45 @@ func TestConnectionTuneServerLimitsNegotiated(t *testing.T) {
 	}
 }
 
-// connection.blocked / unblocked: the listener can be registered and a
-// normal broker sends nothing (actually triggering a memory or disk alarm
-// is out of reach for a client test).
-func TestConnectionNotifyBlockedRegistered(t *testing.T) {
-	conn, ch := confirmChannel(t)
-	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
-	q := declareQueue(t, ch, "blocked")
-	for i := 0; i < 10; i++ {
-		publishText(t, ch, "", q.Name, "m")
+// connection.blocked / unblocked under a real memory alarm: a connection that publishes is told
+// it is blocked, with RabbitMQ's reason, and unblocked when the alarm clears.
+func TestConnectionBlockedByMemoryAlarm(t *testing.T) {
+	url, clearAlarm := withMemoryAlarm(t)
+	conn, err := dialConfig(t, url, amqp.Config{})
+	if err != nil {
+		t.Fatalf("dial %s: %v", url, err)
 	}
-	assertMessageCount(t, ch, q.Name, 10)
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 2))
+	ch := openChannel(t, conn)
+	q := declareQueue(t, ch, "blocked")
+	// A blocked connection is not read, so it would never get close-ok: cut it instead (cleanups
+	// run last-in first-out, so this runs before the channel's and the connection's Close).
+	t.Cleanup(func() { _ = conn.CloseDeadline(time.Now()) })
+	// Only a connection that publishes is blocked; the publish itself waits for the alarm.
+	if err := ch.Publish("", q.Name, false, false, amqp.Publishing{Body: []byte("held back")}); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
 	select {
 	case b := <-blocked:
-		t.Fatalf("unexpected connection.blocked notification: %+v", b)
-	case <-time.After(quietPeriod):
+		if !b.Active || b.Reason != "low on memory" {
+			t.Fatalf("want connection.blocked \"low on memory\", got %+v", b)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatalf("no connection.blocked within %s under a memory alarm", waitTimeout)
 	}
+	if clearAlarm == nil {
+		return
+	}
+	clearAlarm()
+	select {
+	case b := <-blocked:
+		if b.Active {
+			t.Fatalf("want connection.unblocked, got %+v", b)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatalf("no connection.unblocked within %s of clearing the alarm", waitTimeout)
+	}
+	waitMessageCount(t, ch, q.Name, 1)
 }
 
 // connection.close from the client: close-ok, every channel ends, the

@@ -265,6 +265,18 @@ func consume(t *testing.T, ch *amqp.Channel, queue string, autoAck bool) <-chan 
 	return msgs
 }
 
+// fenceGet is a basic.get (auto-ack) used as a fence: the queue answers it after every delivery it
+// already dispatched on this channel, so a delivery past a prefetch limit has either taken the
+// message get-ok names or changed the count it reports. It checks both against the expected ones.
+func fenceGet(t *testing.T, ch *amqp.Channel, queue, wantBody string, wantRemaining int) {
+	t.Helper()
+	d := getOne(t, ch, queue, true)
+	if string(d.Body) != wantBody || int(d.MessageCount) != wantRemaining {
+		t.Fatalf("fence on %s: got %q with %d left, want %q with %d left (one delivery too many or too few)",
+			queue, d.Body, d.MessageCount, wantBody, wantRemaining)
+	}
+}
+
 // getOne does basic.get and fails if the queue was empty.
 func getOne(t *testing.T, ch *amqp.Channel, queue string, autoAck bool) amqp.Delivery {
 	t.Helper()

@@ -16,6 +16,11 @@ func TestTxCommitPublishes(t *testing.T) {
 	}
 	publishText(t, ch, "", q.Name, "one")
 	publishText(t, ch, "", q.Name, "two")
+	// Fence: the queue answers a passive declare from the tx channel after everything that channel
+	// sent it before, so an uncommitted publish that leaked into the queue would be counted.
+	if got, err := ch.QueueInspect(q.Name); err != nil || got.Messages != 0 {
+		t.Fatalf("before commit, on the tx channel: %+v %v (want 0 messages)", got, err)
+	}
 	observer := openChannel(t, conn)
 	if got, err := observer.QueueInspect(q.Name); err != nil || got.Messages != 0 {
 		t.Fatalf("before commit: %+v %v (want 0 messages)", got, err)

@@ -5,8 +5,16 @@ The broker under test comes from ``AMQP_URL`` (default
 (``unique('q')``) and cleans up after itself.
 """
 
+import base64
+import functools
+import json
 import os
+import shlex
+import subprocess
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 
 import pika
@@ -81,13 +89,6 @@ def consume_n(conn, ch, queue, n, timeout=RECEIVE_TIMEOUT, auto_ack=False, ack=F
     return tag, got
 
 
-def drain_events(conn, seconds):
-    """Service pika I/O for a bounded time (used to prove that nothing more arrives)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        conn.process_data_events(time_limit=min(0.05, max(0.0, deadline - time.monotonic())))
-
-
 def get_all(ch, queue, auto_ack=True, limit=10000):
     """basic.get until get-empty; returns the list of (method, props, body)."""
     out = []
@@ -140,6 +141,108 @@ def exists(kind, name, url=None):
             return e.reply_code == 405
     finally:
         safe_close(conn)
+
+
+# --------------------------------------------------------------------------
+# which broker, and how to administer it
+# --------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def broker_product(url=None):
+    """The `product` server property the broker sends in connection.start ("RabbitMQ", "Lepus")."""
+    conn = connect(url)
+    try:
+        return conn._impl.server_properties.get("product")
+    finally:
+        safe_close(conn)
+
+
+def broker_is_lepus(url=None):
+    """Whether the broker under test says it is Lepus (not whether LEPUS_BIN happens to be set)."""
+    return broker_product(url or amqp_url_from_env()) == "Lepus"
+
+
+class RabbitmqctlAdmin:
+    """Users and permissions on a RabbitMQ node through `rabbitmqctl` ($RABBITMQCTL, a command prefix)."""
+
+    def __init__(self, command):
+        self.command = shlex.split(command)
+
+    def run(self, *args):
+        result = subprocess.run(self.command + list(args), capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            pytest.fail("%s failed (%d): %s%s" % (" ".join(self.command + list(args)), result.returncode,
+                                                  result.stdout, result.stderr))
+        return result.stdout
+
+    def add_user(self, name, password):
+        self.run("add_user", name, password)
+
+    def set_permissions(self, user, configure, write, read, vhost="/"):
+        self.run("set_permissions", "-p", vhost, user, configure, write, read)
+
+    def delete_user(self, name):
+        self.run("delete_user", name)
+
+
+class ManagementApiAdmin:
+    """Users and permissions on Lepus through its RabbitMQ-compatible HTTP API.
+
+    $LEPUS_MANAGEMENT_URL is `http://user:password@HOST:PORT/api` (scripts/test.sh); without
+    credentials in it, the administrator named in AMQP_URL is used, and without `/api` it is added."""
+
+    def __init__(self, management_url, amqp_url):
+        parsed = urllib.parse.urlparse(management_url)
+        credentials_from = parsed if parsed.username else urllib.parse.urlparse(amqp_url)
+        credentials = "%s:%s" % (urllib.parse.unquote(credentials_from.username or "guest"),
+                                 urllib.parse.unquote(credentials_from.password or "guest"))
+        self.authorization = "Basic " + base64.b64encode(credentials.encode()).decode()
+        path = parsed.path.rstrip("/")
+        if not path.endswith("/api"):
+            path += "/api"
+        self.api_url = "%s://%s:%d%s" % (parsed.scheme, parsed.hostname, parsed.port or 15672, path)
+
+    def request(self, method, path, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.api_url + path, data=data, method=method,
+                                         headers={"Authorization": self.authorization,
+                                                  "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            pytest.fail("%s %s -> %d %s" % (method, path, error.code, error.read()[:500]))
+        except urllib.error.URLError as error:
+            pytest.fail("management API at %s unreachable: %s" % (self.api_url, error))
+
+    def add_user(self, name, password):
+        self.request("PUT", "/users/%s" % urllib.parse.quote(name, safe=""), {"password": password, "tags": ""})
+
+    def set_permissions(self, user, configure, write, read, vhost="/"):
+        path = "/permissions/%s/%s" % (urllib.parse.quote(vhost, safe=""), urllib.parse.quote(user, safe=""))
+        self.request("PUT", path, {"configure": configure, "write": write, "read": read})
+
+    def delete_user(self, name):
+        self.request("DELETE", "/users/%s" % urllib.parse.quote(name, safe=""))
+
+
+def broker_admin(url=None):
+    """How to manage users on the broker under test: rabbitmqctl for RabbitMQ, the HTTP API for Lepus.
+
+    Fails (never skips) when the variable for the broker in use is missing, so a run that
+    silently tests nothing is impossible."""
+    url = url or amqp_url_from_env()
+    if broker_is_lepus(url):
+        base_url = os.environ.get("LEPUS_MANAGEMENT_URL")
+        if not base_url:
+            pytest.fail("the broker is Lepus: set LEPUS_MANAGEMENT_URL (e.g. http://guest:guest@127.0.0.1:15672/api) "
+                        "so the test can create users and permissions")
+        return ManagementApiAdmin(base_url, url)
+    command = os.environ.get("RABBITMQCTL")
+    if not command:
+        pytest.fail("the broker is %r: set RABBITMQCTL (e.g. 'rabbitmqctl -n node@localhost') "
+                    "so the test can create users and permissions" % broker_product(url))
+    return RabbitmqctlAdmin(command)
 
 
 # --------------------------------------------------------------------------

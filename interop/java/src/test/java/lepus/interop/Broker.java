@@ -102,6 +102,19 @@ public final class Broker {
         throw new AssertionError("no message in " + q + " within " + TIMEOUT_MS + " ms");
     }
 
+    /**
+     * basic.get (auto-ack) used as a fence: the queue answers it after every delivery it already
+     * dispatched on this channel, so a delivery past a prefetch limit has either taken the message
+     * get-ok names or changed the count it reports. (The client hands deliveries to consumers on
+     * another thread, so the inbox itself is no fence.)
+     */
+    public static void fenceGet(Channel channel, String q, String expectedBody, int expectedRemaining) throws Exception {
+        com.rabbitmq.client.GetResponse r = channel.basicGet(q, true);
+        assertNotNull(r, "the fence found " + q + " empty");
+        org.junit.jupiter.api.Assertions.assertEquals(expectedBody + " with " + expectedRemaining + " left",
+                body(r) + " with " + r.getMessageCount() + " left", "fence on " + q + ": one delivery too many or too few");
+    }
+
     public static byte[] bytes(String s) {
         return s.getBytes(java.nio.charset.StandardCharsets.UTF_8);
     }

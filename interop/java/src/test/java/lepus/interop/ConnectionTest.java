@@ -8,7 +8,6 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.rabbitmq.client.AuthenticationFailureException;
-import com.rabbitmq.client.BlockedListener;
 import com.rabbitmq.client.Channel;
 import com.rabbitmq.client.Connection;
 import com.rabbitmq.client.ConnectionFactory;
@@ -26,7 +25,9 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.Test;
 
@@ -210,21 +211,34 @@ class ConnectionTest extends BrokerTest {
     }
 
     @Test
-    void blockedListenerCanBeRegisteredAndClientAdvertisesConnectionBlocked() throws Exception {
-        // Triggering a real resource alarm would disturb every other user of the broker, so this checks
-        // the parts that can be observed: the client advertises connection.blocked, the server accepts it,
-        // and the listener is attached (and detachable) on a live connection without being called.
+    void memoryAlarmBlocksAPublishingConnectionWithConnectionBlocked() throws Exception {
+        try (MemoryAlarm alarm = MemoryAlarm.raise()) {
+            Connection c = alarm.factory().newConnection();
+            try {
+                publishUnderAlarm(alarm, c);
+            } finally {
+                c.abort(2_000); // a blocked connection is not read: no close handshake
+            }
+        }
+    }
+
+    /** Publishes once (only publishers are blocked) and expects connection.blocked, then unblocked where the alarm can clear. */
+    private static void publishUnderAlarm(MemoryAlarm alarm, Connection c) throws Exception {
         @SuppressWarnings("unchecked")
-        Map<String, Object> clientCaps = (Map<String, Object>) conn.getClientProperties().get("capabilities");
-        assertEquals(Boolean.TRUE, clientCaps.get("connection.blocked"));
-        List<String> events = new ArrayList<>();
-        BlockedListener listener = conn.addBlockedListener(
-                reason -> events.add("blocked:" + reason), () -> events.add("unblocked"));
-        String q = ch.queueDeclare().getQueue();
-        ch.basicPublish("", q, null, Broker.bytes("x"));
-        assertEquals("x", Broker.body(Broker.getWithin(ch, q, true)));
-        assertTrue(events.isEmpty(), "an unalarmed broker sends no connection.blocked: " + events);
-        assertTrue(conn.removeBlockedListener(listener));
+        Map<String, Object> clientCaps = (Map<String, Object>) c.getClientProperties().get("capabilities");
+        assertEquals(Boolean.TRUE, clientCaps.get("connection.blocked"), "the client asks for connection.blocked");
+        BlockingQueue<String> events = new LinkedBlockingQueue<>();
+        c.addBlockedListener(reason -> events.add("blocked:" + reason), () -> events.add("unblocked"));
+        Channel channel = c.createChannel();
+        String q = channel.queueDeclare().getQueue();
+        channel.basicPublish("", q, null, Broker.bytes("held back"));
+        assertEquals("blocked:low on memory", events.poll(Broker.TIMEOUT_MS, TimeUnit.MILLISECONDS));
+        if (!alarm.canClear()) {
+            return;
+        }
+        alarm.clear();
+        assertEquals("unblocked", events.poll(Broker.TIMEOUT_MS, TimeUnit.MILLISECONDS));
+        assertEquals("held back", Broker.body(Broker.getWithin(channel, q, true)));
     }
 
     @Test
