@@ -1,7 +1,5 @@
 """connection.* and channel.* through pika: handshake, tuning, auth, vhosts, channels."""
 
-import os
-import re
 import threading
 import time
 from urllib.parse import urlparse, urlunparse
@@ -10,9 +8,7 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
-from conftest import (broker_admin, broker_is_lepus, connect, consume_n, get_all, make_params, safe_close, unique,
-                      wait_for_count, wait_until)
-from test_lifecycle import LepusBroker
+from conftest import connect, consume_n, get_all, make_params, safe_close, unique, wait_for_count
 
 EXPECTED_CAPABILITIES = [
     "publisher_confirms", "exchange_exchange_bindings", "basic.nack", "consumer_cancel_notify",
@@ -234,75 +230,3 @@ def test_qos_prefetch_size_is_540_not_implemented(connection, channel):
     assert connection.is_closed
 
 
-class MemoryAlarm:
-    """A broker whose memory alarm is raised (see the memory_alarm fixture)."""
-
-    def __init__(self, url, clear=None, stop=None):
-        self.url = url
-        self.can_clear = clear is not None
-        self._clear = clear
-        self._stop = stop
-
-    def clear(self):
-        if self._clear is not None:
-            clear, self._clear = self._clear, None
-            clear()
-
-    def stop(self):
-        """Clear the alarm where possible, else stop the private broker (a blocked connection is not
-        read, so closing it gracefully would wait for a close-ok that never comes)."""
-        self.clear()
-        if self._stop is not None:
-            self._stop()
-
-
-@pytest.fixture
-def memory_alarm(amqp_url, tmp_path, monkeypatch):
-    """A broker whose memory alarm is raised.
-
-    RabbitMQ: the shared node's watermark goes to 0 through rabbitmqctl and back on clear().
-    Lepus cannot change its watermark at run time, so a private broker ($LEPUS_BIN) starts with a
-    1-byte watermark and cannot clear (test_disk_alarm.py covers the unblock there)."""
-    if broker_is_lepus(amqp_url):
-        binary = os.environ.get("LEPUS_BIN")
-        if not binary:
-            pytest.fail("the broker is Lepus: set LEPUS_BIN so this test can start a broker with its memory alarm raised")
-        monkeypatch.setenv("LEPUS_MEMORY_HIGH_WATERMARK_BYTES", "1")
-        data_dir = tmp_path / "data"
-        data_dir.mkdir()
-        broker = LepusBroker(binary, data_dir, tmp_path)
-        broker.start()
-        alarm = MemoryAlarm(broker.url, stop=broker.kill)
-    else:
-        admin = broker_admin(amqp_url)
-        watermark = admin.run("eval", "vm_memory_monitor:get_vm_memory_high_watermark().").strip()
-        assert re.fullmatch(r"[0-9.]+", watermark), "unexpected memory watermark %r" % watermark
-        admin.run("set_vm_memory_high_watermark", "0")
-        alarm = MemoryAlarm(amqp_url, clear=lambda: admin.run("set_vm_memory_high_watermark", watermark))
-    try:
-        yield alarm
-    finally:
-        alarm.stop()
-
-
-def test_memory_alarm_sends_connection_blocked_to_a_publisher(memory_alarm):
-    conn = connect(memory_alarm.url)
-    try:
-        assert conn._impl.server_capabilities.get("connection.blocked") is True
-        events = []
-        conn.add_on_connection_blocked_callback(lambda _conn, frame: events.append(("blocked", frame.method.reason)))
-        conn.add_on_connection_unblocked_callback(lambda _conn, _frame: events.append(("unblocked",)))
-        channel = conn.channel()
-        queue = channel.queue_declare("", exclusive=True).method.queue
-        channel.basic_publish("", queue, b"held back")  # only a publishing connection is blocked
-        wait_until(lambda: events, conn=conn)
-        assert events == [("blocked", "low on memory")]
-        if not memory_alarm.can_clear:
-            return
-        memory_alarm.clear()
-        wait_until(lambda: len(events) == 2, conn=conn)
-        assert events == [("blocked", "low on memory"), ("unblocked",)]
-        assert wait_for_count(queue, 1, channel) == 1, "the publish read after the alarm cleared is enqueued"
-    finally:
-        memory_alarm.stop()
-        safe_close(conn)
