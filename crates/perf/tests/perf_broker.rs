@@ -14,18 +14,6 @@ use std::time::Duration;
 /// The value that skips a broker test deliberately.
 const OPT_OUT: &str = "none";
 
-/// A Lepus broker from `LEPUS_BIN`; `None` when `LEPUS_BIN=none`. Panics when it is unset.
-fn lepus_broker() -> Option<Broker> {
-    match std::env::var("LEPUS_BIN").as_deref() {
-        Ok(OPT_OUT) => {
-            println!("skipped on purpose: LEPUS_BIN=none");
-            None
-        }
-        Ok(_) => Broker::start(),
-        Err(_) => panic!("LEPUS_BIN is not set: set it to a lepus binary (target/release/lepus), or to none to skip the broker tests"),
-    }
-}
-
 /// The RabbitMQ URL from `LEPUS_PERF_RABBITMQ_URL`; `None` when it is `none`. Panics when unset.
 fn rabbitmq_url() -> Option<String> {
     match std::env::var("LEPUS_PERF_RABBITMQ_URL") {
@@ -79,7 +67,7 @@ async fn queue_round_trip(url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lepus_queue_round_trip() {
-    let Some(broker) = lepus_broker() else {
+    let Some(broker) = Broker::start() else {
         return;
     };
     queue_round_trip(&broker.url).await;
@@ -95,7 +83,7 @@ async fn rabbitmq_queue_round_trip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_topics_fan_out_to_every_subscriber() {
-    let Some(broker) = lepus_broker() else {
+    let Some(broker) = Broker::start() else {
         return;
     };
     let destination = format!("topic://{}", unique("topic"));
@@ -126,7 +114,7 @@ async fn durable_topics_fan_out_to_every_subscriber() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactions_batches_and_rate() {
-    let Some(broker) = lepus_broker() else {
+    let Some(broker) = Broker::start() else {
         return;
     };
     for extra in [
@@ -151,7 +139,7 @@ async fn transactions_batches_and_rate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn producer_and_consumer_run_apart() {
-    let Some(broker) = lepus_broker() else {
+    let Some(broker) = Broker::start() else {
         return;
     };
     let destination = format!("queue://{}", unique("split"));
@@ -166,7 +154,7 @@ async fn producer_and_consumer_run_apart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clear_errors() {
-    let Some(broker) = lepus_broker() else {
+    let Some(broker) = Broker::start() else {
         return;
     };
     let error = run(mode(&["client", "--url", "http://nowhere", "--duration", "1"])).await.err().unwrap();
@@ -182,7 +170,7 @@ async fn clear_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_going_away_ends_with_a_summary_and_failure() {
-    let Some(mut broker) = lepus_broker() else {
+    let Some(mut broker) = Broker::start() else {
         return;
     };
     let url = broker.url.clone();

@@ -14,11 +14,16 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// The broker, or `None` (with the reason printed) when `LEPUS_BIN` is not set.
+    /// The broker from `LEPUS_BIN`, or `None` when `LEPUS_BIN=none` (a deliberate skip). Panics
+    /// when it is unset: a broker test that silently tests nothing must not pass.
     pub fn start() -> Option<Broker> {
-        let Ok(binary) = std::env::var("LEPUS_BIN") else {
-            println!("skipped: set LEPUS_BIN to a lepus binary to run broker tests");
-            return None;
+        let binary = match std::env::var("LEPUS_BIN") {
+            Ok(value) if value == "none" => {
+                println!("skipped on purpose: LEPUS_BIN=none");
+                return None;
+            }
+            Ok(binary) => binary,
+            Err(_) => panic!("LEPUS_BIN is not set: set it to a lepus binary (target/release/lepus), or to none to skip the broker tests"),
         };
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let data_dir = std::env::temp_dir().join(format!("lepus-perf-test-{}-{port}", std::process::id()));
