@@ -33,6 +33,7 @@ use crate::record::{
     KIND_SEGMENT_HEADER, KIND_SETTLED, LENGTH_AND_CHECKSUM_BYTES, RECORD_FIXED_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_RECORD_BYTES,
     TERMINATOR_BYTES,
 };
+use crate::syncer::DirtyMark;
 use crate::StorageError;
 #[cfg(test)]
 use amqp_codec::ShortStr;
@@ -150,6 +151,8 @@ pub struct QueueLog {
     deleted: bool,
     /// Set when the node journal carries this log's writes (`--sync always`).
     journal: Option<JournalState>,
+    /// Puts this log on the syncer's dirty list when it buffers a record (see [`crate::syncer::Syncer::watch`]).
+    dirty_mark: Option<DirtyMark>,
 }
 
 /// What a journaled log keeps for the syncer: the writes of the current batch, to append to the
@@ -434,6 +437,7 @@ impl QueueLog {
             segments_recycled: 0,
             deleted: false,
             journal: None,
+            dirty_mark: None,
         };
         log.begin_segment(next_position, active_path);
         log.recycle_settled_segments();
@@ -446,6 +450,14 @@ impl QueueLog {
     pub fn use_journal(&mut self) {
         let target_prefix = format!("{}/", self.directory.file_name().unwrap_or_default().to_string_lossy());
         self.journal = Some(JournalState { target_prefix, ..JournalState::default() });
+    }
+
+    /// Tells the syncer through `mark` whenever records wait to be written, from now on and now.
+    pub fn set_dirty_mark(&mut self, mut mark: DirtyMark) {
+        if self.has_pending() {
+            mark.mark();
+        }
+        self.dirty_mark = Some(mark);
     }
 
     /// The segment files written since the last call (journaled logs), to fdatasync at a checkpoint.
@@ -500,6 +512,9 @@ impl QueueLog {
         }
         let seed = self.active_segment().seed;
         record::encode(&mut self.pending, seed, kind, self.term, position, payload);
+        if let Some(mark) = self.dirty_mark.as_mut() {
+            mark.mark();
+        }
     }
 
     /// Buffers a publish record, starting a new segment first when the active one is full, and
@@ -805,6 +820,10 @@ impl QueueLog {
     pub fn write_pending(&mut self) -> Result<Written, StorageError> {
         if self.deleted {
             return Ok(Written::default());
+        }
+        if let Some(mark) = self.dirty_mark.as_mut() {
+            // Records buffered from here on need another batch; a failed write is retried by the syncer.
+            mark.clear();
         }
         self.write_to_active()?;
         let mut files = std::mem::take(&mut self.unsynced);

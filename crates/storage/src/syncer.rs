@@ -2,18 +2,31 @@
 //! runs the callbacks waiting on those records (publisher confirms). Whatever arrives while a sync
 //! runs is covered by the next one, so the number of fsyncs per second stays bounded by the disk,
 //! not by the message rate.
+//!
+//! The syncer's work follows the logs that have something to do, never the number of queues. A
+//! batch takes the logs its requests name and those on the *dirty list*, which a watched log joins
+//! once (through its [`DirtyMark`]) when it buffers a record no request names: settles, delivered
+//! markers, page-in writes. Between batches the thread blocks on its channel, with a timeout only
+//! while something waits for a timer: a dirty log ([`IDLE_FLUSH_INTERVAL_MS`]) or, with `--sync
+//! interval`, logs written since the last fdatasync. A node of idle queues never wakes it.
 
 use crate::file_sync::{DirectSync, FileSync};
 use crate::journal::Journal;
 use crate::queue_log::QueueLog;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 /// A log shared between its queue and the syncer.
 pub type SharedLog = Arc<Mutex<QueueLog>>;
+
+/// A log the syncer remembers between batches without keeping it alive: a deleted queue's log is
+/// freed with its queue. While held it also keeps the log's address unique, so addresses can key
+/// the syncer's sets.
+type WeakLog = Weak<Mutex<QueueLog>>;
 
 /// Called once the records it waited for are on disk (`true`) or could not be made durable (`false`).
 pub type SyncCallback = Box<dyn FnOnce(bool) + Send>;
@@ -36,8 +49,8 @@ pub enum SyncPolicy {
     Never,
 }
 
-/// How long the syncer waits for work before it flushes dirty logs anyway (settle records and
-/// publishes without confirms are made durable at least this often).
+/// How long a record that no request names (a settle, a delivered marker, a publish without a
+/// confirm) waits at most on the dirty list before the syncer writes it, when no batch comes first.
 pub const IDLE_FLUSH_INTERVAL_MS: u64 = 200;
 /// How many requests one group commit takes at most, so callbacks are not delayed without bound.
 pub const SYNC_BATCH_REQUESTS_MAX: usize = 65_536;
@@ -72,6 +85,69 @@ struct SyncRequest {
     checkpoint: bool,
 }
 
+/// What wakes the syncer thread.
+enum Command {
+    /// Write and sync logs, then settle callbacks and confirms.
+    Sync(SyncRequest),
+    /// The dirty list went from empty to not empty: flush it within [`IDLE_FLUSH_INTERVAL_MS`].
+    Dirty,
+    /// The background checkpoint finished: start the next one if the journal is past its size again.
+    CheckpointFinished,
+}
+
+/// The watched logs that buffered records since the last batch took the list, each once.
+type DirtyList = Arc<Mutex<Vec<WeakLog>>>;
+
+/// What the syncer's handles share with the dirty marks of the logs it watches. Only handles hold
+/// it strongly, so the channel closes (and the thread ends) when the last handle is dropped,
+/// however many logs are still alive.
+struct SyncerShared {
+    sender: Sender<Command>,
+    dirty: DirtyList,
+}
+
+/// How a watched log tells the syncer it has records to write: installed by [`Syncer::watch`],
+/// called by the log whenever it buffers a record, under the log's lock.
+pub struct DirtyMark {
+    log: WeakLog,
+    syncer: Weak<SyncerShared>,
+    /// Whether the log is on the dirty list already (so a busy log costs one entry per batch).
+    listed: bool,
+}
+
+impl DirtyMark {
+    /// Puts the log on the syncer's dirty list unless it is there already. Wakes the syncer only
+    /// when the list was empty, so it can start the flush timer; later logs join that flush.
+    pub fn mark(&mut self) {
+        if self.listed {
+            return;
+        }
+        self.listed = true;
+        let Some(syncer) = self.syncer.upgrade() else { return };
+        let was_empty = {
+            let mut dirty = syncer.dirty.lock();
+            dirty.push(self.log.clone());
+            dirty.len() == 1
+        };
+        if was_empty {
+            // The thread is gone only when the process ends; the records are then flushed by the
+            // shutdown path or lost with the process, as before any confirm.
+            let _ = syncer.sender.send(Command::Dirty);
+        }
+    }
+
+    /// The syncer is writing the log now: the next record puts it on the list again.
+    pub fn clear(&mut self) {
+        self.listed = false;
+    }
+}
+
+impl std::fmt::Debug for DirtyMark {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("DirtyMark").field("listed", &self.listed).finish_non_exhaustive()
+    }
+}
+
 /// Upper bounds, in microseconds, of the fsync latency histogram's buckets (Prometheus style:
 /// each bucket counts syncs at or below its bound; the last one is everything).
 pub const FSYNC_LATENCY_BUCKETS_US: [u64; 12] = [100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, u64::MAX];
@@ -83,6 +159,11 @@ pub struct SyncStats {
     pub batches: AtomicU64,
     /// Requests (publishes waiting for durability, or flushes) taken by those batches.
     pub requests: AtomicU64,
+    /// Logs those batches wrote: it grows with the logs that had work, not with the logs that exist.
+    pub logs_written: AtomicU64,
+    /// Times the syncer thread woke up: for requests, a dirty log, a finished checkpoint or a
+    /// timer. Idle queues add none.
+    pub wakeups: AtomicU64,
     /// fdatasync calls made.
     pub fsyncs: AtomicU64,
     /// Total time spent in fdatasync, in microseconds.
@@ -106,7 +187,7 @@ impl SyncStats {
 /// The handle publishers use to ask for durability.
 #[derive(Clone)]
 pub struct Syncer {
-    sender: Sender<SyncRequest>,
+    shared: Arc<SyncerShared>,
     stats: Arc<SyncStats>,
 }
 
@@ -121,18 +202,39 @@ impl Syncer {
     /// `sync` (the journal's go through the journal's own, see [`Journal::open_with_sync`]).
     pub fn start_with_sync<S: FileSync + Clone>(policy: SyncPolicy, journal: Option<Journal<S>>, sync: S) -> Syncer {
         let (sender, receiver) = mpsc::channel();
+        let dirty = DirtyList::default();
+        let shared = Arc::new(SyncerShared { sender, dirty: dirty.clone() });
         let stats = Arc::new(SyncStats::default());
-        let thread_stats = stats.clone();
+        let checkpoint = Checkpoint::start(stats.clone(), sync, Arc::downgrade(&shared));
+        let worker = Worker {
+            policy,
+            journal,
+            checkpoint,
+            stats: stats.clone(),
+            dirty,
+            flush_due: None,
+            unsynced: HashMap::new(),
+            last_sync: Instant::now(),
+        };
         std::thread::Builder::new()
             .name("lepus-syncer".to_string())
-            .spawn(move || run(receiver, policy, journal, sync, &thread_stats))
+            .spawn(move || worker.run(&receiver))
             .expect("spawning the syncer thread");
-        Syncer { sender, stats }
+        Syncer { shared, stats }
     }
 
     /// What the syncer has done so far.
     pub fn stats(&self) -> &SyncStats {
         &self.stats
+    }
+
+    /// Hands a request to the syncer thread; gives it back if that thread is gone.
+    fn send(&self, request: SyncRequest) -> Result<(), SyncRequest> {
+        match self.shared.sender.send(Command::Sync(request)) {
+            Ok(()) => Ok(()),
+            Err(mpsc::SendError(Command::Sync(request))) => Err(request),
+            Err(mpsc::SendError(_)) => unreachable!("a sync request comes back as one"),
+        }
     }
 
     /// Writes and syncs `logs`, then runs a journal checkpoint (every segment written since the
@@ -143,7 +245,7 @@ impl Syncer {
         let callback: SyncCallback = Box::new(move |durable| {
             let _ = done.send(durable);
         });
-        if self.sender.send(SyncRequest { logs, callback: Some(callback), confirms: Vec::new(), checkpoint: true }).is_err() {
+        if self.send(SyncRequest { logs, callback: Some(callback), confirms: Vec::new(), checkpoint: true }).is_err() {
             return false;
         }
         wait.recv().unwrap_or(false)
@@ -151,7 +253,7 @@ impl Syncer {
 
     /// Makes the records buffered in `logs` durable, then calls `callback`.
     pub fn sync(&self, logs: Vec<SharedLog>, callback: Option<SyncCallback>) {
-        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback, confirms: Vec::new(), checkpoint: false }) {
+        if let Err(request) = self.send(SyncRequest { logs, callback, confirms: Vec::new(), checkpoint: false }) {
             // The syncer only stops when the process does; refuse the confirm rather than lie.
             if let Some(callback) = request.callback {
                 callback(false);
@@ -159,20 +261,22 @@ impl Syncer {
         }
     }
 
-    /// Adds `log` to the logs the syncer flushes when idle (at least every
-    /// [`IDLE_FLUSH_INTERVAL_MS`]). Every log must be watched from its queue's start: records
-    /// appended without a sync request of their own (settles, delivered markers) are otherwise
-    /// never written, journaled or synced, and a journaled log keeps every write a page-in made in
-    /// memory for the journal (a recovered backlog drained without a publish grew the broker by
-    /// the settle and delivered records of every message).
+    /// Makes the syncer write `log` whenever it buffers records no request names (at least every
+    /// [`IDLE_FLUSH_INTERVAL_MS`], or with the next batch), and whatever it holds now. Every log
+    /// must be watched from its queue's start: records appended without a sync request of their
+    /// own (settles, delivered markers) are otherwise never written, journaled or synced, and a
+    /// journaled log keeps every write a page-in made in memory for the journal (a recovered
+    /// backlog drained without a publish grew the broker by the settle and delivered records of
+    /// every message). Costs nothing while the log stays idle.
     pub fn watch(&self, log: SharedLog) {
-        self.sync(vec![log], None);
+        let mark = DirtyMark { log: Arc::downgrade(&log), syncer: Arc::downgrade(&self.shared), listed: false };
+        log.lock().set_dirty_mark(mark);
     }
 
     /// Makes the records buffered in `logs` durable (none: only keeps the confirms' place in
     /// line), then hands the confirms to their sinks with the others of the same batch.
     pub fn confirm(&self, logs: Vec<SharedLog>, confirms: Vec<Confirm>) {
-        if let Err(mpsc::SendError(request)) = self.sender.send(SyncRequest { logs, callback: None, confirms, checkpoint: false }) {
+        if let Err(request) = self.send(SyncRequest { logs, callback: None, confirms, checkpoint: false }) {
             for confirm in request.confirms {
                 confirm.sink.confirm_batch(&[(confirm.delivery_tag, false)]);
             }
@@ -180,98 +284,252 @@ impl Syncer {
     }
 }
 
-fn run<S: FileSync + Clone>(
-    receiver: Receiver<SyncRequest>,
+/// Why the syncer thread stopped waiting.
+enum Woken {
+    Command(Command),
+    Timer,
+    /// Every handle is gone.
+    Stopped,
+}
+
+/// One log of a batch.
+struct BatchLog {
+    log: SharedLog,
+    /// Named by a request, or due for an interval's fdatasync: written and synced even with
+    /// nothing buffered. A log only on the dirty list is skipped when a request took its records first.
+    unconditional: bool,
+}
+
+/// What happened to one log of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LogOutcome {
+    Skipped,
+    Written,
+    Failed,
+}
+
+/// The syncer thread's state.
+struct Worker<S: FileSync> {
     policy: SyncPolicy,
-    mut journal: Option<Journal<S>>,
-    sync: S,
-    stats: &Arc<SyncStats>,
-) {
-    let mut checkpoint = Checkpoint::start(stats.clone(), sync);
-    let mut last_sync = std::time::Instant::now();
-    let mut known_logs: Vec<SharedLog> = Vec::new();
-    loop {
-        let wait_ms = match policy {
-            SyncPolicy::Interval { interval_ms } => interval_ms.clamp(1, IDLE_FLUSH_INTERVAL_MS),
-            _ => IDLE_FLUSH_INTERVAL_MS,
-        };
-        let first = match receiver.recv_timeout(Duration::from_millis(wait_ms)) {
-            Ok(request) => Some(request),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => return,
-        };
-        let mut requests: Vec<SyncRequest> = first.into_iter().collect();
-        while requests.len() < SYNC_BATCH_REQUESTS_MAX {
-            match receiver.try_recv() {
-                Ok(request) => requests.push(request),
-                Err(_) => break,
-            }
-        }
-        let mut logs: Vec<SharedLog> = Vec::new();
-        for request in &requests {
-            for log in &request.logs {
-                if !logs.iter().any(|known| Arc::ptr_eq(known, log)) {
-                    logs.push(log.clone());
+    journal: Option<Journal<S>>,
+    checkpoint: Checkpoint<S>,
+    stats: Arc<SyncStats>,
+    dirty: DirtyList,
+    /// When the dirty list must be flushed at the latest; `None` while it is empty as far as this
+    /// thread knows (a [`Command::Dirty`] follows every time it stops being empty).
+    flush_due: Option<Instant>,
+    /// `--sync interval`: the logs written since the last fdatasync (by address), which the next
+    /// one covers.
+    unsynced: HashMap<usize, WeakLog>,
+    last_sync: Instant,
+}
+
+/// The address that identifies a log in the syncer's sets.
+fn log_key(log: &SharedLog) -> usize {
+    Arc::as_ptr(log) as usize
+}
+
+impl<S: FileSync + Clone> Worker<S> {
+    fn run(mut self, receiver: &Receiver<Command>) {
+        loop {
+            let first = match self.wait(receiver) {
+                Woken::Stopped => return,
+                Woken::Timer => None,
+                Woken::Command(command) => Some(command),
+            };
+            self.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+            let timer_fired = first.is_none();
+            let (mut requests, mut dirty_woke, mut checkpoint_finished) = (Vec::new(), false, false);
+            let mut take = |command: Command| match command {
+                Command::Sync(request) => requests.push(request),
+                Command::Dirty => dirty_woke = true,
+                Command::CheckpointFinished => checkpoint_finished = true,
+            };
+            first.into_iter().for_each(&mut take);
+            let mut taken = 0;
+            while taken < SYNC_BATCH_REQUESTS_MAX {
+                match receiver.try_recv() {
+                    Ok(command) => take(command),
+                    Err(_) => break,
                 }
-                if !known_logs.iter().any(|known| Arc::ptr_eq(known, log)) {
-                    known_logs.push(log.clone());
-                }
+                taken += 1;
+            }
+            let timer_due = timer_fired || self.deadline().is_some_and(|deadline| deadline <= Instant::now());
+            if !requests.is_empty() || timer_due {
+                self.run_batch(requests);
+            } else if dirty_woke && self.flush_due.is_none() && !self.dirty.lock().is_empty() {
+                self.flush_due = Some(Instant::now() + Duration::from_millis(IDLE_FLUSH_INTERVAL_MS));
+            }
+            if checkpoint_finished {
+                self.start_checkpoint_if_due();
             }
         }
-        // Logs only ever touched by settle records still get flushed now and then.
-        known_logs.retain(|log| Arc::strong_count(log) > 1);
-        for log in &known_logs {
-            if log.lock().has_pending() && !logs.iter().any(|known| Arc::ptr_eq(known, log)) {
-                logs.push(log.clone());
-            }
+    }
+
+    /// Blocks until a command arrives or, when something waits for a timer, until it is due.
+    fn wait(&self, receiver: &Receiver<Command>) -> Woken {
+        let received = match self.deadline() {
+            None => receiver.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(deadline) => receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())),
+        };
+        match received {
+            Ok(command) => Woken::Command(command),
+            Err(RecvTimeoutError::Timeout) => Woken::Timer,
+            Err(RecvTimeoutError::Disconnected) => Woken::Stopped,
         }
-        let fsync_now = match policy {
+    }
+
+    /// The earliest timer: the dirty list's flush, or the interval's fdatasync of written logs.
+    fn deadline(&self) -> Option<Instant> {
+        let interval_sync = match self.policy {
+            SyncPolicy::Interval { interval_ms } if !self.unsynced.is_empty() => Some(self.last_sync + Duration::from_millis(interval_ms)),
+            _ => None,
+        };
+        self.flush_due.into_iter().chain(interval_sync).min()
+    }
+
+    /// One group commit: writes (and, by policy, syncs) the batch's logs, runs a requested
+    /// checkpoint, then settles every request with the outcome.
+    fn run_batch(&mut self, requests: Vec<SyncRequest>) {
+        let fsync_now = match self.policy {
             SyncPolicy::Always => true,
-            SyncPolicy::Interval { interval_ms } => last_sync.elapsed() >= Duration::from_millis(interval_ms),
+            SyncPolicy::Interval { interval_ms } => self.last_sync.elapsed() >= Duration::from_millis(interval_ms),
             SyncPolicy::Never => false,
         };
-        if fsync_now && policy != SyncPolicy::Always {
-            // The periodic sync covers every log written since the last one.
-            for log in &known_logs {
-                if !logs.iter().any(|known| Arc::ptr_eq(known, log)) {
-                    logs.push(log.clone());
-                }
-            }
+        let logs = self.batch_logs(&requests, fsync_now);
+        let journal_pending = self.journal.as_ref().is_some_and(Journal::has_pending);
+        if logs.is_empty() && requests.is_empty() && !journal_pending {
+            return;
         }
         if fsync_now {
-            last_sync = std::time::Instant::now();
+            self.last_sync = Instant::now();
         }
-        let mut durable = sync_all(&logs, fsync_now, journal.as_mut(), &mut checkpoint, stats);
+        let (outcomes, journal_synced) = sync_all(&logs, fsync_now, self.journal.as_mut(), &mut self.checkpoint, &self.stats);
+        let mut durable = journal_synced && !outcomes.contains(&LogOutcome::Failed);
+        if self.journal.as_ref().is_some_and(Journal::has_pending) {
+            // The journal keeps the entries of a failed write: try again at the next flush.
+            self.flush_due.get_or_insert_with(|| Instant::now() + Duration::from_millis(IDLE_FLUSH_INTERVAL_MS));
+        }
         if requests.iter().any(|request| request.checkpoint) {
-            if let Some(journal) = journal.as_mut() {
-                durable &= checkpoint.run_now(journal, stats);
+            if let Some(journal) = self.journal.as_mut() {
+                durable &= self.checkpoint.run_now(journal, &self.stats);
             }
         }
-        stats.batches.fetch_add(1, Ordering::Relaxed);
-        stats.requests.fetch_add(requests.len() as u64, Ordering::Relaxed);
+        self.remember(&logs, &outcomes, fsync_now);
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.requests.fetch_add(requests.len() as u64, Ordering::Relaxed);
         if !durable {
-            stats.failures.fetch_add(1, Ordering::Relaxed);
+            self.stats.failures.fetch_add(1, Ordering::Relaxed);
         }
-        let mut confirms: Vec<SinkConfirms> = Vec::new();
-        for request in requests {
-            if let Some(callback) = request.callback {
-                callback(durable);
+        settle(requests, durable);
+        self.start_checkpoint_if_due();
+    }
+
+    /// The logs this batch writes, each once: those the requests name, at an interval's
+    /// fdatasync those written since the last one, and those on the dirty list (taken, so the
+    /// list starts empty again).
+    fn batch_logs(&mut self, requests: &[SyncRequest], fsync_now: bool) -> Vec<BatchLog> {
+        let mut seen = HashSet::new();
+        let mut logs = Vec::new();
+        for log in requests.iter().flat_map(|request| &request.logs) {
+            if seen.insert(log_key(log)) {
+                logs.push(BatchLog { log: log.clone(), unconditional: true });
             }
-            for confirm in request.confirms {
-                let settled = (confirm.delivery_tag, confirm.accepted && durable);
-                match confirms.iter_mut().find(|(sink, _)| Arc::ptr_eq(sink, &confirm.sink)) {
-                    Some((_, tags)) => tags.push(settled),
-                    None => confirms.push((confirm.sink, vec![settled])),
+        }
+        let unsynced = if fsync_now { std::mem::take(&mut self.unsynced) } else { HashMap::new() };
+        let dirty = std::mem::take(&mut *self.dirty.lock());
+        self.flush_due = None;
+        let remembered = unsynced.into_values().map(|log| (log, true)).chain(dirty.into_iter().map(|log| (log, false)));
+        for (log, unconditional) in remembered {
+            // A log dropped since (its queue deleted) has nothing left to write.
+            if let Some(log) = log.upgrade() {
+                if seen.insert(log_key(&log)) {
+                    logs.push(BatchLog { log, unconditional });
                 }
             }
         }
-        for (sink, tags) in confirms {
-            sink.confirm_batch(&tags);
-        }
-        if let Some(journal) = journal.as_mut() {
-            if journal.needs_checkpoint() {
-                checkpoint.start_background(journal);
+        logs
+    }
+
+    /// Keeps what a later batch owes the batch's logs: with `--sync interval`, the fdatasync of
+    /// those written without one; for those whose write failed, another attempt.
+    fn remember(&mut self, logs: &[BatchLog], outcomes: &[LogOutcome], fsync_now: bool) {
+        let interval = matches!(self.policy, SyncPolicy::Interval { .. });
+        for (entry, outcome) in logs.iter().zip(outcomes) {
+            match outcome {
+                LogOutcome::Written if interval && !fsync_now => {
+                    self.unsynced.insert(log_key(&entry.log), Arc::downgrade(&entry.log));
+                }
+                LogOutcome::Failed => {
+                    // Its records stay buffered; try again at the next flush.
+                    self.dirty.lock().push(Arc::downgrade(&entry.log));
+                    self.flush_due.get_or_insert_with(|| Instant::now() + Duration::from_millis(IDLE_FLUSH_INTERVAL_MS));
+                }
+                _ => {}
             }
+        }
+    }
+
+    /// Starts a background checkpoint when the journal is past its size (unless one runs; its
+    /// end wakes this thread to look again).
+    fn start_checkpoint_if_due(&mut self) {
+        if let Some(journal) = self.journal.as_mut() {
+            if journal.needs_checkpoint() {
+                self.checkpoint.start_background(journal);
+            }
+        }
+    }
+}
+
+/// Runs the callbacks and hands each sink its confirms, one call per sink, in request order.
+fn settle(requests: Vec<SyncRequest>, durable: bool) {
+    let mut confirms: Vec<SinkConfirms> = Vec::new();
+    // A sink's index in `confirms`, by address: a batch may carry thousands of channels' confirms.
+    let mut sink_indexes: HashMap<usize, usize> = HashMap::new();
+    for request in requests {
+        if let Some(callback) = request.callback {
+            callback(durable);
+        }
+        for confirm in request.confirms {
+            let settled = (confirm.delivery_tag, confirm.accepted && durable);
+            let key = Arc::as_ptr(&confirm.sink) as *const () as usize;
+            match sink_indexes.entry(key) {
+                std::collections::hash_map::Entry::Occupied(index) => confirms[*index.get()].1.push(settled),
+                std::collections::hash_map::Entry::Vacant(index) => {
+                    index.insert(confirms.len());
+                    confirms.push((confirm.sink, vec![settled]));
+                }
+            }
+        }
+    }
+    for (sink, tags) in confirms {
+        sink.confirm_batch(&tags);
+    }
+}
+
+/// Whether a background checkpoint runs; the syncer's shutdown checkpoint waits for it to end.
+#[derive(Default)]
+struct InFlight {
+    running: Mutex<bool>,
+    finished: Condvar,
+}
+
+impl InFlight {
+    fn is_running(&self) -> bool {
+        *self.running.lock()
+    }
+
+    fn set_running(&self, running: bool) {
+        *self.running.lock() = running;
+        if !running {
+            self.finished.notify_all();
+        }
+    }
+
+    fn wait_until_finished(&self) {
+        let mut running = self.running.lock();
+        while *running {
+            self.finished.wait(&mut running);
         }
     }
 }
@@ -285,8 +543,9 @@ fn run<S: FileSync + Clone>(
 /// them and only then deletes the journal files of the period. One runs at a time; files that did
 /// not sync come back and join the next one, whose success deletes every older journal file.
 struct Checkpoint<S: FileSync> {
-    logs: Vec<SharedLog>,
-    in_flight: Arc<std::sync::atomic::AtomicBool>,
+    /// By address, so noting a log costs the same however many were noted.
+    logs: HashMap<usize, SharedLog>,
+    in_flight: Arc<InFlight>,
     failed_files: Arc<Mutex<Vec<std::fs::File>>>,
     jobs: Sender<CheckpointJob>,
     /// How the syncer thread (segments, directories) and the checkpoint thread reach fdatasync.
@@ -301,9 +560,11 @@ struct CheckpointJob {
 }
 
 impl<S: FileSync + Clone> Checkpoint<S> {
-    fn start(stats: Arc<SyncStats>, sync: S) -> Checkpoint<S> {
+    /// Starts the checkpoint thread, which tells the syncer (while it has handles) when a
+    /// checkpoint ends, so a journal already past its size again gets the next one.
+    fn start(stats: Arc<SyncStats>, sync: S, syncer: Weak<SyncerShared>) -> Checkpoint<S> {
         let (jobs, receiver) = mpsc::channel::<CheckpointJob>();
-        let in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let in_flight = Arc::new(InFlight::default());
         let failed_files = Arc::new(Mutex::new(Vec::new()));
         let (thread_in_flight, thread_failed, thread_sync) = (in_flight.clone(), failed_files.clone(), sync.clone());
         std::thread::Builder::new()
@@ -318,23 +579,24 @@ impl<S: FileSync + Clone> Checkpoint<S> {
                     } else {
                         thread_failed.lock().extend(failed);
                     }
-                    thread_in_flight.store(false, Ordering::Release);
+                    thread_in_flight.set_running(false);
+                    if let Some(syncer) = syncer.upgrade() {
+                        let _ = syncer.sender.send(Command::CheckpointFinished);
+                    }
                 }
             })
             .expect("spawning the checkpoint thread");
-        Checkpoint { logs: Vec::new(), in_flight, failed_files, jobs, sync }
+        Checkpoint { logs: HashMap::new(), in_flight, failed_files, jobs, sync }
     }
 
     fn note(&mut self, log: &SharedLog) {
-        if !self.logs.iter().any(|known| Arc::ptr_eq(known, log)) {
-            self.logs.push(log.clone());
-        }
+        self.logs.entry(log_key(log)).or_insert_with(|| log.clone());
     }
 
     /// The segment files written since the last checkpoint, and those a failed one left.
     fn take_files(&mut self) -> Vec<std::fs::File> {
         let mut files = std::mem::take(&mut *self.failed_files.lock());
-        for log in self.logs.drain(..) {
+        for (_, log) in self.logs.drain() {
             let taken = log.lock().take_checkpoint_files();
             files.extend(taken);
         }
@@ -343,16 +605,16 @@ impl<S: FileSync + Clone> Checkpoint<S> {
 
     /// Starts a background checkpoint unless one is running.
     fn start_background(&mut self, journal: &mut Journal<S>) {
-        if self.in_flight.load(Ordering::Acquire) {
+        if self.in_flight.is_running() {
             return;
         }
         let files = self.take_files();
         match journal.rotate() {
             Ok(sequence) => {
-                self.in_flight.store(true, Ordering::Release);
+                self.in_flight.set_running(true);
                 let job = CheckpointJob { files, sequence, directory: journal.directory().to_path_buf() };
                 if let Err(mpsc::SendError(job)) = self.jobs.send(job) {
-                    self.in_flight.store(false, Ordering::Release);
+                    self.in_flight.set_running(false);
                     self.failed_files.lock().extend(job.files);
                 }
             }
@@ -366,9 +628,7 @@ impl<S: FileSync + Clone> Checkpoint<S> {
     /// A checkpoint the caller waits for (graceful shutdown): after the running one, every
     /// segment synced and every older journal file deleted.
     fn run_now(&mut self, journal: &mut Journal<S>, stats: &SyncStats) -> bool {
-        while self.in_flight.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        self.in_flight.wait_until_finished();
         let files = self.take_files();
         let failed = sync_files(files, stats, &self.sync);
         if !failed.is_empty() {
@@ -404,20 +664,29 @@ fn timed_sync(file: &std::fs::File, stats: &SyncStats, sync: &impl FileSync) -> 
 }
 
 /// Writes every log's buffered records; then, when `fsync`, appends the journaled logs' writes to
-/// the journal and syncs it once, and syncs what the others (and directory changes) need.
+/// the journal and syncs it once, and syncs what the others (and directory changes) need. Returns
+/// each log's outcome and whether the journal (if it had anything to write) was written and synced.
 fn sync_all<S: FileSync + Clone>(
-    logs: &[SharedLog],
+    logs: &[BatchLog],
     fsync: bool,
     mut journal: Option<&mut Journal<S>>,
     checkpoint: &mut Checkpoint<S>,
     stats: &SyncStats,
-) -> bool {
-    let mut all_durable = true;
-    for log in logs {
-        let written = log.lock().write_pending();
+) -> (Vec<LogOutcome>, bool) {
+    let mut outcomes = Vec::with_capacity(logs.len());
+    for entry in logs {
+        let written = {
+            let mut log = entry.log.lock();
+            if !entry.unconditional && !log.has_pending() {
+                outcomes.push(LogOutcome::Skipped);
+                continue;
+            }
+            log.write_pending()
+        };
+        stats.logs_written.fetch_add(1, Ordering::Relaxed);
         let written = written.map(|written| {
             if !written.journal.is_empty() {
-                checkpoint.note(log);
+                checkpoint.note(&entry.log);
             }
             match journal.as_deref_mut() {
                 Some(journal) => written.journal.iter().for_each(|write| journal.append(&write.target, write.offset, &write.bytes)),
@@ -432,10 +701,13 @@ fn sync_all<S: FileSync + Clone>(
             Ok(_) => Ok(()),
             Err(error) => Err(error.to_string()),
         };
-        if let Err(error) = result {
-            tracing::error!(%error, "writing or syncing a queue log failed; confirms for it are nacked");
-            all_durable = false;
-        }
+        outcomes.push(match result {
+            Ok(()) => LogOutcome::Written,
+            Err(error) => {
+                tracing::error!(%error, "writing or syncing a queue log failed; confirms for it are nacked");
+                LogOutcome::Failed
+            }
+        });
     }
     if let Some(journal) = journal.filter(|journal| journal.has_pending()) {
         let started = std::time::Instant::now();
@@ -443,10 +715,10 @@ fn sync_all<S: FileSync + Clone>(
         stats.record_fsync(started.elapsed());
         if let Err(error) = synced {
             tracing::error!(%error, "writing or syncing the journal failed; this batch's confirms are nacked");
-            all_durable = false;
+            return (outcomes, false);
         }
     }
-    all_durable
+    (outcomes, true)
 }
 
 #[cfg(test)]
