@@ -780,6 +780,63 @@ mod tests {
         drop(syncer);
         let _ = std::fs::remove_dir_all(&root);
     }
+
+    /// Waits (bounded) until `condition` holds.
+    fn wait_until(what: &str, condition: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !condition() {
+            assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Idle queues cost no CPU: once every watched log is written, the syncer thread sleeps until
+    /// something happens, under every policy, however many logs it watches. A record no request
+    /// names then wakes it for that log alone: the flush writes one log, not all of them.
+    #[test]
+    fn idle_watched_logs_never_wake_the_syncer_and_a_flush_writes_only_the_dirty_log() {
+        const LOGS: usize = 200;
+        let policies = [SyncPolicy::Always, SyncPolicy::Interval { interval_ms: 20 }, SyncPolicy::Never];
+        for (index, policy) in policies.into_iter().enumerate() {
+            let root = std::env::temp_dir().join(format!("lepus-syncer-test-idle-{index}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&root);
+            let journal = (policy == SyncPolicy::Always).then(|| Journal::open(&root.join("journal")).expect("journal").0);
+            let syncer = Syncer::start(policy, journal);
+            let logs: Vec<SharedLog> = (0..LOGS)
+                .map(|number| {
+                    let (mut log, _) = QueueLog::open(&root.join("queues").join(format!("q{number}")), 4096).expect("open");
+                    if policy == SyncPolicy::Always {
+                        log.use_journal();
+                    }
+                    let log = Arc::new(Mutex::new(log));
+                    syncer.watch(log.clone());
+                    log
+                })
+                .collect();
+            let stats = syncer.stats();
+            wait_until("every new log is written", || logs.iter().all(|log| !log.lock().has_pending()));
+            // Long enough for the interval policy's fdatasync of what the flush wrote.
+            std::thread::sleep(Duration::from_millis(3 * IDLE_FLUSH_INTERVAL_MS));
+            let (wakeups, batches) = (stats.wakeups.load(Ordering::Relaxed), stats.batches.load(Ordering::Relaxed));
+            std::thread::sleep(Duration::from_millis(3 * IDLE_FLUSH_INTERVAL_MS));
+            let idle_wakeups = stats.wakeups.load(Ordering::Relaxed) - wakeups;
+            assert_eq!(idle_wakeups, 0, "{policy:?}: the syncer woke {idle_wakeups} times with {LOGS} idle logs");
+            assert_eq!(stats.batches.load(Ordering::Relaxed), batches, "{policy:?}: batches ran with nothing to do");
+
+            let written = stats.logs_written.load(Ordering::Relaxed);
+            logs[LOGS / 2].lock().append_delivered(0);
+            wait_until("the dirty log is written", || stats.logs_written.load(Ordering::Relaxed) > written);
+            assert!(!logs[LOGS / 2].lock().has_pending(), "{policy:?}");
+            std::thread::sleep(Duration::from_millis(3 * IDLE_FLUSH_INTERVAL_MS));
+            let flush_wakeups = stats.wakeups.load(Ordering::Relaxed) - wakeups;
+            assert_eq!(stats.logs_written.load(Ordering::Relaxed) - written, 1, "{policy:?}: one dirty log, one log written");
+            // One to start the flush timer, one when it fires.
+            assert!(flush_wakeups <= 2, "{policy:?}: {flush_wakeups} wake-ups to flush one log");
+            drop(syncer);
+            drop(logs);
+            let _ = std::fs::remove_dir_all(&root);
+        }
+    }
 }
 
 /// The syncer and the journal through a recording [`FileSync`]: what a confirm waits for, what a
@@ -1167,6 +1224,56 @@ mod sync_order_tests {
         assert!(recovery.truncated.is_empty(), "{:?}", recovery.truncated);
         let expected: Vec<u64> = (0..40).filter(|position| !settled.contains(position)).collect();
         assert_eq!(recovered_positions(&mut log, &recovery), expected);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// `--sync interval`: the periodic fdatasync covers the logs written since the last one, not
+    /// every log the syncer watches (which cost one fdatasync per idle queue per interval).
+    #[test]
+    fn an_interval_fdatasync_covers_only_the_logs_written_since_the_last_one() {
+        const INTERVAL_MS: u64 = 30;
+        let root = temporary_root("interval");
+        let queues = root.join("queues");
+        let recorder = RecordingSync::new(root.join("journal"));
+        let syncer = Syncer::start_with_sync(SyncPolicy::Interval { interval_ms: INTERVAL_MS }, None::<Journal<RecordingSync>>, recorder.clone());
+        let logs: Vec<SharedLog> = (0..100)
+            .map(|number| {
+                let (log, _) = QueueLog::open(&queues.join(format!("q{number}")), 1 << 20).expect("open");
+                let log = Arc::new(Mutex::new(log));
+                syncer.watch(log.clone());
+                log
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while logs.iter().any(|log| log.lock().has_pending()) {
+            assert!(Instant::now() < deadline, "the new logs were never written");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(5 * INTERVAL_MS));
+        recorder.take_events();
+        let busy = queues.join("q7");
+        let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
+        for position in 0..3 {
+            publish_and_confirm(&syncer, &logs[7], &sink, position);
+            assert!(wait_for_confirm(&recorder, position));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !synced_under(&recorder.events.lock(), &busy, true) {
+            assert!(Instant::now() < deadline, "the written log was never synced");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(5 * INTERVAL_MS));
+        let events = recorder.take_events();
+        let others: Vec<&PathBuf> = events
+            .iter()
+            .filter_map(|event| match event {
+                Event::Synced { path, .. } if !path.starts_with(&busy) => Some(path),
+                _ => None,
+            })
+            .collect();
+        assert!(others.is_empty(), "idle logs were synced: {} syncs, e.g. {:?}", others.len(), others.first());
+        drop(syncer);
+        drop(logs);
         let _ = std::fs::remove_dir_all(&root);
     }
 
