@@ -1235,7 +1235,8 @@ mod sync_order_tests {
         let root = temporary_root("interval");
         let queues = root.join("queues");
         let recorder = RecordingSync::new(root.join("journal"));
-        let syncer = Syncer::start_with_sync(SyncPolicy::Interval { interval_ms: INTERVAL_MS }, None::<Journal<RecordingSync>>, recorder.clone());
+        let syncer =
+            Syncer::start_with_sync(SyncPolicy::Interval { interval_ms: INTERVAL_MS }, None::<Journal<RecordingSync>>, recorder.clone());
         let logs: Vec<SharedLog> = (0..100)
             .map(|number| {
                 let (log, _) = QueueLog::open(&queues.join(format!("q{number}")), 1 << 20).expect("open");
