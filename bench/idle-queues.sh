@@ -7,7 +7,11 @@
 #
 # Usage: bench/idle-queues.sh LEPUS_BIN LABEL [extra `lepus server` arguments, e.g. --sync interval]
 # Environment: QUEUES (10000), IDLE_S (60), SETTLE_S (10), PYTHON (a python with pika; python3),
-#              RESULTS (bench/results/idle-queues).
+#              RESULTS (bench/results/idle-queues),
+#              SAVE_DATA_DIR (copy the data directory there once the queues are declared),
+#              SEED_DATA_DIR (start from a copy of that data directory instead of declaring: the
+#              broker recovers the queues, which then sit idle the same way; declaring 10,000
+#              queues one by one takes minutes because every declaration rewrites definitions.json).
 set -euo pipefail
 BIN=$1 LABEL=$2
 shift 2
@@ -18,6 +22,7 @@ mkdir -p "$RESULTS"
 "$PYTHON" -c 'import pika' 2>/dev/null || { echo "PYTHON=$PYTHON has no pika (pip install pika)" >&2; exit 1; }
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 DATA_DIR=$(mktemp -d /tmp/lepus-idle-bench.XXXXXX)
+if [[ -n ${SEED_DATA_DIR:-} ]]; then cp -a "$SEED_DATA_DIR/." "$DATA_DIR/"; fi
 # Every durable queue's log holds its active segment and its directory open (3 descriptors a queue
 # were measured): raise the limit (root may raise the hard one too).
 ulimit -Hn "${DESCRIPTORS_MAX:-65536}" 2>/dev/null || true
@@ -29,7 +34,7 @@ trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true; rm -rf
 for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
 
 started=$(date +%s.%N)
-"$PYTHON" - "$PORT" "$QUEUES" <<'EOF'
+[[ -z ${SEED_DATA_DIR:-} ]] && "$PYTHON" - "$PORT" "$QUEUES" <<'EOF'
 import sys, pika
 port, count = int(sys.argv[1]), int(sys.argv[2])
 connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, credentials=pika.PlainCredentials("guest", "guest")))
@@ -40,6 +45,7 @@ connection.close()
 EOF
 declared=$(date +%s.%N)
 sleep "$SETTLE_S"
+if [[ -n ${SAVE_DATA_DIR:-} ]]; then rm -rf "$SAVE_DATA_DIR"; cp -a "$DATA_DIR" "$SAVE_DATA_DIR"; fi
 
 ticks_per_second=$(getconf CLK_TCK)
 # utime + stime (fields 14 and 15 of /proc/PID/stat; the command name, field 2, has no spaces here).
@@ -54,11 +60,12 @@ threads=$(ls /proc/$SERVER/task | wc -l)
 
 python3 - "$LABEL" "$QUEUES" "$IDLE_S" "$ticks_per_second" "$process_before" "$process_after" "$syncer_before" "$syncer_after" \
   "$descriptors" "$threads" "$started" "$declared" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF' | tee "$RESULTS/$LABEL.txt"
-import sys
+import os, sys
 label, queues, idle_s, hz, p0, p1, s0, s1, fds, threads, started, declared, load = sys.argv[1:]
 hz, idle_s = int(hz), float(idle_s)
 process_s, syncer_s = (int(p1) - int(p0)) / hz, (int(s1) - int(s0)) / hz
-print(f"{label}: {queues} idle durable queues (declared in {float(declared) - float(started):.1f} s), over {idle_s:.0f} s: "
+how = "recovered from a copied data directory" if os.environ.get("SEED_DATA_DIR") else f"declared through pika in {float(declared) - float(started):.1f} s"
+print(f"{label}: {queues} idle durable queues ({how}), over {idle_s:.0f} s: "
       f"process CPU {process_s:.2f} s ({100 * process_s / idle_s:.2f}% of one core), lepus-syncer thread {syncer_s:.2f} s; "
       f"{fds} open descriptors, {threads} threads; load average {load}")
 EOF

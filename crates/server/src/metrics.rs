@@ -60,7 +60,7 @@ fn as_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-/// The syncer's counters (group commits, the publishes they covered, failed batches).
+/// The syncer's counters (group commits, the publishes and logs they covered, wake-ups, failed batches).
 fn register_storage_metrics(registry: &mut Registry, broker: &Broker) {
     let stats = broker.syncer.stats();
     let counter = |registry: &mut Registry, name: &str, help: &str, value: u64| {
@@ -74,6 +74,18 @@ fn register_storage_metrics(registry: &mut Registry, broker: &Broker) {
         "lepus_storage_sync_requests",
         "Requests (publishes waiting for durability, flushes) the group commits covered",
         stats.requests.load(Ordering::Relaxed),
+    );
+    counter(
+        registry,
+        "lepus_storage_logs_written",
+        "Queue logs the group commits wrote (grows with the logs that had work, not with the logs that exist)",
+        stats.logs_written.load(Ordering::Relaxed),
+    );
+    counter(
+        registry,
+        "lepus_storage_syncer_wakeups",
+        "Times the syncer thread woke up (requests, dirty logs, timers); idle queues add none",
+        stats.wakeups.load(Ordering::Relaxed),
     );
     counter(
         registry,
