@@ -34,12 +34,23 @@ trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true; rm -rf
 for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
 
 started=$(date +%s.%N)
-[[ -z ${SEED_DATA_DIR:-} ]] && "$PYTHON" - "$PORT" "$QUEUES" <<'EOF'
-import sys, pika
-port, count = int(sys.argv[1]), int(sys.argv[2])
-connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, credentials=pika.PlainCredentials("guest", "guest")))
-channel = connection.channel()
-for number in range(count):
+# Declares the queues, or (seeded) waits until the broker recovered the last one.
+"$PYTHON" - "$PORT" "$QUEUES" "${SEED_DATA_DIR:-}" <<'EOF'
+import sys, time, pika
+port, count, seeded = int(sys.argv[1]), int(sys.argv[2]), bool(sys.argv[3])
+parameters = pika.ConnectionParameters("127.0.0.1", port, credentials=pika.PlainCredentials("guest", "guest"))
+deadline = time.monotonic() + 600
+while True:
+    try:
+        connection = pika.BlockingConnection(parameters)
+        channel = connection.channel()
+        channel.queue_declare(f"idle-{count - 1:05}", durable=True, passive=seeded)
+        break
+    except Exception:  # not up yet: refused, handshake timeout, queue not recovered yet
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.5)
+for number in range(0 if seeded else count):
     channel.queue_declare(f"idle-{number:05}", durable=True)
 connection.close()
 EOF
