@@ -9,8 +9,8 @@ Lepus only (they start their own brokers on data directories of their own):
   now says format 3 with a type for every queue.
 - A definitions file of an unknown format, or naming a quorum queue, stops the start with an error
   that says why, and is left as it was.
-- A definitions import with a quorum or stream queue is refused whole (HTTP 400 naming the queue)
-  before anything of it is applied; RabbitMQ would create the queue.
+- A quorum or stream queue is refused: queue.declare with 540, a definitions import whole (HTTP 400
+  naming the queue) before anything of it is applied; RabbitMQ would create the queue.
 
 Against either broker (run against RabbitMQ 3.10.8 too): redeclaring with and without
 `x-queue-type` is equivalent or not exactly as RabbitMQ decides, with its texts; the management
@@ -212,13 +212,22 @@ def test_a_definitions_file_of_an_unknown_format_or_with_a_quorum_queue_is_refus
 
 
 @pytest.mark.lepus_only
-def test_an_import_with_a_quorum_or_stream_queue_is_refused_before_anything_is_applied(tmp_path):
-    """Lepus only: RabbitMQ runs quorum and stream queues, so it imports these files."""
+def test_quorum_and_stream_queues_are_refused_by_declare_and_by_an_import_before_anything_is_applied(tmp_path):
+    """Lepus only: RabbitMQ runs quorum and stream queues, so it declares and imports them."""
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     broker = ManagedBroker(os.environ["LEPUS_BIN"], data_dir, tmp_path)
     broker.start()
     try:
+        for type_name in ("quorum", "stream"):
+            connection = broker.connect()
+            # 540 is a hard error: it closes the connection.
+            with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as refused:
+                connection.channel().queue_declare(unique("declare-" + type_name), durable=True,
+                                                   arguments={"x-queue-type": type_name})
+            safe_close(connection)
+            assert (refused.value.reply_code, refused.value.reply_text) == (
+                540, "NOT_IMPLEMENTED - queue type '%s' is not supported by Lepus yet" % type_name)
         exchange, classic, refused = unique("import-x"), unique("import-classic"), unique("import-quorum")
         common = {"vhost": "/", "durable": True, "auto_delete": False}
         for refused_entry, type_name in [
