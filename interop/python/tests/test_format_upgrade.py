@@ -165,7 +165,12 @@ def test_a_format_2_data_directory_is_upgraded_to_format_3_with_everything_in_it
         assert [queue["type"] for queue in definitions["queues"]] == ["classic"] * len(manifest["queues"]), definitions
         assert not os.path.exists(os.path.join(str(data_dir), "definitions.tmp"))
         check_upgraded_contents(broker, manifest)
-        # A restart reads the upgraded file as it is.
+        # A queue declared now is stored with its type, and a restart reads the file as it is.
+        connection = broker.connect()
+        connection.channel().queue_declare("upgrade-new", durable=True, arguments={"x-queue-type": "classic"})
+        safe_close(connection)
+        definitions = read_definitions(data_dir)
+        assert {queue["name"]: queue["type"] for queue in definitions["queues"]}["upgrade-new"] == "classic", definitions
         broker.stop(signal.SIGTERM)
         broker.start()
         assert read_definitions(data_dir) == definitions
