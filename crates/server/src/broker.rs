@@ -9,7 +9,7 @@ use crate::queue_runtime::{Pager, QueueRuntime};
 use amqp_codec::{encode_method_frame, BasicCancel, Method, ShortStr};
 use broker_core::exchange::{Binding, Destination, Exchange, ExchangeKind};
 use broker_core::queue::QueueState;
-use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, Vhost};
+use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType, Vhost};
 use broker_core::AmqpError;
 use bytes::BytesMut;
 use parking_lot::{Mutex, RwLock};
@@ -213,12 +213,24 @@ impl Broker {
                 tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
                 continue;
             };
+            // Only classic queues can have been declared; a file that says otherwise was written by
+            // another build, and running its queue as classic would break what its type promised.
+            if record.queue_type != QueueType::Classic {
+                return Err(format!(
+                    "{}: queue '{}' in vhost '{}' is a {} queue, which Lepus does not run yet",
+                    self.config.data_dir.join("definitions.json").display(),
+                    record.name,
+                    record.vhost,
+                    record.queue_type.name()
+                ));
+            }
             let definition = QueueDefinition {
                 name: ShortStr::truncating(record.name.clone()),
                 durable: true,
                 exclusive_owner: None,
                 auto_delete: record.auto_delete,
                 arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
+                queue_type: record.queue_type,
             };
             let path = queue_log_path(&self.config.data_dir, &record.vhost, &definition.name);
             let (mut log, recovery) = QueueLog::open(&path, self.config.segment_bytes_max).map_err(|error| error.to_string())?;
@@ -540,6 +552,7 @@ impl Broker {
                         name: definition.name.to_string_lossy(),
                         auto_delete: definition.auto_delete,
                         arguments_hex: table_to_hex(&definition.arguments),
+                        queue_type: definition.queue_type,
                     });
                 }
             }

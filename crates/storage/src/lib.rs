@@ -23,6 +23,11 @@ pub mod range_set;
 pub mod record;
 pub mod syncer;
 
+/// The storage format of a data directory, in its definitions file. Format 3 records each queue's
+/// type; format 2 (queues without a type, all classic) is upgraded to it at start. Segments have
+/// their own version ([`record::SEGMENT_FORMAT_VERSION`]), unchanged by format 3.
+pub const STORAGE_FORMAT_VERSION: u32 = 3;
+
 /// A storage failure, with the file it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -36,9 +41,11 @@ pub enum StorageError {
     },
     /// A file written in a storage format this build does not read.
     #[error(
-        "{path}: storage format {found} is not supported: this build reads format {supported} only, and there is no upgrade \
-         path yet; start with an empty data directory",
-        supported = crate::record::STORAGE_FORMAT_VERSION
+        "{path}: storage format {found} is not supported: this build reads data directories of format {supported} (with \
+         segments of format {segments}) and upgrades format {upgraded} at start; start with an empty data directory",
+        supported = STORAGE_FORMAT_VERSION,
+        segments = crate::record::SEGMENT_FORMAT_VERSION,
+        upgraded = STORAGE_FORMAT_VERSION - 1
     )]
     UnsupportedFormat {
         /// The file.

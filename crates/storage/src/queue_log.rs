@@ -47,7 +47,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use crate::janitor::RECYCLED_SEGMENTS_MAX;
-pub use crate::record::{CURRENT_TERM, RECORD_BYTES_MAX, STORAGE_FORMAT_VERSION};
+pub use crate::record::{CURRENT_TERM, RECORD_BYTES_MAX, SEGMENT_FORMAT_VERSION};
 
 /// How much one tail read takes from a segment at a time.
 const TAIL_READ_CHUNK_BYTES: usize = 1 << 20;
@@ -960,7 +960,7 @@ fn scan_segment(path: &Path, file: &File, first_position: u64, replayed: &mut Re
                 scan.damage = Some((0, "segment header of the wrong size".to_string()));
                 return Ok(scan);
             };
-            if version != STORAGE_FORMAT_VERSION {
+            if version != SEGMENT_FORMAT_VERSION {
                 return Err(StorageError::UnsupportedFormat { path: path.display().to_string(), found: u32::from(version) });
             }
             scan.header_position = Some(header.position);
