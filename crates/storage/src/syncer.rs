@@ -5,7 +5,7 @@
 
 use crate::file_sync::{DirectSync, FileSync};
 use crate::journal::Journal;
-use crate::queue_log::QueueLog;
+use crate::queue_log::{CheckpointFile, QueueLog};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -287,7 +287,7 @@ fn run<S: FileSync + Clone>(
 struct Checkpoint<S: FileSync> {
     logs: Vec<SharedLog>,
     in_flight: Arc<std::sync::atomic::AtomicBool>,
-    failed_files: Arc<Mutex<Vec<std::fs::File>>>,
+    failed_files: Arc<Mutex<Vec<CheckpointFile>>>,
     jobs: Sender<CheckpointJob>,
     /// How the syncer thread (segments, directories) and the checkpoint thread reach fdatasync.
     sync: S,
@@ -295,7 +295,7 @@ struct Checkpoint<S: FileSync> {
 
 /// Segment files to sync, then journal files older than `sequence` to delete.
 struct CheckpointJob {
-    files: Vec<std::fs::File>,
+    files: Vec<CheckpointFile>,
     sequence: u64,
     directory: std::path::PathBuf,
 }
@@ -332,7 +332,7 @@ impl<S: FileSync + Clone> Checkpoint<S> {
     }
 
     /// The segment files written since the last checkpoint, and those a failed one left.
-    fn take_files(&mut self) -> Vec<std::fs::File> {
+    fn take_files(&mut self) -> Vec<CheckpointFile> {
         let mut files = std::mem::take(&mut *self.failed_files.lock());
         for log in self.logs.drain(..) {
             let taken = log.lock().take_checkpoint_files();
@@ -383,11 +383,11 @@ impl<S: FileSync + Clone> Checkpoint<S> {
     }
 }
 
-/// fdatasyncs every file; returns those that failed.
-fn sync_files(files: Vec<std::fs::File>, stats: &SyncStats, sync: &impl FileSync) -> Vec<std::fs::File> {
+/// fdatasyncs every file (each opened for its sync unless cached); returns those that failed.
+fn sync_files(files: Vec<CheckpointFile>, stats: &SyncStats, sync: &impl FileSync) -> Vec<CheckpointFile> {
     let mut failed = Vec::new();
     for file in files {
-        if let Err(error) = timed_sync(&file, stats, sync) {
+        if let Err(error) = file.sync_with(|opened| timed_sync(opened, stats, sync)) {
             tracing::error!(%error, "syncing a segment at a journal checkpoint failed; the journal keeps its entries");
             failed.push(file);
         }
