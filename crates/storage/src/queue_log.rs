@@ -1565,6 +1565,103 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
     }
 
+    fn open_descriptors() -> usize {
+        std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").count()
+    }
+
+    /// Many logs through a cache of 4 files, written in turns so every write finds its segment
+    /// closed and reopens it, small segments so some writes are seals of a reopened file: the
+    /// process holds at most the cache's files (other tests of this binary open a few meanwhile),
+    /// what a sync needs is handed out, and every message comes back.
+    fn many_logs_hold_no_more_descriptors_than_the_cache(name: &str, journaled: bool) {
+        let root = temporary_dir(name);
+        let cache = FileCache::new(4);
+        let logs_count = 200u64;
+        let rounds = 5u64;
+        let before = open_descriptors();
+        let mut highest = 0usize;
+        let mut logs: Vec<QueueLog> = (0..logs_count)
+            .map(|index| {
+                let (mut log, _) = QueueLog::open_with_cache(&root.join(format!("q{index}")), 256, cache.clone()).expect("open");
+                if journaled {
+                    log.use_journal();
+                }
+                log
+            })
+            .collect();
+        let mut checkpoint_files = Vec::new();
+        for round in 0..rounds {
+            for log in &mut logs {
+                log.append_publish(round, &message(&format!("message {round} of a log among many")), true);
+                let written = log.write_pending().expect("write");
+                // (Directories whose entries changed come with it either way.)
+                assert!(journaled || !written.sync_now.is_empty(), "an unjournaled log syncs its segment with each batch");
+                assert_eq!(written.journal.is_empty(), !journaled);
+                for file in &written.sync_now {
+                    file.sync_data().expect("sync");
+                }
+                checkpoint_files.extend(log.take_checkpoint_files());
+                highest = highest.max(open_descriptors());
+            }
+        }
+        assert!(logs.iter().all(|log| log.segment_count() > 1), "small segments roll");
+        assert!(cache.open_files() <= 4);
+        let held = highest.saturating_sub(before);
+        assert!(held <= 4 + 24, "{held} descriptors held by {logs_count} logs through a cache of 4");
+        if journaled {
+            assert!(checkpoint_files.len() as u64 >= logs_count, "each log's segments wait for the checkpoint");
+            for file in &checkpoint_files {
+                file.sync_with(|file| file.sync_data()).expect("checkpoint sync");
+            }
+        }
+        drop(logs);
+        assert_eq!(cache.open_files(), 0, "a dropped log closes its segment");
+        for index in 0..logs_count {
+            let (mut log, recovery) = QueueLog::open_with_cache(&root.join(format!("q{index}")), 256, cache.clone()).expect("reopen");
+            assert!(recovery.truncated.is_empty(), "{:?}", recovery.truncated);
+            assert_eq!(positions(&mut log, &recovery), (0..rounds).collect::<Vec<_>>());
+        }
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn many_logs_hold_no_more_descriptors_than_the_cache_without_a_journal() {
+        many_logs_hold_no_more_descriptors_than_the_cache("many-direct", false);
+    }
+
+    /// With a journal, the segments written since the last checkpoint wait for it by name.
+    #[test]
+    fn many_journaled_logs_hold_no_more_descriptors_than_the_cache() {
+        many_logs_hold_no_more_descriptors_than_the_cache("many-journaled", true);
+    }
+
+    /// A checkpoint that comes after the segment was retired (all settled, renamed to a spare)
+    /// has nothing to sync, and says so without an error.
+    #[test]
+    fn a_checkpoint_file_of_a_retired_segment_syncs_as_nothing() {
+        let root = temporary_dir("retired-checkpoint");
+        let cache = FileCache::new(1);
+        let (mut log, _) = QueueLog::open_with_cache(&root.join("q"), 128, cache.clone()).expect("open");
+        log.use_journal();
+        log.append_publish(0, &message(&"f".repeat(200)), true);
+        log.write_pending().expect("write");
+        let files = log.take_checkpoint_files();
+        assert_eq!(files.len(), 1);
+        log.append_publish(1, &message("second, in a new segment"), true);
+        log.append_settled(0);
+        log.write_pending().expect("write");
+        assert!(!files[0].path().exists(), "the first segment was retired");
+        let mut called = false;
+        files[0]
+            .sync_with(|_| {
+                called = true;
+                Ok(())
+            })
+            .expect("nothing to sync");
+        assert!(!called, "a retired segment's name reached a file");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
     #[test]
     fn a_zero_filled_spare_is_prepared_ahead_and_becomes_the_next_segment() {
         let directory = temporary_dir("prepared").join("q");
