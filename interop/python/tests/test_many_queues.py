@@ -32,6 +32,13 @@ DESCRIPTOR_LIMIT = 1024
 # (O(queues) per declare), so 1,500 declares take about 15 s on a 2-core test machine and 5,000
 # about 100 s. LEPUS_MANY_QUEUES=5000 runs the larger case.
 QUEUE_COUNT = int(os.environ.get("LEPUS_MANY_QUEUES", "1500"))
+# The broker caches at most half of its descriptor limit in segment files (docs/storage.md, "Open
+# files"); the rest of it uses a few dozen here (listeners, one client, the journal, the data
+# directory's lock, definitions writes, files opened for a moment). Merely staying under the limit
+# is not enough: when the cache runs into EMFILE it closes half of its files and carries on, so a
+# broker that held descriptors past its cache could still squeeze under 1,024 in this test and fail
+# under real load (more connections). 128 above the cache's share leaves room for the reserve's users.
+DESCRIPTORS_EXPECTED_MAX = DESCRIPTOR_LIMIT // 2 + 128
 # How many requests go out before their replies are read: deep enough to keep the broker busy,
 # small enough that neither side's socket buffer fills while the other is not reading.
 PIPELINE_DEPTH = 500
@@ -201,7 +208,8 @@ def test_many_durable_queues_fit_under_a_limit_of_1024_descriptors_and_survive_a
               "(%d and %d samples)" % (declared - started, published - declared, highest_before, highest_after,
                                        samplers[0].samples, samplers[1].samples))
         for highest in (highest_before, highest_after):
-            assert highest < DESCRIPTOR_LIMIT, "the broker held %d descriptors (limit %d)" % (highest, DESCRIPTOR_LIMIT)
+            assert highest <= DESCRIPTORS_EXPECTED_MAX, "the broker held %d descriptors (limit %d, expected at most %d)" % (
+                highest, DESCRIPTOR_LIMIT, DESCRIPTORS_EXPECTED_MAX)
         assert min(sampler.samples for sampler in samplers) > 10, "the descriptor sampler barely ran"
     finally:
         for sampler in samplers:
