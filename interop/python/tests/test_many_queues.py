@@ -29,8 +29,9 @@ DESCRIPTOR_LIMIT = 1024
 # Three times the broker's cache of open segment files under this limit (512, half the limit), and
 # more than four times as many queues as fitted when each held its descriptors (three per queue,
 # so about 330). Not more by default: each durable declare rewrites and fsyncs the definitions file
-# (O(queues) per declare), so 1,500 declares take about 15 s on a 2-core test machine and 5,000
-# about 100 s. LEPUS_MANY_QUEUES=5000 runs the larger case.
+# (O(queues) per declare), so on the 2-core development VM shared with other builds 1,500 declares
+# took 13-23 s and 3,000 took 44 s; 5,000 took 26 s only when the machine was nearly idle.
+# LEPUS_MANY_QUEUES=5000 runs the larger case (with pytest's --timeout raised).
 QUEUE_COUNT = int(os.environ.get("LEPUS_MANY_QUEUES", "1500"))
 # The broker caches at most half of its descriptor limit in segment files (docs/storage.md, "Open
 # files"); the rest of it uses a few dozen here (listeners, one client, the journal, the data
