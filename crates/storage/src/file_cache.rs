@@ -103,11 +103,18 @@ pub struct FileCacheStats {
 }
 
 /// A bounded set of open files, least recently used closed first.
-#[derive(Debug)]
 pub struct FileCache {
     capacity: usize,
     slots: Mutex<Slots>,
     stats: FileCacheStats,
+}
+
+impl std::fmt::Debug for FileCache {
+    /// The bound and the count, not every slot: each queue log (and its debug output) refers to
+    /// the node's cache.
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("FileCache").field("capacity", &self.capacity).field("open_files", &self.open_files()).finish()
+    }
 }
 
 static NODE_CACHE: OnceLock<Arc<FileCache>> = OnceLock::new();
