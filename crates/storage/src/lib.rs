@@ -10,11 +10,14 @@
 //!   commit fdatasyncs one file for the whole node; replayed into the segments at start.
 //! - [`syncer`]: one thread that writes and fdatasyncs every dirty log in a batch (group commit)
 //!   and only then runs the callbacks that send publisher confirms.
+//! - [`file_cache`]: the node-wide, bounded cache of open segment files (least recently used
+//!   closed first), so an idle queue holds no file descriptor.
 //! - [`file_sync`]: the seam through which the journal, the syncer and its checkpoints fdatasync,
 //!   so tests can record the order of syncs or fail them.
 
 pub mod data_dir_lock;
 pub mod definitions;
+pub mod file_cache;
 pub mod file_sync;
 pub mod janitor;
 pub mod journal;

@@ -5,7 +5,7 @@
 
 use crate::file_sync::{DirectSync, FileSync};
 use crate::journal::Journal;
-use crate::queue_log::QueueLog;
+use crate::queue_log::{CheckpointFile, QueueLog};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -241,7 +241,9 @@ fn run<S: FileSync + Clone>(
         if fsync_now {
             last_sync = std::time::Instant::now();
         }
-        let mut durable = sync_all(&logs, fsync_now, journal.as_mut(), &mut checkpoint, stats);
+        // A log that failed (say, no descriptor for its segment) fails only the requests that
+        // named it; a failed journal or checkpoint fails the whole batch.
+        let (mut durable, failed_logs) = sync_all(&logs, fsync_now, journal.as_mut(), &mut checkpoint, stats);
         if requests.iter().any(|request| request.checkpoint) {
             if let Some(journal) = journal.as_mut() {
                 durable &= checkpoint.run_now(journal, stats);
@@ -249,11 +251,12 @@ fn run<S: FileSync + Clone>(
         }
         stats.batches.fetch_add(1, Ordering::Relaxed);
         stats.requests.fetch_add(requests.len() as u64, Ordering::Relaxed);
-        if !durable {
+        if !durable || !failed_logs.is_empty() {
             stats.failures.fetch_add(1, Ordering::Relaxed);
         }
         let mut confirms: Vec<SinkConfirms> = Vec::new();
         for request in requests {
+            let durable = durable && !request.logs.iter().any(|log| failed_logs.iter().any(|failed| Arc::ptr_eq(failed, log)));
             if let Some(callback) = request.callback {
                 callback(durable);
             }
@@ -287,7 +290,7 @@ fn run<S: FileSync + Clone>(
 struct Checkpoint<S: FileSync> {
     logs: Vec<SharedLog>,
     in_flight: Arc<std::sync::atomic::AtomicBool>,
-    failed_files: Arc<Mutex<Vec<std::fs::File>>>,
+    failed_files: Arc<Mutex<Vec<CheckpointFile>>>,
     jobs: Sender<CheckpointJob>,
     /// How the syncer thread (segments, directories) and the checkpoint thread reach fdatasync.
     sync: S,
@@ -295,7 +298,7 @@ struct Checkpoint<S: FileSync> {
 
 /// Segment files to sync, then journal files older than `sequence` to delete.
 struct CheckpointJob {
-    files: Vec<std::fs::File>,
+    files: Vec<CheckpointFile>,
     sequence: u64,
     directory: std::path::PathBuf,
 }
@@ -332,7 +335,7 @@ impl<S: FileSync + Clone> Checkpoint<S> {
     }
 
     /// The segment files written since the last checkpoint, and those a failed one left.
-    fn take_files(&mut self) -> Vec<std::fs::File> {
+    fn take_files(&mut self) -> Vec<CheckpointFile> {
         let mut files = std::mem::take(&mut *self.failed_files.lock());
         for log in self.logs.drain(..) {
             let taken = log.lock().take_checkpoint_files();
@@ -383,11 +386,11 @@ impl<S: FileSync + Clone> Checkpoint<S> {
     }
 }
 
-/// fdatasyncs every file; returns those that failed.
-fn sync_files(files: Vec<std::fs::File>, stats: &SyncStats, sync: &impl FileSync) -> Vec<std::fs::File> {
+/// fdatasyncs every file (each opened for its sync unless cached); returns those that failed.
+fn sync_files(files: Vec<CheckpointFile>, stats: &SyncStats, sync: &impl FileSync) -> Vec<CheckpointFile> {
     let mut failed = Vec::new();
     for file in files {
-        if let Err(error) = timed_sync(&file, stats, sync) {
+        if let Err(error) = file.sync_with(|opened| timed_sync(opened, stats, sync)) {
             tracing::error!(%error, "syncing a segment at a journal checkpoint failed; the journal keeps its entries");
             failed.push(file);
         }
@@ -405,14 +408,16 @@ fn timed_sync(file: &std::fs::File, stats: &SyncStats, sync: &impl FileSync) -> 
 
 /// Writes every log's buffered records; then, when `fsync`, appends the journaled logs' writes to
 /// the journal and syncs it once, and syncs what the others (and directory changes) need.
+/// Returns whether the journal (if any) was made durable, and the logs that failed.
 fn sync_all<S: FileSync + Clone>(
     logs: &[SharedLog],
     fsync: bool,
     mut journal: Option<&mut Journal<S>>,
     checkpoint: &mut Checkpoint<S>,
     stats: &SyncStats,
-) -> bool {
-    let mut all_durable = true;
+) -> (bool, Vec<SharedLog>) {
+    let mut journal_durable = true;
+    let mut failed_logs = Vec::new();
     for log in logs {
         let written = log.lock().write_pending();
         let written = written.map(|written| {
@@ -434,7 +439,7 @@ fn sync_all<S: FileSync + Clone>(
         };
         if let Err(error) = result {
             tracing::error!(%error, "writing or syncing a queue log failed; confirms for it are nacked");
-            all_durable = false;
+            failed_logs.push(log.clone());
         }
     }
     if let Some(journal) = journal.filter(|journal| journal.has_pending()) {
@@ -443,10 +448,10 @@ fn sync_all<S: FileSync + Clone>(
         stats.record_fsync(started.elapsed());
         if let Err(error) = synced {
             tracing::error!(%error, "writing or syncing the journal failed; this batch's confirms are nacked");
-            all_durable = false;
+            journal_durable = false;
         }
     }
-    all_durable
+    (journal_durable, failed_logs)
 }
 
 #[cfg(test)]
@@ -752,6 +757,38 @@ mod sync_order_tests {
         stop(syncer, &log);
         let _ = std::fs::remove_dir_all(&root);
     }
+    /// Two queues' publishes in one batch, one queue's segment failing its sync (as when no
+    /// descriptor is left for it): only that queue's confirm is a nack.
+    #[test]
+    fn a_failed_log_nacks_only_its_own_confirms_in_a_shared_batch() {
+        let root = temporary_root("failed-log-alone");
+        let recorder = RecordingSync::new(root.join("journal"));
+        let syncer = Syncer::start_with_sync(SyncPolicy::Always, None::<Journal<RecordingSync>>, recorder.clone());
+        let failing_directory = root.join("queues").join("failing");
+        let (failing, _) = QueueLog::open(&failing_directory, 1 << 20).expect("open");
+        let (working, _) = QueueLog::open(&root.join("queues").join("working"), 1 << 20).expect("open");
+        let (failing, working): (SharedLog, SharedLog) = (Arc::new(Mutex::new(failing)), Arc::new(Mutex::new(working)));
+        let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
+        // Hold the syncer thread in a callback, so both publishes wait for the same next batch.
+        let (entered, wait_entered) = mpsc::channel();
+        let (release, wait_release) = mpsc::channel::<()>();
+        let hold: SyncCallback = Box::new(move |_| {
+            let _ = entered.send(());
+            let _ = wait_release.recv_timeout(Duration::from_secs(10));
+        });
+        syncer.sync(Vec::new(), Some(hold));
+        wait_entered.recv_timeout(Duration::from_secs(10)).expect("the syncer ran the holding callback");
+        recorder.fail(Failing::Under(failing_directory.clone()));
+        publish_and_confirm(&syncer, &failing, &sink, 1);
+        publish_and_confirm(&syncer, &working, &sink, 2);
+        release.send(()).expect("release");
+        assert!(!wait_for_confirm(&recorder, 1), "the failed log's confirm must be a nack");
+        assert!(wait_for_confirm(&recorder, 2), "another queue's confirm was nacked for the failed log");
+        recorder.fail(Failing::Nothing);
+        stop(syncer, &failing);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
     /// Waits (bounded) until `directory` holds exactly `count` journal files.
     fn wait_for_journal_files(directory: &Path, count: usize) {
         let deadline = Instant::now() + Duration::from_secs(10);
