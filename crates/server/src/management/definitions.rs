@@ -262,7 +262,7 @@ fn import(api: &Api, body: &Value, into_vhost: Option<&str>) -> Answer {
         let name = required(item, "name", "policies")?;
         policies.push(super::vhosts::policy_from_body(&vhost_of(item)?, &name, item)?);
     }
-    let (limits, other_parameters) = limits_to_import(parameters, &vhost_of)?;
+    let (limits, other_parameters) = limits_to_import(parameters, vhost_of)?;
     for (name, description, tags) in created_vhosts {
         api.broker.put_vhost(&name, description, tags)?;
     }
