@@ -120,6 +120,10 @@ pub struct VhostRecord {
     /// Free-form tags shown by the management API.
     #[serde(default)]
     pub tags: Vec<String>,
+    /// The vhost's limits by RabbitMQ's names (`max-connections`, `max-queues`); `None` when none
+    /// was ever set, an empty map when every one was deleted (RabbitMQ keeps the parameter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<std::collections::BTreeMap<String, i64>>,
 }
 
 /// A policy.
