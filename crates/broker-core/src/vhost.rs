@@ -22,9 +22,63 @@ pub struct QueueDefinition {
     pub exclusive_owner: Option<u64>,
     /// Whether it goes away with its last consumer.
     pub auto_delete: bool,
-    /// Declaration arguments.
+    /// Declaration arguments, as the client sent them (`x-queue-type` included when it was sent).
     pub arguments: FieldTable,
+    /// What kind of queue it is. [`Vhost::declare_queue`] parses it from `x-queue-type` once, when
+    /// it creates the queue (the value a declaration carries in here is replaced); recovery reads
+    /// it from the definitions file.
+    pub queue_type: QueueType,
 }
+
+/// RabbitMQ's queue types, named as `x-queue-type` and the management API name them. Lepus runs
+/// classic queues only: a declaration of the others is refused with 540 at creation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueType {
+    /// The default: a single-node queue.
+    #[default]
+    Classic,
+    /// A replicated queue (Raft).
+    Quorum,
+    /// An append-only log read by offset.
+    Stream,
+}
+
+impl QueueType {
+    /// The name `x-queue-type` and the management API use.
+    pub fn name(self) -> &'static str {
+        match self {
+            QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+            QueueType::Stream => "stream",
+        }
+    }
+
+    /// The type of that name, if RabbitMQ has one.
+    pub fn from_name(name: &str) -> Option<QueueType> {
+        match name {
+            "classic" => Some(QueueType::Classic),
+            "quorum" => Some(QueueType::Quorum),
+            "stream" => Some(QueueType::Stream),
+            _ => None,
+        }
+    }
+
+    /// The type a declaration of `queue` asks for with `x-queue-type` (classic without it), with
+    /// RabbitMQ's 406 for a name it does not know or a value that is not a string.
+    pub fn from_arguments(queue: &ShortStr, vhost: &str, arguments: &FieldTable) -> Result<QueueType, AmqpError> {
+        let Some(value) = arguments.get(QUEUE_TYPE_ARGUMENT) else {
+            return Ok(QueueType::Classic);
+        };
+        let Some(name) = value.as_text() else {
+            return Err(invalid_argument(QUEUE_TYPE_ARGUMENT, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value))));
+        };
+        QueueType::from_name(&name)
+            .ok_or_else(|| invalid_argument(QUEUE_TYPE_ARGUMENT, queue, vhost, format!("\"unsupported queue type '{name}'\"")))
+    }
+}
+
+/// The declaration argument that names a queue's type.
+pub const QUEUE_TYPE_ARGUMENT: &str = "x-queue-type";
 
 /// A queue in the topology: its definition and the runtime's handle.
 #[derive(Debug)]
@@ -89,11 +143,35 @@ fn quoted_bool(value: bool) -> String {
     format!("'{value}'")
 }
 
+/// A value as RabbitMQ prints it in an equivalence error: strings as text, numbers as numbers.
+fn display_value(value: &FieldValue) -> String {
+    match value {
+        FieldValue::LongStr(text) | FieldValue::Bytes(text) => String::from_utf8_lossy(text).into_owned(),
+        FieldValue::Bool(flag) => flag.to_string(),
+        FieldValue::F32(number) => number.to_string(),
+        FieldValue::F64(number) => number.to_string(),
+        FieldValue::Timestamp(seconds) => seconds.to_string(),
+        other => other.as_i64().map(|number| number.to_string()).unwrap_or_else(|| format!("{other:?}")),
+    }
+}
+
+/// One side of an argument RabbitMQ found on one side only: "none", or the value with its type.
 fn describe(value: Option<&FieldValue>) -> String {
     match value {
         None => "none".to_string(),
-        Some(FieldValue::LongStr(text)) => format!("the value '{}' of type 'longstr'", String::from_utf8_lossy(text)),
-        Some(other) => format!("the value '{other:?}'"),
+        Some(value) => format!("the value '{}' of type '{}'", display_value(value), type_name(value)),
+    }
+}
+
+/// Whether an absent `x-queue-type` and a sent one mean the same queue: classic is the default,
+/// so RabbitMQ takes a redeclaration with `classic` of a queue declared without the argument (and
+/// the reverse) as equivalent.
+fn same_queue_type(current: Option<&FieldValue>, received: Option<&FieldValue>) -> bool {
+    let classic = |value: Option<&FieldValue>| value.and_then(FieldValue::as_text).as_deref() == Some(QueueType::Classic.name());
+    match (current, received) {
+        (None, received) => received.is_none() || classic(received),
+        (current, None) => classic(current),
+        (Some(current), Some(received)) => current == received,
     }
 }
 
@@ -113,8 +191,23 @@ fn compare_arguments(what: &str, name: &ShortStr, vhost: &str, current: &FieldTa
     for key in keys {
         let key_text = key.to_string_lossy();
         let (old, new) = (current.get(&key_text), received.get(&key_text));
-        if old != new {
-            return Err(equivalence(what, name, vhost, &key_text, describe(new), describe(old)));
+        if what == "queue" && key_text == QUEUE_TYPE_ARGUMENT && same_queue_type(old, new) {
+            continue;
+        }
+        match (old, new) {
+            _ if old == new => {}
+            // RabbitMQ prints both values bare when both sides have the argument.
+            (Some(old), Some(new)) => {
+                return Err(equivalence(
+                    what,
+                    name,
+                    vhost,
+                    &key_text,
+                    format!("'{}'", display_value(new)),
+                    format!("'{}'", display_value(old)),
+                ))
+            }
+            _ => return Err(equivalence(what, name, vhost, &key_text, describe(new), describe(old))),
         }
     }
     Ok(())
@@ -302,6 +395,13 @@ impl<Q: Clone> Vhost<Q> {
         if !server_named && definition.name.as_bytes().starts_with(b"amq.") {
             return Err(AmqpError::access_refused(format!("queue name '{}' contains reserved prefix 'amq.*'", definition.name)));
         }
+        // The type first: a quorum or stream declaration is refused for its type, not for an
+        // argument only that type takes.
+        let mut definition = definition;
+        definition.queue_type = QueueType::from_arguments(&definition.name, &self.name, &definition.arguments)?;
+        if definition.queue_type != QueueType::Classic {
+            return Err(AmqpError::not_implemented(format!("queue type '{}' is not supported by Lepus yet", definition.queue_type.name())));
+        }
         check_queue_arguments(&definition.name, &self.name, &definition.arguments)?;
         let handle = make_handle(&definition);
         let name = definition.name.clone();
@@ -485,12 +585,6 @@ fn check_queue_arguments(queue: &ShortStr, vhost: &str, arguments: &FieldTable) 
         if UNSUPPORTED_QUEUE_ARGUMENTS.contains(&key_text.as_str()) {
             return Err(AmqpError::not_implemented(format!("queue argument '{key_text}' is not supported by Lepus yet")));
         }
-        if key_text == "x-queue-type" {
-            let kind = value.as_text().unwrap_or_default();
-            if kind != "classic" {
-                return Err(AmqpError::not_implemented(format!("queue type '{kind}' is not supported by Lepus yet")));
-            }
-        }
     }
     Ok(())
 }
@@ -508,6 +602,12 @@ fn type_name(value: &FieldValue) -> &'static str {
         FieldValue::F32(_) => "float",
         FieldValue::F64(_) => "double",
         FieldValue::Decimal(_) => "decimal",
-        _ => "long",
+        FieldValue::I8(_) => "byte",
+        FieldValue::U8(_) => "unsignedbyte",
+        FieldValue::I16(_) => "short",
+        FieldValue::U16(_) => "unsignedshort",
+        FieldValue::I32(_) => "signedint",
+        FieldValue::U32(_) => "unsignedint",
+        FieldValue::I64(_) => "long",
     }
 }

@@ -6,10 +6,11 @@ use crate::config::ServerConfig;
 use crate::outbound::{ConnectionShared, ConsumerHandle, Outbound};
 use crate::policy::Policy;
 use crate::queue_runtime::{Pager, QueueRuntime};
+use crate::vhost_limits::{VhostLimit, VhostLimits};
 use amqp_codec::{encode_method_frame, BasicCancel, Method, ShortStr};
 use broker_core::exchange::{Binding, Destination, Exchange, ExchangeKind};
 use broker_core::queue::QueueState;
-use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, Vhost};
+use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType, Vhost};
 use broker_core::AmqpError;
 use bytes::BytesMut;
 use parking_lot::{Mutex, RwLock};
@@ -41,16 +42,18 @@ pub const VHOSTS_MAX: usize = 4096;
 /// The name of the vhost every broker has from its first start.
 pub const DEFAULT_VHOST: &str = "/";
 
-/// A vhost: its topology and what operators wrote about it.
+/// A vhost: its topology, what operators wrote about it, and its limits.
 struct VhostSlot {
     topology: VhostTopology,
     description: String,
     tags: Vec<String>,
+    /// `None` until a limit is first set or deleted (see [`VhostLimits`]).
+    limits: Option<VhostLimits>,
 }
 
 impl VhostSlot {
     fn new(name: &str, description: String, tags: Vec<String>) -> VhostSlot {
-        VhostSlot { topology: Arc::new(RwLock::new(Vhost::new(name))), description, tags }
+        VhostSlot { topology: Arc::new(RwLock::new(Vhost::new(name))), description, tags, limits: None }
     }
 }
 
@@ -63,6 +66,8 @@ pub struct VhostInfo {
     pub description: String,
     /// Free-form tags.
     pub tags: Vec<String>,
+    /// Its limits, when any was ever set (see [`VhostLimits`]).
+    pub limits: Option<VhostLimits>,
 }
 
 /// The whole broker, shared by every connection.
@@ -163,7 +168,15 @@ impl Broker {
             match &definitions.vhosts {
                 Some(records) => {
                     for record in records {
-                        vhosts.insert(record.name.clone(), VhostSlot::new(&record.name, record.description.clone(), record.tags.clone()));
+                        let mut slot = VhostSlot::new(&record.name, record.description.clone(), record.tags.clone());
+                        slot.limits = record.limits.as_ref().and_then(|limits| match VhostLimits::from_map(limits) {
+                            Ok(limits) => Some(limits),
+                            Err(unknown) => {
+                                tracing::error!(vhost = %record.name, limit = %unknown, "a stored vhost limit is unknown; the vhost's limits are skipped");
+                                None
+                            }
+                        });
+                        vhosts.insert(record.name.clone(), slot);
                     }
                 }
                 None => {
@@ -213,12 +226,24 @@ impl Broker {
                 tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
                 continue;
             };
+            // Only classic queues can have been declared; a file that says otherwise was written by
+            // another build, and running its queue as classic would break what its type promised.
+            if record.queue_type != QueueType::Classic {
+                return Err(format!(
+                    "{}: queue '{}' in vhost '{}' is a {} queue, which Lepus does not run yet",
+                    self.config.data_dir.join("definitions.json").display(),
+                    record.name,
+                    record.vhost,
+                    record.queue_type.name()
+                ));
+            }
             let definition = QueueDefinition {
                 name: ShortStr::truncating(record.name.clone()),
                 durable: true,
                 exclusive_owner: None,
                 auto_delete: record.auto_delete,
                 arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
+                queue_type: record.queue_type,
             };
             let path = queue_log_path(&self.config.data_dir, &record.vhost, &definition.name);
             let (mut log, recovery) = QueueLog::open(&path, self.config.segment_bytes_max).map_err(|error| error.to_string())?;
@@ -333,7 +358,12 @@ impl Broker {
         self.vhosts
             .read()
             .iter()
-            .map(|(name, slot)| VhostInfo { name: name.clone(), description: slot.description.clone(), tags: slot.tags.clone() })
+            .map(|(name, slot)| VhostInfo {
+                name: name.clone(),
+                description: slot.description.clone(),
+                tags: slot.tags.clone(),
+                limits: slot.limits.clone(),
+            })
             .collect()
     }
 
@@ -417,6 +447,65 @@ impl Broker {
             tracing::info!(vhost = name, "vhost created");
         }
         Ok(created)
+    }
+
+    /// A vhost's limits: `None` when the vhost does not exist, `Some(None)` when it never had any.
+    pub fn vhost_limits(&self, name: &str) -> Option<Option<VhostLimits>> {
+        self.vhosts.read().get(name).map(|slot| slot.limits.clone())
+    }
+
+    /// Sets (`Some`) or deletes (`None`) one of a vhost's limits and stores it; as in RabbitMQ, a
+    /// deletion leaves the vhost with a (possibly empty) set of limits. Returns whether the vhost
+    /// exists. A lowered limit applies to what comes next: nothing open or declared is closed.
+    pub fn set_vhost_limit(&self, name: &str, limit: VhostLimit, value: Option<i64>) -> Result<bool, AmqpError> {
+        match self.vhosts.write().get_mut(name) {
+            Some(slot) => slot.limits.get_or_insert_with(VhostLimits::default).set(limit, value),
+            None => return Ok(false),
+        }
+        self.persist()?;
+        tracing::info!(vhost = name, limit = limit.name(), ?value, "vhost limit changed");
+        Ok(true)
+    }
+
+    /// Replaces every limit of a vhost (definitions import) and stores them. Returns whether the
+    /// vhost exists.
+    pub fn set_vhost_limits(&self, name: &str, limits: VhostLimits) -> Result<bool, AmqpError> {
+        match self.vhosts.write().get_mut(name) {
+            Some(slot) => slot.limits = Some(limits),
+            None => return Ok(false),
+        }
+        self.persist()?;
+        Ok(true)
+    }
+
+    /// The bound a vhost's limit puts on a count, when it has one.
+    fn vhost_bound(&self, name: &str, limit: VhostLimit) -> Option<u64> {
+        self.vhosts.read().get(name).and_then(|slot| slot.limits.as_ref()?.bound(limit))
+    }
+
+    /// Lets an authenticated connection into a vhost at connection.open, as RabbitMQ decides it:
+    /// refused (530) when the vhost's `max-connections` is reached, then unless the user has a
+    /// permission there. The count and the admission happen under the connections' lock, so
+    /// connections opening at once cannot together pass the limit. Returns the user's permission.
+    pub fn admit_to_vhost(&self, connection_id: u64, vhost: &str, user: &str) -> Result<Arc<Permission>, AmqpError> {
+        let bound = self.vhost_bound(vhost, VhostLimit::MaxConnections);
+        let connections = self.connections.lock();
+        if let Some(bound) = bound {
+            let open = connections.values().filter(|connection| connection.session.lock().vhost == vhost).count();
+            if open as u64 >= bound {
+                return Err(AmqpError::not_allowed(format!(
+                    "access to vhost '{vhost}' refused for user '{user}': connection limit ({bound}) is reached"
+                )));
+            }
+        }
+        let permission = self
+            .permissions
+            .get(user, vhost)
+            .ok_or_else(|| AmqpError::not_allowed(format!("access to vhost '{vhost}' refused for user '{user}'")))?;
+        if let Some(connection) = connections.get(&connection_id) {
+            connection.session.lock().vhost = vhost.to_string();
+        }
+        Ok(permission)
     }
 
     /// Deletes a vhost: closes its connections (320), deletes its queues with their logs, and
@@ -511,7 +600,12 @@ impl Broker {
             vhosts: Some(
                 self.vhost_infos()
                     .into_iter()
-                    .map(|info| VhostRecord { name: info.name, description: info.description, tags: info.tags })
+                    .map(|info| VhostRecord {
+                        name: info.name,
+                        description: info.description,
+                        tags: info.tags,
+                        limits: info.limits.map(|limits| limits.to_map()),
+                    })
                     .collect(),
             ),
             policies: self.policies().iter().map(|policy| policy.to_record()).collect(),
@@ -540,6 +634,7 @@ impl Broker {
                         name: definition.name.to_string_lossy(),
                         auto_delete: definition.auto_delete,
                         arguments_hex: table_to_hex(&definition.arguments),
+                        queue_type: definition.queue_type,
                     });
                 }
             }
@@ -621,8 +716,12 @@ impl Broker {
         let syncer = &self.syncer;
         let mut log_error = None;
         let topology = self.topology(vhost_name)?;
+        let queue_bound = self.vhost_bound(vhost_name, VhostLimit::MaxQueues);
         let (queue, created) = {
             let mut vhost = topology.write();
+            if let Some(bound) = queue_bound {
+                check_queue_limit(&vhost, &definition, passive, server_named, bound)?;
+            }
             let (entry, created) = vhost.declare_queue(definition, passive, server_named, connection_id, |definition| {
                 let log = if definition.durable && definition.exclusive_owner.is_none() {
                     let path = queue_log_path(&data_dir, vhost_name, &definition.name);
@@ -725,6 +824,28 @@ impl Broker {
         }
         Ok(())
     }
+}
+
+/// Refuses a queue.declare that would create a queue in a vhost holding its `max-queues` (406),
+/// checked where RabbitMQ checks it: after the reserved-name check and before the arguments.
+fn check_queue_limit(
+    vhost: &Vhost<QueueHandle>,
+    definition: &QueueDefinition,
+    passive: bool,
+    server_named: bool,
+    bound: u64,
+) -> Result<(), AmqpError> {
+    let reserved_name = !server_named && definition.name.as_bytes().starts_with(b"amq.");
+    if passive || reserved_name || vhost.queue(&definition.name).is_some() {
+        return Ok(());
+    }
+    if (vhost.queues().count() as u64) < bound {
+        return Ok(());
+    }
+    Err(AmqpError::precondition(format!(
+        "cannot declare queue '{}': queue limit in vhost '{}' ({bound}) is reached",
+        definition.name, vhost.name
+    )))
 }
 
 /// Tells each consumer's client that the broker cancelled it (queue deleted), when the client

@@ -3,6 +3,44 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+/// The default of [`ServerConfig::consumer_max_per_channel`]. RabbitMQ's default is unlimited;
+/// a bound is needed because each consumer costs the channel and its queue an entry and a handle
+/// (about 200 bytes), so a client that leaks consumers would grow them without end. Applications
+/// that consume many queues on one channel (one consumer per queue, as Celery's workers do) hold
+/// thousands, not tens of thousands, so this stops only a leak: 65,536 consumers cost ~13 MB.
+pub const CONSUMER_MAX_PER_CHANNEL_DEFAULT: usize = 65_536;
+
+/// Descriptors the default [`ServerConfig::connection_max`] leaves to everything but client
+/// sockets: the listeners, the management API's and metrics' connections, the journal, the
+/// definitions file and the directories synced.
+pub const CONNECTION_DESCRIPTORS_RESERVED: u64 = 128;
+
+/// The fewest connections the default [`ServerConfig::connection_max`] allows, however low the
+/// descriptor limit (an operator with a tiny limit sets the value explicitly).
+pub const CONNECTION_MAX_DEFAULT_MIN: usize = 16;
+
+/// The default [`ServerConfig::connection_max`] for a soft descriptor limit (`RLIMIT_NOFILE`):
+/// half of the limit, less [`CONNECTION_DESCRIPTORS_RESERVED`]. RabbitMQ's default is
+/// "infinity", and a node that runs out of descriptors fails where it hurts (a queue log cannot
+/// open a segment, the definitions cannot be written); each connection holds one descriptor,
+/// and the other half is left to queue segment files. With the common limits: 1,024 -> 384,
+/// 65,536 -> 32,640, 1,048,576 -> 524,160.
+pub fn default_connection_max(descriptor_limit: u64) -> usize {
+    let connections = (descriptor_limit / 2).saturating_sub(CONNECTION_DESCRIPTORS_RESERVED);
+    usize::try_from(connections).unwrap_or(usize::MAX).max(CONNECTION_MAX_DEFAULT_MIN)
+}
+
+/// The process's soft descriptor limit (1,024, the usual default, when it cannot be read).
+pub fn descriptor_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `limit` is a valid, writable rlimit for the call's duration.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        limit.rlim_cur
+    } else {
+        1024
+    }
+}
+
 /// Settings for one broker process.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -34,6 +72,12 @@ pub struct ServerConfig {
     pub frame_bytes_max: u32,
     /// The most channels per connection we offer in connection.tune (RabbitMQ's default).
     pub channels_per_connection_max: u16,
+    /// The most client connections (AMQP and AMQPS together) the node serves at once; past it the
+    /// listeners stop accepting until one closes (RabbitMQ's `connection_max`).
+    pub connection_max: usize,
+    /// The most consumers one channel may hold (RabbitMQ's later `consumer_max_per_channel`;
+    /// 3.10 has no such limit).
+    pub consumer_max_per_channel: usize,
     /// The heartbeat interval we propose, in seconds (RabbitMQ's default).
     pub heartbeat_interval_s: u16,
     /// The largest message body we accept (RabbitMQ 3.10's default max_message_size).
@@ -66,6 +110,8 @@ impl Default for ServerConfig {
             tls_fail_if_no_peer_cert: false,
             frame_bytes_max: 131_072,
             channels_per_connection_max: 2047,
+            connection_max: default_connection_max(descriptor_limit()),
+            consumer_max_per_channel: CONSUMER_MAX_PER_CHANNEL_DEFAULT,
             heartbeat_interval_s: 60,
             message_bytes_max: 128 * 1024 * 1024,
             segment_bytes_max: storage::queue_log::SEGMENT_BYTES_MAX_DEFAULT,
@@ -73,5 +119,18 @@ impl Default for ServerConfig {
             sync_policy: storage::syncer::SyncPolicy::Always,
             memory_high_watermark_bytes: crate::disk::default_memory_high_watermark_bytes(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_connection_max_follows_the_descriptor_limit() {
+        assert_eq!(default_connection_max(1024), 384);
+        assert_eq!(default_connection_max(65_536), 32_640);
+        assert_eq!(default_connection_max(100), CONNECTION_MAX_DEFAULT_MIN);
+        assert_eq!(default_connection_max(u64::MAX), usize::try_from(u64::MAX / 2 - 128).unwrap_or(usize::MAX));
     }
 }

@@ -7,6 +7,7 @@ use crate::outbound::SessionInfo;
 use crate::queue_runtime::{ConsumerView, QueueSnapshot};
 use amqp_codec::FieldTable;
 use broker_core::exchange::Destination;
+use broker_core::vhost::QueueType;
 use std::sync::atomic::Ordering;
 
 /// A consumer as listed, with its queue.
@@ -35,6 +36,8 @@ pub struct QueueInfo {
     pub auto_delete: bool,
     /// Declaration arguments.
     pub arguments: FieldTable,
+    /// Its type.
+    pub queue_type: QueueType,
     /// Counts and totals.
     pub snapshot: QueueSnapshot,
     /// The policy that applies to it.
@@ -138,6 +141,7 @@ impl Broker {
                     exclusive: definition.exclusive_owner.is_some(),
                     auto_delete: definition.auto_delete,
                     arguments: definition.arguments.clone(),
+                    queue_type: definition.queue_type,
                     snapshot: queue.snapshot(),
                     policy: queue.policy(),
                 });

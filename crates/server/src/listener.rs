@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use storage::data_dir_lock::{DataDirLock, DataDirLockError};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 /// How long a graceful shutdown waits for clients to answer connection.close.
@@ -166,21 +167,30 @@ async fn serve(broker: Arc<Broker>, listeners: Listeners) -> Result<(), StartErr
     }
     log_serving(&amqp, ListenerKind::Amqp);
     tracing::info!(data_dir = %broker.config.data_dir.display(), "Lepus is accepting AMQP 0-9-1 connections");
+    let connection_slots = Arc::new(Semaphore::new(broker.config.connection_max.min(Semaphore::MAX_PERMITS)));
     loop {
+        // A slot first, then a socket: at connection_max the listeners stop accepting, and new
+        // clients wait in the kernel's backlog until a connection closes, as with RabbitMQ's
+        // connection_max (which never answers them with an AMQP error).
+        if connection_slots.available_permits() == 0 {
+            tracing::warn!(
+                connection_max = broker.config.connection_max,
+                "connection_max reached: not accepting until a connection closes"
+            );
+        }
+        let slot = tokio::select! {
+            slot = connection_slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_closed) => break,
+            },
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        };
         tokio::select! {
-            accepted = amqp.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    tokio::spawn(crate::connection::serve(broker.clone(), stream, peer, None));
-                }
-                Err(error) => accept_failed(error).await,
-            },
-            accepted = accept_amqps(amqps.as_ref()) => match accepted {
-                Ok((stream, peer, acceptor)) => {
-                    tokio::spawn(serve_amqps(broker.clone(), acceptor, stream, peer));
-                }
-                Err(error) => accept_failed(error).await,
-            },
+            accepted = amqp.accept() => serve_accepted(&broker, accepted.map(|(stream, peer)| (stream, peer, None)), slot).await,
+            accepted = accept_amqps(amqps.as_ref()) => {
+                serve_accepted(&broker, accepted.map(|(stream, peer, acceptor)| (stream, peer, Some(acceptor))), slot).await;
+            }
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
         }
@@ -214,6 +224,31 @@ async fn accept_amqps(listener: Option<&(TcpListener, TlsAcceptor)>) -> std::io:
     match listener {
         Some((listener, acceptor)) => listener.accept().await.map(|(stream, peer)| (stream, peer, acceptor.clone())),
         None => std::future::pending().await,
+    }
+}
+
+/// Serves an accepted socket (after its TLS handshake when it came with an acceptor) in its own
+/// task, which holds the connection's slot until the connection ends.
+async fn serve_accepted(
+    broker: &Arc<Broker>,
+    accepted: std::io::Result<(TcpStream, SocketAddr, Option<TlsAcceptor>)>,
+    slot: OwnedSemaphorePermit,
+) {
+    match accepted {
+        Ok((stream, peer, acceptor)) => {
+            let broker = broker.clone();
+            tokio::spawn(async move {
+                match acceptor {
+                    Some(acceptor) => serve_amqps(broker, acceptor, stream, peer).await,
+                    None => {
+                        let _ = stream.set_nodelay(true);
+                        crate::connection::serve(broker, stream, peer, None).await;
+                    }
+                }
+                drop(slot);
+            });
+        }
+        Err(error) => accept_failed(error).await,
     }
 }
 

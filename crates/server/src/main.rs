@@ -16,6 +16,7 @@ mod policy;
 mod queue_runtime;
 mod settings;
 mod tls;
+mod vhost_limits;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

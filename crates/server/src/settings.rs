@@ -78,6 +78,13 @@ pub struct ServerArguments {
     /// Publishers are blocked while the broker's resident memory is above this [default: 40% of RAM].
     #[arg(long, env = "LEPUS_MEMORY_HIGH_WATERMARK_BYTES")]
     memory_high_watermark_bytes: Option<u64>,
+    /// The most client connections served at once; past it the listeners stop accepting until one
+    /// closes [default: half the descriptor limit, less 128].
+    #[arg(long, env = "LEPUS_CONNECTION_MAX")]
+    connection_max: Option<usize>,
+    /// The most consumers one channel may hold; one more is refused with 530 [default: 65536].
+    #[arg(long, env = "LEPUS_CONSUMER_MAX_PER_CHANNEL")]
+    consumer_max_per_channel: Option<usize>,
     /// When messages are fdatasynced [default: always].
     #[arg(long, env = "LEPUS_SYNC", value_enum)]
     sync: Option<SyncMode>,
@@ -106,6 +113,8 @@ struct FileSettings {
     segment_bytes_max: Option<u64>,
     disk_free_limit_bytes: Option<u64>,
     memory_high_watermark_bytes: Option<u64>,
+    connection_max: Option<usize>,
+    consumer_max_per_channel: Option<usize>,
     sync: Option<SyncMode>,
     sync_interval_ms: Option<u64>,
 }
@@ -153,6 +162,11 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
             .memory_high_watermark_bytes
             .or(file.memory_high_watermark_bytes)
             .unwrap_or(defaults.memory_high_watermark_bytes),
+        connection_max: arguments.connection_max.or(file.connection_max).unwrap_or(defaults.connection_max),
+        consumer_max_per_channel: arguments
+            .consumer_max_per_channel
+            .or(file.consumer_max_per_channel)
+            .unwrap_or(defaults.consumer_max_per_channel),
         sync_policy: match sync {
             SyncMode::Always => SyncPolicy::Always,
             SyncMode::Interval => SyncPolicy::Interval { interval_ms: sync_interval_ms },
@@ -161,6 +175,7 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
         ..defaults
     };
     check_tls(&config)?;
+    check_limits(&config)?;
     if !arguments.print_config {
         return Ok(Resolved::Run(config));
     }
@@ -181,10 +196,25 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
         segment_bytes_max: Some(config.segment_bytes_max),
         disk_free_limit_bytes: Some(config.disk_free_limit_bytes),
         memory_high_watermark_bytes: Some(config.memory_high_watermark_bytes),
+        connection_max: Some(config.connection_max),
+        consumer_max_per_channel: Some(config.consumer_max_per_channel),
         sync: Some(sync),
         sync_interval_ms: Some(sync_interval_ms),
     };
     toml::to_string(&effective).map(Resolved::Print).map_err(|error| error.to_string())
+}
+
+/// Refuses limits of 0: a node that accepts no connection, or channels that take no consumer, is
+/// a typo rather than a wish (RabbitMQ's vhost limit `max-connections` 0 is the way to refuse a
+/// vhost's clients).
+fn check_limits(config: &ServerConfig) -> Result<(), String> {
+    if config.connection_max == 0 {
+        return Err("connection_max must be at least 1".to_string());
+    }
+    if config.consumer_max_per_channel == 0 {
+        return Err("consumer_max_per_channel must be at least 1".to_string());
+    }
+    Ok(())
 }
 
 /// Refuses TLS settings that cannot mean what the operator wants, before anything listens: a
@@ -244,6 +274,28 @@ mod tests {
         let error = resolve_from(&["--config", path.to_str().expect("utf-8")]).err().expect("an unknown key is an error");
         assert!(error.contains("unknown field `amqp_prot`"), "{error}");
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn limits_come_from_flags_or_the_file_and_zero_is_refused() {
+        let Ok(Resolved::Run(config)) = resolve_from(&[]) else { panic!("resolves") };
+        assert_eq!(config.connection_max, crate::config::default_connection_max(crate::config::descriptor_limit()));
+        assert_eq!(config.consumer_max_per_channel, crate::config::CONSUMER_MAX_PER_CHANNEL_DEFAULT);
+        let path = std::env::temp_dir().join(format!("lepus-settings-limits-{}.toml", std::process::id()));
+        std::fs::write(&path, "connection_max = 7\nconsumer_max_per_channel = 9\n").expect("write");
+        let file = path.to_str().expect("utf-8");
+        let Ok(Resolved::Run(config)) = resolve_from(&["--config", file, "--connection-max", "5"]) else { panic!("resolves") };
+        assert_eq!((config.connection_max, config.consumer_max_per_channel), (5, 9), "the flag wins, the file fills in");
+        let Ok(Resolved::Print(toml)) = resolve_from(&["--config", file, "--print-config"]) else { panic!("prints") };
+        assert!(toml.contains("connection_max = 7") && toml.contains("consumer_max_per_channel = 9"), "{toml}");
+        let _ = std::fs::remove_file(&path);
+        for (arguments, expected) in [
+            (["--connection-max", "0"], "connection_max must be at least 1"),
+            (["--consumer-max-per-channel", "0"], "consumer_max_per_channel must be at least 1"),
+        ] {
+            let error = resolve_from(&arguments).err().unwrap_or_default();
+            assert!(error.contains(expected), "{arguments:?}: {error}");
+        }
     }
 
     #[test]

@@ -2,10 +2,14 @@
 //! replaced atomically on each change, so a crash never leaves half a declaration.
 //!
 //! Argument tables are stored as the hex of their AMQP encoding, so they come back byte-exact.
+//!
+//! The file names the data directory's storage format ([`STORAGE_FORMAT_VERSION`]). Format 3 gives
+//! every queue its type (`"type": "classic"`); a format 2 file is upgraded when it is loaded (its
+//! queues were all classic) and written back before the broker uses it.
 
-use crate::record::STORAGE_FORMAT_VERSION;
-use crate::{write_atomically, StorageError};
+use crate::{write_atomically, StorageError, STORAGE_FORMAT_VERSION};
 use amqp_codec::{write_table, FieldTable, Reader};
+use broker_core::vhost::QueueType;
 use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -38,6 +42,25 @@ pub struct QueueRecord {
     pub auto_delete: bool,
     /// Arguments, hex of the AMQP table encoding.
     pub arguments_hex: String,
+    /// Its type, by name (`"type": "classic"`); every queue has one since format 3.
+    #[serde(rename = "type", with = "queue_type_name")]
+    pub queue_type: QueueType,
+}
+
+/// A queue type as the file spells it, the name `x-queue-type` takes; a name RabbitMQ does not
+/// have makes the file corrupt.
+mod queue_type_name {
+    use broker_core::vhost::QueueType;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(queue_type: &QueueType, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(queue_type.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<QueueType, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        QueueType::from_name(&name).ok_or_else(|| serde::de::Error::custom(format!("unknown queue type '{name}'")))
+    }
 }
 
 /// A binding between durable ends.
@@ -97,6 +120,10 @@ pub struct VhostRecord {
     /// Free-form tags shown by the management API.
     #[serde(default)]
     pub tags: Vec<String>,
+    /// The vhost's limits by RabbitMQ's names (`max-connections`, `max-queues`); `None` when none
+    /// was ever set, an empty map when every one was deleted (RabbitMQ keeps the parameter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<std::collections::BTreeMap<String, i64>>,
 }
 
 /// A policy.
@@ -123,7 +150,7 @@ fn format_version_1() -> u32 {
 impl Default for Definitions {
     fn default() -> Definitions {
         Definitions {
-            storage_format_version: u32::from(STORAGE_FORMAT_VERSION),
+            storage_format_version: STORAGE_FORMAT_VERSION,
             exchanges: Vec::new(),
             queues: Vec::new(),
             bindings: Vec::new(),
@@ -189,33 +216,70 @@ impl DefinitionsStore {
         DefinitionsStore { path: data_dir.join("definitions.json") }
     }
 
-    /// Reads the definitions; empty when the file does not exist yet. A data directory of another
-    /// storage format is refused, except a format 1 one without durable queues: its file holds no
-    /// message logs, and the definitions themselves read the same.
+    /// Reads the definitions; empty when the file does not exist yet. A data directory of an older
+    /// format that this build can upgrade (format 2, and format 1 without durable queues, which has
+    /// no message logs) is upgraded here: the file is rewritten in the current format, atomically,
+    /// before this returns, so a crash leaves either the old file or the upgraded one. Segments
+    /// read the same in both formats. Any other format is refused.
     pub fn load(&self) -> Result<Definitions, StorageError> {
-        let mut definitions: Definitions = match std::fs::read(&self.path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|error| StorageError::Corrupt { path: self.path.display().to_string(), detail: error.to_string() })?,
+        let bytes = match std::fs::read(&self.path) {
+            Ok(bytes) => bytes,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Definitions::default()),
             Err(error) => return Err(StorageError::io(&self.path, error)),
         };
-        let current = u32::from(STORAGE_FORMAT_VERSION);
-        if definitions.storage_format_version != current {
-            if definitions.storage_format_version == 1 && definitions.queues.is_empty() {
-                definitions.storage_format_version = current;
-            } else {
-                return Err(StorageError::UnsupportedFormat {
-                    path: self.path.display().to_string(),
-                    found: definitions.storage_format_version,
-                });
+        let document: serde_json::Value = serde_json::from_slice(&bytes).map_err(|error| self.corrupt(error.to_string()))?;
+        let found = match document.get("storage_format_version") {
+            // Format 1 wrote no version.
+            None => 1,
+            Some(version) => version
+                .as_u64()
+                .and_then(|version| u32::try_from(version).ok())
+                .ok_or_else(|| self.corrupt(format!("storage_format_version {version} is not a version number")))?,
+        };
+        let has_queues = document.get("queues").and_then(serde_json::Value::as_array).is_some_and(|queues| !queues.is_empty());
+        match found {
+            STORAGE_FORMAT_VERSION => self.parse(document),
+            2 => self.upgrade(document, found),
+            1 if !has_queues => self.upgrade(document, found),
+            _ => Err(StorageError::UnsupportedFormat { path: self.path.display().to_string(), found }),
+        }
+    }
+
+    /// Brings an older file to the current format (every queue of format 2 is classic), and
+    /// writes it back.
+    fn upgrade(&self, mut document: serde_json::Value, found: u32) -> Result<Definitions, StorageError> {
+        let Some(object) = document.as_object_mut() else {
+            return Err(self.corrupt("not a JSON object".to_string()));
+        };
+        if let Some(queues) = object.get_mut("queues").and_then(serde_json::Value::as_array_mut) {
+            for queue in queues.iter_mut().filter_map(serde_json::Value::as_object_mut) {
+                queue.entry("type").or_insert_with(|| serde_json::Value::from(QueueType::Classic.name()));
             }
         }
+        object.insert("storage_format_version".to_string(), serde_json::Value::from(STORAGE_FORMAT_VERSION));
+        let definitions = self.parse(document)?;
+        self.save(&definitions)?;
+        tracing::info!(
+            path = %self.path.display(),
+            from = found,
+            to = STORAGE_FORMAT_VERSION,
+            queues = definitions.queues.len(),
+            "upgraded the data directory's storage format"
+        );
         Ok(definitions)
+    }
+
+    fn parse(&self, document: serde_json::Value) -> Result<Definitions, StorageError> {
+        serde_json::from_value(document).map_err(|error| self.corrupt(error.to_string()))
+    }
+
+    fn corrupt(&self, detail: String) -> StorageError {
+        StorageError::Corrupt { path: self.path.display().to_string(), detail }
     }
 
     /// Replaces the definitions atomically.
     pub fn save(&self, definitions: &Definitions) -> Result<(), StorageError> {
-        assert_eq!(definitions.storage_format_version, u32::from(STORAGE_FORMAT_VERSION), "definitions are written in the current format");
+        assert_eq!(definitions.storage_format_version, STORAGE_FORMAT_VERSION, "definitions are written in the current format");
         let bytes = serde_json::to_vec_pretty(definitions)
             .map_err(|error| StorageError::Corrupt { path: self.path.display().to_string(), detail: error.to_string() })?;
         write_atomically(&self.path, &bytes)
@@ -234,22 +298,44 @@ mod tests {
     }
 
     fn queue() -> QueueRecord {
-        QueueRecord { vhost: "/".to_string(), name: "q".to_string(), auto_delete: false, arguments_hex: String::new() }
+        QueueRecord {
+            vhost: "/".to_string(),
+            name: "q".to_string(),
+            auto_delete: false,
+            arguments_hex: String::new(),
+            queue_type: QueueType::Classic,
+        }
     }
 
+    /// A definitions file as format 2 (the release before queue types) wrote it.
+    const FORMAT_2_FILE: &str = r#"{
+      "storage_format_version": 2,
+      "exchanges": [{"vhost": "/", "name": "x", "kind": "direct", "auto_delete": false, "internal": false, "arguments_hex": ""}],
+      "queues": [
+        {"vhost": "/", "name": "q", "auto_delete": false, "arguments_hex": ""},
+        {"vhost": "other", "name": "q2", "auto_delete": true, "arguments_hex": ""}
+      ],
+      "bindings": [],
+      "users": [{"name": "guest", "password_hash": "hash", "tags": ["administrator"]}],
+      "vhosts": [{"name": "/", "description": "", "tags": []}, {"name": "other", "description": "", "tags": []}],
+      "policies": []
+    }"#;
+
     #[test]
-    fn the_format_version_is_written_and_other_versions_are_refused() {
+    fn the_format_version_and_queue_types_are_written_and_other_versions_are_refused() {
         let store = store("version");
         let definitions = Definitions { queues: vec![queue()], ..Definitions::default() };
         store.save(&definitions).expect("save");
         assert_eq!(store.load().expect("load"), definitions);
         let text = std::fs::read_to_string(&store.path).expect("read");
         assert!(text.contains(&format!("\"storage_format_version\": {STORAGE_FORMAT_VERSION}")), "{text}");
+        assert!(text.contains("\"type\": \"classic\""), "{text}");
         // A newer format, or format 1 (no version) with queues whose logs this build cannot read.
         std::fs::write(&store.path, text.replace(&format!(": {STORAGE_FORMAT_VERSION},"), ": 99,")).expect("write");
         let error = store.load().expect_err("unknown version");
         assert!(matches!(error, StorageError::UnsupportedFormat { found: 99, .. }), "{error}");
         assert!(error.to_string().contains("empty data directory"), "{error}");
+        assert!(error.to_string().contains("upgrades format 2"), "{error}");
         std::fs::write(
             &store.path,
             r#"{"exchanges": [], "queues": [{"vhost": "/", "name": "q", "auto_delete": false, "arguments_hex": ""}], "bindings": []}"#,
@@ -258,6 +344,44 @@ mod tests {
         assert!(matches!(store.load(), Err(StorageError::UnsupportedFormat { found: 1, .. })));
         // Format 1 without queues has no logs: read as the current format.
         std::fs::write(&store.path, r#"{"exchanges": [], "queues": [], "bindings": []}"#).expect("write");
-        assert_eq!(store.load().expect("load").storage_format_version, u32::from(STORAGE_FORMAT_VERSION));
+        assert_eq!(store.load().expect("load").storage_format_version, STORAGE_FORMAT_VERSION);
+    }
+
+    #[test]
+    fn a_format_2_file_is_upgraded_in_place_with_every_queue_classic() {
+        let store = store("upgrade");
+        std::fs::write(&store.path, FORMAT_2_FILE).expect("write");
+        let loaded = store.load().expect("load");
+        assert_eq!(loaded.storage_format_version, STORAGE_FORMAT_VERSION);
+        assert_eq!(loaded.queues.len(), 2);
+        assert!(loaded.queues.iter().all(|queue| queue.queue_type == QueueType::Classic), "{:?}", loaded.queues);
+        assert_eq!(loaded.exchanges.len(), 1);
+        assert_eq!(loaded.users.as_ref().map(Vec::len), Some(1));
+        assert_eq!(loaded.vhosts.as_ref().map(Vec::len), Some(2));
+        // Written back in the new format, atomically (no temporary file left), and read the same.
+        let text = std::fs::read_to_string(&store.path).expect("read");
+        let document: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(document["storage_format_version"], STORAGE_FORMAT_VERSION);
+        assert!(document["queues"].as_array().expect("queues").iter().all(|queue| queue["type"] == "classic"), "{text}");
+        assert!(!store.path.with_extension("tmp").exists());
+        assert_eq!(store.load().expect("load again"), loaded);
+    }
+
+    #[test]
+    fn a_queue_without_a_type_or_of_an_unknown_type_is_corrupt_in_format_3() {
+        let store = store("types");
+        let format_3 =
+            FORMAT_2_FILE.replace("\"storage_format_version\": 2", &format!("\"storage_format_version\": {STORAGE_FORMAT_VERSION}"));
+        std::fs::write(&store.path, &format_3).expect("write");
+        let error = store.load().expect_err("a format 3 queue without a type");
+        assert!(matches!(&error, StorageError::Corrupt { detail, .. } if detail.contains("type")), "{error}");
+        let typed = format_3.replace("\"arguments_hex\": \"\"}", "\"arguments_hex\": \"\", \"type\": \"bogus\"}");
+        std::fs::write(&store.path, typed).expect("write");
+        let error = store.load().expect_err("an unknown type");
+        assert!(error.to_string().contains("unknown queue type 'bogus'"), "{error}");
+        // Quorum is a type RabbitMQ has: the file reads, and the broker decides what to do with it.
+        let quorum = format_3.replace("\"arguments_hex\": \"\"}", "\"arguments_hex\": \"\", \"type\": \"quorum\"}");
+        std::fs::write(&store.path, quorum).expect("write");
+        assert!(store.load().expect("load").queues.iter().all(|queue| queue.queue_type == QueueType::Quorum));
     }
 }

@@ -19,12 +19,15 @@
 //! journal file's sequence number, so an entry left over in a reused file is never replayed.
 //! `target` is the segment's path relative to the data directory.
 
+use crate::file_cache::{open_segment_files_max, FileCache, FileHandle};
 use crate::file_sync::{DirectSync, FileSync};
 use crate::StorageError;
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A checkpoint starts once the current journal file holds this many bytes.
 pub const JOURNAL_BYTES_MAX: u64 = 64 * 1024 * 1024;
@@ -292,38 +295,77 @@ pub struct ReplayStats {
 }
 
 /// Writes every entry into its segment file under `data_directory` again (see the module comment
-/// for which entries are skipped), then fdatasyncs the files it wrote.
+/// for which entries are skipped), then fdatasyncs the files it wrote and their directories.
+///
+/// The segments go through a bounded [`FileCache`]: a journal may name more segments than the
+/// process may hold open (every queue written since the last checkpoint), so a file closed to make
+/// room is reopened when an entry names it again, and synced at the end through a descriptor
+/// opened for the sync (fdatasync flushes a file's dirty pages whichever descriptor asks).
 pub fn replay(
     data_directory: &Path,
     entries: &[JournalEntry],
     is_newer_segment: impl Fn(&Path) -> bool,
 ) -> Result<ReplayStats, StorageError> {
+    replay_with_open_files_max(data_directory, entries, is_newer_segment, open_segment_files_max())
+}
+
+/// [`replay`], holding at most `open_files_max` segment files open at a time.
+fn replay_with_open_files_max(
+    data_directory: &Path,
+    entries: &[JournalEntry],
+    is_newer_segment: impl Fn(&Path) -> bool,
+    open_files_max: usize,
+) -> Result<ReplayStats, StorageError> {
+    let cache = FileCache::new(open_files_max);
     let mut stats = ReplayStats::default();
-    let mut touched: Vec<(PathBuf, File)> = Vec::new();
+    // Each segment written, in the order first written, with its file in the cache.
+    let mut touched: Vec<PathBuf> = Vec::new();
+    let mut handles: HashMap<PathBuf, FileHandle> = HashMap::new();
+    let mut options = OpenOptions::new();
+    options.create(true).write(true).truncate(false);
     for entry in entries {
         let path = data_directory.join(&entry.target);
         let Some(queue_directory) = path.parent() else {
             stats.skipped += 1;
             continue;
         };
-        if !queue_directory.is_dir() || (!path.exists() && !is_newer_segment(&path)) {
+        let known = handles.get(&path).copied();
+        if known.is_none() && (!queue_directory.is_dir() || (!path.exists() && !is_newer_segment(&path))) {
             stats.skipped += 1;
             continue;
         }
-        if !touched.iter().any(|(known, _)| *known == path) {
-            let file =
-                OpenOptions::new().create(true).write(true).truncate(false).open(&path).map_err(|error| StorageError::io(&path, error))?;
-            touched.push((path.clone(), file));
-        }
-        let Some((_, file)) = touched.iter().find(|(known, _)| *known == path) else { unreachable!("inserted above") };
+        let file = match known.and_then(|handle| cache.get(handle)) {
+            Some(file) => file,
+            None => {
+                let (handle, file) = cache.open(&path, &options).map_err(|error| StorageError::io(&path, error))?;
+                if handles.insert(path.clone(), handle).is_none() {
+                    touched.push(path.clone());
+                }
+                file
+            }
+        };
         file.write_all_at(&entry.payload, entry.offset).map_err(|error| StorageError::io(&path, error))?;
         stats.applied += 1;
     }
-    for (path, file) in &touched {
+    let mut directories: Vec<&Path> = Vec::new();
+    for path in &touched {
+        let cached = handles.get(path).and_then(|handle| cache.get(*handle));
+        let file = match cached {
+            Some(file) => file,
+            None => Arc::new(File::open(path).map_err(|error| StorageError::io(path, error))?),
+        };
         file.sync_data().map_err(|error| StorageError::io(path, error))?;
         if let Some(directory) = path.parent() {
-            sync_directory(directory, &DirectSync)?;
+            if directories.last() != Some(&directory) {
+                directories.push(directory);
+            }
         }
+    }
+    // A queue's segments are adjacent in `touched` only when its entries were: dedupe fully.
+    directories.sort_unstable();
+    directories.dedup();
+    for directory in directories {
+        sync_directory(directory, &DirectSync)?;
     }
     Ok(stats)
 }
@@ -358,6 +400,49 @@ mod tests {
         assert_eq!(stats, ReplayStats { applied: 2, skipped: 1 });
         assert_eq!(std::fs::read(data.join("queues/q/00000000000000000001.seg")).expect("read"), b"abcdefghi");
         assert_eq!(std::fs::read(data.join("queues/q/00000000000000000009.seg")).expect("read"), b"new");
+        let _ = std::fs::remove_dir_all(&data);
+    }
+
+    /// A journal naming more segments than the replay may hold open, its entries interleaved so
+    /// each segment is closed and reopened: every write lands, and no more than the bound of
+    /// descriptors is held (other tests of this binary open a few files meanwhile). The journal
+    /// of a crashed node names every queue written since its last checkpoint.
+    #[test]
+    fn a_replay_of_more_segments_than_it_may_hold_open_writes_them_all() {
+        let data = temporary_directory("bounded");
+        let queues = 40usize;
+        for queue in 0..queues {
+            std::fs::create_dir_all(data.join(format!("queues/q{queue}"))).expect("create");
+        }
+        let mut entries = Vec::new();
+        for round in 0..3u64 {
+            for queue in 0..queues {
+                let target = format!("queues/q{queue}/00000000000000000000.seg");
+                entries.push(JournalEntry { target, offset: round * 4, payload: format!("{queue:03}{round}").into_bytes() });
+            }
+        }
+        let descriptors = || std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").count();
+        let before = descriptors();
+        let highest = std::sync::atomic::AtomicUsize::new(0);
+        let stats = replay_with_open_files_max(
+            &data,
+            &entries,
+            // Asked once per segment, each new (the batch that stopped had just begun it), while
+            // the replay holds the segments before it: the moment to count descriptors.
+            |_| {
+                highest.fetch_max(descriptors(), std::sync::atomic::Ordering::Relaxed);
+                true
+            },
+            4,
+        )
+        .expect("replay");
+        assert_eq!(stats, ReplayStats { applied: queues * 3, skipped: 0 });
+        for queue in 0..queues {
+            let contents = std::fs::read(data.join(format!("queues/q{queue}/00000000000000000000.seg"))).expect("read");
+            assert_eq!(contents, format!("{queue:03}0{queue:03}1{queue:03}2").into_bytes());
+        }
+        let held = highest.into_inner().saturating_sub(before);
+        assert!(held <= 4 + 8, "replay held {held} descriptors with a bound of 4");
         let _ = std::fs::remove_dir_all(&data);
     }
 

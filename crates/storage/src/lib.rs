@@ -10,11 +10,14 @@
 //!   commit fdatasyncs one file for the whole node; replayed into the segments at start.
 //! - [`syncer`]: one thread that writes and fdatasyncs every dirty log in a batch (group commit)
 //!   and only then runs the callbacks that send publisher confirms.
+//! - [`file_cache`]: the node-wide, bounded cache of open segment files (least recently used
+//!   closed first), so an idle queue holds no file descriptor.
 //! - [`file_sync`]: the seam through which the journal, the syncer and its checkpoints fdatasync,
 //!   so tests can record the order of syncs or fail them.
 
 pub mod data_dir_lock;
 pub mod definitions;
+pub mod file_cache;
 pub mod file_sync;
 pub mod janitor;
 pub mod journal;
@@ -22,6 +25,11 @@ pub mod queue_log;
 pub mod range_set;
 pub mod record;
 pub mod syncer;
+
+/// The storage format of a data directory, in its definitions file. Format 3 records each queue's
+/// type; format 2 (queues without a type, all classic) is upgraded to it at start. Segments have
+/// their own version ([`record::SEGMENT_FORMAT_VERSION`]), unchanged by format 3.
+pub const STORAGE_FORMAT_VERSION: u32 = 3;
 
 /// A storage failure, with the file it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -36,9 +44,11 @@ pub enum StorageError {
     },
     /// A file written in a storage format this build does not read.
     #[error(
-        "{path}: storage format {found} is not supported: this build reads format {supported} only, and there is no upgrade \
-         path yet; start with an empty data directory",
-        supported = crate::record::STORAGE_FORMAT_VERSION
+        "{path}: storage format {found} is not supported: this build reads data directories of format {supported} (with \
+         segments of format {segments}) and upgrades format {upgraded} at start; start with an empty data directory",
+        supported = STORAGE_FORMAT_VERSION,
+        segments = crate::record::SEGMENT_FORMAT_VERSION,
+        upgraded = STORAGE_FORMAT_VERSION - 1
     )]
     UnsupportedFormat {
         /// The file.

@@ -26,6 +26,7 @@
 //! and are never replayed. A torn or corrupt record, an older segment without its seal, or a term
 //! lower than its predecessor's ends that segment's replay and is reported with file and offset.
 
+use crate::file_cache::{FileCache, FileHandle};
 use crate::janitor::{self, SharedSpares, SparePool, PREPARING_SUFFIX, SPARE_SUFFIX};
 use crate::range_set::RangeSet;
 use crate::record::{
@@ -48,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use crate::janitor::RECYCLED_SEGMENTS_MAX;
-pub use crate::record::{CURRENT_TERM, RECORD_BYTES_MAX, STORAGE_FORMAT_VERSION};
+pub use crate::record::{CURRENT_TERM, RECORD_BYTES_MAX, SEGMENT_FORMAT_VERSION};
 
 /// How much one tail read takes from a segment at a time.
 const TAIL_READ_CHUNK_BYTES: usize = 1 << 20;
@@ -124,26 +125,30 @@ struct Segment {
     seed: u32,
 }
 
-/// An open queue log.
+/// An open queue log. It holds no file descriptor of its own: its active segment is a handle
+/// into the node's [`FileCache`] (reopened by path when the cache closed it), and its directory
+/// is opened only for the moment of a sync.
 #[derive(Debug)]
 pub struct QueueLog {
     directory: PathBuf,
-    /// Synced after segment files are created or renamed, so a new segment's name is durable
-    /// before any confirm that depends on its records.
-    directory_file: File,
+    /// Whether the directory must be fsynced (opened, synced, closed) with the next write, so a
+    /// new segment's name is durable before any confirm that depends on its records.
     directory_unsynced: bool,
     /// The directory holding this log's directory, when `open` created the latter.
     parent_unsynced: Option<PathBuf>,
     segments: Vec<Segment>,
-    active: File,
+    /// The active segment's file in `cache`.
+    active: FileHandle,
+    cache: Arc<FileCache>,
     /// Bytes of the active segment written so far; the next write goes there.
     active_bytes: u64,
     segment_bytes_max: u64,
     /// The term of the records appended from now on.
     term: u64,
     pending: BytesMut,
-    /// Older segments written since the last sync, which the next sync must cover too.
-    unsynced: Vec<File>,
+    /// Older segments written since the last sync, which the next sync must cover too (held
+    /// only until that sync, at most one syncer batch).
+    unsynced: Vec<Arc<File>>,
     spares: SharedSpares,
     /// Whether the active segment already asked the janitor for a spare.
     spare_requested: bool,
@@ -160,7 +165,7 @@ pub struct QueueLog {
 #[derive(Debug, Default)]
 struct JournalState {
     writes: Vec<JournalWrite>,
-    checkpoint_files: Vec<File>,
+    checkpoint_files: Vec<CheckpointFile>,
     active_in_checkpoint: bool,
     /// Up to where the active segment's writeback has been started (see [`WRITEBACK_CHUNK_BYTES`]).
     writeback_offset: u64,
@@ -184,11 +189,44 @@ pub struct JournalWrite {
     pub bytes: Bytes,
 }
 
+/// A segment file a journal checkpoint must fdatasync: named, not held open, so the segments of
+/// every queue written since the last checkpoint cost no descriptor while they wait.
+#[derive(Debug)]
+pub struct CheckpointFile {
+    path: PathBuf,
+    /// The file, if the cache still holds it when the checkpoint runs.
+    handle: FileHandle,
+    cache: Arc<FileCache>,
+}
+
+impl CheckpointFile {
+    /// The segment's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `sync` on the segment's file: the cached one, or else the file opened for the call
+    /// and closed after it (fdatasync flushes the file's dirty pages whichever descriptor asks).
+    /// A segment that no longer exists was retired (all its messages settled) or its queue
+    /// deleted since it was written: its writes are not needed and there is nothing to sync.
+    pub fn sync_with(&self, sync: impl FnOnce(&File) -> std::io::Result<()>) -> std::io::Result<()> {
+        if let Some(file) = self.cache.get(self.handle) {
+            return sync(&file);
+        }
+        match File::open(&self.path) {
+            Ok(file) => sync(&file),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+}
+
 /// What [`QueueLog::write_pending`] leaves for the syncer.
 #[derive(Debug, Default)]
 pub struct Written {
-    /// Files and directories to fdatasync before the batch counts as durable.
-    pub sync_now: Vec<File>,
+    /// Files and directories to fdatasync before the batch counts as durable. Held only until
+    /// the caller has synced them.
+    pub sync_now: Vec<Arc<File>>,
     /// The batch's writes, for the node journal (journaled logs only).
     pub journal: Vec<JournalWrite>,
 }
@@ -264,15 +302,28 @@ pub fn remove_deleted_logs(queues_directory: &Path) {
     }
 }
 
-/// Opens a segment file for positioned reads and writes, creating it if needed. Never truncates:
-/// a recycled or zero-filled file keeps its blocks.
-fn open_segment_file(path: &Path) -> Result<File, StorageError> {
-    OpenOptions::new().create(true).truncate(false).read(true).write(true).open(path).map_err(|error| StorageError::io(path, error))
+/// How segment files are opened: for positioned reads and writes, created if needed, never
+/// truncated (a recycled or zero-filled file keeps its blocks).
+fn segment_open_options() -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options.create(true).truncate(false).read(true).write(true);
+    options
 }
 
-/// The file for a new segment starting at `first_position`: a spare renamed, or else a new file
-/// (which grows by appends; the caller asks the janitor for a spare ahead of the next one).
-fn acquire_segment_file(spares: &SharedSpares, directory: &Path, first_position: u64) -> Result<(PathBuf, File), StorageError> {
+/// Opens a segment file outside the cache, for the moment of a recovery scan or seal.
+fn open_segment_file(path: &Path) -> Result<File, StorageError> {
+    segment_open_options().open(path).map_err(|error| StorageError::io(path, error))
+}
+
+/// The file for a new segment starting at `first_position`, opened into the cache: a spare
+/// renamed, or else a new file (which grows by appends; the caller asks the janitor for a spare
+/// ahead of the next one).
+fn acquire_segment_file(
+    spares: &SharedSpares,
+    cache: &FileCache,
+    directory: &Path,
+    first_position: u64,
+) -> Result<(PathBuf, FileHandle), StorageError> {
     let path = segment_path(directory, first_position);
     loop {
         let Some(spare) = spares.lock().files.pop() else { break };
@@ -281,8 +332,8 @@ fn acquire_segment_file(spares: &SharedSpares, directory: &Path, first_position:
             Err(error) => tracing::warn!(file = %spare.display(), %error, "reusing a spare segment failed"),
         }
     }
-    let file = open_segment_file(&path)?;
-    Ok((path, file))
+    let (handle, _) = cache.open(&path, &segment_open_options()).map_err(|error| StorageError::io(&path, error))?;
+    Ok((path, handle))
 }
 
 /// Takes a segment file out of the log: kept as a spare while the pool has room, else deleted
@@ -355,6 +406,11 @@ impl QueueLog {
     /// continues in a new segment named past every position seen, so no life of a file is ever
     /// appended to after a restart. Older segments with nothing unsettled are recycled.
     pub fn open(directory: &Path, segment_bytes_max: u64) -> Result<(QueueLog, Recovery), StorageError> {
+        QueueLog::open_with_cache(directory, segment_bytes_max, FileCache::node().clone())
+    }
+
+    /// [`QueueLog::open`], keeping the active segment open in `cache` rather than the node's.
+    pub fn open_with_cache(directory: &Path, segment_bytes_max: u64, cache: Arc<FileCache>) -> Result<(QueueLog, Recovery), StorageError> {
         let created = std::fs::symlink_metadata(directory).is_err();
         std::fs::create_dir_all(directory).map_err(|error| StorageError::io(directory, error))?;
         let listing = list_directory(directory)?;
@@ -418,15 +474,14 @@ impl QueueLog {
         recovery.live_count = replayed.live.count_in(0, u64::MAX);
         recovery.live = replayed.live;
         recovery.delivered = replayed.delivered;
-        let (active_path, active) = acquire_segment_file(&spares, directory, next_position)?;
-        let directory_file = File::open(directory).map_err(|error| StorageError::io(directory, error))?;
+        let (active_path, active) = acquire_segment_file(&spares, &cache, directory, next_position)?;
         let mut log = QueueLog {
             directory: directory.to_path_buf(),
-            directory_file,
             directory_unsynced: true,
             parent_unsynced: if created { directory.parent().map(Path::to_path_buf) } else { None },
             segments,
             active,
+            cache,
             active_bytes: 0,
             segment_bytes_max,
             term: replayed.last_term.max(CURRENT_TERM),
@@ -461,7 +516,7 @@ impl QueueLog {
     }
 
     /// The segment files written since the last call (journaled logs), to fdatasync at a checkpoint.
-    pub fn take_checkpoint_files(&mut self) -> Vec<File> {
+    pub fn take_checkpoint_files(&mut self) -> Vec<CheckpointFile> {
         match self.journal.as_mut() {
             Some(journal) => {
                 journal.active_in_checkpoint = false;
@@ -681,18 +736,22 @@ impl QueueLog {
         let previous = self.active_segment();
         assert!(first_position > previous.first_position, "segment {first_position} after segment {}", previous.first_position);
         let previous_seed = previous.seed;
-        let (path, file) = acquire_segment_file(&self.spares, &self.directory, first_position)?;
+        let (path, handle) = acquire_segment_file(&self.spares, &self.cache, &self.directory, first_position)?;
         let unsealed = self.pending.len();
         let seal_at = self.active_bytes + unsealed as u64;
         record::encode_seal(&mut self.pending, previous_seed, self.term, first_position, seal_at);
-        if let Err(error) = self.write_to_active() {
-            // The old segment stays active: take the seal back and give the new file up.
-            self.pending.truncate(unsealed);
-            drop(file);
-            retire_segment_file(&self.spares, &path);
-            return Err(error);
-        }
-        let sealed = std::mem::replace(&mut self.active, file);
+        let sealed = match self.write_to_active() {
+            Ok(sealed) => sealed.expect("the seal was pending, so a file was written"),
+            Err(error) => {
+                // The old segment stays active: take the seal back and give the new file up.
+                self.pending.truncate(unsealed);
+                self.cache.remove(handle);
+                retire_segment_file(&self.spares, &path);
+                return Err(error);
+            }
+        };
+        // The sealed segment leaves the cache: only page-ins and recovery read it again.
+        self.cache.remove(std::mem::replace(&mut self.active, handle));
         match self.journal.as_mut() {
             // The sealed segment's writes are in the journal and the file in the checkpoint list.
             Some(journal) => {
@@ -765,32 +824,51 @@ impl QueueLog {
     /// end replay there. A failed write (ENOSPC, EIO) may leave part of a record behind; zeros are
     /// written over its start so recovery ends the segment there, and the records stay buffered
     /// for the next attempt, which overwrites the same place.
-    fn write_to_active(&mut self) -> Result<(), StorageError> {
+    ///
+    /// Returns the file written, if anything was.
+    fn write_to_active(&mut self) -> Result<Option<Arc<File>>, StorageError> {
         if self.pending.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
+        let file = self.active_file()?;
         let written = self.pending.len();
         self.pending.put_bytes(0, TERMINATOR_BYTES);
-        let result = self.active.write_all_at(&self.pending, self.active_bytes);
+        let result = file.write_all_at(&self.pending, self.active_bytes);
         if result.is_ok() {
-            self.journal_write();
+            self.journal_write(&file);
         }
         self.pending.truncate(written);
         if let Err(error) = result {
             let path = &self.active_segment().path;
-            if let Err(cut_error) = self.active.write_all_at(&[0u8; TERMINATOR_BYTES], self.active_bytes) {
+            if let Err(cut_error) = file.write_all_at(&[0u8; TERMINATOR_BYTES], self.active_bytes) {
                 tracing::error!(file = %path.display(), %cut_error, "marking the end of a failed write failed; recovery ends the segment at the torn record");
             }
             return Err(StorageError::io(path, error));
         }
         self.active_bytes += written as u64;
         self.pending.clear();
-        Ok(())
+        Ok(Some(file))
     }
 
-    /// Records the write `write_to_active` just made (pending records and their terminator at
-    /// the active segment's end) for the node journal, when the log is journaled.
-    fn journal_write(&mut self) {
+    /// The active segment's file: the cached one, or else reopened into the cache (which closes
+    /// its least recently used file if full). One mutex and no system call while the queue is
+    /// active; an open when it was idle long enough for the cache to close the file.
+    fn active_file(&mut self) -> Result<Arc<File>, StorageError> {
+        if let Some(file) = self.cache.get(self.active) {
+            return Ok(file);
+        }
+        let path = &self.segments.last().expect("a log always has an active segment").path;
+        // Not created: the active segment exists, and a missing one must not come back empty.
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        let (handle, file) = self.cache.open(path, &options).map_err(|error| StorageError::io(path, error))?;
+        self.active = handle;
+        Ok(file)
+    }
+
+    /// Records the write `write_to_active` just made to `file` (pending records and their
+    /// terminator at the active segment's end) for the node journal, when the log is journaled.
+    fn journal_write(&mut self, file: &File) {
         let Some(journal) = self.journal.as_mut() else { return };
         let segment = self.segments.last().expect("a log always has an active segment");
         let name = segment.path.file_name().unwrap_or_default().to_string_lossy();
@@ -798,19 +876,13 @@ impl QueueLog {
         journal.writes.push(JournalWrite { target, offset: self.active_bytes, bytes: Bytes::copy_from_slice(&self.pending) });
         let written_end = self.active_bytes + self.pending.len() as u64;
         if written_end.saturating_sub(journal.writeback_offset) >= WRITEBACK_CHUNK_BYTES {
-            start_writeback(&self.active, journal.writeback_offset, written_end - journal.writeback_offset);
+            start_writeback(file, journal.writeback_offset, written_end - journal.writeback_offset);
             journal.writeback_offset = written_end;
         }
         if !journal.active_in_checkpoint {
-            match self.active.try_clone() {
-                Ok(file) => {
-                    journal.checkpoint_files.push(file);
-                    journal.active_in_checkpoint = true;
-                }
-                Err(error) => {
-                    tracing::error!(file = %segment.path.display(), %error, "keeping a segment for the next checkpoint failed; it is synced at the next write")
-                }
-            }
+            // Once per segment and checkpoint period, not per write.
+            journal.checkpoint_files.push(CheckpointFile { path: segment.path.clone(), handle: self.active, cache: self.cache.clone() });
+            journal.active_in_checkpoint = true;
         }
     }
 
@@ -825,24 +897,29 @@ impl QueueLog {
             // Records buffered from here on need another batch; a failed write is retried by the syncer.
             mark.clear();
         }
-        self.write_to_active()?;
-        let mut files = std::mem::take(&mut self.unsynced);
-        let journal = match self.journal.as_mut() {
-            Some(journal) => std::mem::take(&mut journal.writes),
-            None => {
-                let path = &self.active_segment().path;
-                files.push(self.active.try_clone().map_err(|error| StorageError::io(path, error))?);
-                Vec::new()
-            }
+        let written = self.write_to_active()?;
+        // Directories are opened for their sync only, never held.
+        let directory = match self.directory_unsynced {
+            true => Some(File::open(&self.directory).map_err(|error| StorageError::io(&self.directory, error))?),
+            false => None,
         };
-        if self.directory_unsynced {
-            files.push(self.directory_file.try_clone().map_err(|error| StorageError::io(&self.directory, error))?);
-            self.directory_unsynced = false;
-        }
-        if let Some(parent) = &self.parent_unsynced {
-            files.push(File::open(parent).map_err(|error| StorageError::io(parent, error))?);
-            self.parent_unsynced = None;
-        }
+        let parent = match &self.parent_unsynced {
+            Some(parent) => Some(File::open(parent).map_err(|error| StorageError::io(parent, error))?),
+            None => None,
+        };
+        // Without a journal the active segment is synced with every batch (a page-in may have
+        // written it since the last one, and `--sync interval` syncs only every so often).
+        let active = match (&self.journal, written) {
+            (Some(_), _) => None,
+            (None, Some(file)) => Some(file),
+            (None, None) => Some(self.active_file()?),
+        };
+        let mut files = std::mem::take(&mut self.unsynced);
+        files.extend(active);
+        let journal = self.journal.as_mut().map(|journal| std::mem::take(&mut journal.writes)).unwrap_or_default();
+        files.extend(directory.into_iter().chain(parent).map(Arc::new));
+        self.directory_unsynced = false;
+        self.parent_unsynced = None;
         Ok(Written { sync_now: files, journal })
     }
 
@@ -852,6 +929,7 @@ impl QueueLog {
         self.deleted = true;
         self.pending.clear();
         self.unsynced.clear();
+        self.cache.remove(self.active);
         if let Some(journal) = self.journal.as_mut() {
             journal.writes.clear();
             journal.checkpoint_files.clear();
@@ -879,6 +957,13 @@ impl QueueLog {
                 }
             }
         }
+    }
+}
+
+impl Drop for QueueLog {
+    /// Closes the active segment now rather than when the cache next needs the room.
+    fn drop(&mut self) {
+        self.cache.remove(self.active);
     }
 }
 
@@ -979,7 +1064,7 @@ fn scan_segment(path: &Path, file: &File, first_position: u64, replayed: &mut Re
                 scan.damage = Some((0, "segment header of the wrong size".to_string()));
                 return Ok(scan);
             };
-            if version != STORAGE_FORMAT_VERSION {
+            if version != SEGMENT_FORMAT_VERSION {
                 return Err(StorageError::UnsupportedFormat { path: path.display().to_string(), found: u32::from(version) });
             }
             scan.header_position = Some(header.position);
@@ -1496,6 +1581,103 @@ mod tests {
         let bodies: Vec<u64> = recovered(&mut log, &recovery).into_iter().map(|(position, _, _)| position).collect();
         let expected: Vec<u64> = (0..20).filter(|position| position % 3 != 0).collect();
         assert_eq!(bodies, expected, "every unsettled message is back, no settled one");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    fn open_descriptors() -> usize {
+        std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").count()
+    }
+
+    /// Many logs through a cache of 4 files, written in turns so every write finds its segment
+    /// closed and reopens it, small segments so some writes are seals of a reopened file: the
+    /// process holds at most the cache's files (other tests of this binary open a few meanwhile),
+    /// what a sync needs is handed out, and every message comes back.
+    fn many_logs_hold_no_more_descriptors_than_the_cache(name: &str, journaled: bool) {
+        let root = temporary_dir(name);
+        let cache = FileCache::new(4);
+        let logs_count = 200u64;
+        let rounds = 5u64;
+        let before = open_descriptors();
+        let mut highest = 0usize;
+        let mut logs: Vec<QueueLog> = (0..logs_count)
+            .map(|index| {
+                let (mut log, _) = QueueLog::open_with_cache(&root.join(format!("q{index}")), 256, cache.clone()).expect("open");
+                if journaled {
+                    log.use_journal();
+                }
+                log
+            })
+            .collect();
+        let mut checkpoint_files = Vec::new();
+        for round in 0..rounds {
+            for log in &mut logs {
+                log.append_publish(round, &message(&format!("message {round} of a log among many")), true);
+                let written = log.write_pending().expect("write");
+                // (Directories whose entries changed come with it either way.)
+                assert!(journaled || !written.sync_now.is_empty(), "an unjournaled log syncs its segment with each batch");
+                assert_eq!(written.journal.is_empty(), !journaled);
+                for file in &written.sync_now {
+                    file.sync_data().expect("sync");
+                }
+                checkpoint_files.extend(log.take_checkpoint_files());
+                highest = highest.max(open_descriptors());
+            }
+        }
+        assert!(logs.iter().all(|log| log.segment_count() > 1), "small segments roll");
+        assert!(cache.open_files() <= 4);
+        let held = highest.saturating_sub(before);
+        assert!(held <= 4 + 24, "{held} descriptors held by {logs_count} logs through a cache of 4");
+        if journaled {
+            assert!(checkpoint_files.len() as u64 >= logs_count, "each log's segments wait for the checkpoint");
+            for file in &checkpoint_files {
+                file.sync_with(|file| file.sync_data()).expect("checkpoint sync");
+            }
+        }
+        drop(logs);
+        assert_eq!(cache.open_files(), 0, "a dropped log closes its segment");
+        for index in 0..logs_count {
+            let (mut log, recovery) = QueueLog::open_with_cache(&root.join(format!("q{index}")), 256, cache.clone()).expect("reopen");
+            assert!(recovery.truncated.is_empty(), "{:?}", recovery.truncated);
+            assert_eq!(positions(&mut log, &recovery), (0..rounds).collect::<Vec<_>>());
+        }
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn many_logs_hold_no_more_descriptors_than_the_cache_without_a_journal() {
+        many_logs_hold_no_more_descriptors_than_the_cache("many-direct", false);
+    }
+
+    /// With a journal, the segments written since the last checkpoint wait for it by name.
+    #[test]
+    fn many_journaled_logs_hold_no_more_descriptors_than_the_cache() {
+        many_logs_hold_no_more_descriptors_than_the_cache("many-journaled", true);
+    }
+
+    /// A checkpoint that comes after the segment was retired (all settled, renamed to a spare)
+    /// has nothing to sync, and says so without an error.
+    #[test]
+    fn a_checkpoint_file_of_a_retired_segment_syncs_as_nothing() {
+        let root = temporary_dir("retired-checkpoint");
+        let cache = FileCache::new(1);
+        let (mut log, _) = QueueLog::open_with_cache(&root.join("q"), 128, cache.clone()).expect("open");
+        log.use_journal();
+        log.append_publish(0, &message(&"f".repeat(200)), true);
+        log.write_pending().expect("write");
+        let files = log.take_checkpoint_files();
+        assert_eq!(files.len(), 1);
+        log.append_publish(1, &message("second, in a new segment"), true);
+        log.append_settled(0);
+        log.write_pending().expect("write");
+        assert!(!files[0].path().exists(), "the first segment was retired");
+        let mut called = false;
+        files[0]
+            .sync_with(|_| {
+                called = true;
+                Ok(())
+            })
+            .expect("nothing to sync");
+        assert!(!called, "a retired segment's name reached a file");
         let _ = std::fs::remove_dir_all(&root);
     }
 

@@ -33,9 +33,11 @@ pub(crate) const KIND_PUBLISH_TRANSIENT: u8 = 5;
 /// The first record of every segment: payload `format_version u8 | nonce u64`.
 pub(crate) const KIND_SEGMENT_HEADER: u8 = 6;
 
-/// The on-disk format version, in every segment header and in the definitions file. Version 1
-/// (no term, no segment header, no identity in the checksum) is not readable any more.
-pub const STORAGE_FORMAT_VERSION: u8 = 2;
+/// The segment format version, in every segment header. Version 1 (no term, no segment header, no
+/// identity in the checksum) is not readable any more. Data directory format 3
+/// ([`crate::STORAGE_FORMAT_VERSION`]) changed the definitions file only: its segments are still
+/// written, and read, as version 2.
+pub const SEGMENT_FORMAT_VERSION: u8 = 2;
 /// The term every record is written with until replication elects leaders. Terms never decrease
 /// along a log; recovery treats a decrease as corruption.
 pub const CURRENT_TERM: u64 = 1;
@@ -154,7 +156,7 @@ pub(crate) fn encode(buffer: &mut BytesMut, seed: u32, kind: u8, term: u64, posi
 /// Appends the header record that starts a segment's life.
 pub(crate) fn encode_segment_header(buffer: &mut BytesMut, identity: SegmentIdentity, term: u64) {
     let written = encode(buffer, HEADER_SEED, KIND_SEGMENT_HEADER, term, identity.first_position, |buffer| {
-        buffer.put_u8(STORAGE_FORMAT_VERSION);
+        buffer.put_u8(SEGMENT_FORMAT_VERSION);
         buffer.put_u64(identity.nonce);
     });
     debug_assert_eq!(written as u64, SEGMENT_HEADER_RECORD_BYTES);

@@ -12,7 +12,7 @@
 
 use crate::file_sync::{DirectSync, FileSync};
 use crate::journal::Journal;
-use crate::queue_log::QueueLog;
+use crate::queue_log::{CheckpointFile, QueueLog};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -405,7 +405,15 @@ impl<S: FileSync + Clone> Worker<S> {
             self.last_sync = Instant::now();
         }
         let (outcomes, journal_synced) = sync_all(&logs, fsync_now, self.journal.as_mut(), &mut self.checkpoint, &self.stats);
-        let mut durable = journal_synced && !outcomes.contains(&LogOutcome::Failed);
+        // A log that failed (say, no descriptor for its segment) fails only the requests that
+        // named it; a failed journal or checkpoint fails the whole batch.
+        let failed_logs: HashSet<usize> = logs
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, outcome)| **outcome == LogOutcome::Failed)
+            .map(|(entry, _)| log_key(&entry.log))
+            .collect();
+        let mut durable = journal_synced;
         if self.journal.as_ref().is_some_and(Journal::has_pending) {
             // The journal keeps the entries of a failed write: try again at the next flush.
             self.flush_due.get_or_insert_with(|| Instant::now() + Duration::from_millis(IDLE_FLUSH_INTERVAL_MS));
@@ -418,10 +426,10 @@ impl<S: FileSync + Clone> Worker<S> {
         self.remember(&logs, &outcomes, fsync_now);
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.requests.fetch_add(requests.len() as u64, Ordering::Relaxed);
-        if !durable {
+        if !durable || !failed_logs.is_empty() {
             self.stats.failures.fetch_add(1, Ordering::Relaxed);
         }
-        settle(requests, durable);
+        settle(requests, durable, &failed_logs);
         self.start_checkpoint_if_due();
     }
 
@@ -481,12 +489,14 @@ impl<S: FileSync + Clone> Worker<S> {
     }
 }
 
-/// Runs the callbacks and hands each sink its confirms, one call per sink, in request order.
-fn settle(requests: Vec<SyncRequest>, durable: bool) {
+/// Runs the callbacks and hands each sink its confirms, one call per sink, in request order. A
+/// request is durable when the batch is and none of the logs it names failed.
+fn settle(requests: Vec<SyncRequest>, batch_durable: bool, failed_logs: &HashSet<usize>) {
     let mut confirms: Vec<SinkConfirms> = Vec::new();
     // A sink's index in `confirms`, by address: a batch may carry thousands of channels' confirms.
     let mut sink_indexes: HashMap<usize, usize> = HashMap::new();
     for request in requests {
+        let durable = batch_durable && !request.logs.iter().any(|log| failed_logs.contains(&log_key(log)));
         if let Some(callback) = request.callback {
             callback(durable);
         }
@@ -546,7 +556,7 @@ struct Checkpoint<S: FileSync> {
     /// By address, so noting a log costs the same however many were noted.
     logs: HashMap<usize, SharedLog>,
     in_flight: Arc<InFlight>,
-    failed_files: Arc<Mutex<Vec<std::fs::File>>>,
+    failed_files: Arc<Mutex<Vec<CheckpointFile>>>,
     jobs: Sender<CheckpointJob>,
     /// How the syncer thread (segments, directories) and the checkpoint thread reach fdatasync.
     sync: S,
@@ -554,7 +564,7 @@ struct Checkpoint<S: FileSync> {
 
 /// Segment files to sync, then journal files older than `sequence` to delete.
 struct CheckpointJob {
-    files: Vec<std::fs::File>,
+    files: Vec<CheckpointFile>,
     sequence: u64,
     directory: std::path::PathBuf,
 }
@@ -594,7 +604,7 @@ impl<S: FileSync + Clone> Checkpoint<S> {
     }
 
     /// The segment files written since the last checkpoint, and those a failed one left.
-    fn take_files(&mut self) -> Vec<std::fs::File> {
+    fn take_files(&mut self) -> Vec<CheckpointFile> {
         let mut files = std::mem::take(&mut *self.failed_files.lock());
         for (_, log) in self.logs.drain() {
             let taken = log.lock().take_checkpoint_files();
@@ -643,11 +653,11 @@ impl<S: FileSync + Clone> Checkpoint<S> {
     }
 }
 
-/// fdatasyncs every file; returns those that failed.
-fn sync_files(files: Vec<std::fs::File>, stats: &SyncStats, sync: &impl FileSync) -> Vec<std::fs::File> {
+/// fdatasyncs every file (each opened for its sync unless cached); returns those that failed.
+fn sync_files(files: Vec<CheckpointFile>, stats: &SyncStats, sync: &impl FileSync) -> Vec<CheckpointFile> {
     let mut failed = Vec::new();
     for file in files {
-        if let Err(error) = timed_sync(&file, stats, sync) {
+        if let Err(error) = file.sync_with(|opened| timed_sync(opened, stats, sync)) {
             tracing::error!(%error, "syncing a segment at a journal checkpoint failed; the journal keeps its entries");
             failed.push(file);
         }
@@ -1081,6 +1091,38 @@ mod sync_order_tests {
         stop(syncer, &log);
         let _ = std::fs::remove_dir_all(&root);
     }
+    /// Two queues' publishes in one batch, one queue's segment failing its sync (as when no
+    /// descriptor is left for it): only that queue's confirm is a nack.
+    #[test]
+    fn a_failed_log_nacks_only_its_own_confirms_in_a_shared_batch() {
+        let root = temporary_root("failed-log-alone");
+        let recorder = RecordingSync::new(root.join("journal"));
+        let syncer = Syncer::start_with_sync(SyncPolicy::Always, None::<Journal<RecordingSync>>, recorder.clone());
+        let failing_directory = root.join("queues").join("failing");
+        let (failing, _) = QueueLog::open(&failing_directory, 1 << 20).expect("open");
+        let (working, _) = QueueLog::open(&root.join("queues").join("working"), 1 << 20).expect("open");
+        let (failing, working): (SharedLog, SharedLog) = (Arc::new(Mutex::new(failing)), Arc::new(Mutex::new(working)));
+        let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
+        // Hold the syncer thread in a callback, so both publishes wait for the same next batch.
+        let (entered, wait_entered) = mpsc::channel();
+        let (release, wait_release) = mpsc::channel::<()>();
+        let hold: SyncCallback = Box::new(move |_| {
+            let _ = entered.send(());
+            let _ = wait_release.recv_timeout(Duration::from_secs(10));
+        });
+        syncer.sync(Vec::new(), Some(hold));
+        wait_entered.recv_timeout(Duration::from_secs(10)).expect("the syncer ran the holding callback");
+        recorder.fail(Failing::Under(failing_directory.clone()));
+        publish_and_confirm(&syncer, &failing, &sink, 1);
+        publish_and_confirm(&syncer, &working, &sink, 2);
+        release.send(()).expect("release");
+        assert!(!wait_for_confirm(&recorder, 1), "the failed log's confirm must be a nack");
+        assert!(wait_for_confirm(&recorder, 2), "another queue's confirm was nacked for the failed log");
+        recorder.fail(Failing::Nothing);
+        stop(syncer, &failing);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
     /// Waits (bounded) until `directory` holds exactly `count` journal files.
     fn wait_for_journal_files(directory: &Path, count: usize) {
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -495,13 +495,14 @@ impl Connection {
                 let Some(topology) = self.context.broker.vhost(&vhost) else {
                     return Err(AmqpError::not_allowed(format!("vhost {vhost} not found")).during(10, 40));
                 };
-                let Some(permission) = self.context.broker.permissions.get(&self.context.user, &vhost) else {
-                    return Err(AmqpError::not_allowed(format!("access to vhost '{vhost}' refused for user '{}'", self.context.user))
-                        .during(10, 40));
-                };
+                // The vhost's max-connections, then the user's permission (see `admit_to_vhost`).
+                let permission = self
+                    .context
+                    .broker
+                    .admit_to_vhost(self.context.connection.id, &vhost, &self.context.user)
+                    .map_err(|error| error.during(10, 40))?;
                 self.context.permission = Some(permission);
                 self.context.topology = Some(topology);
-                self.context.connection.session.lock().vhost = vhost.clone();
                 self.context.vhost = vhost;
                 self.context.reply(0, ConnectionOpenOk { known_hosts: ShortStr::from("") }.into());
                 self.phase = Phase::Open;

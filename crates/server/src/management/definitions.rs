@@ -5,12 +5,14 @@ use super::access::Caller;
 use super::json::{self, text};
 use super::routes::{body_json, exchange_declaration, permission_list, queue_definition, require_vhost, user_json};
 use super::{Api, ApiError, RABBITMQ_API_VERSION};
+use crate::vhost_limits::VhostLimits;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use broker_core::exchange::{Binding, Destination};
+use broker_core::vhost::{QueueType, QUEUE_TYPE_ARGUMENT};
 use serde_json::{json, Map, Value};
 
 type Answer = Result<Response, ApiError>;
@@ -121,7 +123,7 @@ pub async fn export_all(State(api): State<Api>, caller: Caller) -> Answer {
         "vhosts": vhosts,
         "permissions": permission_list(&api, None),
         "topic_permissions": [],
-        "parameters": [],
+        "parameters": limit_parameters(&api, None),
         "global_parameters": [],
         "policies": policies,
         "queues": queues,
@@ -140,7 +142,7 @@ pub async fn export_vhost(State(api): State<Api>, caller: Caller, Path(vhost): P
         "rabbitmq_version": RABBITMQ_API_VERSION,
         "product_name": "Lepus",
         "product_version": env!("CARGO_PKG_VERSION"),
-        "parameters": [],
+        "parameters": limit_parameters(&api, Some(&vhost)),
         "policies": api.broker.policies().iter().filter(|policy| policy.vhost == vhost).map(|policy| {
             let mut value = super::vhosts::policy_json(policy);
             if let Value::Object(map) = &mut value {
@@ -153,6 +155,42 @@ pub async fn export_vhost(State(api): State<Api>, caller: Caller, Path(vhost): P
         "bindings": bindings,
     }))
     .into_response())
+}
+
+/// The vhosts' limits as RabbitMQ exports them: one parameter of component `vhost-limits`, named
+/// `limits`, per vhost that has a set of limits (of `vhost` alone when given).
+fn limit_parameters(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
+    api.broker
+        .vhost_infos()
+        .iter()
+        .filter(|info| only_vhost.is_none_or(|vhost| info.name == vhost))
+        .filter_map(|info| {
+            let entry = super::vhosts::vhost_limits_json(&info.name, info.limits.as_ref()?);
+            Some(json!({"value": entry["value"], "vhost": info.name, "component": VHOST_LIMITS_COMPONENT, "name": "limits"}))
+        })
+        .collect()
+}
+
+/// The runtime parameter component that holds a vhost's limits.
+const VHOST_LIMITS_COMPONENT: &str = "vhost-limits";
+
+/// The vhost limits among imported parameters, validated; other parameters are counted, to be
+/// reported as skipped.
+fn limits_to_import(
+    parameters: &[Value],
+    vhost_of: impl Fn(&Value) -> Result<String, ApiError>,
+) -> Result<(Vec<(String, VhostLimits)>, usize), ApiError> {
+    let mut limits = Vec::new();
+    let mut skipped = 0;
+    for item in parameters {
+        if text(item, "component")?.as_deref() != Some(VHOST_LIMITS_COMPONENT) {
+            skipped += 1;
+            continue;
+        }
+        let value = VhostLimits::from_json(item.get("value").unwrap_or(&Value::Null)).map_err(ApiError::bad_request)?;
+        limits.push((vhost_of(item)?, value));
+    }
+    Ok((limits, skipped))
 }
 
 pub async fn import_all(State(api): State<Api>, caller: Caller, body: Bytes) -> Answer {
@@ -184,10 +222,38 @@ fn required(item: &Value, key: &str, section: &str) -> Result<String, ApiError> 
     text(item, key)?.ok_or_else(|| ApiError::bad_request(format!("an entry of {section} lacks {key}")))
 }
 
+/// Refuses a queue of a type Lepus does not run, before anything of the file is applied. The type
+/// is the queue's `x-queue-type` argument, as RabbitMQ 3.10 reads it; without one, the `type` field
+/// `rabbitmqctl export_definitions` writes. RabbitMQ 3.10 ignores that field, but a file that says
+/// `quorum` there asks for a quorum queue, and Lepus refuses it rather than make it classic.
+fn check_imported_queue_type(item: &Value, vhost: &str) -> Result<(), ApiError> {
+    let name = required(item, "name", "queues")?;
+    let arguments = json::json_to_table(item.get("arguments"))?;
+    let short_name = json::short(&name, "queue name")?;
+    let queue_type = if arguments.get(QUEUE_TYPE_ARGUMENT).is_some() {
+        QueueType::from_arguments(&short_name, vhost, &arguments)?
+    } else {
+        match text(item, "type")? {
+            None => QueueType::Classic,
+            Some(type_name) => QueueType::from_name(&type_name)
+                .ok_or_else(|| ApiError::bad_request(format!("queue '{name}' in vhost '{vhost}': unsupported queue type '{type_name}'")))?,
+        }
+    };
+    if queue_type != QueueType::Classic {
+        return Err(ApiError::bad_request(format!(
+            "queue '{name}' in vhost '{vhost}' is a {} queue: queue type '{}' is not supported by Lepus yet; nothing was imported",
+            queue_type.name(),
+            queue_type.name()
+        )));
+    }
+    Ok(())
+}
+
 /// Imports vhosts, users, permissions and policies, then exchanges, queues and bindings, as
-/// RabbitMQ does. Every object must be in a vhost that exists or that the file creates, and every
-/// policy must be valid; both are checked before anything is changed. Parameters and topic
-/// permissions are not imported (logged and skipped).
+/// RabbitMQ does. Every object must be in a vhost that exists or that the file creates, every queue
+/// must be of a type Lepus runs, and every policy and vhost limit must be valid; all are checked
+/// before anything is changed. Parameters other than vhost limits, and topic permissions, are not
+/// imported (logged and skipped).
 fn import(api: &Api, body: &Value, into_vhost: Option<&str>) -> Answer {
     let vhost_of = |item: &Value| -> Result<String, ApiError> {
         match into_vhost {
@@ -207,8 +273,9 @@ fn import(api: &Api, body: &Value, into_vhost: Option<&str>) -> Answer {
         }
     }
     let mut missing: Vec<String> = Vec::new();
-    for item in exchanges.iter().chain(queues).chain(bindings).chain(section(body, "policies")?) {
-        object(item, "exchanges, queues, bindings and policies")?;
+    let parameters = section(body, "parameters")?;
+    for item in exchanges.iter().chain(queues).chain(bindings).chain(section(body, "policies")?).chain(parameters) {
+        object(item, "exchanges, queues, bindings, policies and parameters")?;
         let vhost = vhost_of(item)?;
         if !api.broker.has_vhost(&vhost) && !created_vhosts.iter().any(|(name, ..)| *name == vhost) && !missing.contains(&vhost) {
             missing.push(vhost);
@@ -219,16 +286,20 @@ fn import(api: &Api, body: &Value, into_vhost: Option<&str>) -> Answer {
             "the definitions use vhosts {missing:?}, which neither exist nor are defined in the file"
         )));
     }
+    for item in queues {
+        check_imported_queue_type(item, &vhost_of(item)?)?;
+    }
     let mut policies = Vec::new();
     for item in section(body, "policies")? {
         let name = required(item, "name", "policies")?;
         policies.push(super::vhosts::policy_from_body(&vhost_of(item)?, &name, item)?);
     }
+    let (limits, other_parameters) = limits_to_import(parameters, vhost_of)?;
     for (name, description, tags) in created_vhosts {
         api.broker.put_vhost(&name, description, tags)?;
     }
     for skipped in ["topic_permissions", "parameters", "global_parameters"] {
-        let count = section(body, skipped)?.len();
+        let count = if skipped == "parameters" { other_parameters } else { section(body, skipped)?.len() };
         if count > 0 {
             tracing::warn!(section = skipped, count, "definitions import: not supported by Lepus yet, skipped");
         }
@@ -249,6 +320,10 @@ fn import(api: &Api, body: &Value, into_vhost: Option<&str>) -> Answer {
         api.broker.permissions.put(permission);
     }
     api.broker.persist()?;
+    // Before the queues, as RabbitMQ imports parameters.
+    for (vhost, limits) in limits {
+        api.broker.set_vhost_limits(&vhost, limits)?;
+    }
     for policy in policies {
         api.broker.put_policy(policy)?;
     }

@@ -216,7 +216,7 @@ pub fn queue_json(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &st
         "exclusive": queue.exclusive,
         "arguments": table_to_json(&queue.arguments),
         "node": node,
-        "type": "classic",
+        "type": queue.queue_type.name(),
         "state": "running",
         "policy": queue.policy.as_ref().map(|policy| policy.name.clone()),
         "operator_policy": null,

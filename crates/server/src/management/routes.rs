@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use broker_core::exchange::{Binding, Destination};
-use broker_core::vhost::{ExchangeDeclaration, QueueDefinition};
+use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType};
 use broker_core::Message;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -39,6 +39,9 @@ pub fn router() -> Router<Api> {
         .route("/api/policies", get(vhosts::policies))
         .route("/api/policies/{vhost}", get(vhosts::vhost_policies))
         .route("/api/policies/{vhost}/{name}", get(vhosts::policy).put(vhosts::put_policy).delete(vhosts::delete_policy))
+        .route("/api/vhost-limits", get(vhosts::all_vhost_limits))
+        .route("/api/vhost-limits/{vhost}", get(vhosts::vhost_limits))
+        .route("/api/vhost-limits/{vhost}/{name}", axum::routing::put(vhosts::put_vhost_limit).delete(vhosts::delete_vhost_limit))
         .route("/api/operator-policies", get(|| async { Json(json!([])) }))
         .route("/api/vhosts/{vhost}/permissions", get(vhost_permissions))
         .route("/api/aliveness-test/{vhost}", get(aliveness_test))
@@ -366,8 +369,14 @@ async fn vhost_permissions(State(api): State<Api>, caller: Caller, Path(vhost): 
 async fn aliveness_test(State(api): State<Api>, Path(vhost): Path<String>) -> Answer {
     require_vhost(&api, &vhost)?;
     let name = ShortStr::from("aliveness-test");
-    let definition =
-        QueueDefinition { name: name.clone(), durable: false, exclusive_owner: None, auto_delete: false, arguments: Default::default() };
+    let definition = QueueDefinition {
+        name: name.clone(),
+        durable: false,
+        exclusive_owner: None,
+        auto_delete: false,
+        arguments: Default::default(),
+        queue_type: QueueType::Classic,
+    };
     api.broker.declare_queue(&vhost, definition, false, false, 0)?;
     let body = Bytes::from_static(b"test_message");
     let header = ContentHeader::from_properties(60, body.len() as u64, &Default::default());
@@ -731,6 +740,8 @@ pub fn queue_definition(name: &str, body: &Value) -> Result<QueueDefinition, Api
         exclusive_owner: None,
         auto_delete: flag(body, "auto_delete", false)?,
         arguments: json::json_to_table(body.get("arguments"))?,
+        // Parsed from the arguments when the queue is created.
+        queue_type: QueueType::default(),
     })
 }
 

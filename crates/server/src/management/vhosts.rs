@@ -1,10 +1,12 @@
-//! `/api/vhosts` and `/api/policies`: creating and deleting vhosts, and the policies that give
-//! queues their limits, shaped as RabbitMQ 3.10's management API.
+//! `/api/vhosts`, `/api/policies` and `/api/vhost-limits`: creating and deleting vhosts, the
+//! policies that give queues their limits, and the vhosts' own limits, shaped as RabbitMQ 3.10's
+//! management API.
 
 use super::access::{Caller, Visibility};
 use super::routes::{body_json, created_or_existing, require_vhost, tags_of};
 use super::{list_response, Api, ApiError, ListQuery};
 use crate::policy::Policy;
+use crate::vhost_limits::{VhostLimit, VhostLimits};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -147,6 +149,76 @@ pub async fn put_policy(State(api): State<Api>, caller: Caller, Path((vhost, nam
 pub async fn delete_policy(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>) -> Answer {
     require_policymaker(&caller)?;
     if !api.broker.delete_policy(&vhost, &name)? {
+        return Err(ApiError::object_not_found());
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// One vhost's entry in `/api/vhost-limits`: its limits by name, or `[]` when it has a set of
+/// limits that is empty (every limit deleted), as RabbitMQ writes an empty parameter.
+pub fn vhost_limits_json(vhost: &str, limits: &VhostLimits) -> Value {
+    let value = if *limits == VhostLimits::default() { json!([]) } else { json!(limits.to_map()) };
+    json!({"vhost": vhost, "value": value})
+}
+
+/// GET /api/vhost-limits: the limits of every vhost the caller may see that has any.
+pub async fn all_vhost_limits(State(api): State<Api>, caller: Caller) -> Answer {
+    let entries: Vec<Value> = api
+        .broker
+        .vhost_infos()
+        .iter()
+        .filter(|info| caller.require_visible(&info.name).is_ok())
+        .filter_map(|info| info.limits.as_ref().map(|limits| vhost_limits_json(&info.name, limits)))
+        .collect();
+    Ok(Json(entries).into_response())
+}
+
+/// GET /api/vhost-limits/{vhost}: `[]` when the vhost has no limit, as RabbitMQ answers.
+pub async fn vhost_limits(State(api): State<Api>, Path(vhost): Path<String>) -> Answer {
+    let limits = api.broker.vhost_limits(&vhost).ok_or_else(ApiError::object_not_found)?;
+    let entries: Vec<Value> =
+        limits.filter(|limits| *limits != VhostLimits::default()).map(|limits| vhost_limits_json(&vhost, &limits)).into_iter().collect();
+    Ok(Json(entries).into_response())
+}
+
+/// RabbitMQ's 404 for a limit of a vhost that does not exist.
+fn vhost_not_found() -> ApiError {
+    ApiError { status: StatusCode::NOT_FOUND, error: "not_found", reason: "vhost_not_found".to_string() }
+}
+
+/// PUT /api/vhost-limits/{vhost}/{name} with `{"value": N}`: sets one limit (administrators only).
+/// A negative value means no limit; 0 refuses every new connection or queue.
+pub async fn put_vhost_limit(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+    caller.require_administrator()?;
+    if !api.broker.has_vhost(&vhost) {
+        return Err(vhost_not_found());
+    }
+    let body: Value = serde_json::from_slice(&body)
+        .ok()
+        .filter(Value::is_object)
+        .or_else(|| body.iter().all(u8::is_ascii_whitespace).then(|| json!({})))
+        .ok_or_else(|| ApiError::bad_request("not_json"))?;
+    let value = body.get("value").ok_or_else(|| ApiError::bad_request("[{key_missing,value}]"))?;
+    let Some(limit) = VhostLimit::parse(&name) else {
+        return Err(ApiError::bad_request(VhostLimits::from_json(&json!({ name: value })).err().unwrap_or_default()));
+    };
+    let value = crate::vhost_limits::limit_value(limit, value).map_err(ApiError::bad_request)?;
+    if !api.broker.set_vhost_limit(&vhost, limit, Some(value))? {
+        return Err(vhost_not_found());
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// DELETE /api/vhost-limits/{vhost}/{name}: removes one limit (administrators only); a limit
+/// that is not set, or not a limit at all, is deleted without complaint, as in RabbitMQ.
+pub async fn delete_vhost_limit(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>) -> Answer {
+    caller.require_administrator()?;
+    let exists = match VhostLimit::parse(&name) {
+        Some(limit) => api.broker.set_vhost_limit(&vhost, limit, None)?,
+        None => api.broker.has_vhost(&vhost),
+    };
+    // RabbitMQ 3.10 answers 500 for a vhost that does not exist; 404 says what happened.
+    if !exists {
         return Err(ApiError::object_not_found());
     }
     Ok(StatusCode::NO_CONTENT.into_response())

@@ -18,6 +18,12 @@ impl Channel {
     }
 
     pub(super) fn consume(&mut self, context: &Context, consume: amqp_codec::BasicConsume) -> Result<(), AmqpError> {
+        // Checked first, with the text and code of RabbitMQ's `consumer_max_per_channel` (3.11+):
+        // a connection error, as a client that leaks consumers is not one to keep serving.
+        let consumers_max = context.broker.config.consumer_max_per_channel;
+        if self.consumers.len() >= consumers_max && !self.consumers.contains_key(&consume.consumer_tag) {
+            return Err(AmqpError::not_allowed(format!("reached maximum ({consumers_max}) of consumers per channel")));
+        }
         let name = self.queue_name(&consume.queue)?;
         context.check(crate::auth::Access::Read, "queue", name.as_bytes())?;
         let queue = self.require_queue(context, &name)?;

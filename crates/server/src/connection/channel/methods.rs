@@ -108,6 +108,8 @@ impl Channel {
                     exclusive_owner,
                     auto_delete: declare.auto_delete,
                     arguments: declare.arguments,
+                    // Parsed from the arguments when the queue is created.
+                    queue_type: QueueType::default(),
                 };
                 let (name, message_count, consumer_count) =
                     context.broker.declare_queue(&context.vhost, definition, declare.passive, server_named, context.connection.id)?;

@@ -17,7 +17,7 @@ use amqp_codec::{
     QueueUnbindOk, ShortStr, TxCommitOk, TxRollbackOk, TxSelectOk,
 };
 use broker_core::exchange::{Binding, Destination};
-use broker_core::vhost::{ExchangeDeclaration, QueueDefinition};
+use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType};
 use broker_core::{AmqpError, Message};
 use bytes::{Bytes, BytesMut};
 use delivery::finish_grouped;
