@@ -2,7 +2,7 @@
 broker's data directory on a disk the test fills, which a shared RabbitMQ node does not allow).
 
 The data directory is on a small tmpfs (needs root to mount; in CI a machine that cannot is a
-failure unless LEPUS_ALLOW_NO_TMPFS=1). A transactional publisher commits persistent messages to a
+failure unless LEPUS_ALLOW_SKIP=1, as for every tmpfs test). A transactional publisher commits persistent messages to a
 durable queue while the disk is filled up: a commit whose messages could not be written or synced
 must fail (RabbitMQ's answer to a commit it cannot complete: channel.close 406 "partial tx
 completion"), never be answered commit-ok. The proof: the broker is killed with SIGKILL while the
@@ -12,13 +12,13 @@ must be in the queue.
 
 import errno
 import os
-import subprocess
 
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
 from conftest import safe_close
+from durability_support import mount_tmpfs, unmount
 from test_lifecycle import LepusBroker
 
 pytestmark = pytest.mark.lepus_only
@@ -36,16 +36,9 @@ QUEUE = "tx-sync-q"
 @pytest.fixture
 def small_disk(tmp_path):
     mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d" % TMPFS_BYTES, "tmpfs", str(mount_point)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        reason = "cannot mount a tmpfs here (needs root): %s" % result.stderr.strip()
-        if os.environ.get("CI") == "true" and os.environ.get("LEPUS_ALLOW_NO_TMPFS") != "1":
-            pytest.fail(reason + " (set LEPUS_ALLOW_NO_TMPFS=1 to skip in CI)")
-        pytest.skip(reason)
+    mount_tmpfs(mount_point, TMPFS_BYTES)
     yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+    unmount(mount_point)
 
 
 def fill(path):
