@@ -147,6 +147,17 @@ def unmount(mount_point):
     subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
 
 
+def small_tmpfs(tmp_path, size_bytes):
+    """The body of a test's `small_disk` fixture: a tmpfs of `size_bytes` under `tmp_path/disk`,
+    yielded, then unmounted (skips loudly where it cannot be mounted, see `mount_tmpfs`)."""
+    mount_point = tmp_path / "disk"
+    mount_tmpfs(mount_point, size_bytes)
+    try:
+        yield mount_point
+    finally:
+        unmount(mount_point)
+
+
 def fill_filesystem(path, chunk_bytes=64 * 1024):
     """Writes `path` until its filesystem is full (ENOSPC); returns the bytes written."""
     written = 0

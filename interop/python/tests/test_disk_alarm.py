@@ -12,7 +12,7 @@ import pika
 import pytest
 
 from conftest import safe_close
-from durability_support import mount_tmpfs, unmount
+from durability_support import small_tmpfs
 from test_lifecycle import LepusBroker
 
 pytestmark = pytest.mark.lepus_only
@@ -29,12 +29,7 @@ HELD_BACK_WATCH_SECONDS = 1.5
 
 @pytest.fixture
 def small_disk(tmp_path):
-    # Without root there is no tmpfs: the skip says so, and fails under CI=true unless
-    # LEPUS_ALLOW_SKIP=1.
-    mount_point = tmp_path / "disk"
-    mount_tmpfs(mount_point, TMPFS_BYTES)
-    yield mount_point
-    unmount(mount_point)
+    yield from small_tmpfs(tmp_path, TMPFS_BYTES)
 
 
 def pump(conn, predicate, what):

@@ -18,7 +18,7 @@ import pika
 import pytest
 
 from conftest import safe_close
-from durability_support import drain_bodies, fill_filesystem, mount_tmpfs, start_broker, unmount
+from durability_support import drain_bodies, fill_filesystem, small_tmpfs, start_broker
 
 pytestmark = pytest.mark.lepus_only
 
@@ -34,10 +34,7 @@ ACKED_AFTER = 20
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mount_point = tmp_path / "disk"
-    mount_tmpfs(mount_point, TMPFS_BYTES)
-    yield mount_point
-    unmount(mount_point)
+    yield from small_tmpfs(tmp_path, TMPFS_BYTES)
 
 
 def body(name):

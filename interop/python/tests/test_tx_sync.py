@@ -18,7 +18,7 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker
 
 from conftest import safe_close
-from durability_support import mount_tmpfs, unmount
+from durability_support import small_tmpfs
 from test_lifecycle import LepusBroker
 
 pytestmark = pytest.mark.lepus_only
@@ -35,10 +35,7 @@ QUEUE = "tx-sync-q"
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mount_point = tmp_path / "disk"
-    mount_tmpfs(mount_point, TMPFS_BYTES)
-    yield mount_point
-    unmount(mount_point)
+    yield from small_tmpfs(tmp_path, TMPFS_BYTES)
 
 
 def fill(path):
