@@ -658,6 +658,10 @@ mod tests {
             DefinitionChange::PutQueue(queue("/", "q4")),
             DefinitionChange::DeleteBinding(binding("/", "y", "q2", false, "d")),
             DefinitionChange::PutBinding(binding("/", "y", "q4", false, "f")),
+            // Deleting q5 takes y -> q5, and y -> q4 stays.
+            DefinitionChange::PutQueue(queue("/", "q5")),
+            DefinitionChange::PutBinding(binding("/", "y", "q5", false, "g")),
+            DefinitionChange::DeleteQueue { vhost: "/".to_string(), name: "q5".to_string() },
             DefinitionChange::DeleteVhost { name: "other".to_string() },
         ]
     }
@@ -694,12 +698,18 @@ mod tests {
         let dir = data_dir("concurrent");
         let (store, _) = open(&dir);
         let store = Arc::new(store);
+        let log = dir.join("definitions.log");
         let threads: Vec<_> = (0..8)
             .map(|thread| {
-                let store = store.clone();
+                let (store, log) = (store.clone(), log.clone());
                 std::thread::spawn(move || {
                     for index in 0..50 {
-                        store.apply(DefinitionChange::PutQueue(queue("/", &format!("q-{thread}-{index}")))).expect("apply");
+                        let name = format!("q-{thread}-{index}");
+                        store.apply(DefinitionChange::PutQueue(queue("/", &name))).expect("apply");
+                        // Returned: the record is in the file (written before the fdatasync that
+                        // made it durable), whichever thread wrote it.
+                        let text = String::from_utf8_lossy(&std::fs::read(&log).expect("read")).into_owned();
+                        assert!(text.contains(&format!("\"name\":\"{name}\"")), "{name} is not in the log when its wait returns");
                     }
                 })
             })
@@ -748,7 +758,8 @@ mod tests {
         let (store, _) = open(&dir);
         // Past the log's bound: declares and deletes, so the snapshot is much smaller than the log.
         let name = |index: usize| format!("queue-with-a-long-name-{index}");
-        let changes = (0..100_000).flat_map(|index| {
+        // About 5,000 declares and 2,500 deletes fill 1 MiB; twice that is past any doubt.
+        let changes = (0..10_000).flat_map(|index| {
             let put = DefinitionChange::PutQueue(queue("/", &name(index)));
             let delete = (index % 2 == 1).then(|| DefinitionChange::DeleteQueue { vhost: "/".to_string(), name: name(index - 1) });
             std::iter::once(put).chain(delete)
