@@ -901,7 +901,8 @@ fn check_queue_limit(
     if passive || reserved_name || vhost.queue(&definition.name).is_some() {
         return Ok(());
     }
-    if (vhost.queues().count() as u64) < bound {
+    // The map's length, not a walk of it: this runs on every declare in a vhost with a limit.
+    if (vhost.queues().len() as u64) < bound {
         return Ok(());
     }
     Err(AmqpError::precondition(format!(
