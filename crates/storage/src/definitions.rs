@@ -786,6 +786,26 @@ mod tests {
     }
 
     #[test]
+    fn after_a_failed_append_the_next_change_writes_a_new_snapshot_with_both() {
+        let dir = data_dir("failed-append");
+        let (store, _) = open(&dir);
+        store.apply(DefinitionChange::PutQueue(queue("/", "before"))).expect("apply");
+        // The log's descriptor now refuses writes (EBADF), as a full or failing disk would.
+        let read_only = File::open(dir.join("definitions.log")).expect("open");
+        store.writer.lock().log = read_only;
+        let error = store.apply(DefinitionChange::PutQueue(queue("/", "failed"))).expect_err("the append fails");
+        assert!(matches!(error, StorageError::Io { .. }), "{error}");
+        // The broker keeps what it declared in memory, as the store keeps it in its state: the next
+        // change writes both, in a new snapshot and log, rather than appending after a partial record.
+        store.apply(DefinitionChange::PutQueue(queue("/", "after"))).expect("apply after the failure");
+        assert_eq!(store.definitions().log_generation, 2);
+        store.apply(DefinitionChange::PutQueue(queue("/", "appended"))).expect("apply to the new log");
+        drop(store);
+        let (_, reopened) = open(&dir);
+        assert_eq!(names(&reopened.queues, |record| record.name.clone()), ["after", "appended", "before", "failed"]);
+    }
+
+    #[test]
     fn a_log_older_than_its_snapshot_is_not_replayed() {
         let dir = data_dir("stale-log");
         let log = dir.join("definitions.log");
