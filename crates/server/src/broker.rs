@@ -321,10 +321,10 @@ impl Broker {
                 let Some(log) = &entry.handle.log else {
                     continue;
                 };
-                let written = log.lock().write_pending().map(|written| written.sync_now);
+                let written = log.lock().write_pending(storage::queue_log::SyncDue::Now).map(|written| written.sync_now);
                 let synced = written
                     .map_err(|error| error.to_string())
-                    .and_then(|files| files.iter().try_for_each(|file| file.sync_data()).map_err(|error| error.to_string()));
+                    .and_then(|files| files.iter().try_for_each(|file| file.sync()).map_err(|error| error.to_string()));
                 if let Err(error) = synced {
                     tracing::error!(%error, "writing or syncing a queue log at shutdown failed");
                 }

@@ -12,15 +12,19 @@
 //!   and only then runs the callbacks that send publisher confirms.
 //! - [`file_cache`]: the node-wide, bounded cache of open segment files (least recently used
 //!   closed first), so an idle queue holds no file descriptor.
-//! - [`file_sync`]: the seam through which the journal, the syncer and its checkpoints fdatasync,
-//!   so tests can record the order of syncs or fail them.
+//! - [`file_system`]: the seam through which all of the above reach the disk (open, positioned
+//!   reads and writes, fdatasync, rename, directory sync, unlink, list), so tests can plug in
+//!   [`memory_file_system`], which loses unsynced writes at a power cut, tears writes, fails
+//!   with ENOSPC or EIO and flips bits.
 
 pub mod data_dir_lock;
 pub mod definitions;
 pub mod file_cache;
-pub mod file_sync;
+pub mod file_system;
 pub mod janitor;
 pub mod journal;
+#[cfg(any(test, feature = "test-support"))]
+pub mod memory_file_system;
 pub mod queue_log;
 pub mod range_set;
 pub mod record;
