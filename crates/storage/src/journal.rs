@@ -100,7 +100,12 @@ impl Journal {
 
     /// [`Journal::open`] in `file_system`.
     pub fn open_in(file_system: SharedFileSystem, directory: &Path) -> Result<(Journal, Vec<JournalEntry>), StorageError> {
+        let created = !file_system.exists(directory);
         file_system.create_dir_all(directory).map_err(|error| StorageError::io(directory, error))?;
+        if let (true, Some(parent)) = (created, directory.parent()) {
+            // Else a power cut can take the new directory, and every journal file in it, away.
+            sync_directory(&*file_system, parent)?;
+        }
         let mut entries = Vec::new();
         let files = journal_files(&*file_system, directory)?;
         for (sequence, path) in &files {

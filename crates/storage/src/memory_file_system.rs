@@ -4,7 +4,9 @@
 //! A file's data is durable once its `sync_data` returned; a name created, renamed or removed in a
 //! directory is durable once that directory's `sync_directory` returned (as on ext4 without
 //! `dirsync`). [`MemoryFileSystem::power_cut`] throws away everything else, the way an OS crash or
-//! a power loss does, and invalidates every file opened before (the process died with it). On
+//! a power loss does, and returns the view the restarted process uses: every earlier view and
+//! file opened through one fails with EIO from then on (the process died with the power), so a
+//! test may cut while storage threads are still writing. On
 //! command it also tears the last write (keeps a prefix of it), fails writes or syncs with an
 //! errno (ENOSPC, EIO) under a path, and flips a bit of what a read returns.
 //!
@@ -90,10 +92,18 @@ struct State {
 
 const ROOT: u64 = 0;
 
-/// The in-memory file system; clones share the same state.
+/// The in-memory file system; clones share the same state and the same view (see
+/// [`MemoryFileSystem::power_cut`]).
 #[derive(Debug, Clone)]
 pub struct MemoryFileSystem {
     state: Arc<Mutex<State>>,
+    /// The power cycle this view belongs to.
+    generation: u64,
+}
+
+/// What every operation of a view from before the last power cut gets.
+fn powered_off() -> io::Error {
+    io::Error::from_raw_os_error(libc::EIO)
 }
 
 impl Default for MemoryFileSystem {
@@ -175,7 +185,21 @@ impl MemoryFileSystem {
             bit_flips: Vec::new(),
             syncs: 0,
         };
-        MemoryFileSystem { state: Arc::new(Mutex::new(state)) }
+        MemoryFileSystem { state: Arc::new(Mutex::new(state)), generation: 0 }
+    }
+
+    /// The state, if this view is still powered.
+    fn powered(&self) -> io::Result<parking_lot::MutexGuard<'_, State>> {
+        let state = self.state.lock();
+        if state.generation != self.generation {
+            return Err(powered_off());
+        }
+        Ok(state)
+    }
+
+    /// This file system as storage takes it.
+    pub fn shared(&self) -> crate::file_system::SharedFileSystem {
+        Arc::new(self.clone())
     }
 
     /// Creates `directory` and its ancestors and makes them durable, as a data directory that
@@ -188,11 +212,15 @@ impl MemoryFileSystem {
         }
     }
 
-    /// Cuts the power: whatever was not synced is lost (see [`PowerCut`]), and every file opened
-    /// before fails from now on. The caller drops the storage objects that used them first.
-    pub fn power_cut(&self, cut: PowerCut) {
+    /// Cuts the power: whatever was not synced is lost (see [`PowerCut`]). Returns the view of the
+    /// restarted machine; every earlier view, and every file opened through one, fails from now on.
+    #[must_use = "the old view is powered off: restart storage on the returned one"]
+    pub fn power_cut(&self, cut: PowerCut) -> MemoryFileSystem {
         let mut state = self.state.lock();
         state.generation += 1;
+        let restarted = MemoryFileSystem { state: self.state.clone(), generation: state.generation };
+        // Injected errors belong to the run they were set for; flipped bits stay (they model the media).
+        state.faults.clear();
         for directory in state.directories.values_mut() {
             directory.entries = directory.durable.clone();
         }
@@ -207,6 +235,7 @@ impl MemoryFileSystem {
                 file.durable = file.data.clone();
             }
         }
+        restarted
     }
 
     /// Makes the next `count` operations of this kind on files at or under `under` fail with
@@ -287,6 +316,9 @@ impl StorageFile for MemoryFile {
         state.fault(FaultOperation::Write, &self.path)?;
         let file = state.files.get_mut(&self.file).expect("an open file's node exists");
         write_into(&mut file.data, offset, bytes);
+        // Rewritten bytes read back as written: a flip models a bad copy, not a stuck bit.
+        let (id, end) = (self.file, offset + bytes.len() as u64);
+        state.bit_flips.retain(|(file, at, _)| *file != id || *at < offset || *at >= end);
         state.last_write = Some(LastWrite { file: self.file, offset, bytes: bytes.to_vec() });
         Ok(())
     }
@@ -333,7 +365,7 @@ impl StorageFile for MemoryFile {
 
 impl FileSystem for MemoryFileSystem {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn StorageFile>> {
-        let mut state = self.state.lock();
+        let mut state = self.powered()?;
         let file = match (state.lookup(path), mode) {
             (Ok(Node::File(_)), OpenMode::CreateNew) => return Err(io::Error::from(io::ErrorKind::AlreadyExists)),
             (Ok(Node::File(file)), _) => file,
@@ -357,7 +389,7 @@ impl FileSystem for MemoryFileSystem {
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let mut state = self.state.lock();
+        let mut state = self.powered()?;
         let (from_directory, from_name) = state.parent(from)?;
         let (to_directory, to_name) = state.parent(to)?;
         let node = state.directories[&from_directory].entries.get(&from_name).copied().ok_or_else(|| not_found(from))?;
@@ -372,7 +404,7 @@ impl FileSystem for MemoryFileSystem {
     }
 
     fn sync_directory(&self, directory: &Path) -> io::Result<()> {
-        let mut state = self.state.lock();
+        let mut state = self.powered()?;
         let Node::Directory(node) = state.lookup(directory)? else { return Err(io::Error::from_raw_os_error(libc::ENOTDIR)) };
         state.fault(FaultOperation::Sync, directory)?;
         let node = state.directories.get_mut(&node).expect("resolved");
@@ -382,7 +414,7 @@ impl FileSystem for MemoryFileSystem {
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
-        let mut state = self.state.lock();
+        let mut state = self.powered()?;
         let (directory, name) = state.parent(path)?;
         let entries = &mut state.directories.get_mut(&directory).expect("resolved").entries;
         match entries.get(&name) {
@@ -396,7 +428,7 @@ impl FileSystem for MemoryFileSystem {
     }
 
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
-        let mut state = self.state.lock();
+        let mut state = self.powered()?;
         let (directory, name) = state.parent(path)?;
         match state.directories.get_mut(&directory).expect("resolved").entries.remove(&name) {
             Some(_) => Ok(()),
@@ -405,7 +437,7 @@ impl FileSystem for MemoryFileSystem {
     }
 
     fn list_directory(&self, directory: &Path) -> io::Result<Vec<String>> {
-        let state = self.state.lock();
+        let state = self.powered()?;
         match state.lookup(directory)? {
             Node::Directory(node) => Ok(state.directories[&node].entries.keys().cloned().collect()),
             Node::File(_) => Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
@@ -413,7 +445,7 @@ impl FileSystem for MemoryFileSystem {
     }
 
     fn create_dir_all(&self, directory: &Path) -> io::Result<()> {
-        let mut state = self.state.lock();
+        let mut state = self.powered()?;
         let mut node = ROOT;
         for name in components(directory)? {
             let existing = state.directories[&node].entries.get(&name).copied();
@@ -432,11 +464,11 @@ impl FileSystem for MemoryFileSystem {
     }
 
     fn exists(&self, path: &Path) -> bool {
-        self.state.lock().lookup(path).is_ok()
+        self.powered().is_ok_and(|state| state.lookup(path).is_ok())
     }
 
     fn is_dir(&self, path: &Path) -> bool {
-        matches!(self.state.lock().lookup(path), Ok(Node::Directory(_)))
+        self.powered().is_ok_and(|state| matches!(state.lookup(path), Ok(Node::Directory(_))))
     }
 }
 
@@ -460,7 +492,7 @@ mod tests {
         let unnamed = open(&file_system, "/data/unnamed");
         unnamed.write_all_at(b"x", 0).expect("write");
         unnamed.sync_data().expect("sync");
-        file_system.power_cut(PowerCut::LoseUnsynced);
+        let file_system = file_system.power_cut(PowerCut::LoseUnsynced);
         assert_eq!(file_system.contents(Path::new("/data/synced")).expect("read"), b"durable");
         assert!(!file_system.exists(Path::new("/data/unnamed")), "a name whose directory was never synced came back");
         assert!(synced.read_at(&mut [0u8; 1], 0).is_err(), "a handle from before the cut still works");
@@ -473,7 +505,7 @@ mod tests {
         let file = open(&file_system, "/data/f");
         file_system.sync_directory(Path::new("/data")).expect("sync directory");
         file.write_all_at(b"abcdef", 0).expect("write");
-        file_system.power_cut(PowerCut::TearLastWrite { bytes_kept: 2 });
+        let file_system = file_system.power_cut(PowerCut::TearLastWrite { bytes_kept: 2 });
         assert_eq!(file_system.contents(Path::new("/data/f")).expect("read"), b"ab");
         let file = open(&file_system, "/data/f");
         file_system.fail(FaultOperation::Write, libc::ENOSPC, Path::new("/data"), 1);
@@ -497,7 +529,9 @@ mod tests {
         file_system.rename(Path::new("/data/q"), Path::new("/data/q.deleted")).expect("rename");
         assert_eq!(file_system.contents(Path::new("/data/q.deleted/s")).expect("read"), b"x");
         assert!(!file_system.exists(Path::new("/data/q")));
-        file_system.power_cut(PowerCut::LoseUnsynced);
+        let restarted = file_system.power_cut(PowerCut::LoseUnsynced);
+        assert!(!file_system.exists(Path::new("/data")), "a view from before the cut still works");
+        let file_system = restarted;
         assert!(file_system.is_dir(Path::new("/data/q")), "an unsynced rename was undone");
     }
 }

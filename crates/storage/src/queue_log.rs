@@ -82,9 +82,26 @@ pub struct Recovery {
     pub next_position: u64,
     /// The highest term of any valid record (0 for an empty log).
     pub last_term: u64,
-    /// Segments whose replay ended early (torn or corrupt records, a missing seal, a term going
+    /// Segments whose replay ended early on damage (torn or corrupt records, a term going
     /// down), with the offset where it ended.
     pub truncated: Vec<(PathBuf, u64)>,
+    /// Older segments that end cleanly but without their seal: the write holding the seal never
+    /// reached the disk (a crash or power cut right after the segment rolled).
+    pub unsealed: Vec<UnsealedSegment>,
+}
+
+/// An older segment whose last write (the one with its seal) was lost, and what went with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnsealedSegment {
+    /// The segment.
+    pub path: PathBuf,
+    /// Where its intact records end.
+    pub offset: u64,
+    /// The publish positions that belonged to this segment and were not found: they were in the
+    /// lost write, and so, with `--sync always`, never confirmed (a confirm waits for the
+    /// fdatasync that write did not get). Empty when only the seal (and settle or delivered
+    /// records, whose messages then come back as redelivered) was lost.
+    pub lost_positions: std::ops::Range<u64>,
 }
 
 /// Where a record starts: its segment (by first position) and its offset in that file.
@@ -434,6 +451,21 @@ fn seal_on_disk(
     Ok((identity, at + buffer.len() as u64))
 }
 
+/// Describes an older segment that ends cleanly without its seal: what was lost is the write
+/// that held the seal, and the publishes in it are the positions between the segment's last
+/// valid publish and the next segment's first position (each segment is named after it).
+fn report_unsealed(path: &Path, first_position: u64, scan: &SegmentScan, next_first_position: u64) -> UnsealedSegment {
+    let lost_from = scan.last_publish_position.map_or(first_position, |position| position.saturating_add(1));
+    let lost_positions = lost_from..next_first_position.max(lost_from);
+    let lost = lost_positions.end - lost_positions.start;
+    if lost == 0 {
+        tracing::warn!(file = %path.display(), offset = scan.end, "segment ends without its seal: the write holding it did not reach the disk (a crash right after the segment rolled); no publish was lost with it, settles in it come back as redelivered messages");
+    } else {
+        tracing::warn!(file = %path.display(), offset = scan.end, lost, first_lost = lost_positions.start, last_lost = lost_positions.end - 1, "segment ends without its seal: the write holding it did not reach the disk (a crash right after the segment rolled), with the publishes at these positions; that write was never fdatasynced, so with --sync always none of them was confirmed");
+    }
+    UnsealedSegment { path: path.to_path_buf(), offset: scan.end, lost_positions }
+}
+
 impl QueueLog {
     /// Opens (creating) the log in `directory` and replays every segment. Segments whose replay
     /// ends early are reported and sealed where it ended; the newest one is sealed and writing
@@ -483,8 +515,7 @@ impl QueueLog {
                 tracing::error!(file = %path.display(), offset, %reason, "torn or corrupt record: the segment's replay ends here, records after it are lost");
                 recovery.truncated.push((path.clone(), *offset));
             } else if !is_last && !scan.sealed {
-                tracing::error!(file = %path.display(), offset = scan.end, "segment ends without its seal: it was truncated, messages after this offset are lost");
-                recovery.truncated.push((path.clone(), scan.end));
+                recovery.unsealed.push(report_unsealed(&path, first_position, &scan, next_names[index]));
             }
             if is_last && scan.end <= SEGMENT_HEADER_RECORD_BYTES {
                 // Nothing after its header (or no valid header): the file becomes a spare.
@@ -1038,6 +1069,8 @@ struct SegmentScan {
     sealed: bool,
     /// Where and why replay ended on a torn or corrupt record (not at a normal end).
     damage: Option<(u64, String)>,
+    /// The highest publish position among its valid records.
+    last_publish_position: Option<u64>,
     /// The log's term after this segment.
     term_at_end: u64,
 }
@@ -1090,8 +1123,15 @@ fn scan_segment(path: &Path, file: &dyn StorageFile, first_position: u64, replay
     let io = |error: std::io::Error| StorageError::io(path, error);
     let file_bytes = file.len().map_err(io)?;
     let mut reader = BufReader::with_capacity(SCAN_BUFFER_BYTES, SequentialReader::new(file, 0));
-    let mut scan =
-        SegmentScan { identity: None, header_position: None, end: 0, sealed: false, damage: None, term_at_end: replayed.last_term };
+    let mut scan = SegmentScan {
+        identity: None,
+        header_position: None,
+        end: 0,
+        sealed: false,
+        damage: None,
+        last_publish_position: None,
+        term_at_end: replayed.last_term,
+    };
     let nonce = match read_record(&mut reader, HEADER_SEED, 0, file_bytes).map_err(io)? {
         Scanned::End => return Ok(scan),
         Scanned::Damaged(reason) => {
@@ -1152,6 +1192,7 @@ fn scan_segment(path: &Path, file: &dyn StorageFile, first_position: u64, replay
                     break;
                 }
                 replayed.next_position = replayed.next_position.max(position.saturating_add(1));
+                scan.last_publish_position = scan.last_publish_position.max(Some(position));
                 if header.kind == KIND_PUBLISH {
                     replayed.live.insert(position);
                 }
@@ -1237,6 +1278,12 @@ mod tests {
 
     fn positions(log: &mut QueueLog, recovery: &Recovery) -> Vec<u64> {
         recovered(log, recovery).into_iter().map(|(position, _, _)| position).collect()
+    }
+
+    /// Where recovery reported a segment's replay ended early: on damage or without a seal.
+    fn reported_ends(recovery: &Recovery) -> Vec<(PathBuf, u64)> {
+        let unsealed = recovery.unsealed.iter().map(|unsealed| (unsealed.path.clone(), unsealed.offset));
+        recovery.truncated.iter().cloned().chain(unsealed).collect()
     }
 
     fn temporary_dir(name: &str) -> PathBuf {
@@ -1508,9 +1555,11 @@ mod tests {
         drop(log);
         OpenOptions::new().write(true).open(&victim_path).expect("open").set_len(victim_end / 2).expect("truncate");
         let (mut log, recovery) = QueueLog::open(&directory, 300).expect("reopen");
-        assert_eq!(recovery.truncated.len(), 1);
-        assert_eq!(recovery.truncated[0].0, victim_path);
-        assert!(recovery.truncated[0].1 <= victim_end / 2);
+        // Cut mid-record it is damage; cut at a record boundary, a segment that lost its seal.
+        let reported: Vec<(PathBuf, u64)> = reported_ends(&recovery);
+        assert_eq!(reported.len(), 1);
+        assert_eq!(reported[0].0, victim_path);
+        assert!(reported[0].1 <= victim_end / 2);
         let recovered = positions(&mut log, &recovery);
         let expected_outside: Vec<u64> = (0..12).filter(|position| !(victim_first..next_first).contains(position)).collect();
         assert_eq!(
@@ -1947,13 +1996,15 @@ mod tests {
             let live = model.live();
             let expected: Vec<(u64, Bytes, bool)> =
                 live.iter().map(|(position, (body, _, delivered))| (*position, body.clone(), *delivered)).collect();
+            // A flipped length byte that reads zero ends a segment as cleanly as a lost seal.
+            let ends = reported_ends(&recovery);
             match reported {
                 Reported::Nothing => {
-                    prop_assert!(recovery.truncated.is_empty(), "a normal end reported as damage: {:?}", recovery.truncated)
+                    prop_assert!(ends.is_empty(), "a normal end reported as damage: {:?}", ends)
                 }
-                Reported::Exactly(path, offset) => prop_assert_eq!(&recovery.truncated, &vec![(path, offset)]),
+                Reported::Exactly(path, offset) => prop_assert_eq!(&ends, &vec![(path, offset)]),
                 Reported::AtMost(path, offset) => {
-                    prop_assert!(recovery.truncated.is_empty() || recovery.truncated == vec![(path, offset)], "{:?}", recovery.truncated)
+                    prop_assert!(ends.is_empty() || ends == vec![(path, offset)], "{:?}", ends)
                 }
             }
             prop_assert_eq!(recovery.live_count, live.len() as u64);

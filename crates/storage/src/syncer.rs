@@ -481,7 +481,9 @@ impl Worker {
     /// end wakes this thread to look again).
     fn start_checkpoint_if_due(&mut self) {
         if let Some(journal) = self.journal.as_mut() {
-            if journal.needs_checkpoint() {
+            // Not while a failed write keeps entries pending: they belong to the current file,
+            // and rotating under them broke the journal's invariant (a panic of this thread).
+            if journal.needs_checkpoint() && !journal.has_pending() {
                 self.checkpoint.start_background(journal);
             }
         }
