@@ -25,8 +25,6 @@ use storage::definitions::{
 use storage::queue_log::QueueLog;
 use storage::syncer::Syncer;
 
-/// A file written after a graceful shutdown flushed every log; its absence at start means a crash.
-
 /// A queue handle as the topology holds it.
 pub type QueueHandle = Arc<QueueRuntime>;
 
