@@ -218,7 +218,7 @@ fn assert_acked_recovered(node: &Node, ledger: &Ledger, settled: &[u64], publish
 /// back; nothing that was not published does.
 #[test]
 fn power_cuts_under_confirmed_load_lose_no_confirmed_message() {
-    let setup = Setup { policy: SyncPolicy::Always, queues: 2, segment_bytes: 2048, checkpoint_bytes: Some(8192) };
+    let setup = Setup { policy: SyncPolicy::Always, queues: 2, segment_bytes: 2048, checkpoint_bytes: Some(32 * 1024) };
     let mut file_system = fresh_file_system();
     let ledger = Arc::new(Ledger::default());
     let (mut published, mut settled) = (Vec::new(), Vec::new());
