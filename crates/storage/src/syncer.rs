@@ -853,7 +853,7 @@ mod tests {
     }
 }
 
-/// The syncer and the journal through a recording [`FileSync`]: what a confirm waits for, what a
+/// The syncer and the journal through a recording [`FileSystem`] on the real disk: what a confirm waits for, what a
 /// failed sync does to it, and in which order a checkpoint syncs segments and retires journal files.
 #[cfg(test)]
 mod sync_order_tests {
