@@ -426,3 +426,41 @@ fn a_cut_right_after_a_roll_reports_the_unconfirmed_publishes_it_lost_not_damage
     assert_eq!(recovery.unsealed[0].lost_positions, unconfirmed[0]..first_position_of_next_segment);
     assert_acked_recovered(&node, &ledger, &[], &published);
 }
+
+/// A journal write that fails while a checkpoint is due and another one runs: when that one ends,
+/// the next must wait for the failed batch's entries to be written. Rotating the journal under
+/// them broke its invariant and killed the syncer thread, which nacked every later confirm.
+#[test]
+fn a_failed_journal_write_while_a_checkpoint_runs_leaves_the_syncer_running() {
+    let setup = Setup { policy: SyncPolicy::Always, queues: 1, segment_bytes: 4096, checkpoint_bytes: Some(1) };
+    let file_system = fresh_file_system();
+    let ledger = Arc::new(Ledger::default());
+    let mut node = start(&file_system, &setup, 0);
+    // The checkpoint after the first batch stops at its segment sync.
+    file_system.hold_syncs(&queues_directory());
+    let first = node.publish(0, &ledger);
+    wait_until("the first confirm", || ledger.outcome(first) == Some(true));
+    wait_until("the checkpoint to wait at its segment sync", || file_system.held_syncs() == 1);
+    // Written while the checkpoint runs: the new journal file is past its size.
+    let second = node.publish(0, &ledger);
+    wait_until("the second confirm", || ledger.outcome(second) == Some(true));
+    file_system.fail(FaultOperation::Write, libc::ENOSPC, &journal_directory(), u64::MAX);
+    let failed = node.publish(0, &ledger);
+    wait_until("the failed batch's confirm", || ledger.outcome(failed).is_some());
+    assert_eq!(ledger.outcome(failed), Some(false));
+    // The checkpoint ends, with the failed batch's entries still pending in the journal: it
+    // retires journal file 2, then wakes the syncer to look for the next one.
+    let wakeups = || node.syncer.stats().wakeups.load(std::sync::atomic::Ordering::Relaxed);
+    let journal_files = || {
+        let names = crate::file_system::FileSystem::list_directory(&file_system, &journal_directory()).expect("list");
+        names.into_iter().filter(|name| name.ends_with(".wal")).collect::<Vec<_>>()
+    };
+    file_system.release_syncs();
+    wait_until("the checkpoint to retire journal file 2", || journal_files() == [format!("{:020}.wal", 3)]);
+    let woken = wakeups();
+    wait_until("the syncer to hear the checkpoint ended", || wakeups() > woken);
+    file_system.clear_faults();
+    let after = node.publish(0, &ledger);
+    wait_until("the confirm after the fault", || ledger.outcome(after).is_some());
+    assert_eq!(ledger.outcome(after), Some(true), "the syncer stopped working after a failed journal write");
+}

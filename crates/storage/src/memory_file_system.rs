@@ -15,7 +15,7 @@
 //! Compiled for this crate's tests and, with the `test-support` feature, for other crates' tests.
 
 use crate::file_system::{FileSystem, OpenMode, StorageFile};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::{Component, Path, PathBuf};
@@ -92,11 +92,20 @@ struct State {
 
 const ROOT: u64 = 0;
 
+/// File syncs held back under a path (see [`MemoryFileSystem::hold_syncs`]), and how many
+/// threads wait on them.
+#[derive(Debug, Default)]
+struct Holds {
+    held: Mutex<(Option<PathBuf>, usize)>,
+    released: Condvar,
+}
+
 /// The in-memory file system; clones share the same state and the same view (see
 /// [`MemoryFileSystem::power_cut`]).
 #[derive(Debug, Clone)]
 pub struct MemoryFileSystem {
     state: Arc<Mutex<State>>,
+    holds: Arc<Holds>,
     /// The power cycle this view belongs to.
     generation: u64,
 }
@@ -185,7 +194,7 @@ impl MemoryFileSystem {
             bit_flips: Vec::new(),
             syncs: 0,
         };
-        MemoryFileSystem { state: Arc::new(Mutex::new(state)), generation: 0 }
+        MemoryFileSystem { state: Arc::new(Mutex::new(state)), holds: Arc::default(), generation: 0 }
     }
 
     /// The state, if this view is still powered.
@@ -218,7 +227,7 @@ impl MemoryFileSystem {
     pub fn power_cut(&self, cut: PowerCut) -> MemoryFileSystem {
         let mut state = self.state.lock();
         state.generation += 1;
-        let restarted = MemoryFileSystem { state: self.state.clone(), generation: state.generation };
+        let restarted = MemoryFileSystem { state: self.state.clone(), holds: self.holds.clone(), generation: state.generation };
         // Injected errors belong to the run they were set for; flipped bits stay (they model the media).
         state.faults.clear();
         for directory in state.directories.values_mut() {
@@ -242,6 +251,23 @@ impl MemoryFileSystem {
     /// `errno` (`libc::ENOSPC`, `libc::EIO`); `u64::MAX` until [`MemoryFileSystem::clear_faults`].
     pub fn fail(&self, operation: FaultOperation, errno: i32, under: &Path, count: u64) {
         self.state.lock().faults.push(Fault { operation, errno, under: under.to_path_buf(), remaining: count.max(1) });
+    }
+
+    /// Makes every file sync at or under `under` wait until [`MemoryFileSystem::release_syncs`], so
+    /// a test can stop a thread in the middle of its work (a checkpoint, say).
+    pub fn hold_syncs(&self, under: &Path) {
+        self.holds.held.lock().0 = Some(under.to_path_buf());
+    }
+
+    /// Lets held syncs go on.
+    pub fn release_syncs(&self) {
+        self.holds.held.lock().0 = None;
+        self.holds.released.notify_all();
+    }
+
+    /// How many file syncs wait on [`MemoryFileSystem::hold_syncs`] now.
+    pub fn held_syncs(&self) -> usize {
+        self.holds.held.lock().1
     }
 
     /// Ends every injected failure.
@@ -290,6 +316,7 @@ fn write_into(data: &mut Vec<u8>, offset: u64, bytes: &[u8]) {
 #[derive(Debug)]
 pub struct MemoryFile {
     state: Arc<Mutex<State>>,
+    holds: Arc<Holds>,
     file: u64,
     /// The path it was opened by, which faults match.
     path: PathBuf,
@@ -353,6 +380,16 @@ impl StorageFile for MemoryFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        {
+            let mut held = self.holds.held.lock();
+            if held.0.as_ref().is_some_and(|under| self.path.starts_with(under)) {
+                held.1 += 1;
+                while held.0.as_ref().is_some_and(|under| self.path.starts_with(under)) {
+                    self.holds.released.wait(&mut held);
+                }
+                held.1 -= 1;
+            }
+        }
         let mut state = self.state.lock();
         self.check(&state)?;
         state.fault(FaultOperation::Sync, &self.path)?;
@@ -381,6 +418,7 @@ impl FileSystem for MemoryFileSystem {
         };
         Ok(Arc::new(MemoryFile {
             state: self.state.clone(),
+            holds: self.holds.clone(),
             file,
             path: path.to_path_buf(),
             generation: state.generation,
