@@ -309,12 +309,13 @@ struct Listing {
     spares: Vec<PathBuf>,
 }
 
-/// Lists a log directory. With `file_system` given, files a crash left half deleted or half
-/// prepared are handed to the janitor.
+/// Lists a log directory.
 fn list_directory(file_system: &dyn FileSystem, directory: &Path) -> Result<Listing, StorageError> {
     list_and_clean_directory(file_system, None, directory)
 }
 
+/// Lists a log directory; with a `cleaner`, files a crash left half deleted or half prepared are
+/// handed to the janitor to remove through it.
 fn list_and_clean_directory(
     file_system: &dyn FileSystem,
     cleaner: Option<&SharedFileSystem>,
