@@ -25,9 +25,6 @@ use storage::definitions::{
 use storage::queue_log::QueueLog;
 use storage::syncer::Syncer;
 
-/// A file written after a graceful shutdown flushed every log; its absence at start means a crash.
-const CLEAN_SHUTDOWN_MARKER: &str = "clean-shutdown";
-
 /// A queue handle as the topology holds it.
 pub type QueueHandle = Arc<QueueRuntime>;
 
@@ -157,11 +154,8 @@ impl Broker {
     }
 
     fn recover(&mut self) -> Result<(), String> {
-        let marker = self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER);
-        let clean_shutdown = marker.exists();
-        if clean_shutdown {
-            std::fs::remove_file(&marker).map_err(|error| format!("{}: {error}", marker.display()))?;
-        }
+        let clean_shutdown = storage::take_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir)
+            .map_err(|error| error.to_string())?;
         let definitions = self.definitions.load().map_err(|error| error.to_string())?;
         {
             let mut vhosts = self.vhosts.write();
@@ -310,7 +304,7 @@ impl Broker {
         } else {
             self.flush_all_unjournaled();
         }
-        if let Err(error) = storage::write_atomically(&self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER), b"") {
+        if let Err(error) = storage::write_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir) {
             tracing::error!(%error, "writing the clean-shutdown marker failed");
         }
     }
@@ -321,10 +315,10 @@ impl Broker {
                 let Some(log) = &entry.handle.log else {
                     continue;
                 };
-                let written = log.lock().write_pending().map(|written| written.sync_now);
+                let written = log.lock().write_pending(storage::queue_log::SyncDue::Now).map(|written| written.sync_now);
                 let synced = written
                     .map_err(|error| error.to_string())
-                    .and_then(|files| files.iter().try_for_each(|file| file.sync_data()).map_err(|error| error.to_string()));
+                    .and_then(|files| files.iter().try_for_each(|file| file.sync()).map_err(|error| error.to_string()));
                 if let Err(error) = synced {
                     tracing::error!(%error, "writing or syncing a queue log at shutdown failed");
                 }
