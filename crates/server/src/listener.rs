@@ -39,8 +39,8 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// Opening the data directory or recovering from it failed (the message names the file).
-    #[error("{0}")]
-    Recovery(String),
+    #[error(transparent)]
+    Recovery(#[from] crate::broker::RecoveryError),
     /// The SIGTERM handler could not be installed.
     #[error("handling SIGTERM: {0}")]
     Signal(#[source] std::io::Error),
@@ -137,7 +137,7 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(StartError::Runtime)?;
     runtime.block_on(async move {
         let listeners = Listeners::bind_all(&config, tls.as_ref()).await?;
-        let broker = Broker::open(config.clone()).map_err(StartError::Recovery)?;
+        let broker = Broker::open(config.clone())?;
         serve(broker, listeners).await
     })
 }
