@@ -21,7 +21,7 @@ const VHOST: &str = "/";
 fn definition(name: &str, arguments: &[(&str, FieldValue)]) -> QueueDefinition {
     let mut table = FieldTable::new();
     for (key, value) in arguments {
-        table.insert(*key, value.clone());
+        table.insert(key, value.clone());
     }
     QueueDefinition {
         name: ShortStr::from(name),
