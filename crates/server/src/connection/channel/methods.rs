@@ -284,6 +284,7 @@ impl Channel {
         Ok(After::KeepOpen)
     }
 
+    /// queue.declare: a new queue is checked against what its type allows (see `queue_type`).
     fn queue_declare(&mut self, context: &mut Context, declare: QueueDeclare) -> Result<(), AmqpError> {
         let server_named = declare.queue.is_empty() && !declare.passive;
         let name = if server_named { random_name("amq.gen-") } else { declare.queue.clone() };
@@ -313,6 +314,7 @@ impl Channel {
         Ok(())
     }
 
+    /// queue.delete, with if-unused and if-empty; deleting a queue that does not exist succeeds.
     fn queue_delete(&mut self, context: &mut Context, delete: QueueDelete) -> Result<(), AmqpError> {
         let name = self.queue_name(&delete.queue)?;
         context.check(Access::Configure, "queue", name.as_bytes())?;
