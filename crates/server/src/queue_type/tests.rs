@@ -375,3 +375,39 @@ fn deliveries_are_settled_by_the_id_their_queue_gave_them() {
     assert_eq!(queue.cancel(&consumer), ConsumerRemoval::Removed);
     assert_eq!(queue.cancel(&consumer), ConsumerRemoval::NotFound);
 }
+
+#[test]
+fn a_queue_that_found_the_writer_full_is_remembered_once_and_not_kept_alive() {
+    let data_dir = DataDir::new("stalled");
+    let syncer = Syncer::start(SyncPolicy::Always, None);
+    let storage = ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: false, syncer: &syncer };
+    let mut transient = definition("q", &[]);
+    transient.durable = false;
+    let queue = storage.create(&transient, VHOST).expect("create");
+    let (channel, _receiver) = channel();
+    let consumer = Arc::new(ConsumerHandle {
+        tag: ShortStr::from("c"),
+        channel: channel.clone(),
+        no_ack: true,
+        prefetch: 0,
+        unacked: Default::default(),
+        priority: 0,
+        cancelled: Default::default(),
+    });
+    queue.consume(consumer, false, || {}).expect("consume");
+    // The writer is full: the queue keeps its messages and asks to be woken when it drains.
+    channel.connection.outbound_deliveries.store(crate::shared::OUTBOUND_DELIVERIES_MAX, Ordering::Release);
+    queue.publish(message("a", false));
+    queue.publish(message("b", false));
+    assert_eq!(queue.snapshot().ready, 2);
+    let stalled = channel.connection.stalled_queues.lock().clone();
+    assert_eq!(stalled.len(), 1, "one entry per queue, however often it found the writer full");
+    assert!(stalled[0].upgrade().is_some_and(|woken| woken.same(&queue)));
+    // Once the writer drained, waking the queue delivers what it held.
+    channel.connection.outbound_deliveries.store(0, Ordering::Release);
+    stalled[0].upgrade().expect("alive").dispatch();
+    assert_eq!(queue.snapshot().ready, 0);
+    channel.connection.stalled_queues.lock().clear();
+    drop(queue);
+    assert!(stalled[0].upgrade().is_none(), "a deleted queue is not kept alive by a stalled writer");
+}
