@@ -29,6 +29,9 @@ pub struct QueueTypeCapabilities {
     pub basic_get: bool,
     /// Whether a consumer may take deliveries without acks (no_ack).
     pub no_ack_consume: bool,
+    /// Whether a consumer's `x-priority` argument orders deliveries among its consumers (RabbitMQ's
+    /// streams do not take it, and ignore it).
+    pub consumer_priorities: bool,
 }
 
 /// The arguments whose support Lepus decides per type: one of them that a type does not accept is
@@ -65,6 +68,7 @@ const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
     global_qos: true,
     basic_get: true,
     no_ack_consume: true,
+    consumer_priorities: true,
 };
 
 const QUORUM: QueueTypeCapabilities = QueueTypeCapabilities {
@@ -93,6 +97,7 @@ const QUORUM: QueueTypeCapabilities = QueueTypeCapabilities {
     global_qos: false,
     basic_get: true,
     no_ack_consume: true,
+    consumer_priorities: true,
 };
 
 const STREAM: QueueTypeCapabilities = QueueTypeCapabilities {
@@ -112,6 +117,7 @@ const STREAM: QueueTypeCapabilities = QueueTypeCapabilities {
     global_qos: false,
     basic_get: false,
     no_ack_consume: false,
+    consumer_priorities: false,
 };
 
 /// What queues of `queue_type` allow.

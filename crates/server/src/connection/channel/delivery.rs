@@ -37,12 +37,14 @@ impl Channel {
         if self.consumers.contains_key(&tag) {
             return Err(AmqpError::not_allowed(format!("attempt to reuse consumer tag '{tag}'")));
         }
+        let capabilities = queue.capabilities();
         let global_qos_active = self.shared.prefetch_global.load(Ordering::Acquire) != 0;
-        queue.capabilities().check_consume(queue.name(), &context.vhost, consume.no_ack, global_qos_active)?;
+        capabilities.check_consume(queue.name(), &context.vhost, consume.no_ack, global_qos_active)?;
         let priority = match consume.arguments.get("x-priority") {
             None => 0,
             Some(value) => value.as_i64().ok_or_else(|| AmqpError::precondition("invalid arg 'x-priority': expected an integer"))?,
         };
+        let priority = if capabilities.consumer_priorities { priority } else { 0 };
         let consumer = Arc::new(ConsumerHandle {
             tag: tag.clone(),
             channel: self.shared.clone(),
