@@ -30,8 +30,8 @@ pub struct QueueDefinition {
     pub queue_type: QueueType,
 }
 
-/// RabbitMQ's queue types, named as `x-queue-type` and the management API name them. Lepus runs
-/// classic queues only: a declaration of the others is refused with 540 at creation.
+/// RabbitMQ's queue types, named as `x-queue-type` and the management API name them. What each
+/// type allows, and whether Lepus runs it yet, is the server's queue-type seam to decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum QueueType {
     /// The default: a single-node queue.
@@ -107,22 +107,6 @@ pub struct ExchangeDeclaration {
     /// Arguments.
     pub arguments: FieldTable,
 }
-
-/// Queue arguments RabbitMQ has and Lepus does not implement yet: declaring one fails with 540
-/// rather than silently ignoring what the client asked for.
-const UNSUPPORTED_QUEUE_ARGUMENTS: &[&str] = &[
-    "x-expires",
-    "x-max-length-bytes",
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-dead-letter-strategy",
-    "x-max-priority",
-    "x-single-active-consumer",
-    "x-max-age",
-    "x-stream-max-segment-size-bytes",
-    "x-delivery-limit",
-    "x-quorum-initial-group-size",
-];
 
 /// A virtual host.
 #[derive(Debug)]
@@ -355,15 +339,16 @@ impl<Q: Clone> Vhost<Q> {
         Ok(removed)
     }
 
-    /// queue.declare. `make_handle` creates the runtime handle when the queue is new. Returns the
-    /// entry and whether it was created.
+    /// queue.declare. `make_handle` creates the runtime handle when the queue is new, after the
+    /// checks that do not depend on the queue's type; it checks what the type allows (the
+    /// server's queue-type seam) and may refuse. Returns the entry and whether it was created.
     pub fn declare_queue(
         &mut self,
         definition: QueueDefinition,
         passive: bool,
         server_named: bool,
         connection_id: u64,
-        make_handle: impl FnOnce(&QueueDefinition) -> Q,
+        make_handle: impl FnOnce(&QueueDefinition) -> Result<Q, AmqpError>,
     ) -> Result<(&QueueEntry<Q>, bool), AmqpError> {
         if passive {
             return Ok((self.require_queue(&definition.name, connection_id)?, false));
@@ -395,15 +380,9 @@ impl<Q: Clone> Vhost<Q> {
         if !server_named && definition.name.as_bytes().starts_with(b"amq.") {
             return Err(AmqpError::access_refused(format!("queue name '{}' contains reserved prefix 'amq.*'", definition.name)));
         }
-        // The type first: a quorum or stream declaration is refused for its type, not for an
-        // argument only that type takes.
         let mut definition = definition;
         definition.queue_type = QueueType::from_arguments(&definition.name, &self.name, &definition.arguments)?;
-        if definition.queue_type != QueueType::Classic {
-            return Err(AmqpError::not_implemented(format!("queue type '{}' is not supported by Lepus yet", definition.queue_type.name())));
-        }
-        check_queue_arguments(&definition.name, &self.name, &definition.arguments)?;
-        let handle = make_handle(&definition);
+        let handle = make_handle(&definition)?;
         let name = definition.name.clone();
         self.queues.insert(name.clone(), QueueEntry { definition, handle });
         Ok((self.queues.get(&name).expect("just inserted"), true))
@@ -561,32 +540,27 @@ fn invalid_argument(key: &str, queue: &ShortStr, vhost: &str, problem: String) -
     AmqpError::precondition(format!("invalid arg '{key}' for queue '{queue}' in vhost '{vhost}': {problem}"))
 }
 
-fn check_queue_arguments(queue: &ShortStr, vhost: &str, arguments: &FieldTable) -> Result<(), AmqpError> {
-    for (key, value) in arguments.iter() {
-        let key_text = key.to_string_lossy();
-        match key_text.as_str() {
-            "x-max-length" => match value.as_i64() {
-                Some(limit) if limit >= 0 => {}
-                Some(limit) => return Err(invalid_argument(&key_text, queue, vhost, format!("{{value_negative,{limit}}}"))),
-                None => return Err(invalid_argument(&key_text, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
-            },
-            "x-message-ttl" => match value.as_i64() {
-                Some(ttl) if ttl >= 0 => {}
-                Some(ttl) => return Err(invalid_argument(&key_text, queue, vhost, format!("{{value_negative,{ttl}}}"))),
-                None => return Err(invalid_argument(&key_text, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
-            },
-            "x-overflow" => match value.as_text().as_deref() {
-                Some("drop-head" | "reject-publish" | "reject-publish-dlx") => {}
-                Some(other) => return Err(invalid_argument(&key_text, queue, vhost, format!("{{unacceptable_value,<<\"{other}\">>}}"))),
-                None => return Err(invalid_argument(&key_text, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
-            },
-            _ => {}
-        }
-        if UNSUPPORTED_QUEUE_ARGUMENTS.contains(&key_text.as_str()) {
-            return Err(AmqpError::not_implemented(format!("queue argument '{key_text}' is not supported by Lepus yet")));
-        }
+/// Checks the value of one queue.declare argument whose meaning does not depend on the queue's
+/// type, with RabbitMQ's 406 texts. Which arguments a type takes at all is the server's to decide.
+pub fn check_queue_argument(key: &str, value: &FieldValue, queue: &ShortStr, vhost: &str) -> Result<(), AmqpError> {
+    match key {
+        "x-max-length" => match value.as_i64() {
+            Some(limit) if limit >= 0 => Ok(()),
+            Some(limit) => Err(invalid_argument(key, queue, vhost, format!("{{value_negative,{limit}}}"))),
+            None => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
+        },
+        "x-message-ttl" => match value.as_i64() {
+            Some(ttl) if ttl >= 0 => Ok(()),
+            Some(ttl) => Err(invalid_argument(key, queue, vhost, format!("{{value_negative,{ttl}}}"))),
+            None => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
+        },
+        "x-overflow" => match value.as_text().as_deref() {
+            Some("drop-head" | "reject-publish" | "reject-publish-dlx") => Ok(()),
+            Some(other) => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_value,<<\"{other}\">>}}"))),
+            None => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
+        },
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The AMQP type name RabbitMQ reports for a value of the wrong type.

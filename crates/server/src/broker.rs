@@ -3,19 +3,17 @@
 
 use crate::auth::{Permission, Permissions, User, Users};
 use crate::config::ServerConfig;
-use crate::outbound::{ConnectionShared, ConsumerHandle, Outbound};
 use crate::policy::Policy;
-use crate::queue_runtime::{Pager, QueueRuntime};
+use crate::queue_type::{capabilities, ClassicStorage, ClassicStorageError, Queue};
+use crate::shared::{ConnectionShared, ConsumerHandle, Outbound};
 use crate::vhost_limits::{VhostLimit, VhostLimits};
 use amqp_codec::{encode_method_frame, BasicCancel, Method, ShortStr};
 use broker_core::exchange::{Binding, Destination, Exchange, ExchangeKind};
-use broker_core::queue::QueueState;
-use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType, Vhost};
+use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, Vhost};
 use broker_core::AmqpError;
 use bytes::BytesMut;
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use storage::definitions::{
@@ -23,14 +21,11 @@ use storage::definitions::{
     QueueRecord, UserRecord, VhostRecord,
 };
 use storage::definitions_state::{ControlPlaneRecord, DefinitionChange};
-use storage::queue_log::QueueLog;
 use storage::syncer::Syncer;
+use storage::StorageError;
 
-/// A file written after a graceful shutdown flushed every log; its absence at start means a crash.
-const CLEAN_SHUTDOWN_MARKER: &str = "clean-shutdown";
-
-/// A queue handle as the topology holds it.
-pub type QueueHandle = Arc<QueueRuntime>;
+/// A queue handle as the topology holds it: any queue type, behind the seam.
+pub type QueueHandle = Queue;
 
 /// A vhost's topology, shared by the connections that opened it. A connection keeps its vhost's
 /// topology for its life, so the publish path takes no broker-wide lock to find it.
@@ -107,32 +102,56 @@ pub struct Broker {
     connections: Mutex<HashMap<u64, Arc<ConnectionShared>>>,
 }
 
-/// Replays the node journal the previous run left into the queue segments (before any queue log
-/// is opened), then starts a new journal file.
-fn replay_journal(data_dir: &std::path::Path) -> Result<storage::journal::Journal, String> {
-    let (mut journal, entries) = storage::journal::Journal::open(&data_dir.join("journal")).map_err(|error| error.to_string())?;
-    if !entries.is_empty() {
-        let replayed = storage::journal::replay(&data_dir.join("queues"), &entries, storage::queue_log::is_past_every_segment)
-            .map_err(|error| error.to_string())?;
-        tracing::info!(applied = replayed.applied, skipped = replayed.skipped, "replayed the journal into the queue segments");
-    }
-    journal.start_new_file().map_err(|error| error.to_string())?;
-    Ok(journal)
+/// Why the broker could not open its data directory or recover from it. Each names the file or
+/// the queue it concerns; the listener reports it and the start stops.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    /// A file or directory of the data directory could not be made, read or removed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The journal, the definitions or a queue log could not be read or replayed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// A queue's log could not be recovered.
+    #[error(transparent)]
+    QueueLog(#[from] ClassicStorageError),
+    /// The definitions name a queue of a type this build does not run.
+    #[error("{file}: queue '{queue}' in vhost '{vhost}' is a {queue_type} queue, which Lepus does not run yet")]
+    QueueTypeNotRun {
+        /// The definitions file.
+        file: std::path::PathBuf,
+        /// The queue.
+        queue: String,
+        /// Its vhost.
+        vhost: String,
+        /// Its type's name.
+        queue_type: &'static str,
+    },
 }
 
-fn queue_log_path(data_dir: &std::path::Path, vhost: &str, name: &ShortStr) -> PathBuf {
-    let mut key: Vec<u8> = vhost.as_bytes().to_vec();
-    key.push(0);
-    key.extend_from_slice(name.as_bytes());
-    let hex: String = key.iter().map(|byte| format!("{byte:02x}")).collect();
-    data_dir.join("queues").join(hex)
+/// Replays the node journal the previous run left into the queue segments (before any queue log
+/// is opened), then starts a new journal file.
+fn replay_journal(data_dir: &std::path::Path) -> Result<storage::journal::Journal, StorageError> {
+    let (mut journal, entries) = storage::journal::Journal::open(&data_dir.join("journal"))?;
+    if !entries.is_empty() {
+        let replayed = storage::journal::replay(&data_dir.join("queues"), &entries, storage::queue_log::is_past_every_segment)?;
+        tracing::info!(applied = replayed.applied, skipped = replayed.skipped, "replayed the journal into the queue segments");
+    }
+    journal.start_new_file()?;
+    Ok(journal)
 }
 
 impl Broker {
     /// Opens the data directory, recovers definitions and messages, starts the syncer.
-    pub fn open(config: ServerConfig) -> Result<Arc<Broker>, String> {
-        std::fs::create_dir_all(config.data_dir.join("queues")).map_err(|error| format!("{}: {error}", config.data_dir.display()))?;
-        let (definitions, recovered) = DefinitionsStore::open(&config.data_dir).map_err(|error| error.to_string())?;
+    pub fn open(config: ServerConfig) -> Result<Arc<Broker>, RecoveryError> {
+        std::fs::create_dir_all(config.data_dir.join("queues"))
+            .map_err(|source| RecoveryError::Io { path: config.data_dir.clone(), source })?;
+        let (definitions, recovered) = DefinitionsStore::open(&config.data_dir)?;
         let journal = replay_journal(&config.data_dir)?;
         // Only `--sync always` syncs before confirms; the other policies write segments directly.
         let journaled = config.sync_policy == storage::syncer::SyncPolicy::Always;
@@ -158,12 +177,8 @@ impl Broker {
         Ok(Arc::new(broker))
     }
 
-    fn recover(&mut self, definitions: Definitions) -> Result<(), String> {
-        let marker = self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER);
-        let clean_shutdown = marker.exists();
-        if clean_shutdown {
-            std::fs::remove_file(&marker).map_err(|error| format!("{}: {error}", marker.display()))?;
-        }
+    fn recover(&mut self, definitions: Definitions) -> Result<(), RecoveryError> {
+        let clean_shutdown = storage::take_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir)?;
         {
             let mut vhosts = self.vhosts.write();
             match &definitions.vhosts {
@@ -221,51 +236,7 @@ impl Broker {
         }
         // Logs of queues deleted just before a crash, renamed away but not yet removed.
         storage::queue_log::remove_deleted_logs(&self.config.data_dir.join("queues"));
-        let mut restored_messages = 0usize;
-        for record in &definitions.queues {
-            let Some(vhost) = self.vhost(&record.vhost) else {
-                tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
-                continue;
-            };
-            // Only classic queues can have been declared; a file that says otherwise was written by
-            // another build, and running its queue as classic would break what its type promised.
-            if record.queue_type != QueueType::Classic {
-                return Err(format!(
-                    "{}: queue '{}' in vhost '{}' is a {} queue, which Lepus does not run yet",
-                    self.config.data_dir.join("definitions.json").display(),
-                    record.name,
-                    record.vhost,
-                    record.queue_type.name()
-                ));
-            }
-            let definition = QueueDefinition {
-                name: ShortStr::truncating(record.name.clone()),
-                durable: true,
-                exclusive_owner: None,
-                auto_delete: record.auto_delete,
-                arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
-                queue_type: record.queue_type,
-            };
-            let path = queue_log_path(&self.config.data_dir, &record.vhost, &definition.name);
-            let (mut log, recovery) = QueueLog::open(&path, self.config.segment_bytes_max).map_err(|error| error.to_string())?;
-            if self.journaled {
-                log.use_journal();
-            }
-            for (file, offset) in &recovery.truncated {
-                tracing::error!(file = %file.display(), offset, queue = %definition.name, "recovered the intact part of a damaged segment");
-            }
-            // Recovered messages stay on disk; the queue pages them in as consumers need them. After a
-            // crash the delivered markers may be missing, so every recovered message may have been
-            // delivered: the pager flags them all, as at-least-once allows.
-            let pager = Pager::recovered(&log, &recovery, clean_shutdown);
-            let messages = QueueState::with_paged(recovery.next_position, recovery.live_count);
-            restored_messages += recovery.live_count as usize;
-            let log = Arc::new(Mutex::new(log));
-            self.syncer.watch(log.clone());
-            let queue = QueueRuntime::new(definition.clone(), &record.vhost, Some(log), messages, pager);
-            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
-            vhost.write().restore_queue(definition, queue);
-        }
+        let restored_messages = self.recover_queues(&definitions.queues, clean_shutdown)?;
         for record in &definitions.bindings {
             let Some(vhost) = self.vhost(&record.vhost) else {
                 tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
@@ -294,6 +265,51 @@ impl Broker {
         Ok(())
     }
 
+    /// Recovers the durable queues with their messages; returns how many messages they hold.
+    fn recover_queues(&self, records: &[QueueRecord], clean_shutdown: bool) -> Result<u64, RecoveryError> {
+        let storage = self.classic_storage();
+        let mut restored_messages = 0;
+        for record in records {
+            let Some(vhost) = self.vhost(&record.vhost) else {
+                tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
+                continue;
+            };
+            // A file that names a type this build does not run was written by another build, and
+            // running its queue as another type would break what its type promised.
+            if !capabilities(record.queue_type).implemented {
+                return Err(RecoveryError::QueueTypeNotRun {
+                    file: self.config.data_dir.join("definitions.json"),
+                    queue: record.name.clone(),
+                    vhost: record.vhost.clone(),
+                    queue_type: record.queue_type.name(),
+                });
+            }
+            let definition = QueueDefinition {
+                name: ShortStr::truncating(record.name.clone()),
+                durable: true,
+                exclusive_owner: None,
+                auto_delete: record.auto_delete,
+                arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
+                queue_type: record.queue_type,
+            };
+            let (queue, messages) = storage.recover(&definition, &record.vhost, clean_shutdown)?;
+            restored_messages += messages;
+            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
+            vhost.write().restore_queue(definition, queue);
+        }
+        Ok(restored_messages)
+    }
+
+    /// Where classic queues keep their logs.
+    fn classic_storage(&self) -> ClassicStorage<'_> {
+        ClassicStorage {
+            data_dir: &self.config.data_dir,
+            segment_bytes_max: self.config.segment_bytes_max,
+            journaled: self.journaled,
+            syncer: &self.syncer,
+        }
+    }
+
     /// Writes and syncs every queue log (graceful shutdown), so acks and unconfirmed publishes
     /// buffered in memory are not lost.
     pub fn flush_all(&self) {
@@ -303,7 +319,7 @@ impl Broker {
             let logs: Vec<_> = self
                 .topologies()
                 .iter()
-                .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.log.clone()).collect::<Vec<_>>())
+                .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.durable_log().cloned()).collect::<Vec<_>>())
                 .collect();
             if !self.syncer.checkpoint(logs) {
                 tracing::error!("the final checkpoint failed; the next start replays the journal");
@@ -315,7 +331,7 @@ impl Broker {
         if let Err(error) = self.definitions.compact() {
             tracing::error!(%error, "compacting the definitions log at shutdown failed; the next start replays it");
         }
-        if let Err(error) = storage::write_atomically(&self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER), b"") {
+        if let Err(error) = storage::write_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir) {
             tracing::error!(%error, "writing the clean-shutdown marker failed");
         }
     }
@@ -323,13 +339,13 @@ impl Broker {
     fn flush_all_unjournaled(&self) {
         for (_, vhost) in self.topologies() {
             for entry in vhost.read().queues() {
-                let Some(log) = &entry.handle.log else {
+                let Some(log) = entry.handle.durable_log() else {
                     continue;
                 };
-                let written = log.lock().write_pending().map(|written| written.sync_now);
+                let written = log.lock().write_pending(storage::queue_log::SyncDue::Now).map(|written| written.sync_now);
                 let synced = written
                     .map_err(|error| error.to_string())
-                    .and_then(|files| files.iter().try_for_each(|file| file.sync_data()).map_err(|error| error.to_string()));
+                    .and_then(|files| files.iter().try_for_each(|file| file.sync()).map_err(|error| error.to_string()));
                 if let Err(error) = synced {
                     tracing::error!(%error, "writing or syncing a queue log at shutdown failed");
                 }
@@ -704,11 +720,7 @@ impl Broker {
         server_named: bool,
         connection_id: u64,
     ) -> Result<(ShortStr, u32, u32), AmqpError> {
-        let data_dir = self.config.data_dir.clone();
-        let segment_bytes_max = self.config.segment_bytes_max;
-        let journaled = self.journaled;
-        let syncer = &self.syncer;
-        let mut log_error = None;
+        let storage = self.classic_storage();
         let topology = self.topology(vhost_name)?;
         let queue_bound = self.vhost_bound(vhost_name, VhostLimit::MaxQueues);
         let (queue, created, ticket) = {
@@ -717,39 +729,17 @@ impl Broker {
                 check_queue_limit(&vhost, &definition, passive, server_named, bound)?;
             }
             let (entry, created) = vhost.declare_queue(definition, passive, server_named, connection_id, |definition| {
-                let log = if definition.durable && definition.exclusive_owner.is_none() {
-                    let path = queue_log_path(&data_dir, vhost_name, &definition.name);
-                    // A queue declared anew starts with an empty log, whatever an older queue of
-                    // the same name left behind.
-                    let _ = std::fs::remove_dir_all(&path);
-                    match QueueLog::open(&path, segment_bytes_max) {
-                        Ok((mut log, _)) => {
-                            if journaled {
-                                log.use_journal();
-                            }
-                            let log = Arc::new(Mutex::new(log));
-                            syncer.watch(log.clone());
-                            Some(log)
-                        }
-                        Err(error) => {
-                            log_error = Some(error.to_string());
-                            None
-                        }
-                    }
-                } else {
-                    None
-                };
-                QueueRuntime::new(definition.clone(), vhost_name, log, QueueState::new(0), None)
+                capabilities(definition.queue_type).check_declare(definition, vhost_name)?;
+                storage.create(definition, vhost_name).map_err(|error| {
+                    tracing::error!(%error, "creating a queue log failed");
+                    AmqpError::internal(format!("could not create the queue's log: {error}"))
+                })
             })?;
-            let stored = created && log_error.is_none() && entry.definition.durable && entry.definition.exclusive_owner.is_none();
+            // A queue whose log could not be made was refused above, and is not in the topology.
+            let stored = created && entry.definition.durable && entry.definition.exclusive_owner.is_none();
             let ticket = stored.then(|| self.submit_definition(DefinitionChange::PutQueue(queue_record(vhost_name, &entry.definition))));
             (entry.handle.clone(), created, ticket)
         };
-        if let Some(error) = log_error {
-            tracing::error!(%error, "creating a queue log failed");
-            self.remove_queue(vhost_name, queue.name());
-            return Err(AmqpError::internal(format!("could not create the queue's log: {error}")));
-        }
         if created {
             queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
         }

@@ -3,8 +3,8 @@
 //! needs one at a time and copies out, so listing never holds up the message path for long.
 
 use crate::broker::Broker;
-use crate::outbound::SessionInfo;
-use crate::queue_runtime::{ConsumerView, QueueSnapshot};
+use crate::queue_type::{ConfirmTickets, ConsumerView, PublishOutcome, QueueSnapshot};
+use crate::shared::SessionInfo;
 use amqp_codec::FieldTable;
 use broker_core::exchange::Destination;
 use broker_core::vhost::QueueType;
@@ -133,7 +133,7 @@ impl Broker {
         for (vhost_name, topology) in self.topologies() {
             let handles: Vec<_> = topology.read().queues().map(|entry| entry.handle.clone()).collect();
             for queue in handles {
-                let definition = &queue.definition;
+                let definition = queue.definition();
                 queues.push(QueueInfo {
                     vhost: vhost_name.clone(),
                     name: definition.name.to_string_lossy(),
@@ -270,15 +270,14 @@ pub struct GotMessage {
 pub struct Published {
     /// Whether at least one queue took it.
     pub routed: bool,
-    /// The queue logs to sync before the message is safe (persistent messages to durable queues).
-    pub logs: Vec<storage::syncer::SharedLog>,
+    /// What the message's confirm would wait for (its queues' tickets).
+    pub tickets: ConfirmTickets,
 }
 
 impl Broker {
     /// Routes a message from the broker itself (management API publish) through `exchange` ("" is
     /// the default exchange) into its queues, as a client's basic.publish would.
     pub fn publish_message(&self, vhost: &str, message: broker_core::Message) -> Result<Published, broker_core::AmqpError> {
-        use crate::queue_runtime::Enqueued;
         let Some(topology) = self.vhost(vhost) else {
             return Err(broker_core::AmqpError::not_allowed(format!("vhost '{vhost}' not found")));
         };
@@ -290,15 +289,15 @@ impl Broker {
             let mut headers = || message.header.properties().ok().and_then(|properties| properties.headers);
             topology.route(&message.exchange, &message.routing_key, &mut headers, &mut queues);
         }
-        let mut published = Published { routed: false, logs: Vec::new() };
+        let mut published = Published { routed: false, tickets: ConfirmTickets::default() };
         for queue in &queues {
             match queue.publish(message.clone()) {
-                Enqueued::Logged(log) => {
+                PublishOutcome::Accepted(ticket) => {
                     published.routed = true;
-                    published.logs.push(log);
+                    published.tickets.add(ticket);
                 }
-                Enqueued::InMemory => published.routed = true,
-                Enqueued::Rejected => {}
+                PublishOutcome::Dropped => published.routed = true,
+                PublishOutcome::Rejected => {}
             }
         }
         Ok(published)
@@ -308,7 +307,7 @@ impl Broker {
     /// then either settles them (`requeue == false`) or puts them back, marked redelivered. The
     /// messages are all taken before any is requeued, so one call never returns a message twice.
     pub fn get_messages(&self, vhost: &str, queue: &str, count: usize, requeue: bool) -> Result<Vec<GotMessage>, broker_core::AmqpError> {
-        use crate::outbound::{ChannelShared, ConnectionShared, Outbound};
+        use crate::shared::{ChannelShared, ConnectionShared, Outbound};
         let Some(topology) = self.vhost(vhost) else {
             return Err(broker_core::AmqpError::not_allowed(format!("vhost '{vhost}' not found")));
         };
@@ -345,7 +344,7 @@ impl Broker {
         let positions: Vec<u64> =
             std::mem::take(&mut channel.ledger.lock().unacked).into_values().map(|unacked| unacked.position).collect();
         if !positions.is_empty() {
-            handle.finish_deliveries(&positions, requeue);
+            handle.settle(&positions, requeue);
         }
         Ok(got)
     }

@@ -23,8 +23,8 @@ pub enum StartError {
     #[error("starting the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
     /// The TLS certificate or key files are unusable (the message names the file).
-    #[error("{0}")]
-    Tls(String),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsConfigError),
     /// Another process holds the data directory, or its lock file cannot be written.
     #[error(transparent)]
     DataDirectory(#[from] DataDirLockError),
@@ -39,8 +39,8 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// Opening the data directory or recovering from it failed (the message names the file).
-    #[error("{0}")]
-    Recovery(String),
+    #[error(transparent)]
+    Recovery(#[from] crate::broker::RecoveryError),
     /// The SIGTERM handler could not be installed.
     #[error("handling SIGTERM: {0}")]
     Signal(#[source] std::io::Error),
@@ -130,14 +130,14 @@ async fn bind_optional(config: &ServerConfig, listener: ListenerKind, port: u16)
 /// Locks and opens the data directory, listens, and serves until SIGINT or SIGTERM.
 pub fn run(config: ServerConfig) -> Result<(), StartError> {
     // Bad TLS files stop the start here, before the data directory is locked or a port taken.
-    let tls = crate::tls::load(&config).map_err(StartError::Tls)?;
+    let tls = crate::tls::load(&config)?;
     // Taken before anything in the directory is read, and held until this function returns
     // (declared before the runtime, so dropped after it and after the final flush).
     let _data_dir_lock = DataDirLock::acquire(&config.data_dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(StartError::Runtime)?;
     runtime.block_on(async move {
         let listeners = Listeners::bind_all(&config, tls.as_ref()).await?;
-        let broker = Broker::open(config.clone()).map_err(StartError::Recovery)?;
+        let broker = Broker::open(config.clone())?;
         serve(broker, listeners).await
     })
 }

@@ -11,10 +11,11 @@ mod listener;
 mod login_throttle;
 mod management;
 mod metrics;
-mod outbound;
 mod policy;
 mod queue_runtime;
+mod queue_type;
 mod settings;
+mod shared;
 mod tls;
 mod vhost_limits;
 

@@ -18,8 +18,8 @@
 //! clone drops), so descriptors in use can exceed the bound by the number of threads doing file
 //! I/O at that moment; the reserve of [`open_segment_files_max`] covers them.
 
+use crate::file_system::{self, OpenMode, SharedFileSystem, StorageFile};
 use parking_lot::Mutex;
-use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,7 +76,7 @@ const NONE: u32 = u32::MAX;
 
 #[derive(Debug)]
 struct Slot {
-    file: Option<Arc<File>>,
+    file: Option<Arc<dyn StorageFile>>,
     /// Bumped whenever the slot's file is closed, so older handles miss.
     generation: u64,
     /// The LRU list: towards the most recently used, and towards the least.
@@ -105,6 +105,8 @@ pub struct FileCacheStats {
 /// A bounded set of open files, least recently used closed first.
 pub struct FileCache {
     capacity: usize,
+    /// Where the files are opened.
+    file_system: SharedFileSystem,
     slots: Mutex<Slots>,
     stats: FileCacheStats,
 }
@@ -120,11 +122,21 @@ impl std::fmt::Debug for FileCache {
 static NODE_CACHE: OnceLock<Arc<FileCache>> = OnceLock::new();
 
 impl FileCache {
-    /// A cache holding at most `capacity` open files (at least one).
+    /// A cache holding at most `capacity` open files (at least one) of the real disk.
     pub fn new(capacity: usize) -> Arc<FileCache> {
+        FileCache::with_file_system(capacity, file_system::real())
+    }
+
+    /// A cache holding at most `capacity` open files (at least one) of `file_system`.
+    pub fn with_file_system(capacity: usize, file_system: SharedFileSystem) -> Arc<FileCache> {
         let capacity = capacity.clamp(1, NONE as usize);
         let slots = Slots { slots: Vec::new(), free: Vec::new(), newest: NONE, oldest: NONE };
-        Arc::new(FileCache { capacity, slots: Mutex::new(slots), stats: FileCacheStats::default() })
+        Arc::new(FileCache { capacity, file_system, slots: Mutex::new(slots), stats: FileCacheStats::default() })
+    }
+
+    /// The file system its files are opened in (and which the logs using it reach the disk through).
+    pub fn file_system(&self) -> &SharedFileSystem {
+        &self.file_system
     }
 
     /// The node's cache, bounded by [`open_segment_files_max`].
@@ -150,7 +162,7 @@ impl FileCache {
 
     /// The file behind `handle`, if the cache still holds it; marks it most recently used.
     #[inline]
-    pub fn get(&self, handle: FileHandle) -> Option<Arc<File>> {
+    pub fn get(&self, handle: FileHandle) -> Option<Arc<dyn StorageFile>> {
         let mut slots = self.slots.lock();
         let slot = slots.slots.get(handle.slot as usize)?;
         if slot.generation != handle.generation {
@@ -164,20 +176,19 @@ impl FileCache {
         Some(file)
     }
 
-    /// Opens `path` with `options` into the cache, closing the least recently used file if it is
+    /// Opens `path` as `mode` says into the cache, closing the least recently used file if it is
     /// full. When the process is out of descriptors (`EMFILE`, `ENFILE`), closes half of the
     /// cached files and tries once more, so a descriptor taken elsewhere does not fail a write
     /// the cache can make room for.
-    pub fn open(&self, path: &Path, options: &OpenOptions) -> io::Result<(FileHandle, Arc<File>)> {
-        let file = match options.open(path) {
+    pub fn open(&self, path: &Path, mode: OpenMode) -> io::Result<(FileHandle, Arc<dyn StorageFile>)> {
+        let file = match self.file_system.open(path, mode) {
             Err(error) if is_out_of_descriptors(&error) => {
                 self.evict((self.open_files() / 2).max(1));
-                options.open(path)?
+                self.file_system.open(path, mode)?
             }
             opened => opened?,
         };
         self.stats.opens.fetch_add(1, Ordering::Relaxed);
-        let file = Arc::new(file);
         Ok((self.insert(file.clone()), file))
     }
 
@@ -194,7 +205,7 @@ impl FileCache {
         drop(closed);
     }
 
-    fn insert(&self, file: Arc<File>) -> FileHandle {
+    fn insert(&self, file: Arc<dyn StorageFile>) -> FileHandle {
         let mut closed = None;
         let handle = {
             let mut slots = self.slots.lock();
@@ -238,7 +249,7 @@ impl FileCache {
 
 impl Slots {
     /// Takes the file out of an occupied slot, invalidating its handles; the caller drops it.
-    fn release(&mut self, index: u32) -> Option<Arc<File>> {
+    fn release(&mut self, index: u32) -> Option<Arc<dyn StorageFile>> {
         self.unlink(index);
         let slot = &mut self.slots[index as usize];
         let file = slot.file.take();
@@ -289,8 +300,6 @@ pub fn is_out_of_descriptors(error: &io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
-    use std::os::unix::fs::FileExt;
     use std::path::PathBuf;
 
     fn temporary_dir(name: &str) -> PathBuf {
@@ -300,10 +309,8 @@ mod tests {
         dir
     }
 
-    fn read_write() -> OpenOptions {
-        let mut options = OpenOptions::new();
-        options.create(true).truncate(false).read(true).write(true);
-        options
+    fn read_write() -> OpenMode {
+        OpenMode::CreateReadWrite
     }
 
     fn open_descriptors() -> usize {
@@ -315,10 +322,10 @@ mod tests {
         let dir = temporary_dir("lru");
         let cache = FileCache::new(3);
         let handles: Vec<FileHandle> =
-            (0..3).map(|index| cache.open(&dir.join(format!("{index}")), &read_write()).expect("open").0).collect();
+            (0..3).map(|index| cache.open(&dir.join(format!("{index}")), read_write()).expect("open").0).collect();
         // Touch 0, so 1 is now the least recently used.
         assert!(cache.get(handles[0]).is_some());
-        let (fourth, _) = cache.open(&dir.join("3"), &read_write()).expect("open");
+        let (fourth, _) = cache.open(&dir.join("3"), read_write()).expect("open");
         assert_eq!(cache.open_files(), 3);
         assert!(cache.get(handles[1]).is_none(), "the least recently used file was kept");
         assert!(cache.get(handles[0]).is_some());
@@ -331,9 +338,9 @@ mod tests {
     fn a_reused_slot_does_not_answer_an_old_handle() {
         let dir = temporary_dir("generation");
         let cache = FileCache::new(1);
-        let (first, file) = cache.open(&dir.join("a"), &read_write()).expect("open");
+        let (first, file) = cache.open(&dir.join("a"), read_write()).expect("open");
         file.write_all_at(b"a", 0).expect("write");
-        let (second, _) = cache.open(&dir.join("b"), &read_write()).expect("open");
+        let (second, _) = cache.open(&dir.join("b"), read_write()).expect("open");
         assert_eq!(first.slot, second.slot, "one slot, reused");
         assert!(cache.get(first).is_none(), "a stale handle reached another file");
         let mut contents = [0u8; 1];
@@ -353,8 +360,8 @@ mod tests {
         let before = open_descriptors();
         let mut handles = Vec::new();
         for index in 0..500 {
-            let (handle, file) = cache.open(&dir.join(format!("{index}")), &read_write()).expect("open");
-            (&*file).write_all(b"x").expect("write");
+            let (handle, file) = cache.open(&dir.join(format!("{index}")), read_write()).expect("open");
+            file.write_all_at(b"x", 0).expect("write");
             handles.push(handle);
         }
         drop(handles);

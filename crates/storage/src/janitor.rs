@@ -12,9 +12,8 @@
 //! spare a log asked for, at most one per log at a time), so the queue is bounded by what the
 //! logs hold, not by the message rate.
 
+use crate::file_system::{OpenMode, SharedFileSystem};
 use parking_lot::Mutex;
-use std::fs::OpenOptions;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, OnceLock};
@@ -44,9 +43,9 @@ pub(crate) struct SparePool {
 pub(crate) type SharedSpares = Arc<Mutex<SparePool>>;
 
 enum Job {
-    Unlink(PathBuf),
-    RemoveDirectory(PathBuf),
-    PrepareSpare { spares: SharedSpares, directory: PathBuf, bytes: u64 },
+    Unlink(SharedFileSystem, PathBuf),
+    RemoveDirectory(SharedFileSystem, PathBuf),
+    PrepareSpare { spares: SharedSpares, file_system: SharedFileSystem, directory: PathBuf, bytes: u64 },
     Barrier(Sender<()>),
 }
 
@@ -75,41 +74,41 @@ fn submit(job: Job) {
 
 fn run(job: Job) {
     match job {
-        Job::Unlink(path) => {
-            if let Err(error) = std::fs::remove_file(&path) {
+        Job::Unlink(file_system, path) => {
+            if let Err(error) = file_system.remove_file(&path) {
                 if error.kind() != std::io::ErrorKind::NotFound {
                     tracing::error!(file = %path.display(), %error, "deleting a settled segment failed");
                 }
             }
         }
-        Job::RemoveDirectory(path) => {
-            if let Err(error) = std::fs::remove_dir_all(&path) {
+        Job::RemoveDirectory(file_system, path) => {
+            if let Err(error) = file_system.remove_dir_all(&path) {
                 if error.kind() != std::io::ErrorKind::NotFound {
                     tracing::error!(directory = %path.display(), %error, "removing a deleted queue's log failed");
                 }
             }
         }
-        Job::PrepareSpare { spares, directory, bytes } => prepare_spare(&spares, &directory, bytes),
+        Job::PrepareSpare { spares, file_system, directory, bytes } => prepare_spare(&spares, &file_system, &directory, bytes),
         Job::Barrier(done) => {
             let _ = done.send(());
         }
     }
 }
 
-/// Deletes `path` in the background.
-pub fn unlink(path: PathBuf) {
-    submit(Job::Unlink(path));
+/// Deletes `path` of `file_system` in the background.
+pub fn unlink(file_system: SharedFileSystem, path: PathBuf) {
+    submit(Job::Unlink(file_system, path));
 }
 
-/// Removes the directory `path` and everything in it in the background.
-pub fn remove_directory(path: PathBuf) {
-    submit(Job::RemoveDirectory(path));
+/// Removes the directory `path` of `file_system` and everything in it in the background.
+pub fn remove_directory(file_system: SharedFileSystem, path: PathBuf) {
+    submit(Job::RemoveDirectory(file_system, path));
 }
 
 /// Prepares a zero-filled spare of `bytes` in `directory` for the pool `spares`. The caller sets
 /// `preparing` first.
-pub(crate) fn request_spare(spares: SharedSpares, directory: PathBuf, bytes: u64) {
-    submit(Job::PrepareSpare { spares, directory, bytes });
+pub(crate) fn request_spare(spares: SharedSpares, file_system: SharedFileSystem, directory: PathBuf, bytes: u64) {
+    submit(Job::PrepareSpare { spares, file_system, directory, bytes });
 }
 
 /// Waits until every job submitted before the call has run.
@@ -127,26 +126,26 @@ pub fn wait_idle() {
 /// first write into each one is a metadata change that the next fdatasync has to commit. Measured
 /// on this project's ext4 test machine (32 KiB pwrite + fdatasync, 8 MiB file, p50): appending to
 /// a fresh file 43-60 us, into a fallocated file 46 us, into a zero-filled file 31 us.
-fn prepare_spare(spares: &SharedSpares, directory: &Path, bytes: u64) {
+fn prepare_spare(spares: &SharedSpares, file_system: &SharedFileSystem, directory: &Path, bytes: u64) {
     let prepared = (|| -> std::io::Result<Option<PathBuf>> {
         if spares.lock().closed {
             return Ok(None);
         }
         let nonce: u64 = rand::random();
         let path = directory.join(format!("{nonce:016x}.{PREPARING_SUFFIX}"));
-        let file = OpenOptions::new().write(true).create_new(true).open(&path)?;
+        let file = file_system.open(&path, OpenMode::CreateNew)?;
         let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES.min(bytes as usize)];
         let mut written = 0u64;
         while written < bytes {
             let count = (bytes - written).min(zeros.len() as u64) as usize;
             if let Err(error) = file.write_all_at(&zeros[..count], written) {
-                let _ = std::fs::remove_file(&path);
+                let _ = file_system.remove_file(&path);
                 return Err(error);
             }
             written += count as u64;
         }
         if let Err(error) = file.sync_data() {
-            let _ = std::fs::remove_file(&path);
+            let _ = file_system.remove_file(&path);
             return Err(error);
         }
         Ok(Some(path))
@@ -158,12 +157,12 @@ fn prepare_spare(spares: &SharedSpares, directory: &Path, bytes: u64) {
             let spare = path.with_extension(SPARE_SUFFIX);
             // Renamed under the pool's lock, so a log deleted meanwhile never gets a file back and
             // the pool never exceeds its bound.
-            let kept = !pool.closed && pool.files.len() < RECYCLED_SEGMENTS_MAX && std::fs::rename(&path, &spare).is_ok();
+            let kept = !pool.closed && pool.files.len() < RECYCLED_SEGMENTS_MAX && file_system.rename(&path, &spare).is_ok();
             if kept {
                 pool.files.push(spare);
             } else {
                 drop(pool);
-                let _ = std::fs::remove_file(&path);
+                let _ = file_system.remove_file(&path);
             }
         }
         Ok(None) => {}

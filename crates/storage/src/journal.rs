@@ -20,12 +20,9 @@
 //! `target` is the segment's path relative to the data directory.
 
 use crate::file_cache::{open_segment_files_max, FileCache, FileHandle};
-use crate::file_sync::{DirectSync, FileSync};
+use crate::file_system::{self, FileSystem, OpenMode, SharedFileSystem, StorageFile};
 use crate::StorageError;
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -57,11 +54,11 @@ pub struct JournalEntry {
     pub payload: Vec<u8>,
 }
 
-/// The journal being written, reaching fdatasync through `S` (see [`crate::file_sync`]).
+/// The journal being written, reaching the disk through its [`FileSystem`].
 #[derive(Debug)]
-pub struct Journal<S: FileSync = DirectSync> {
+pub struct Journal {
     directory: PathBuf,
-    file: File,
+    file: Arc<dyn StorageFile>,
     path: PathBuf,
     sequence: u64,
     /// Bytes written to the current file (the next entry's offset).
@@ -70,7 +67,7 @@ pub struct Journal<S: FileSync = DirectSync> {
     pending: Vec<u8>,
     /// The size at which the current file asks for a checkpoint ([`JOURNAL_BYTES_MAX`] unless set).
     checkpoint_bytes: u64,
-    sync: S,
+    file_system: SharedFileSystem,
 }
 
 fn file_name(sequence: u64) -> String {
@@ -82,14 +79,12 @@ fn checksum(sequence: u64, bytes: &[u8]) -> u32 {
 }
 
 /// The journal files in `directory`, oldest first, with their sequence numbers.
-fn journal_files(directory: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
+fn journal_files(file_system: &dyn FileSystem, directory: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
     let mut files = Vec::new();
-    let entries = std::fs::read_dir(directory).map_err(|error| StorageError::io(directory, error))?;
-    for entry in entries {
-        let entry = entry.map_err(|error| StorageError::io(directory, error))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
+    let names = file_system.list_directory(directory).map_err(|error| StorageError::io(directory, error))?;
+    for name in names {
         if let Some(sequence) = name.strip_suffix(SUFFIX).and_then(|stem| stem.parse::<u64>().ok()) {
-            files.push((sequence, entry.path()));
+            files.push((sequence, directory.join(&name)));
         }
     }
     files.sort();
@@ -100,23 +95,26 @@ impl Journal {
     /// Opens the journal directory: returns the entries left by the previous run (to [`replay`]
     /// before anything else writes segments) and a journal that writes a new file after them.
     pub fn open(directory: &Path) -> Result<(Journal, Vec<JournalEntry>), StorageError> {
-        Journal::open_with_sync(directory, DirectSync)
+        Journal::open_in(file_system::real(), directory)
     }
-}
 
-impl<S: FileSync> Journal<S> {
-    /// [`Journal::open`], with the journal's syncs going through `sync`.
-    pub fn open_with_sync(directory: &Path, sync: S) -> Result<(Journal<S>, Vec<JournalEntry>), StorageError> {
-        std::fs::create_dir_all(directory).map_err(|error| StorageError::io(directory, error))?;
+    /// [`Journal::open`] in `file_system`.
+    pub fn open_in(file_system: SharedFileSystem, directory: &Path) -> Result<(Journal, Vec<JournalEntry>), StorageError> {
+        let created = !file_system.exists(directory);
+        file_system.create_dir_all(directory).map_err(|error| StorageError::io(directory, error))?;
+        if let (true, Some(parent)) = (created, directory.parent()) {
+            // Else a power cut can take the new directory, and every journal file in it, away.
+            sync_directory(&*file_system, parent)?;
+        }
         let mut entries = Vec::new();
-        let files = journal_files(directory)?;
+        let files = journal_files(&*file_system, directory)?;
         for (sequence, path) in &files {
-            read_entries(path, *sequence, &mut entries)?;
+            read_entries(&*file_system, path, *sequence, &mut entries)?;
         }
         let sequence = files.last().map_or(1, |(sequence, _)| sequence + 1);
         let path = directory.join(file_name(sequence));
-        let file = OpenOptions::new().create_new(true).write(true).open(&path).map_err(|error| StorageError::io(&path, error))?;
-        sync_directory(directory, &sync)?;
+        let file = file_system.open(&path, OpenMode::CreateNew).map_err(|error| StorageError::io(&path, error))?;
+        sync_directory(&*file_system, directory)?;
         let journal = Journal {
             directory: directory.to_path_buf(),
             file,
@@ -125,7 +123,7 @@ impl<S: FileSync> Journal<S> {
             written_bytes: 0,
             pending: Vec::new(),
             checkpoint_bytes: JOURNAL_BYTES_MAX,
-            sync,
+            file_system,
         };
         Ok((journal, entries))
     }
@@ -164,7 +162,7 @@ impl<S: FileSync> Journal<S> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let written = self.file.write_all_at(&self.pending, self.written_bytes).and_then(|()| self.sync.sync_data(&self.file));
+        let written = self.file.write_all_at(&self.pending, self.written_bytes).and_then(|()| self.file.sync_data());
         if let Err(error) = written {
             let _ = self.file.set_len(self.written_bytes);
             return Err(StorageError::io(&self.path, error));
@@ -183,7 +181,7 @@ impl<S: FileSync> Journal<S> {
     /// journal file and deletes the older ones, whose writes are all on disk now.
     pub fn start_new_file(&mut self) -> Result<(), StorageError> {
         let sequence = self.rotate()?;
-        remove_files_before(&self.directory, sequence, &self.sync)
+        remove_files_before(&*self.file_system, &self.directory, sequence)
     }
 
     /// Starts a new journal file (a spare when one is ready) and keeps the older ones: a
@@ -193,12 +191,11 @@ impl<S: FileSync> Journal<S> {
         assert!(self.pending.is_empty(), "a checkpoint follows a written batch");
         let sequence = self.sequence + 1;
         let path = self.directory.join(file_name(sequence));
-        if let Some(spare) = spare_files(&self.directory)?.into_iter().next() {
-            std::fs::rename(&spare, &path).map_err(|error| StorageError::io(&spare, error))?;
+        if let Some(spare) = spare_files(&*self.file_system, &self.directory)?.into_iter().next() {
+            self.file_system.rename(&spare, &path).map_err(|error| StorageError::io(&spare, error))?;
         }
-        let file =
-            OpenOptions::new().create(true).write(true).truncate(false).open(&path).map_err(|error| StorageError::io(&path, error))?;
-        sync_directory(&self.directory, &self.sync)?;
+        let file = self.file_system.open(&path, OpenMode::CreateReadWrite).map_err(|error| StorageError::io(&path, error))?;
+        sync_directory(&*self.file_system, &self.directory)?;
         self.file = file;
         self.path = path;
         self.sequence = sequence;
@@ -210,35 +207,39 @@ impl<S: FileSync> Journal<S> {
     pub fn directory(&self) -> &Path {
         &self.directory
     }
+
+    /// The file system it writes to.
+    pub fn file_system(&self) -> &SharedFileSystem {
+        &self.file_system
+    }
 }
 
 /// Retires the journal files older than `sequence` (their segments are synced): kept as spares
 /// for [`Journal::rotate`] up to [`JOURNAL_SPARES_MAX`], deleted beyond. Then syncs the directory.
-pub fn remove_files_before(directory: &Path, sequence: u64, sync: &impl FileSync) -> Result<(), StorageError> {
-    let mut spares = spare_files(directory)?.len();
-    for (old_sequence, old_path) in journal_files(directory)? {
+pub fn remove_files_before(file_system: &dyn FileSystem, directory: &Path, sequence: u64) -> Result<(), StorageError> {
+    let mut spares = spare_files(file_system, directory)?.len();
+    for (old_sequence, old_path) in journal_files(file_system, directory)? {
         if old_sequence >= sequence {
             continue;
         }
         if spares < JOURNAL_SPARES_MAX {
             let spare = directory.join(format!("{old_sequence:020}{SPARE_SUFFIX}"));
-            std::fs::rename(&old_path, &spare).map_err(|error| StorageError::io(&old_path, error))?;
+            file_system.rename(&old_path, &spare).map_err(|error| StorageError::io(&old_path, error))?;
             spares += 1;
         } else {
-            std::fs::remove_file(&old_path).map_err(|error| StorageError::io(&old_path, error))?;
+            file_system.remove_file(&old_path).map_err(|error| StorageError::io(&old_path, error))?;
         }
     }
-    sync_directory(directory, sync)
+    sync_directory(file_system, directory)
 }
 
 /// The spare journal files in `directory`.
-fn spare_files(directory: &Path) -> Result<Vec<PathBuf>, StorageError> {
-    let entries = std::fs::read_dir(directory).map_err(|error| StorageError::io(directory, error))?;
+fn spare_files(file_system: &dyn FileSystem, directory: &Path) -> Result<Vec<PathBuf>, StorageError> {
+    let names = file_system.list_directory(directory).map_err(|error| StorageError::io(directory, error))?;
     let mut spares = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|error| StorageError::io(directory, error))?;
-        if entry.file_name().to_string_lossy().ends_with(SPARE_SUFFIX) {
-            spares.push(entry.path());
+    for name in names {
+        if name.ends_with(SPARE_SUFFIX) {
+            spares.push(directory.join(name));
         }
     }
     spares.sort();
@@ -246,15 +247,20 @@ fn spare_files(directory: &Path) -> Result<Vec<PathBuf>, StorageError> {
 }
 
 /// fdatasyncs a directory, so files created, renamed or deleted in it stay so after a power loss.
-pub fn sync_directory(directory: &Path, sync: &impl FileSync) -> Result<(), StorageError> {
-    File::open(directory).and_then(|file| sync.sync_directory(&file)).map_err(|error| StorageError::io(directory, error))
+pub fn sync_directory(file_system: &dyn FileSystem, directory: &Path) -> Result<(), StorageError> {
+    file_system.sync_directory(directory).map_err(|error| StorageError::io(directory, error))
 }
 
 /// Reads the whole entries of one journal file; a torn or corrupt entry ends the file (it was the
 /// batch being written when the process stopped, and was not confirmed).
-fn read_entries(path: &Path, sequence: u64, entries: &mut Vec<JournalEntry>) -> Result<(), StorageError> {
-    let mut bytes = Vec::new();
-    File::open(path).and_then(|mut file| file.read_to_end(&mut bytes)).map_err(|error| StorageError::io(path, error))?;
+fn read_entries(file_system: &dyn FileSystem, path: &Path, sequence: u64, entries: &mut Vec<JournalEntry>) -> Result<(), StorageError> {
+    let bytes = file_system
+        .open(path, OpenMode::Read)
+        .and_then(|file| {
+            let mut bytes = vec![0u8; usize::try_from(file.len()?).unwrap_or(usize::MAX)];
+            file.read_exact_at(&mut bytes, 0).map(|()| bytes)
+        })
+        .map_err(|error| StorageError::io(path, error))?;
     let mut at = 0usize;
     while bytes.len() - at >= ENTRY_HEADER_BYTES {
         let length = u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize;
@@ -304,25 +310,34 @@ pub struct ReplayStats {
 pub fn replay(
     data_directory: &Path,
     entries: &[JournalEntry],
-    is_newer_segment: impl Fn(&Path) -> bool,
+    is_newer_segment: impl Fn(&dyn FileSystem, &Path) -> bool,
 ) -> Result<ReplayStats, StorageError> {
-    replay_with_open_files_max(data_directory, entries, is_newer_segment, open_segment_files_max())
+    replay_in(file_system::real(), data_directory, entries, is_newer_segment)
+}
+
+/// [`replay`] in `file_system`.
+pub fn replay_in(
+    file_system: SharedFileSystem,
+    data_directory: &Path,
+    entries: &[JournalEntry],
+    is_newer_segment: impl Fn(&dyn FileSystem, &Path) -> bool,
+) -> Result<ReplayStats, StorageError> {
+    replay_with_open_files_max(file_system, data_directory, entries, is_newer_segment, open_segment_files_max())
 }
 
 /// [`replay`], holding at most `open_files_max` segment files open at a time.
 fn replay_with_open_files_max(
+    file_system: SharedFileSystem,
     data_directory: &Path,
     entries: &[JournalEntry],
-    is_newer_segment: impl Fn(&Path) -> bool,
+    is_newer_segment: impl Fn(&dyn FileSystem, &Path) -> bool,
     open_files_max: usize,
 ) -> Result<ReplayStats, StorageError> {
-    let cache = FileCache::new(open_files_max);
+    let cache = FileCache::with_file_system(open_files_max, file_system.clone());
     let mut stats = ReplayStats::default();
     // Each segment written, in the order first written, with its file in the cache.
     let mut touched: Vec<PathBuf> = Vec::new();
     let mut handles: HashMap<PathBuf, FileHandle> = HashMap::new();
-    let mut options = OpenOptions::new();
-    options.create(true).write(true).truncate(false);
     for entry in entries {
         let path = data_directory.join(&entry.target);
         let Some(queue_directory) = path.parent() else {
@@ -330,14 +345,16 @@ fn replay_with_open_files_max(
             continue;
         };
         let known = handles.get(&path).copied();
-        if known.is_none() && (!queue_directory.is_dir() || (!path.exists() && !is_newer_segment(&path))) {
+        if known.is_none()
+            && (!file_system.is_dir(queue_directory) || (!file_system.exists(&path) && !is_newer_segment(&*file_system, &path)))
+        {
             stats.skipped += 1;
             continue;
         }
         let file = match known.and_then(|handle| cache.get(handle)) {
             Some(file) => file,
             None => {
-                let (handle, file) = cache.open(&path, &options).map_err(|error| StorageError::io(&path, error))?;
+                let (handle, file) = cache.open(&path, OpenMode::CreateReadWrite).map_err(|error| StorageError::io(&path, error))?;
                 if handles.insert(path.clone(), handle).is_none() {
                     touched.push(path.clone());
                 }
@@ -352,7 +369,7 @@ fn replay_with_open_files_max(
         let cached = handles.get(path).and_then(|handle| cache.get(*handle));
         let file = match cached {
             Some(file) => file,
-            None => Arc::new(File::open(path).map_err(|error| StorageError::io(path, error))?),
+            None => file_system.open(path, OpenMode::Read).map_err(|error| StorageError::io(path, error))?,
         };
         file.sync_data().map_err(|error| StorageError::io(path, error))?;
         if let Some(directory) = path.parent() {
@@ -365,7 +382,7 @@ fn replay_with_open_files_max(
     directories.sort_unstable();
     directories.dedup();
     for directory in directories {
-        sync_directory(directory, &DirectSync)?;
+        sync_directory(&*file_system, directory)?;
     }
     Ok(stats)
 }
@@ -396,7 +413,7 @@ mod tests {
         drop(journal);
         let (_journal, entries) = Journal::open(&data.join("journal")).expect("reopen");
         assert_eq!(entries.len(), 3, "the unwritten batch is not there");
-        let stats = replay(&data, &entries, |path| path.ends_with("00000000000000000009.seg")).expect("replay");
+        let stats = replay(&data, &entries, |_, path| path.ends_with("00000000000000000009.seg")).expect("replay");
         assert_eq!(stats, ReplayStats { applied: 2, skipped: 1 });
         assert_eq!(std::fs::read(data.join("queues/q/00000000000000000001.seg")).expect("read"), b"abcdefghi");
         assert_eq!(std::fs::read(data.join("queues/q/00000000000000000009.seg")).expect("read"), b"new");
@@ -425,11 +442,12 @@ mod tests {
         let before = descriptors();
         let highest = std::sync::atomic::AtomicUsize::new(0);
         let stats = replay_with_open_files_max(
+            file_system::real(),
             &data,
             &entries,
             // Asked once per segment, each new (the batch that stopped had just begun it), while
             // the replay holds the segments before it: the moment to count descriptors.
-            |_| {
+            |_, _| {
                 highest.fetch_max(descriptors(), std::sync::atomic::Ordering::Relaxed);
                 true
             },
@@ -462,16 +480,16 @@ mod tests {
         bytes[last] ^= 0xff;
         std::fs::write(&path, &bytes).expect("write");
         let mut entries = Vec::new();
-        read_entries(&path, sequence, &mut entries).expect("read");
+        read_entries(&*file_system::real(), &path, sequence, &mut entries).expect("read");
         assert_eq!(entries.len(), 1, "the flipped entry and what follows are dropped");
         entries.clear();
-        read_entries(&path, sequence + 1, &mut entries).expect("read");
+        read_entries(&*file_system::real(), &path, sequence + 1, &mut entries).expect("read");
         assert!(entries.is_empty(), "entries checksummed for another file's sequence are stale");
         let (mut journal, left) = Journal::open(&directory).expect("reopen");
         assert_eq!(left.len(), 1);
         journal.start_new_file().expect("checkpoint");
-        assert_eq!(journal_files(&directory).expect("list").len(), 1, "older files are retired");
-        assert_eq!(spare_files(&directory).expect("spares").len(), 2, "and kept for reuse (both older files)");
+        assert_eq!(journal_files(&*file_system::real(), &directory).expect("list").len(), 1, "older files are retired");
+        assert_eq!(spare_files(&*file_system::real(), &directory).expect("spares").len(), 2, "and kept for reuse (both older files)");
         let _ = std::fs::remove_dir_all(&data);
     }
 
@@ -486,7 +504,7 @@ mod tests {
         journal.write_and_sync().expect("sync");
         journal.start_new_file().expect("checkpoint: the file becomes a spare");
         journal.start_new_file().expect("rotate into the spare");
-        assert!(spare_files(&directory).expect("spares").len() <= JOURNAL_SPARES_MAX);
+        assert!(spare_files(&*file_system::real(), &directory).expect("spares").len() <= JOURNAL_SPARES_MAX);
         journal.append("new", 0, b"x");
         journal.write_and_sync().expect("sync");
         drop(journal);

@@ -13,17 +13,23 @@
 //!   and only then runs the callbacks that send publisher confirms.
 //! - [`file_cache`]: the node-wide, bounded cache of open segment files (least recently used
 //!   closed first), so an idle queue holds no file descriptor.
-//! - [`file_sync`]: the seam through which the journal, the syncer and its checkpoints fdatasync,
-//!   so tests can record the order of syncs or fail them.
+//! - [`file_system`]: the seam through which all of the above reach the disk (open, positioned
+//!   reads and writes, fdatasync, rename, directory sync, unlink, list), so tests can plug in
+//!   [`memory_file_system`], which loses unsynced writes at a power cut, tears writes, fails
+//!   with ENOSPC or EIO and flips bits.
 
 pub mod data_dir_lock;
 pub mod definitions;
 pub mod definitions_log;
 pub mod definitions_state;
+#[cfg(test)]
+mod fault_tests;
 pub mod file_cache;
-pub mod file_sync;
+pub mod file_system;
 pub mod janitor;
 pub mod journal;
+#[cfg(any(test, feature = "test-support"))]
+pub mod memory_file_system;
 pub mod queue_log;
 pub mod range_set;
 pub mod record;
@@ -74,6 +80,37 @@ impl StorageError {
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> StorageError {
         StorageError::Io { path: path.display().to_string(), source }
     }
+}
+
+/// The file in the data directory that says the previous run shut down cleanly (every delivered
+/// marker written), so recovered messages need not all be flagged redelivered.
+pub const CLEAN_SHUTDOWN_MARKER: &str = "clean-shutdown";
+
+/// Whether the previous run left the clean-shutdown marker; removes it durably before this run
+/// writes anything. Removed without a directory sync, a power cut could bring the marker back,
+/// and the next start would take this run's crash for a clean shutdown and hand out recovered,
+/// already delivered messages without their `redelivered` flag.
+pub fn take_clean_shutdown_marker(
+    file_system: &dyn file_system::FileSystem,
+    data_directory: &std::path::Path,
+) -> Result<bool, StorageError> {
+    let marker = data_directory.join(CLEAN_SHUTDOWN_MARKER);
+    if !file_system.exists(&marker) {
+        return Ok(false);
+    }
+    file_system::remove_durably(file_system, &marker).map_err(|error| StorageError::io(&marker, error))?;
+    Ok(true)
+}
+
+/// Leaves the clean-shutdown marker for the next start, durably (file and directory synced).
+pub fn write_clean_shutdown_marker(
+    file_system: &dyn file_system::FileSystem,
+    data_directory: &std::path::Path,
+) -> Result<(), StorageError> {
+    let marker = data_directory.join(CLEAN_SHUTDOWN_MARKER);
+    let file = file_system.open(&marker, file_system::OpenMode::CreateReadWrite).map_err(|error| StorageError::io(&marker, error))?;
+    file.sync_data().map_err(|error| StorageError::io(&marker, error))?;
+    file_system.sync_directory(data_directory).map_err(|error| StorageError::io(data_directory, error))
 }
 
 /// Writes `bytes` to `path` so that a crash leaves either the old or the new content: write a

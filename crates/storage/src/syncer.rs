@@ -10,9 +10,9 @@
 //! while something waits for a timer: a dirty log ([`IDLE_FLUSH_INTERVAL_MS`]) or, with `--sync
 //! interval`, logs written since the last fdatasync. A node of idle queues never wakes it.
 
-use crate::file_sync::{DirectSync, FileSync};
+use crate::file_system::SharedFileSystem;
 use crate::journal::Journal;
-use crate::queue_log::{CheckpointFile, QueueLog};
+use crate::queue_log::{CheckpointFile, PendingSync, QueueLog, SyncDue};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -194,18 +194,15 @@ pub struct Syncer {
 impl Syncer {
     /// Starts the syncer thread. With a journal, the logs that use it (see
     /// [`QueueLog::use_journal`]) cost one fdatasync per batch together, the journal's.
+    ///
+    /// Every file reaches the disk through the file system of the log or journal it belongs to
+    /// (see [`crate::file_system`]).
     pub fn start(policy: SyncPolicy, journal: Option<Journal>) -> Syncer {
-        Syncer::start_with_sync(policy, journal, DirectSync)
-    }
-
-    /// [`Syncer::start`], with every fdatasync the syncer and its checkpoints make going through
-    /// `sync` (the journal's go through the journal's own, see [`Journal::open_with_sync`]).
-    pub fn start_with_sync<S: FileSync + Clone>(policy: SyncPolicy, journal: Option<Journal<S>>, sync: S) -> Syncer {
         let (sender, receiver) = mpsc::channel();
         let dirty = DirtyList::default();
         let shared = Arc::new(SyncerShared { sender, dirty: dirty.clone() });
         let stats = Arc::new(SyncStats::default());
-        let checkpoint = Checkpoint::start(stats.clone(), sync, Arc::downgrade(&shared));
+        let checkpoint = Checkpoint::start(stats.clone(), Arc::downgrade(&shared));
         let worker = Worker {
             policy,
             journal,
@@ -309,10 +306,10 @@ enum LogOutcome {
 }
 
 /// The syncer thread's state.
-struct Worker<S: FileSync> {
+struct Worker {
     policy: SyncPolicy,
-    journal: Option<Journal<S>>,
-    checkpoint: Checkpoint<S>,
+    journal: Option<Journal>,
+    checkpoint: Checkpoint,
     stats: Arc<SyncStats>,
     dirty: DirtyList,
     /// When the dirty list must be flushed at the latest; `None` while it is empty as far as this
@@ -329,7 +326,7 @@ fn log_key(log: &SharedLog) -> usize {
     Arc::as_ptr(log) as usize
 }
 
-impl<S: FileSync + Clone> Worker<S> {
+impl Worker {
     fn run(mut self, receiver: &Receiver<Command>) {
         loop {
             let first = match self.wait(receiver) {
@@ -391,11 +388,13 @@ impl<S: FileSync + Clone> Worker<S> {
     /// One group commit: writes (and, by policy, syncs) the batch's logs, runs a requested
     /// checkpoint, then settles every request with the outcome.
     fn run_batch(&mut self, requests: Vec<SyncRequest>) {
-        let fsync_now = match self.policy {
-            SyncPolicy::Always => true,
-            SyncPolicy::Interval { interval_ms } => self.last_sync.elapsed() >= Duration::from_millis(interval_ms),
-            SyncPolicy::Never => false,
+        let due = match self.policy {
+            SyncPolicy::Always => SyncDue::Now,
+            SyncPolicy::Interval { interval_ms } if self.last_sync.elapsed() >= Duration::from_millis(interval_ms) => SyncDue::Now,
+            SyncPolicy::Interval { .. } => SyncDue::Later,
+            SyncPolicy::Never => SyncDue::Never,
         };
+        let fsync_now = due == SyncDue::Now;
         let logs = self.batch_logs(&requests, fsync_now);
         let journal_pending = self.journal.as_ref().is_some_and(Journal::has_pending);
         if logs.is_empty() && requests.is_empty() && !journal_pending {
@@ -404,7 +403,7 @@ impl<S: FileSync + Clone> Worker<S> {
         if fsync_now {
             self.last_sync = Instant::now();
         }
-        let (outcomes, journal_synced) = sync_all(&logs, fsync_now, self.journal.as_mut(), &mut self.checkpoint, &self.stats);
+        let (outcomes, journal_synced) = sync_all(&logs, due, self.journal.as_mut(), &mut self.checkpoint, &self.stats);
         // A log that failed (say, no descriptor for its segment) fails only the requests that
         // named it; a failed journal or checkpoint fails the whole batch.
         let failed_logs: HashSet<usize> = logs
@@ -482,7 +481,9 @@ impl<S: FileSync + Clone> Worker<S> {
     /// end wakes this thread to look again).
     fn start_checkpoint_if_due(&mut self) {
         if let Some(journal) = self.journal.as_mut() {
-            if journal.needs_checkpoint() {
+            // Not while a failed write keeps entries pending: they belong to the current file,
+            // and rotating under them broke the journal's invariant (a panic of this thread).
+            if journal.needs_checkpoint() && !journal.has_pending() {
                 self.checkpoint.start_background(journal);
             }
         }
@@ -552,14 +553,12 @@ impl InFlight {
 /// segment files of the finished period to the checkpoint thread, and goes on; that thread syncs
 /// them and only then deletes the journal files of the period. One runs at a time; files that did
 /// not sync come back and join the next one, whose success deletes every older journal file.
-struct Checkpoint<S: FileSync> {
+struct Checkpoint {
     /// By address, so noting a log costs the same however many were noted.
     logs: HashMap<usize, SharedLog>,
     in_flight: Arc<InFlight>,
     failed_files: Arc<Mutex<Vec<CheckpointFile>>>,
     jobs: Sender<CheckpointJob>,
-    /// How the syncer thread (segments, directories) and the checkpoint thread reach fdatasync.
-    sync: S,
 }
 
 /// Segment files to sync, then journal files older than `sequence` to delete.
@@ -567,23 +566,24 @@ struct CheckpointJob {
     files: Vec<CheckpointFile>,
     sequence: u64,
     directory: std::path::PathBuf,
+    file_system: SharedFileSystem,
 }
 
-impl<S: FileSync + Clone> Checkpoint<S> {
+impl Checkpoint {
     /// Starts the checkpoint thread, which tells the syncer (while it has handles) when a
     /// checkpoint ends, so a journal already past its size again gets the next one.
-    fn start(stats: Arc<SyncStats>, sync: S, syncer: Weak<SyncerShared>) -> Checkpoint<S> {
+    fn start(stats: Arc<SyncStats>, syncer: Weak<SyncerShared>) -> Checkpoint {
         let (jobs, receiver) = mpsc::channel::<CheckpointJob>();
         let in_flight = Arc::new(InFlight::default());
         let failed_files = Arc::new(Mutex::new(Vec::new()));
-        let (thread_in_flight, thread_failed, thread_sync) = (in_flight.clone(), failed_files.clone(), sync.clone());
+        let (thread_in_flight, thread_failed) = (in_flight.clone(), failed_files.clone());
         std::thread::Builder::new()
             .name("lepus-checkpoint".to_string())
             .spawn(move || {
                 for job in receiver {
-                    let failed = sync_files(job.files, &stats, &thread_sync);
+                    let failed = sync_files(job.files, &stats);
                     if failed.is_empty() {
-                        if let Err(error) = crate::journal::remove_files_before(&job.directory, job.sequence, &thread_sync) {
+                        if let Err(error) = crate::journal::remove_files_before(&*job.file_system, &job.directory, job.sequence) {
                             tracing::error!(%error, "deleting checkpointed journal files failed; a later checkpoint deletes them");
                         }
                     } else {
@@ -596,7 +596,7 @@ impl<S: FileSync + Clone> Checkpoint<S> {
                 }
             })
             .expect("spawning the checkpoint thread");
-        Checkpoint { logs: HashMap::new(), in_flight, failed_files, jobs, sync }
+        Checkpoint { logs: HashMap::new(), in_flight, failed_files, jobs }
     }
 
     fn note(&mut self, log: &SharedLog) {
@@ -614,7 +614,7 @@ impl<S: FileSync + Clone> Checkpoint<S> {
     }
 
     /// Starts a background checkpoint unless one is running.
-    fn start_background(&mut self, journal: &mut Journal<S>) {
+    fn start_background(&mut self, journal: &mut Journal) {
         if self.in_flight.is_running() {
             return;
         }
@@ -622,7 +622,12 @@ impl<S: FileSync + Clone> Checkpoint<S> {
         match journal.rotate() {
             Ok(sequence) => {
                 self.in_flight.set_running(true);
-                let job = CheckpointJob { files, sequence, directory: journal.directory().to_path_buf() };
+                let job = CheckpointJob {
+                    files,
+                    sequence,
+                    directory: journal.directory().to_path_buf(),
+                    file_system: journal.file_system().clone(),
+                };
                 if let Err(mpsc::SendError(job)) = self.jobs.send(job) {
                     self.in_flight.set_running(false);
                     self.failed_files.lock().extend(job.files);
@@ -637,10 +642,10 @@ impl<S: FileSync + Clone> Checkpoint<S> {
 
     /// A checkpoint the caller waits for (graceful shutdown): after the running one, every
     /// segment synced and every older journal file deleted.
-    fn run_now(&mut self, journal: &mut Journal<S>, stats: &SyncStats) -> bool {
+    fn run_now(&mut self, journal: &mut Journal, stats: &SyncStats) -> bool {
         self.in_flight.wait_until_finished();
         let files = self.take_files();
-        let failed = sync_files(files, stats, &self.sync);
+        let failed = sync_files(files, stats);
         if !failed.is_empty() {
             self.failed_files.lock().extend(failed);
             return false;
@@ -654,10 +659,10 @@ impl<S: FileSync + Clone> Checkpoint<S> {
 }
 
 /// fdatasyncs every file (each opened for its sync unless cached); returns those that failed.
-fn sync_files(files: Vec<CheckpointFile>, stats: &SyncStats, sync: &impl FileSync) -> Vec<CheckpointFile> {
+fn sync_files(files: Vec<CheckpointFile>, stats: &SyncStats) -> Vec<CheckpointFile> {
     let mut failed = Vec::new();
     for file in files {
-        if let Err(error) = file.sync_with(|opened| timed_sync(opened, stats, sync)) {
+        if let Err(error) = file.sync_with(|opened| timed(stats, || opened.sync_data())) {
             tracing::error!(%error, "syncing a segment at a journal checkpoint failed; the journal keeps its entries");
             failed.push(file);
         }
@@ -665,22 +670,23 @@ fn sync_files(files: Vec<CheckpointFile>, stats: &SyncStats, sync: &impl FileSyn
     failed
 }
 
-/// fdatasyncs a file, counting the call and its time in the stats.
-fn timed_sync(file: &std::fs::File, stats: &SyncStats, sync: &impl FileSync) -> std::io::Result<()> {
+/// Makes a sync, counting the call and its time in the stats.
+fn timed(stats: &SyncStats, sync: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
     let started = std::time::Instant::now();
-    let synced = sync.sync_data(file);
+    let synced = sync();
     stats.record_fsync(started.elapsed());
     synced
 }
 
-/// Writes every log's buffered records; then, when `fsync`, appends the journaled logs' writes to
-/// the journal and syncs it once, and syncs what the others (and directory changes) need. Returns
-/// each log's outcome and whether the journal (if it had anything to write) was written and synced.
-fn sync_all<S: FileSync + Clone>(
+/// Writes every log's buffered records, appends the journaled logs' writes to the journal and
+/// syncs it once; when `due` is [`SyncDue::Now`], also syncs what the others (and directory
+/// changes) need. Returns each log's outcome and whether the journal (if it had anything to
+/// write) was written and synced.
+fn sync_all(
     logs: &[BatchLog],
-    fsync: bool,
-    mut journal: Option<&mut Journal<S>>,
-    checkpoint: &mut Checkpoint<S>,
+    due: SyncDue,
+    mut journal: Option<&mut Journal>,
+    checkpoint: &mut Checkpoint,
     stats: &SyncStats,
 ) -> (Vec<LogOutcome>, bool) {
     let mut outcomes = Vec::with_capacity(logs.len());
@@ -691,7 +697,7 @@ fn sync_all<S: FileSync + Clone>(
                 outcomes.push(LogOutcome::Skipped);
                 continue;
             }
-            log.write_pending()
+            log.write_pending(due)
         };
         stats.logs_written.fetch_add(1, Ordering::Relaxed);
         let written = written.map(|written| {
@@ -704,11 +710,9 @@ fn sync_all<S: FileSync + Clone>(
             }
             written.sync_now
         });
+        // Empty unless `due` is `Now`: the log keeps (or, with `--sync never`, forgets) them.
         let result = match written {
-            Ok(files) if fsync => {
-                files.iter().try_for_each(|file| timed_sync(file, stats, &checkpoint.sync)).map_err(|error| error.to_string())
-            }
-            Ok(_) => Ok(()),
+            Ok(files) => files.iter().try_for_each(|file: &PendingSync| timed(stats, || file.sync())).map_err(|error| error.to_string()),
             Err(error) => Err(error.to_string()),
         };
         outcomes.push(match result {
@@ -762,7 +766,7 @@ mod tests {
             for position in 0..200u64 {
                 log.append_publish(position, &message(position), true);
             }
-            log.write_pending().expect("write");
+            log.write_pending(crate::queue_log::SyncDue::Now).expect("write");
         }
         let (journal, _) = Journal::open(&root.join("journal")).expect("journal");
         let syncer = Syncer::start(SyncPolicy::Always, Some(journal));
@@ -849,17 +853,18 @@ mod tests {
     }
 }
 
-/// The syncer and the journal through a recording [`FileSync`]: what a confirm waits for, what a
+/// The syncer and the journal through a recording [`FileSystem`] on the real disk: what a confirm waits for, what a
 /// failed sync does to it, and in which order a checkpoint syncs segments and retires journal files.
 #[cfg(test)]
 mod sync_order_tests {
     use super::*;
+    use crate::file_cache::FileCache;
+    use crate::file_system::{FileSystem, OpenMode, RealFileSystem, StorageFile};
     use crate::journal::{replay, Journal};
     use crate::queue_log::{is_past_every_segment, Recovery};
     use amqp_codec::{BasicProperties, ContentHeader, ShortStr};
     use broker_core::Message;
     use bytes::Bytes;
-    use std::os::fd::AsRawFd;
     use std::path::{Path, PathBuf};
     use std::time::Instant;
 
@@ -894,8 +899,12 @@ mod sync_order_tests {
             RecordingSync { events: Arc::default(), failing: Arc::new(Mutex::new(Failing::Nothing)), journal_directory }
         }
 
-        fn record(&self, file: &std::fs::File, real_sync: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
-            let path = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).expect("the path of an open file");
+        fn shared(&self) -> SharedFileSystem {
+            Arc::new(self.clone())
+        }
+
+        fn record(&self, path: &Path, real_sync: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
+            let path = path.to_path_buf();
             let thread = std::thread::current().name().unwrap_or_default().to_string();
             let journal_files = journal_sequences(&self.journal_directory);
             let fails = match &*self.failing.lock() {
@@ -917,14 +926,80 @@ mod sync_order_tests {
         }
     }
 
-    impl FileSync for RecordingSync {
-        fn sync_data(&self, file: &std::fs::File) -> std::io::Result<()> {
-            self.record(file, || file.sync_data())
+    /// A real file whose syncs the recorder sees (and may fail).
+    #[derive(Debug)]
+    struct RecordingFile {
+        inner: Arc<dyn StorageFile>,
+        path: PathBuf,
+        recorder: RecordingSync,
+    }
+
+    impl StorageFile for RecordingFile {
+        fn write_all_at(&self, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+            self.inner.write_all_at(bytes, offset)
         }
 
-        fn sync_directory(&self, directory: &std::fs::File) -> std::io::Result<()> {
-            self.record(directory, || directory.sync_all())
+        fn read_at(&self, buffer: &mut [u8], offset: u64) -> std::io::Result<usize> {
+            self.inner.read_at(buffer, offset)
         }
+
+        fn len(&self) -> std::io::Result<u64> {
+            self.inner.len()
+        }
+
+        fn set_len(&self, bytes: u64) -> std::io::Result<()> {
+            self.inner.set_len(bytes)
+        }
+
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.recorder.record(&self.path, || self.inner.sync_data())
+        }
+    }
+
+    /// The real disk, with every file and directory sync recorded.
+    impl FileSystem for RecordingSync {
+        fn open(&self, path: &Path, mode: OpenMode) -> std::io::Result<Arc<dyn StorageFile>> {
+            let inner = RealFileSystem.open(path, mode)?;
+            Ok(Arc::new(RecordingFile { inner, path: path.to_path_buf(), recorder: self.clone() }))
+        }
+
+        fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+            RealFileSystem.rename(from, to)
+        }
+
+        fn sync_directory(&self, directory: &Path) -> std::io::Result<()> {
+            self.record(directory, || RealFileSystem.sync_directory(directory))
+        }
+
+        fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+            RealFileSystem.remove_file(path)
+        }
+
+        fn remove_dir_all(&self, path: &Path) -> std::io::Result<()> {
+            RealFileSystem.remove_dir_all(path)
+        }
+
+        fn list_directory(&self, directory: &Path) -> std::io::Result<Vec<String>> {
+            RealFileSystem.list_directory(directory)
+        }
+
+        fn create_dir_all(&self, directory: &Path) -> std::io::Result<()> {
+            RealFileSystem.create_dir_all(directory)
+        }
+
+        fn exists(&self, path: &Path) -> bool {
+            RealFileSystem.exists(path)
+        }
+
+        fn is_dir(&self, path: &Path) -> bool {
+            RealFileSystem.is_dir(path)
+        }
+    }
+
+    /// Opens a queue log whose files go through `recorder`.
+    fn open_log(recorder: &RecordingSync, directory: &Path, segment_bytes_max: u64) -> QueueLog {
+        let cache = FileCache::with_file_system(64, recorder.shared());
+        QueueLog::open_with_cache(directory, segment_bytes_max, cache).expect("open").0
     }
 
     /// A sink that records its confirms among the sync events, in the order they happen.
@@ -1024,10 +1099,10 @@ mod sync_order_tests {
         let root = temporary_root("journaled");
         let journal_directory = root.join("journal");
         let recorder = RecordingSync::new(journal_directory.clone());
-        let (journal, _) = Journal::open_with_sync(&journal_directory, recorder.clone()).expect("journal");
-        let syncer = Syncer::start_with_sync(SyncPolicy::Always, Some(journal), recorder.clone());
+        let (journal, _) = Journal::open_in(recorder.shared(), &journal_directory).expect("journal");
+        let syncer = Syncer::start(SyncPolicy::Always, Some(journal));
         let log_directory = root.join("queues").join("q");
-        let (mut log, _) = QueueLog::open(&log_directory, 1 << 20).expect("open");
+        let mut log = open_log(&recorder, &log_directory, 1 << 20);
         log.use_journal();
         let log: SharedLog = Arc::new(Mutex::new(log));
         let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
@@ -1061,9 +1136,9 @@ mod sync_order_tests {
     fn an_unjournaled_confirm_follows_the_segment_sync_and_a_failed_sync_is_false() {
         let root = temporary_root("unjournaled");
         let recorder = RecordingSync::new(root.join("journal"));
-        let syncer = Syncer::start_with_sync(SyncPolicy::Always, None::<Journal<RecordingSync>>, recorder.clone());
+        let syncer = Syncer::start(SyncPolicy::Always, None);
         let log_directory = root.join("queues").join("q");
-        let (log, _) = QueueLog::open(&log_directory, 1 << 20).expect("open");
+        let log = open_log(&recorder, &log_directory, 1 << 20);
         let log: SharedLog = Arc::new(Mutex::new(log));
         recorder.take_events();
         let callback_events = recorder.events.clone();
@@ -1097,10 +1172,10 @@ mod sync_order_tests {
     fn a_failed_log_nacks_only_its_own_confirms_in_a_shared_batch() {
         let root = temporary_root("failed-log-alone");
         let recorder = RecordingSync::new(root.join("journal"));
-        let syncer = Syncer::start_with_sync(SyncPolicy::Always, None::<Journal<RecordingSync>>, recorder.clone());
+        let syncer = Syncer::start(SyncPolicy::Always, None);
         let failing_directory = root.join("queues").join("failing");
-        let (failing, _) = QueueLog::open(&failing_directory, 1 << 20).expect("open");
-        let (working, _) = QueueLog::open(&root.join("queues").join("working"), 1 << 20).expect("open");
+        let failing = open_log(&recorder, &failing_directory, 1 << 20);
+        let working = open_log(&recorder, &root.join("queues").join("working"), 1 << 20);
         let (failing, working): (SharedLog, SharedLog) = (Arc::new(Mutex::new(failing)), Arc::new(Mutex::new(working)));
         let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
         // Hold the syncer thread in a callback, so both publishes wait for the same next batch.
@@ -1154,10 +1229,10 @@ mod sync_order_tests {
         let root = temporary_root("background-checkpoint");
         let (journal_directory, queues) = (root.join("journal"), root.join("queues"));
         let recorder = RecordingSync::new(journal_directory.clone());
-        let (mut journal, _) = Journal::open_with_sync(&journal_directory, recorder.clone()).expect("journal");
+        let (mut journal, _) = Journal::open_in(recorder.shared(), &journal_directory).expect("journal");
         journal.set_checkpoint_bytes(1);
-        let syncer = Syncer::start_with_sync(SyncPolicy::Always, Some(journal), recorder.clone());
-        let (mut log, _) = QueueLog::open(&queues.join("q"), 512).expect("open");
+        let syncer = Syncer::start(SyncPolicy::Always, Some(journal));
+        let mut log = open_log(&recorder, &queues.join("q"), 512);
         log.use_journal();
         let log: SharedLog = Arc::new(Mutex::new(log));
         let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
@@ -1191,9 +1266,9 @@ mod sync_order_tests {
         let root = temporary_root("shutdown-checkpoint");
         let (journal_directory, queues) = (root.join("journal"), root.join("queues"));
         let recorder = RecordingSync::new(journal_directory.clone());
-        let (journal, _) = Journal::open_with_sync(&journal_directory, recorder.clone()).expect("journal");
-        let syncer = Syncer::start_with_sync(SyncPolicy::Always, Some(journal), recorder.clone());
-        let (mut log, _) = QueueLog::open(&queues.join("q"), 512).expect("open");
+        let (journal, _) = Journal::open_in(recorder.shared(), &journal_directory).expect("journal");
+        let syncer = Syncer::start(SyncPolicy::Always, Some(journal));
+        let mut log = open_log(&recorder, &queues.join("q"), 512);
         log.use_journal();
         let log: SharedLog = Arc::new(Mutex::new(log));
         let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
@@ -1230,11 +1305,11 @@ mod sync_order_tests {
         let (journal_directory, queues) = (root.join("journal"), root.join("queues"));
         let recorder = RecordingSync::new(journal_directory.clone());
         recorder.fail(Failing::CheckpointThread);
-        let (mut journal, _) = Journal::open_with_sync(&journal_directory, recorder.clone()).expect("journal");
+        let (mut journal, _) = Journal::open_in(recorder.shared(), &journal_directory).expect("journal");
         journal.set_checkpoint_bytes(512);
-        let syncer = Syncer::start_with_sync(SyncPolicy::Always, Some(journal), recorder.clone());
+        let syncer = Syncer::start(SyncPolicy::Always, Some(journal));
         let directory = queues.join("q");
-        let (mut log, _) = QueueLog::open(&directory, 1024).expect("open");
+        let mut log = open_log(&recorder, &directory, 1024);
         log.use_journal();
         let log: SharedLog = Arc::new(Mutex::new(log));
         let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
@@ -1277,11 +1352,10 @@ mod sync_order_tests {
         let root = temporary_root("interval");
         let queues = root.join("queues");
         let recorder = RecordingSync::new(root.join("journal"));
-        let syncer =
-            Syncer::start_with_sync(SyncPolicy::Interval { interval_ms: INTERVAL_MS }, None::<Journal<RecordingSync>>, recorder.clone());
+        let syncer = Syncer::start(SyncPolicy::Interval { interval_ms: INTERVAL_MS }, None);
         let logs: Vec<SharedLog> = (0..100)
             .map(|number| {
-                let (log, _) = QueueLog::open(&queues.join(format!("q{number}")), 1 << 20).expect("open");
+                let log = open_log(&recorder, &queues.join(format!("q{number}")), 1 << 20);
                 let log = Arc::new(Mutex::new(log));
                 syncer.watch(log.clone());
                 log

@@ -1,7 +1,7 @@
 //! What channel handlers need from their connection: the broker, the writer, who is logged in.
 
 use crate::broker::Broker;
-use crate::outbound::{ConnectionShared, Outbound};
+use crate::shared::{ConnectionShared, Outbound};
 use amqp_codec::{encode_method_frame, Method, ShortStr};
 use bytes::BytesMut;
 use std::sync::Arc;

@@ -13,7 +13,7 @@ pub use stream::ClientStream;
 
 use crate::broker::Broker;
 use crate::login_throttle::Admission;
-use crate::outbound::{ConnectionShared, Outbound};
+use crate::shared::{ConnectionShared, Outbound};
 use amqp_codec::{
     constants, decode_frame, ConnectionClose, ConnectionCloseOk, ConnectionOpenOk, ConnectionStart, ConnectionTune,
     ConnectionUpdateSecretOk, DecodeError, FieldTable, FieldValue, Frame, FramePayload, LongStr, Method, ShortStr, PROTOCOL_HEADER,

@@ -1,7 +1,7 @@
 //! A connection's writer task: takes what channels and queues queued for the client, encodes it
 //! into one buffer and writes it with as few syscalls as the backlog allows.
 
-use crate::outbound::{ConnectionShared, Outbound, OUTBOUND_DELIVERIES_RESUME};
+use crate::shared::{ConnectionShared, Outbound, OUTBOUND_DELIVERIES_RESUME};
 use amqp_codec::{
     encode_body_frames, encode_content_header, encode_deliver_frame, encode_heartbeat, encode_method_frame, BasicGetOk, BasicReturn,
     DeliverFields, Method,

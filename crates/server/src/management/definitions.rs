@@ -239,7 +239,7 @@ fn check_imported_queue_type(item: &Value, vhost: &str) -> Result<(), ApiError> 
                 .ok_or_else(|| ApiError::bad_request(format!("queue '{name}' in vhost '{vhost}': unsupported queue type '{type_name}'")))?,
         }
     };
-    if queue_type != QueueType::Classic {
+    if !crate::queue_type::capabilities(queue_type).implemented {
         return Err(ApiError::bad_request(format!(
             "queue '{name}' in vhost '{vhost}' is a {} queue: queue type '{}' is not supported by Lepus yet; nothing was imported",
             queue_type.name(),

@@ -842,13 +842,13 @@ async fn publish(State(api): State<Api>, caller: Caller, Path((vhost, name)): Pa
         body: Bytes::from(payload),
     };
     let published = api.broker.publish_message(&vhost, message)?;
-    if !published.logs.is_empty() {
+    if !published.tickets.is_empty() {
         let (done, synced) = tokio::sync::oneshot::channel();
-        api.broker.syncer.sync(
-            published.logs,
-            Some(Box::new(move |durable| {
+        published.tickets.when_settled(
+            &api.broker.syncer,
+            Box::new(move |durable| {
                 let _ = done.send(durable);
-            })),
+            }),
         );
         match tokio::time::timeout(std::time::Duration::from_secs(PUBLISH_SYNC_WAIT_S), synced).await {
             Ok(Ok(true)) => {}

@@ -5,8 +5,8 @@
 //! writer that drained) calls [`QueueRuntime::dispatch`] right there, so no extra task hop is paid.
 //! Lock order: queue, then a channel's ledger; never the other way round.
 
-use crate::outbound::{ConsumerHandle, Outbound, Readiness, Unacked};
 use crate::policy::Policy;
+use crate::shared::{ConsumerHandle, Outbound, Readiness, Unacked};
 use amqp_codec::ShortStr;
 use broker_core::queue::{QueueState, QueuedMessage};
 use broker_core::vhost::{queue_length_limit, Overflow, QueueDefinition};
@@ -348,7 +348,7 @@ impl QueueRuntime {
         ledger.last_tag += 1;
         let delivery_tag = ledger.last_tag;
         if !consumer.no_ack {
-            ledger.unacked.insert(delivery_tag, Unacked { queue: self.clone(), position, consumer: Some(consumer.clone()) });
+            ledger.unacked.insert(delivery_tag, Unacked { queue: self.clone().into(), position, consumer: Some(consumer.clone()) });
             consumer.count_delivery();
         }
         channel.connection.outbound_deliveries.fetch_add(1, Ordering::AcqRel);
@@ -378,7 +378,7 @@ impl QueueRuntime {
     }
 
     /// basic.get: the first ready message, tracked on `ledger` unless `no_ack`.
-    pub fn get(self: &Arc<Self>, channel: &crate::outbound::ChannelShared, no_ack: bool) -> Option<Outbound> {
+    pub fn get(self: &Arc<Self>, channel: &crate::shared::ChannelShared, no_ack: bool) -> Option<Outbound> {
         let mut inner = self.inner.lock();
         self.page_in(&mut inner);
         self.expire_head(&mut inner);
@@ -391,7 +391,7 @@ impl QueueRuntime {
         ledger.last_tag += 1;
         let delivery_tag = ledger.last_tag;
         if !no_ack {
-            ledger.unacked.insert(delivery_tag, Unacked { queue: self.clone(), position, consumer: None });
+            ledger.unacked.insert(delivery_tag, Unacked { queue: self.clone().into(), position, consumer: None });
         }
         let message_count = inner.messages.ready_count() as u32;
         drop(ledger);

@@ -9,7 +9,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ProtocolVersion, RootCertStore};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -51,7 +51,7 @@ pub struct TlsInfo {
 /// Builds the TLS acceptors from the settings, or None when no certificate is configured. Every
 /// problem with the files (unreadable, not PEM, no key, a key that does not match the certificate)
 /// is an error that names the file, so the broker refuses to start rather than start without TLS.
-pub fn load(config: &ServerConfig) -> Result<Option<TlsAcceptors>, String> {
+pub fn load(config: &ServerConfig) -> Result<Option<TlsAcceptors>, TlsConfigError> {
     let (Some(cert_file), Some(key_file)) = (&config.tls_cert_file, &config.tls_key_file) else {
         return Ok(None);
     };
@@ -67,12 +67,14 @@ pub fn load(config: &ServerConfig) -> Result<Option<TlsAcceptors>, String> {
     let builder = || {
         rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&versions)
-            .map_err(|error| format!("TLS protocol versions: {error}"))
+            .map_err(TlsConfigError::ProtocolVersions)
     };
     let with_key = |builder: rustls::ConfigBuilder<rustls::ServerConfig, rustls::server::WantsServerCert>| {
-        builder
-            .with_single_cert(certificates.clone(), key.clone_key())
-            .map_err(|error| format!("tls_key_file {} does not fit tls_cert_file {}: {error}", key_file.display(), cert_file.display()))
+        builder.with_single_cert(certificates.clone(), key.clone_key()).map_err(|source| TlsConfigError::KeyMismatch {
+            key_file: key_file.clone(),
+            cert_file: cert_file.clone(),
+            source,
+        })
     };
     let amqp = match (&roots, config.tls_verify_peer) {
         (Some(roots), true) => {
@@ -80,7 +82,7 @@ pub fn load(config: &ServerConfig) -> Result<Option<TlsAcceptors>, String> {
             // Without fail_if_no_peer_cert a client may still connect without a certificate, as
             // with RabbitMQ's verify_peer alone; one it does present must verify.
             let verifier = if config.tls_fail_if_no_peer_cert { verifier } else { verifier.allow_unauthenticated() };
-            let verifier = verifier.build().map_err(|error| format!("tls_ca_file: client certificate verifier: {error}"))?;
+            let verifier = verifier.build().map_err(TlsConfigError::ClientVerifier)?;
             with_key(builder()?.with_client_cert_verifier(verifier))?
         }
         _ => with_key(builder()?.with_no_client_auth())?,
@@ -90,27 +92,77 @@ pub fn load(config: &ServerConfig) -> Result<Option<TlsAcceptors>, String> {
     Ok(Some(TlsAcceptors { amqp: TlsAcceptor::from(Arc::new(amqp)), https: TlsAcceptor::from(Arc::new(https)) }))
 }
 
-fn pem_error(setting: &str, path: &Path, what: &str, error: rustls::pki_types::pem::Error) -> String {
+/// Why the TLS settings cannot be used; each names the setting and the file it concerns, so the
+/// broker refuses to start with a message the operator can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsConfigError {
+    /// The file holds no PEM item of the kind the setting needs.
+    #[error("{setting} {}: no PEM {what} found in it", path.display())]
+    NoPemItem {
+        /// The setting that names the file.
+        setting: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What was looked for.
+        what: &'static str,
+    },
+    /// The file cannot be read, or is not PEM.
+    #[error("{setting} {}: {source}", path.display())]
+    Pem {
+        /// The setting that names the file.
+        setting: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: rustls::pki_types::pem::Error,
+    },
+    /// The TLS library refuses the protocol versions.
+    #[error("TLS protocol versions: {0}")]
+    ProtocolVersions(#[source] rustls::Error),
+    /// The private key is not the certificate's.
+    #[error("tls_key_file {} does not fit tls_cert_file {}: {source}", key_file.display(), cert_file.display())]
+    KeyMismatch {
+        /// The key file.
+        key_file: PathBuf,
+        /// The certificate file.
+        cert_file: PathBuf,
+        /// The error.
+        source: rustls::Error,
+    },
+    /// The CA certificates make no client certificate verifier.
+    #[error("tls_ca_file: client certificate verifier: {0}")]
+    ClientVerifier(#[source] rustls::server::VerifierBuilderError),
+    /// A CA certificate is unusable.
+    #[error("tls_ca_file {}: {source}", path.display())]
+    CaCertificate {
+        /// The CA file.
+        path: PathBuf,
+        /// The error.
+        source: rustls::Error,
+    },
+}
+
+fn pem_error(setting: &'static str, path: &Path, what: &'static str, error: rustls::pki_types::pem::Error) -> TlsConfigError {
     match error {
-        rustls::pki_types::pem::Error::NoItemsFound => format!("{setting} {}: no PEM {what} found in it", path.display()),
-        error => format!("{setting} {}: {error}", path.display()),
+        rustls::pki_types::pem::Error::NoItemsFound => TlsConfigError::NoPemItem { setting, path: path.to_path_buf(), what },
+        source => TlsConfigError::Pem { setting, path: path.to_path_buf(), source },
     }
 }
 
-fn read_certificates(path: &Path, setting: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+fn read_certificates(path: &Path, setting: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsConfigError> {
     let certificates = CertificateDer::pem_file_iter(path)
         .and_then(|certificates| certificates.collect::<Result<Vec<_>, _>>())
         .map_err(|error| pem_error(setting, path, "certificate", error))?;
     if certificates.is_empty() {
-        return Err(format!("{setting} {}: no PEM certificate (BEGIN CERTIFICATE) found in it", path.display()));
+        return Err(TlsConfigError::NoPemItem { setting, path: path.to_path_buf(), what: "certificate (BEGIN CERTIFICATE)" });
     }
     Ok(certificates)
 }
 
-fn read_roots(path: &Path) -> Result<Arc<RootCertStore>, String> {
+fn read_roots(path: &Path) -> Result<Arc<RootCertStore>, TlsConfigError> {
     let mut roots = RootCertStore::empty();
     for certificate in read_certificates(path, "tls_ca_file")? {
-        roots.add(certificate).map_err(|error| format!("tls_ca_file {}: {error}", path.display()))?;
+        roots.add(certificate).map_err(|source| TlsConfigError::CaCertificate { path: path.to_path_buf(), source })?;
     }
     Ok(Arc::new(roots))
 }
@@ -167,9 +219,9 @@ mod tests {
         let missing = directory.join("missing.pem");
         let not_pem = directory.join("not.pem");
         std::fs::write(&not_pem, "hello\n").expect("write");
-        let error = load(&config_with(&missing, &not_pem)).err().unwrap_or_default();
+        let error = load(&config_with(&missing, &not_pem)).err().map(|error| error.to_string()).unwrap_or_default();
         assert!(error.starts_with("tls_cert_file ") && error.contains("missing.pem"), "{error}");
-        let error = load(&config_with(&not_pem, &not_pem)).err().unwrap_or_default();
+        let error = load(&config_with(&not_pem, &not_pem)).err().map(|error| error.to_string()).unwrap_or_default();
         assert!(error.contains("no PEM certificate"), "{error}");
         let _ = std::fs::remove_dir_all(&directory);
     }

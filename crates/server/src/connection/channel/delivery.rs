@@ -1,7 +1,13 @@
 //! Consumers, acknowledgements, recovery and transactions: what happens after a delivery.
 
-#[allow(unused_imports)]
-use super::*;
+use super::{random_name, Channel, Context, PendingSettle, Transaction};
+use crate::queue_type::{ConfirmTickets, Queue};
+use crate::shared::{ChannelShared, ConsumerHandle, Outbound, Unacked};
+use amqp_codec::{constants, encode_method_frame, BasicConsumeOk, ChannelClose, ShortStr, TxCommitOk};
+use broker_core::AmqpError;
+use bytes::BytesMut;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 impl Channel {
     /// An empty queue name means the last queue declared on this channel, as in RabbitMQ.
@@ -12,7 +18,7 @@ impl Channel {
         self.last_declared_queue.clone().ok_or_else(|| AmqpError::new(constants::NOT_FOUND, "no previously declared queue"))
     }
 
-    pub(super) fn require_queue(&self, context: &Context, name: &ShortStr) -> Result<Arc<QueueRuntime>, AmqpError> {
+    pub(super) fn require_queue(&self, context: &Context, name: &ShortStr) -> Result<Queue, AmqpError> {
         let vhost = context.topology()?.read();
         Ok(vhost.require_queue(name, context.connection.id)?.handle.clone())
     }
@@ -31,10 +37,14 @@ impl Channel {
         if self.consumers.contains_key(&tag) {
             return Err(AmqpError::not_allowed(format!("attempt to reuse consumer tag '{tag}'")));
         }
+        let capabilities = queue.capabilities();
+        let global_qos_active = self.shared.prefetch_global.load(Ordering::Acquire) != 0;
+        capabilities.check_consume(queue.name(), &context.vhost, consume.no_ack, global_qos_active)?;
         let priority = match consume.arguments.get("x-priority") {
             None => 0,
             Some(value) => value.as_i64().ok_or_else(|| AmqpError::precondition("invalid arg 'x-priority': expected an integer"))?,
         };
+        let priority = if capabilities.consumer_priorities { priority } else { 0 };
         let consumer = Arc::new(ConsumerHandle {
             tag: tag.clone(),
             channel: self.shared.clone(),
@@ -51,7 +61,7 @@ impl Channel {
             frames.freeze()
         });
         let connection = context.connection.clone();
-        queue.add_consumer(consumer.clone(), consume.exclusive, move || {
+        queue.consume(consumer.clone(), consume.exclusive, move || {
             if let Some(frames) = reply {
                 connection.send(Outbound::Frames(frames));
             }
@@ -142,13 +152,9 @@ impl Channel {
             return Err(AmqpError::precondition("channel is not transactional"));
         };
         let Transaction { publishes, settles } = std::mem::take(transaction);
-        let mut logs: Vec<SharedLog> = Vec::new();
+        let mut tickets = ConfirmTickets::default();
         for publish in &publishes {
-            for log in self.route(context, publish).logs {
-                if !logs.iter().any(|known| Arc::ptr_eq(known, &log)) {
-                    logs.push(log);
-                }
-            }
+            self.route(context, publish, &mut tickets);
         }
         for settle in settles {
             // A tag settled twice in one transaction is already gone; RabbitMQ ignores it too.
@@ -158,21 +164,21 @@ impl Channel {
         }
         self.dispatch_consumed_queues();
         let id = self.id();
-        if logs.is_empty() {
+        if tickets.is_empty() {
             context.reply(id, TxCommitOk {}.into());
         } else {
-            // commit-ok promises the transaction's persistent messages are on disk.
+            // commit-ok waits for what a confirm would: the transaction's tickets.
             let channel = self.shared.clone();
-            context.broker.syncer.sync(logs, Some(Box::new(move |durable| answer_commit(&channel, durable))));
+            tickets.when_settled(&context.broker.syncer, Box::new(move |durable| answer_commit(&channel, durable)));
         }
         Ok(())
     }
 
     pub(super) fn dispatch_consumed_queues(&self) {
-        let mut seen: Vec<*const QueueRuntime> = Vec::new();
+        let mut seen: Vec<*const ()> = Vec::new();
         for (_, queue) in self.consumers.values() {
-            if !seen.contains(&Arc::as_ptr(queue)) {
-                seen.push(Arc::as_ptr(queue));
+            if !seen.contains(&queue.address()) {
+                seen.push(queue.address());
                 queue.dispatch();
             }
         }
@@ -210,19 +216,19 @@ fn answer_commit(channel: &ChannelShared, durable: bool) {
     drop(ledger);
 }
 
-/// Settles (or requeues) deliveries, grouped per queue so each queue is locked once.
+/// Settles (or requeues) deliveries in their queues, grouped per queue so each is locked once.
 pub(super) fn finish_grouped(deliveries: impl Iterator<Item = Unacked>, requeue: bool) {
-    let mut groups: Vec<(Arc<QueueRuntime>, Vec<u64>)> = Vec::new();
+    let mut groups: Vec<(Queue, Vec<u64>)> = Vec::new();
     for delivery in deliveries {
         if let Some(consumer) = &delivery.consumer {
             consumer.release_delivery();
         }
-        match groups.iter_mut().find(|(queue, _)| Arc::ptr_eq(queue, &delivery.queue)) {
+        match groups.iter_mut().find(|(queue, _)| queue.same(&delivery.queue)) {
             Some((_, positions)) => positions.push(delivery.position),
             None => groups.push((delivery.queue, vec![delivery.position])),
         }
     }
     for (queue, positions) in groups {
-        queue.finish_deliveries(&positions, requeue);
+        queue.settle(&positions, requeue);
     }
 }

@@ -1,11 +1,48 @@
-//! The methods a client sends on a channel, dispatched to what each does.
+//! The methods a client sends on a channel: one dispatch function per method class, each
+//! handing a method to what it does.
 
-#[allow(unused_imports)]
-use super::*;
+use super::{random_name, After, Channel, Content, Context, Transaction};
 use crate::auth::Access;
+use crate::queue_type::ConsumerRemoval;
+use amqp_codec::{
+    class_id, BasicCancelOk, BasicGetEmpty, BasicQosOk, BasicRecoverOk, ChannelCloseOk, ChannelFlowOk, ConfirmSelectOk, ExchangeBindOk,
+    ExchangeDeclareOk, ExchangeDeleteOk, ExchangeUnbindOk, Method, QueueBindOk, QueueDeclare, QueueDeclareOk, QueueDelete, QueueDeleteOk,
+    QueuePurgeOk, QueueUnbindOk, ShortStr, TxRollbackOk, TxSelectOk,
+};
+use broker_core::exchange::{Binding, Destination};
+use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType};
+use broker_core::AmqpError;
+use bytes::BytesMut;
+use std::sync::atomic::Ordering;
+
+/// A method a client may not send on a channel (a server's method, or a connection method).
+fn refuse(method: &Method) -> AmqpError {
+    AmqpError::command_invalid(format!("a client may not send {} on a channel", method.name()))
+}
 
 impl Channel {
+    /// Dispatches a method to its class.
     pub(super) fn handle_method(&mut self, context: &mut Context, method: Method) -> Result<After, AmqpError> {
+        match method.class_id() {
+            class_id::BASIC => self.basic_method(context, method),
+            class_id::CHANNEL => self.channel_method(context, method),
+            class_id::EXCHANGE => self.exchange_method(context, method),
+            class_id::QUEUE => self.queue_method(context, method),
+            class_id::TX => self.tx_method(context, method),
+            class_id::CONFIRM => self.confirm_method(context, method),
+            class_id::ACCESS => match method {
+                Method::AccessRequest(_) => {
+                    context.reply(self.id(), amqp_codec::AccessRequestOk { ticket: 1 }.into());
+                    Ok(After::KeepOpen)
+                }
+                other => Err(refuse(&other)),
+            },
+            _ => Err(refuse(&method)),
+        }
+    }
+
+    /// basic.*: publish, settle, QoS, consume, cancel, get and recover.
+    fn basic_method(&mut self, context: &mut Context, method: Method) -> Result<After, AmqpError> {
         let id = self.id();
         match method {
             Method::BasicPublish(publish) => {
@@ -26,6 +63,57 @@ impl Channel {
             Method::BasicAck(ack) => self.settle(context, ack.delivery_tag, ack.multiple, None)?,
             Method::BasicNack(nack) => self.settle(context, nack.delivery_tag, nack.multiple, Some(nack.requeue))?,
             Method::BasicReject(reject) => self.settle(context, reject.delivery_tag, false, Some(reject.requeue))?,
+            Method::BasicQos(qos) => {
+                if qos.prefetch_size != 0 {
+                    return Err(AmqpError::not_implemented(format!("prefetch_size!=0 ({})", qos.prefetch_size)));
+                }
+                if qos.global {
+                    self.shared.prefetch_global.store(u32::from(qos.prefetch_count), Ordering::Release);
+                } else {
+                    self.consumer_prefetch = u32::from(qos.prefetch_count);
+                    self.shared.prefetch_count.store(self.consumer_prefetch, Ordering::Relaxed);
+                }
+                context.reply(id, BasicQosOk {}.into());
+                self.dispatch_consumed_queues();
+            }
+            Method::BasicConsume(consume) => self.consume(context, consume)?,
+            Method::BasicCancel(cancel) => {
+                let removed = self.consumers.remove(&cancel.consumer_tag);
+                self.shared.consumer_count.store(self.consumers.len() as u32, Ordering::Relaxed);
+                if let Some((consumer, queue)) = removed {
+                    consumer.cancelled.store(true, Ordering::Release);
+                    if queue.cancel(&consumer) == ConsumerRemoval::DeleteQueue {
+                        context.broker.remove_queue(&context.vhost, queue.name());
+                    }
+                }
+                if !cancel.nowait {
+                    context.reply(id, BasicCancelOk { consumer_tag: cancel.consumer_tag }.into());
+                }
+            }
+            Method::BasicGet(get) => {
+                let name = self.queue_name(&get.queue)?;
+                context.check(Access::Read, "queue", name.as_bytes())?;
+                let queue = self.require_queue(context, &name)?;
+                queue.capabilities().check_get(queue.name(), &context.vhost)?;
+                match queue.get(&self.shared, get.no_ack) {
+                    Some(get_ok) => context.connection.send(get_ok),
+                    None => context.reply(id, BasicGetEmpty { cluster_id: ShortStr::from("") }.into()),
+                }
+            }
+            Method::BasicRecover(recover) => {
+                self.recover(recover.requeue)?;
+                context.reply(id, BasicRecoverOk {}.into());
+            }
+            Method::BasicRecoverAsync(recover) => self.recover(recover.requeue)?,
+            other => return Err(refuse(&other)),
+        }
+        Ok(After::KeepOpen)
+    }
+
+    /// channel.*: close and flow (open is the connection's).
+    fn channel_method(&mut self, context: &mut Context, method: Method) -> Result<After, AmqpError> {
+        let id = self.id();
+        match method {
             Method::ChannelClose(_) => {
                 self.release(context);
                 context.reply(id, ChannelCloseOk {}.into());
@@ -42,7 +130,15 @@ impl Channel {
                 context.reply(id, ChannelFlowOk { active: true }.into());
             }
             Method::ChannelFlowOk(_) => {}
-            Method::AccessRequest(_) => context.reply(id, amqp_codec::AccessRequestOk { ticket: 1 }.into()),
+            other => return Err(refuse(&other)),
+        }
+        Ok(After::KeepOpen)
+    }
+
+    /// exchange.*: declare, delete, bind, unbind.
+    fn exchange_method(&mut self, context: &mut Context, method: Method) -> Result<After, AmqpError> {
+        let id = self.id();
+        match method {
             Method::ExchangeDeclare(declare) => {
                 let declaration = ExchangeDeclaration {
                     name: declare.exchange,
@@ -94,33 +190,16 @@ impl Channel {
                     context.reply(id, ExchangeUnbindOk {}.into());
                 }
             }
-            Method::QueueDeclare(declare) => {
-                let server_named = declare.queue.is_empty() && !declare.passive;
-                let name = if server_named { random_name("amq.gen-") } else { declare.queue.clone() };
-                let name = if declare.passive && name.is_empty() { self.queue_name(&name)? } else { name };
-                if !declare.passive {
-                    context.check(Access::Configure, "queue", name.as_bytes())?;
-                }
-                let exclusive_owner = declare.exclusive.then_some(context.connection.id);
-                let definition = QueueDefinition {
-                    name,
-                    durable: declare.durable,
-                    exclusive_owner,
-                    auto_delete: declare.auto_delete,
-                    arguments: declare.arguments,
-                    // Parsed from the arguments when the queue is created.
-                    queue_type: QueueType::default(),
-                };
-                let (name, message_count, consumer_count) =
-                    context.broker.declare_queue(&context.vhost, definition, declare.passive, server_named, context.connection.id)?;
-                if declare.exclusive && !declare.passive && !context.exclusive_queues.contains(&name) {
-                    context.exclusive_queues.push(name.clone());
-                }
-                self.last_declared_queue = Some(name.clone());
-                if !declare.nowait {
-                    context.reply(id, QueueDeclareOk { queue: name, message_count, consumer_count }.into());
-                }
-            }
+            other => return Err(refuse(&other)),
+        }
+        Ok(After::KeepOpen)
+    }
+
+    /// queue.*: declare, bind, unbind, purge, delete.
+    fn queue_method(&mut self, context: &mut Context, method: Method) -> Result<After, AmqpError> {
+        let id = self.id();
+        match method {
+            Method::QueueDeclare(declare) => self.queue_declare(context, declare)?,
             Method::QueueBind(bind) => {
                 let queue = self.queue_name(&bind.queue)?;
                 context.check(Access::Write, "queue", queue.as_bytes())?;
@@ -155,72 +234,16 @@ impl Channel {
                     context.reply(id, QueuePurgeOk { message_count }.into());
                 }
             }
-            Method::QueueDelete(delete) => {
-                let name = self.queue_name(&delete.queue)?;
-                context.check(Access::Configure, "queue", name.as_bytes())?;
-                let exists = context.topology()?.read().queue(&name).is_some();
-                let (message_count, consumers) = if exists {
-                    let queue = self.require_queue(context, &name)?;
-                    let (ready, consumers) = queue.counts();
-                    if delete.if_unused && consumers > 0 {
-                        return Err(AmqpError::precondition(format!("queue '{name}' in vhost '{}' in use", context.vhost)));
-                    }
-                    if delete.if_empty && ready > 0 {
-                        return Err(AmqpError::precondition(format!("queue '{name}' in vhost '{}' not empty", context.vhost)));
-                    }
-                    context.exclusive_queues.retain(|exclusive| exclusive != &name);
-                    context.broker.remove_queue_quietly(&context.vhost, &name, None)
-                } else {
-                    (0, Vec::new())
-                };
-                if !delete.nowait {
-                    context.reply(id, QueueDeleteOk { message_count }.into());
-                }
-                // After delete-ok, as RabbitMQ: its channel learns of its consumers' end from the
-                // queue going away, which comes after the reply to the delete.
-                crate::broker::notify_cancelled(&consumers);
-            }
-            Method::BasicQos(qos) => {
-                if qos.prefetch_size != 0 {
-                    return Err(AmqpError::not_implemented(format!("prefetch_size!=0 ({})", qos.prefetch_size)));
-                }
-                if qos.global {
-                    self.shared.prefetch_global.store(u32::from(qos.prefetch_count), Ordering::Release);
-                } else {
-                    self.consumer_prefetch = u32::from(qos.prefetch_count);
-                    self.shared.prefetch_count.store(self.consumer_prefetch, Ordering::Relaxed);
-                }
-                context.reply(id, BasicQosOk {}.into());
-                self.dispatch_consumed_queues();
-            }
-            Method::BasicConsume(consume) => self.consume(context, consume)?,
-            Method::BasicCancel(cancel) => {
-                let removed = self.consumers.remove(&cancel.consumer_tag);
-                self.shared.consumer_count.store(self.consumers.len() as u32, Ordering::Relaxed);
-                if let Some((consumer, queue)) = removed {
-                    consumer.cancelled.store(true, Ordering::Release);
-                    if queue.remove_consumer(&consumer) == ConsumerRemoval::DeleteQueue {
-                        context.broker.remove_queue(&context.vhost, queue.name());
-                    }
-                }
-                if !cancel.nowait {
-                    context.reply(id, BasicCancelOk { consumer_tag: cancel.consumer_tag }.into());
-                }
-            }
-            Method::BasicGet(get) => {
-                let name = self.queue_name(&get.queue)?;
-                context.check(Access::Read, "queue", name.as_bytes())?;
-                let queue = self.require_queue(context, &name)?;
-                match queue.get(&self.shared, get.no_ack) {
-                    Some(get_ok) => context.connection.send(get_ok),
-                    None => context.reply(id, BasicGetEmpty { cluster_id: ShortStr::from("") }.into()),
-                }
-            }
-            Method::BasicRecover(recover) => {
-                self.recover(recover.requeue)?;
-                context.reply(id, BasicRecoverOk {}.into());
-            }
-            Method::BasicRecoverAsync(recover) => self.recover(recover.requeue)?,
+            Method::QueueDelete(delete) => self.queue_delete(context, delete)?,
+            other => return Err(refuse(&other)),
+        }
+        Ok(After::KeepOpen)
+    }
+
+    /// tx.*: select, commit, rollback.
+    fn tx_method(&mut self, context: &mut Context, method: Method) -> Result<After, AmqpError> {
+        let id = self.id();
+        match method {
             Method::TxSelect(_) => {
                 if self.confirm_sequence.is_some() {
                     return Err(AmqpError::precondition("cannot switch from confirm to tx mode"));
@@ -237,6 +260,15 @@ impl Channel {
                 *transaction = Transaction::default();
                 context.reply(id, TxRollbackOk {}.into());
             }
+            other => return Err(refuse(&other)),
+        }
+        Ok(After::KeepOpen)
+    }
+
+    /// confirm.select.
+    fn confirm_method(&mut self, context: &mut Context, method: Method) -> Result<After, AmqpError> {
+        let id = self.id();
+        match method {
             Method::ConfirmSelect(select) => {
                 if self.transaction.is_some() {
                     return Err(AmqpError::precondition("cannot switch from tx to confirm mode"));
@@ -247,10 +279,66 @@ impl Channel {
                     context.reply(id, ConfirmSelectOk {}.into());
                 }
             }
-            other => {
-                return Err(AmqpError::command_invalid(format!("a client may not send {} on a channel", other.name())));
-            }
+            other => return Err(refuse(&other)),
         }
         Ok(After::KeepOpen)
+    }
+
+    /// queue.declare: a new queue is checked against what its type allows (see `queue_type`).
+    fn queue_declare(&mut self, context: &mut Context, declare: QueueDeclare) -> Result<(), AmqpError> {
+        let server_named = declare.queue.is_empty() && !declare.passive;
+        let name = if server_named { random_name("amq.gen-") } else { declare.queue.clone() };
+        let name = if declare.passive && name.is_empty() { self.queue_name(&name)? } else { name };
+        if !declare.passive {
+            context.check(Access::Configure, "queue", name.as_bytes())?;
+        }
+        let exclusive_owner = declare.exclusive.then_some(context.connection.id);
+        let definition = QueueDefinition {
+            name,
+            durable: declare.durable,
+            exclusive_owner,
+            auto_delete: declare.auto_delete,
+            arguments: declare.arguments,
+            // Parsed from the arguments when the queue is created.
+            queue_type: QueueType::default(),
+        };
+        let (name, message_count, consumer_count) =
+            context.broker.declare_queue(&context.vhost, definition, declare.passive, server_named, context.connection.id)?;
+        if declare.exclusive && !declare.passive && !context.exclusive_queues.contains(&name) {
+            context.exclusive_queues.push(name.clone());
+        }
+        self.last_declared_queue = Some(name.clone());
+        if !declare.nowait {
+            context.reply(self.id(), QueueDeclareOk { queue: name, message_count, consumer_count }.into());
+        }
+        Ok(())
+    }
+
+    /// queue.delete, with if-unused and if-empty; deleting a queue that does not exist succeeds.
+    fn queue_delete(&mut self, context: &mut Context, delete: QueueDelete) -> Result<(), AmqpError> {
+        let name = self.queue_name(&delete.queue)?;
+        context.check(Access::Configure, "queue", name.as_bytes())?;
+        let exists = context.topology()?.read().queue(&name).is_some();
+        let (message_count, consumers) = if exists {
+            let queue = self.require_queue(context, &name)?;
+            let (ready, consumers) = queue.counts();
+            if delete.if_unused && consumers > 0 {
+                return Err(AmqpError::precondition(format!("queue '{name}' in vhost '{}' in use", context.vhost)));
+            }
+            if delete.if_empty && ready > 0 {
+                return Err(AmqpError::precondition(format!("queue '{name}' in vhost '{}' not empty", context.vhost)));
+            }
+            context.exclusive_queues.retain(|exclusive| exclusive != &name);
+            context.broker.remove_queue_quietly(&context.vhost, &name, None)
+        } else {
+            (0, Vec::new())
+        };
+        if !delete.nowait {
+            context.reply(self.id(), QueueDeleteOk { message_count }.into());
+        }
+        // After delete-ok, as RabbitMQ: its channel learns of its consumers' end from the
+        // queue going away, which comes after the reply to the delete.
+        crate::broker::notify_cancelled(&consumers);
+        Ok(())
     }
 }

@@ -8,16 +8,9 @@ mod delivery;
 mod methods;
 mod publish;
 
-use crate::outbound::{ChannelShared, ConsumerHandle, Outbound, Unacked};
-use crate::queue_runtime::{ConsumerRemoval, Enqueued, QueueRuntime};
-use amqp_codec::{
-    constants, encode_method_frame, BasicAck, BasicCancelOk, BasicConsumeOk, BasicGetEmpty, BasicNack, BasicQosOk, BasicRecoverOk,
-    ChannelClose, ChannelCloseOk, ChannelFlowOk, ChannelOpenOk, ConfirmSelectOk, ContentHeader, ExchangeBindOk, ExchangeDeclareOk,
-    ExchangeDeleteOk, ExchangeUnbindOk, FramePayload, LongStr, Method, QueueBindOk, QueueDeclareOk, QueueDeleteOk, QueuePurgeOk,
-    QueueUnbindOk, ShortStr, TxCommitOk, TxRollbackOk, TxSelectOk,
-};
-use broker_core::exchange::{Binding, Destination};
-use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType};
+use crate::queue_type::{ConfirmTickets, ConsumerRemoval, PendingConfirm, Queue};
+use crate::shared::{ChannelShared, ConsumerHandle, Unacked};
+use amqp_codec::{ChannelClose, ChannelCloseOk, ChannelOpenOk, ContentHeader, FramePayload, LongStr, Method, ShortStr};
 use broker_core::{AmqpError, Message};
 use bytes::{Bytes, BytesMut};
 use delivery::finish_grouped;
@@ -25,7 +18,6 @@ use rand::RngCore;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use storage::syncer::SharedLog;
 
 /// How many publishes and acks one transaction may hold before commit (a bound on memory).
 pub const TRANSACTION_OPERATIONS_MAX: usize = 1_000_000;
@@ -33,12 +25,12 @@ pub const TRANSACTION_OPERATIONS_MAX: usize = 1_000_000;
 /// middle of a socket read (the read buffer bounds them too; this names the bound).
 pub const PENDING_CONFIRMS_MAX: usize = 4096;
 
-/// Publishes of the current socket read that wait to be handed to the syncer together: one
-/// request per read instead of one per message.
+/// Publishes of the current socket read whose confirm tickets are waited for together: one group
+/// commit request per read instead of one per message.
 #[derive(Default)]
 struct PendingSync {
-    logs: Vec<SharedLog>,
-    confirms: Vec<storage::syncer::Confirm>,
+    tickets: ConfirmTickets,
+    confirms: Vec<PendingConfirm>,
 }
 
 /// What the connection does with the channel after a frame.
@@ -68,8 +60,8 @@ struct Publish {
 
 /// Where a publish went.
 struct Routed {
-    /// Logs written, to sync before confirming.
-    logs: Vec<SharedLog>,
+    /// Whether a queue's confirm ticket must be waited for before confirming.
+    waits: bool,
     /// Whether a queue refused the message (x-overflow reject-publish).
     rejected: bool,
 }
@@ -92,7 +84,7 @@ pub struct Channel {
     shared: Arc<ChannelShared>,
     closing: bool,
     content: Option<Content>,
-    consumers: HashMap<ShortStr, (Arc<ConsumerHandle>, Arc<QueueRuntime>)>,
+    consumers: HashMap<ShortStr, (Arc<ConsumerHandle>, Queue)>,
     consumer_prefetch: u32,
     /// In confirm mode: the sequence number of the last publish.
     confirm_sequence: Option<u64>,
@@ -140,21 +132,18 @@ impl Channel {
 
     /// Whether publishes wait to be handed to the syncer (see [`Channel::flush_syncs`]).
     pub fn has_pending_syncs(&self) -> bool {
-        !self.pending_sync.logs.is_empty() || !self.pending_sync.confirms.is_empty()
+        !self.pending_sync.tickets.is_empty() || !self.pending_sync.confirms.is_empty()
     }
 
-    /// Hands the publishes of this socket read to the syncer in one request. The connection calls
-    /// it after each read's frames, and the channel before it releases its state.
+    /// Hands the confirm tickets of this socket read's publishes to the group commit in one
+    /// request. The connection calls it after each read's frames, and the channel before it
+    /// releases its state.
     pub fn flush_syncs(&mut self, context: &Context) {
         if !self.has_pending_syncs() {
             return;
         }
-        let PendingSync { logs, confirms } = std::mem::take(&mut self.pending_sync);
-        if confirms.is_empty() {
-            context.broker.syncer.sync(logs, None);
-        } else {
-            context.broker.syncer.confirm(logs, confirms);
-        }
+        let PendingSync { tickets, confirms } = std::mem::take(&mut self.pending_sync);
+        tickets.confirm_when_settled(&context.broker.syncer, confirms);
     }
 
     /// What the channel shares with queues and listings.
@@ -256,7 +245,7 @@ impl Channel {
         self.shared.consumer_count.store(0, Ordering::Relaxed);
         for (_, (consumer, queue)) in self.consumers.drain() {
             consumer.cancelled.store(true, Ordering::Release);
-            if queue.remove_consumer(&consumer) == ConsumerRemoval::DeleteQueue {
+            if queue.cancel(&consumer) == ConsumerRemoval::DeleteQueue {
                 context.broker.remove_queue(&context.vhost, queue.name());
             }
         }

@@ -1,8 +1,14 @@
 //! Publishing: assembling content frames into a message, routing it, and confirming it.
 
-#[allow(unused_imports)]
-use super::*;
-use storage::syncer::{Confirm, ConfirmSink};
+use super::{Channel, Context, Publish, Routed, PENDING_CONFIRMS_MAX, TRANSACTION_OPERATIONS_MAX};
+use crate::queue_type::{ConfirmSink, ConfirmTickets, PendingConfirm, PublishOutcome, Queue};
+use crate::shared::{ChannelShared, Outbound};
+use amqp_codec::{constants, encode_method_frame, BasicAck, BasicNack, ContentHeader, Method, ShortStr};
+use broker_core::vhost::Vhost;
+use broker_core::{AmqpError, Message};
+use bytes::{Bytes, BytesMut};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 impl Channel {
     pub(super) fn handle_header(&mut self, context: &Context, header: ContentHeader) -> Result<(), AmqpError> {
@@ -90,7 +96,7 @@ impl Channel {
             }
         }
         let message = Arc::new(Message { exchange: content.exchange, routing_key: content.routing_key, header, body });
-        let mut queues: Vec<Arc<QueueRuntime>> = Vec::new();
+        let mut queues: Vec<Queue> = Vec::new();
         {
             let vhost = context.topology()?.read();
             let exchange = vhost.require_exchange(&message.exchange).map_err(|error| error.during(60, 40))?;
@@ -119,85 +125,73 @@ impl Channel {
             transaction.publishes.push(publish);
             return Ok(());
         }
-        let Routed { logs, rejected } = self.enqueue(context, &publish, &queues);
-        match self.confirm_sequence.as_mut() {
-            Some(sequence) => {
-                *sequence += 1;
-                let delivery_tag = *sequence;
-                // A queue at its x-max-length with reject-publish refused it: nack, as RabbitMQ does.
-                let accepted = !rejected;
-                if logs.is_empty() && self.shared.confirms_in_syncer.load(Ordering::Acquire) == 0 {
-                    send_confirm(&self.shared, delivery_tag, accepted);
-                } else {
-                    // Behind an earlier confirm still waiting for its sync, even a confirm that
-                    // needs no sync goes through the syncer, so a channel's confirms stay in
-                    // order and the syncer can coalesce them (basic.ack with multiple).
-                    self.shared.confirms_in_syncer.fetch_add(1, Ordering::AcqRel);
-                    self.shared.connection.begin_pending();
-                    let sink: Arc<dyn ConfirmSink> = self.shared.clone();
-                    self.pending_sync.confirms.push(Confirm { sink, delivery_tag, accepted });
-                    self.add_pending_logs(logs);
-                    if self.pending_sync.confirms.len() >= PENDING_CONFIRMS_MAX {
-                        self.flush_syncs(context);
-                    }
+        // The tickets join this socket read's batch directly: one group commit waits for them all.
+        let Routed { waits, rejected } = enqueue(context, self.id(), &publish, &queues, &mut self.pending_sync.tickets);
+        if let Some(sequence) = self.confirm_sequence.as_mut() {
+            *sequence += 1;
+            let delivery_tag = *sequence;
+            // A queue at its x-max-length with reject-publish refused it: nack, as RabbitMQ does.
+            let accepted = !rejected;
+            if !waits && self.shared.confirms_in_syncer.load(Ordering::Acquire) == 0 {
+                send_confirm(&self.shared, delivery_tag, accepted);
+            } else {
+                // Behind an earlier confirm still waiting for its ticket, even a confirm that
+                // waits for nothing goes through the group commit, so a channel's confirms stay
+                // in order and can be coalesced (basic.ack with multiple).
+                self.shared.confirms_in_syncer.fetch_add(1, Ordering::AcqRel);
+                self.shared.connection.begin_pending();
+                let sink: Arc<dyn ConfirmSink> = self.shared.clone();
+                self.pending_sync.confirms.push(PendingConfirm { sink, delivery_tag, accepted });
+                if self.pending_sync.confirms.len() >= PENDING_CONFIRMS_MAX {
+                    self.flush_syncs(context);
                 }
             }
-            None => self.add_pending_logs(logs),
         }
         Ok(())
     }
 
-    /// Routes a publish into its queues; returns the logs written, to sync before confirming.
-    pub(super) fn route(&self, context: &Context, publish: &Publish) -> Routed {
-        let mut queues: Vec<Arc<QueueRuntime>> = Vec::new();
+    /// Routes a publish into its queues (a transaction's, at commit), adding the confirm tickets
+    /// to wait for to `tickets`.
+    pub(super) fn route(&self, context: &Context, publish: &Publish, tickets: &mut ConfirmTickets) -> Routed {
+        let mut queues: Vec<Queue> = Vec::new();
         // Channels exist only after connection.open set the topology.
         if let Ok(topology) = context.topology() {
             route_to_queues(&topology.read(), &publish.message, &mut queues);
         }
-        self.enqueue(context, publish, &queues)
+        enqueue(context, self.id(), publish, &queues, tickets)
     }
+}
 
-    /// Enqueues a routed publish in its queues (returning it when mandatory and unroutable).
-    fn enqueue(&self, context: &Context, publish: &Publish, queues: &[Arc<QueueRuntime>]) -> Routed {
-        let message = &publish.message;
-        if queues.is_empty() {
-            if publish.mandatory {
-                context.connection.send(Outbound::Return {
-                    channel: self.id(),
-                    reply_code: constants::NO_ROUTE,
-                    reply_text: ShortStr::from("NO_ROUTE"),
-                    message: message.clone(),
-                });
-            }
-            return Routed { logs: Vec::new(), rejected: false };
+/// Enqueues a routed publish in its queues (returning it when mandatory and unroutable), adding
+/// the tickets its confirm waits for to `tickets`.
+fn enqueue(context: &Context, channel: u16, publish: &Publish, queues: &[Queue], tickets: &mut ConfirmTickets) -> Routed {
+    let message = &publish.message;
+    if queues.is_empty() {
+        if publish.mandatory {
+            context.connection.send(Outbound::Return {
+                channel,
+                reply_code: constants::NO_ROUTE,
+                reply_text: ShortStr::from("NO_ROUTE"),
+                message: message.clone(),
+            });
         }
-        let mut logs = Vec::new();
-        let mut rejected = false;
-        for queue in queues {
-            match queue.publish(message.clone()) {
-                Enqueued::Logged(log) => logs.push(log),
-                Enqueued::InMemory => {}
-                Enqueued::Rejected => rejected = true,
-            }
-        }
-        Routed { logs, rejected }
+        return Routed { waits: false, rejected: false };
     }
+    let mut routed = Routed { waits: false, rejected: false };
+    for queue in queues {
+        match queue.publish(message.clone()) {
+            PublishOutcome::Accepted(ticket) => routed.waits |= tickets.add(ticket),
+            PublishOutcome::Rejected => routed.rejected = true,
+            PublishOutcome::Dropped => {}
+        }
+    }
+    routed
 }
 
 /// The queues the message's exchange and routing key lead to.
-fn route_to_queues(vhost: &broker_core::vhost::Vhost<crate::broker::QueueHandle>, message: &Message, queues: &mut Vec<Arc<QueueRuntime>>) {
+fn route_to_queues(vhost: &Vhost<Queue>, message: &Message, queues: &mut Vec<Queue>) {
     let mut headers = || message.header.properties().ok().and_then(|properties| properties.headers);
     vhost.route(&message.exchange, &message.routing_key, &mut headers, queues);
-}
-
-impl Channel {
-    fn add_pending_logs(&mut self, logs: Vec<SharedLog>) {
-        for log in logs {
-            if !self.pending_sync.logs.iter().any(|known| Arc::ptr_eq(known, &log)) {
-                self.pending_sync.logs.push(log);
-            }
-        }
-    }
 }
 
 /// Sends basic.ack (or basic.nack when the message could not be made durable) to a publisher.

@@ -1,7 +1,8 @@
-//! What the rest of the broker asks a connection's writer to send, and the state a connection and
-//! its channels share with the queues that deliver to them.
+//! The state connections, channels and consumers share with the queues that deliver to them and
+//! the syncer that confirms to them, and what the rest of the broker asks a connection's writer
+//! to send ([`Outbound`]).
 
-use crate::queue_runtime::QueueRuntime;
+use crate::queue_type::{Queue, WeakQueue};
 use amqp_codec::ShortStr;
 use broker_core::Message;
 use bytes::Bytes;
@@ -82,7 +83,7 @@ pub struct ConnectionShared {
     /// Deliveries handed to the writer and not written yet.
     pub outbound_deliveries: AtomicUsize,
     /// Queues that skipped this connection's consumers because the writer was full.
-    pub stalled_queues: Mutex<Vec<Weak<QueueRuntime>>>,
+    pub stalled_queues: Mutex<Vec<WeakQueue>>,
     /// Whether the client understands broker-initiated basic.cancel.
     pub consumer_cancel_notify: AtomicBool,
     /// Items queued to the writer plus publishes waiting for a sync (see [`CONNECTION_PENDING_WORK_MAX`]).
@@ -169,10 +170,11 @@ impl ConnectionShared {
     }
 
     /// Remembers a queue to wake when the writer drains.
-    pub fn note_stalled(&self, queue: &Arc<QueueRuntime>) {
+    pub fn note_stalled(&self, queue: impl Into<WeakQueue>) {
+        let queue = queue.into();
         let mut stalled = self.stalled_queues.lock();
-        if !stalled.iter().any(|weak| weak.as_ptr() == Arc::as_ptr(queue)) {
-            stalled.push(Arc::downgrade(queue));
+        if !stalled.iter().any(|known| known.same(&queue)) {
+            stalled.push(queue);
         }
     }
 }
@@ -181,8 +183,8 @@ impl ConnectionShared {
 #[derive(Debug)]
 pub struct Unacked {
     /// The queue it came from.
-    pub queue: Arc<QueueRuntime>,
-    /// Its position there.
+    pub queue: Queue,
+    /// The id its queue gave it, by which the queue settles it (a classic queue's position).
     pub position: u64,
     /// The consumer it went to (None for basic.get).
     pub consumer: Option<Arc<ConsumerHandle>>,

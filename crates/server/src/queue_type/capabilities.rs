@@ -1,0 +1,195 @@
+//! What each queue type allows, checked at queue.declare and at basic.consume and basic.get, with
+//! RabbitMQ's reply codes and texts. The argument lists are those RabbitMQ 3.10.8's
+//! `rabbit_classic_queue`, `rabbit_quorum_queue` and `rabbit_stream_queue` report from
+//! `capabilities()`, except where Lepus does not implement an argument yet.
+
+use amqp_codec::ShortStr;
+use broker_core::vhost::{check_queue_argument, QueueDefinition, QueueType};
+use broker_core::AmqpError;
+
+/// What a queue type allows.
+#[derive(Debug)]
+pub struct QueueTypeCapabilities {
+    /// The type.
+    pub queue_type: QueueType,
+    /// Whether Lepus runs queues of this type; a declaration of another is refused with 540.
+    pub implemented: bool,
+    /// The declaration arguments of [`GATED_QUEUE_ARGUMENTS`] the type takes (for quorum and
+    /// stream, what RabbitMQ's types take: what their implementations are to honour).
+    pub accepted_arguments: &'static [&'static str],
+    /// Whether a queue of the type may be exclusive.
+    pub exclusive: bool,
+    /// Whether it may be transient (durable=false).
+    pub non_durable: bool,
+    /// Whether it may be auto-delete.
+    pub auto_delete: bool,
+    /// Whether a channel with a global prefetch (basic.qos global=true) may consume from it.
+    pub global_qos: bool,
+    /// Whether basic.get reads from it.
+    pub basic_get: bool,
+    /// Whether a consumer may take deliveries without acks (no_ack).
+    pub no_ack_consume: bool,
+    /// Whether a consumer's `x-priority` argument orders deliveries among its consumers (RabbitMQ's
+    /// streams do not take it, and ignore it).
+    pub consumer_priorities: bool,
+}
+
+/// The arguments whose support Lepus decides per type: one of them that a type does not accept is
+/// refused with 540 rather than silently ignored. Any other argument is ignored, as RabbitMQ
+/// ignores arguments it does not know and hints such as `x-queue-mode` that change no outcome.
+/// Adding an argument here refuses it on every type that does not list it in `accepted_arguments`.
+pub const GATED_QUEUE_ARGUMENTS: &[&str] = &[
+    "x-queue-type",
+    "x-max-length",
+    "x-message-ttl",
+    "x-overflow",
+    "x-expires",
+    "x-max-length-bytes",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-dead-letter-strategy",
+    "x-max-priority",
+    "x-single-active-consumer",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-delivery-limit",
+    "x-quorum-initial-group-size",
+];
+
+const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
+    queue_type: QueueType::Classic,
+    implemented: true,
+    // RabbitMQ's classic queues also take x-expires, x-max-length-bytes, x-dead-letter-*,
+    // x-max-priority and x-single-active-consumer; Lepus does not implement them yet.
+    accepted_arguments: &["x-queue-type", "x-max-length", "x-message-ttl", "x-overflow"],
+    exclusive: true,
+    non_durable: true,
+    auto_delete: true,
+    global_qos: true,
+    basic_get: true,
+    no_ack_consume: true,
+    consumer_priorities: true,
+};
+
+const QUORUM: QueueTypeCapabilities = QueueTypeCapabilities {
+    queue_type: QueueType::Quorum,
+    implemented: false,
+    accepted_arguments: &[
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-dead-letter-strategy",
+        "x-expires",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-in-memory-length",
+        "x-max-in-memory-bytes",
+        "x-overflow",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-quorum-initial-group-size",
+        "x-delivery-limit",
+        "x-message-ttl",
+        "x-queue-leader-locator",
+    ],
+    exclusive: false,
+    non_durable: false,
+    auto_delete: false,
+    global_qos: false,
+    basic_get: true,
+    no_ack_consume: true,
+    consumer_priorities: true,
+};
+
+const STREAM: QueueTypeCapabilities = QueueTypeCapabilities {
+    queue_type: QueueType::Stream,
+    implemented: false,
+    accepted_arguments: &[
+        "x-max-length-bytes",
+        "x-queue-type",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
+        "x-initial-cluster-size",
+        "x-queue-leader-locator",
+    ],
+    exclusive: false,
+    non_durable: false,
+    auto_delete: false,
+    global_qos: false,
+    basic_get: false,
+    no_ack_consume: false,
+    consumer_priorities: false,
+};
+
+/// What queues of `queue_type` allow.
+pub fn capabilities(queue_type: QueueType) -> &'static QueueTypeCapabilities {
+    match queue_type {
+        QueueType::Classic => &CLASSIC,
+        QueueType::Quorum => &QUORUM,
+        QueueType::Stream => &STREAM,
+    }
+}
+
+/// RabbitMQ's `rabbit_misc:rs/1` of a queue, which its reply texts embed.
+fn describe_queue(queue: &ShortStr, vhost: &str) -> String {
+    format!("queue '{queue}' in vhost '{vhost}'")
+}
+
+impl QueueTypeCapabilities {
+    /// Checks a declaration that creates a queue of this type, in RabbitMQ's order: the type (540
+    /// while Lepus does not run it), its properties (406), then each argument (406 for a bad value,
+    /// 540 for one Lepus does not implement), in the order the client sent them.
+    pub fn check_declare(&self, definition: &QueueDefinition, vhost: &str) -> Result<(), AmqpError> {
+        if !self.implemented {
+            return Err(AmqpError::not_implemented(format!("queue type '{}' is not supported by Lepus yet", self.queue_type.name())));
+        }
+        self.check_properties(definition, vhost)?;
+        for (key, value) in definition.arguments.iter() {
+            let key_text = key.to_string_lossy();
+            check_queue_argument(&key_text, value, &definition.name, vhost)?;
+            let key_text = key_text.as_str();
+            if GATED_QUEUE_ARGUMENTS.contains(&key_text) && !self.accepted_arguments.contains(&key_text) {
+                return Err(AmqpError::not_implemented(format!("queue argument '{key_text}' is not supported by Lepus yet")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the durable, auto-delete and exclusive flags, with the texts of RabbitMQ's
+    /// `rabbit_quorum_queue:declare/2` (streams answer the same).
+    pub fn check_properties(&self, definition: &QueueDefinition, vhost: &str) -> Result<(), AmqpError> {
+        let refused = [
+            (!definition.durable && !self.non_durable, "non-durable"),
+            (definition.auto_delete && !self.auto_delete, "auto-delete"),
+            (definition.exclusive_owner.is_some() && !self.exclusive, "exclusive"),
+        ];
+        match refused.iter().find(|(refused, _)| *refused) {
+            Some((_, property)) => {
+                Err(AmqpError::precondition(format!("invalid property '{property}' for {}", describe_queue(&definition.name, vhost))))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Checks basic.consume on a queue of this type: a consumer without acks, or on a channel
+    /// with a global prefetch, where the type cannot honour them (540, RabbitMQ's texts).
+    pub fn check_consume(&self, queue: &ShortStr, vhost: &str, no_ack: bool, global_qos_active: bool) -> Result<(), AmqpError> {
+        if no_ack && !self.no_ack_consume {
+            return Err(AmqpError::not_implemented(format!(
+                "automatic acknowledgement not supported by stream {}",
+                describe_queue(queue, vhost)
+            )));
+        }
+        if global_qos_active && !self.global_qos {
+            return Err(AmqpError::not_implemented(format!("{} does not support global qos", describe_queue(queue, vhost))));
+        }
+        Ok(())
+    }
+
+    /// Checks basic.get on a queue of this type (540 where the type cannot be read that way).
+    pub fn check_get(&self, queue: &ShortStr, vhost: &str) -> Result<(), AmqpError> {
+        if self.basic_get {
+            return Ok(());
+        }
+        Err(AmqpError::not_implemented(format!("basic.get not supported by stream queues {}", describe_queue(queue, vhost))))
+    }
+}

@@ -1,0 +1,284 @@
+//! The queue-type seam: what the channel, the broker, management and metrics may ask of a queue,
+//! whatever its type. Shaped after RabbitMQ's `rabbit_queue_type` behaviour: every type states its
+//! capabilities (the arguments it takes, whether it may be exclusive, transient, auto-delete, read
+//! with basic.get, consumed under a global QoS), and a queue is a [`Queue`] that publishes, hands
+//! out deliveries to consumers' sinks, settles them by delivery, and lists its figures. The caller
+//! never asks which type it holds.
+//!
+//! Classic queues (`classic.rs`, over [`crate::queue_runtime::QueueRuntime`]) are the one type
+//! Lepus runs. Quorum and stream queues have their capabilities here already and are refused with
+//! 540 at declaration; each plugs in as a variant of [`Queue`] and of [`ConfirmTicket`].
+//!
+//! [`Queue`] is an enum rather than a trait object so that publish, deliver and ack, which run
+//! about a million times a second, dispatch statically (a match the compiler removes while there
+//! is one variant) and a handle stays one pointer wide.
+
+mod capabilities;
+mod classic;
+
+pub use crate::queue_runtime::{ConsumerRemoval, ConsumerView, QueueSnapshot};
+pub use capabilities::{capabilities, QueueTypeCapabilities};
+pub use classic::{ClassicStorage, ClassicStorageError};
+pub use storage::syncer::{Confirm as PendingConfirm, ConfirmSink};
+
+use crate::policy::Policy;
+use crate::queue_runtime::QueueRuntime;
+use crate::shared::{ChannelShared, ConsumerHandle, Outbound};
+use amqp_codec::ShortStr;
+use broker_core::vhost::QueueDefinition;
+use broker_core::{AmqpError, Message};
+use std::sync::{Arc, Weak};
+use storage::syncer::{SharedLog, Syncer};
+
+/// A queue of any type, as the topology, the channels and the ledgers of deliveries hold it.
+#[derive(Debug, Clone)]
+pub enum Queue {
+    /// A classic queue: one node, messages in memory and (durable, persistent ones) in its log.
+    Classic(Arc<QueueRuntime>),
+}
+
+/// A queue that does not keep it alive: a connection whose writer was full remembers the queues
+/// to wake when it drains, and must not keep a deleted queue in memory.
+#[derive(Debug, Clone)]
+pub enum WeakQueue {
+    /// A classic queue.
+    Classic(Weak<QueueRuntime>),
+}
+
+/// What a confirm (and tx.commit) of a message accepted by one queue waits for.
+#[derive(Debug)]
+pub enum ConfirmTicket {
+    /// Nothing: the message is transient, or the queue keeps no log.
+    Immediate,
+    /// A classic queue wrote the message to this log: confirmed once the log is fdatasynced.
+    LogSynced(SharedLog),
+}
+
+/// What a queue did with a published message.
+#[derive(Debug)]
+pub enum PublishOutcome {
+    /// The queue took it; a confirm waits for the ticket.
+    Accepted(ConfirmTicket),
+    /// The queue refused it (x-max-length with x-overflow reject-publish): a confirm is a nack.
+    Rejected,
+    /// The queue is gone or dropped the message at once; it counts as routed and is confirmed
+    /// (RabbitMQ confirms a message its queue dropped).
+    #[allow(dead_code, reason = "classic queues cannot tell a drop from an in-memory enqueue yet; quorum queues will return it")]
+    Dropped,
+}
+
+/// The tickets of many publishes, waited for together: one group commit for a socket read's
+/// worth of publishes, or for a transaction. Adding a ticket allocates only when it names a log
+/// the batch has not seen (a batch holds each log once).
+#[derive(Debug, Default)]
+pub struct ConfirmTickets {
+    logs: Vec<SharedLog>,
+}
+
+impl ConfirmTickets {
+    /// Adds a ticket; returns whether it must be waited for (false for [`ConfirmTicket::Immediate`]).
+    pub fn add(&mut self, ticket: ConfirmTicket) -> bool {
+        match ticket {
+            ConfirmTicket::Immediate => false,
+            ConfirmTicket::LogSynced(log) => {
+                if !self.logs.iter().any(|known| Arc::ptr_eq(known, &log)) {
+                    self.logs.push(log);
+                }
+                true
+            }
+        }
+    }
+
+    /// Whether there is nothing to wait for.
+    pub fn is_empty(&self) -> bool {
+        self.logs.is_empty()
+    }
+
+    /// Sends `confirms` (in order, each acked or nacked) once every ticket is settled, in one group
+    /// commit. Without confirms, the tickets are still made durable (a publish outside confirm
+    /// mode is written and synced in the same group commit, only nobody is told).
+    pub fn confirm_when_settled(self, syncer: &Syncer, confirms: Vec<PendingConfirm>) {
+        if confirms.is_empty() {
+            syncer.sync(self.logs, None);
+        } else {
+            syncer.confirm(self.logs, confirms);
+        }
+    }
+
+    /// Calls `settled` with true once every ticket is settled, false if one failed (tx.commit, the
+    /// management API's publish).
+    pub fn when_settled(self, syncer: &Syncer, settled: Box<dyn FnOnce(bool) + Send>) {
+        syncer.sync(self.logs, Some(settled));
+    }
+}
+
+impl From<Arc<QueueRuntime>> for Queue {
+    fn from(queue: Arc<QueueRuntime>) -> Queue {
+        Queue::Classic(queue)
+    }
+}
+
+impl From<&Arc<QueueRuntime>> for WeakQueue {
+    fn from(queue: &Arc<QueueRuntime>) -> WeakQueue {
+        WeakQueue::Classic(Arc::downgrade(queue))
+    }
+}
+
+impl WeakQueue {
+    /// The queue, if it still exists.
+    pub fn upgrade(&self) -> Option<Queue> {
+        match self {
+            WeakQueue::Classic(queue) => queue.upgrade().map(Queue::Classic),
+        }
+    }
+
+    /// Whether both name the same queue.
+    pub fn same(&self, other: &WeakQueue) -> bool {
+        match (self, other) {
+            (WeakQueue::Classic(a), WeakQueue::Classic(b)) => Weak::ptr_eq(a, b),
+        }
+    }
+}
+
+impl Queue {
+    /// The queue's name.
+    pub fn name(&self) -> &ShortStr {
+        match self {
+            Queue::Classic(queue) => queue.name(),
+        }
+    }
+
+    /// What it was declared as.
+    pub fn definition(&self) -> &QueueDefinition {
+        match self {
+            Queue::Classic(queue) => &queue.definition,
+        }
+    }
+
+    /// What its type allows.
+    pub fn capabilities(&self) -> &'static QueueTypeCapabilities {
+        capabilities(self.definition().queue_type)
+    }
+
+    /// Whether both handles are the same queue.
+    pub fn same(&self, other: &Queue) -> bool {
+        match (self, other) {
+            (Queue::Classic(a), Queue::Classic(b)) => Arc::ptr_eq(a, b),
+        }
+    }
+
+    /// An address that tells queues apart (for sets of queues without taking a reference).
+    pub fn address(&self) -> *const () {
+        match self {
+            Queue::Classic(queue) => Arc::as_ptr(queue).cast(),
+        }
+    }
+
+    /// Enqueues a message and delivers what it can.
+    #[inline]
+    pub fn publish(&self, message: Arc<Message>) -> PublishOutcome {
+        match self {
+            Queue::Classic(queue) => classic::publish(queue, message),
+        }
+    }
+
+    /// Delivers what consumers can take now (after a consumer's prefetch or its writer freed up).
+    pub fn dispatch(&self) {
+        match self {
+            Queue::Classic(queue) => queue.dispatch(),
+        }
+    }
+
+    /// Settles deliveries of this queue: acked (`requeue` false, or rejected without requeue) or
+    /// put back to be delivered again. `deliveries` are the ids the queue gave them (the
+    /// `position` of a [`crate::shared::Unacked`]).
+    #[inline]
+    pub fn settle(&self, deliveries: &[u64], requeue: bool) {
+        match self {
+            Queue::Classic(queue) => queue.finish_deliveries(deliveries, requeue),
+        }
+    }
+
+    /// basic.get: the first ready message as get-ok, tracked on the channel's ledger unless
+    /// `no_ack`.
+    pub fn get(&self, channel: &ChannelShared, no_ack: bool) -> Option<Outbound> {
+        match self {
+            Queue::Classic(queue) => queue.get(channel, no_ack),
+        }
+    }
+
+    /// basic.consume: adds a consumer, whose channel is its delivery sink. `accepted` runs once the
+    /// queue took it and before its first delivery (it sends consume-ok).
+    pub fn consume(&self, consumer: Arc<ConsumerHandle>, exclusive: bool, accepted: impl FnOnce()) -> Result<(), AmqpError> {
+        match self {
+            Queue::Classic(queue) => queue.add_consumer(consumer, exclusive, accepted),
+        }
+    }
+
+    /// basic.cancel, or the consumer's channel closed.
+    pub fn cancel(&self, consumer: &Arc<ConsumerHandle>) -> ConsumerRemoval {
+        match self {
+            Queue::Classic(queue) => queue.remove_consumer(consumer),
+        }
+    }
+
+    /// Ready messages and active consumers (declare-ok, delete's if-empty and if-unused).
+    pub fn counts(&self) -> (u32, u32) {
+        match self {
+            Queue::Classic(queue) => queue.counts(),
+        }
+    }
+
+    /// Drops the ready messages; returns how many.
+    pub fn purge(&self) -> u32 {
+        match self {
+            Queue::Classic(queue) => queue.purge(),
+        }
+    }
+
+    /// Deletes the queue's messages (and its log) and hands back its ready count and its
+    /// consumers, to tell of the cancel.
+    pub fn delete(&self) -> (u32, Vec<Arc<ConsumerHandle>>) {
+        match self {
+            Queue::Classic(queue) => queue.delete(),
+        }
+    }
+
+    /// Applies the policy that now matches the queue (or none).
+    pub fn apply_policy(&self, policy: Option<Arc<Policy>>) {
+        match self {
+            Queue::Classic(queue) => queue.apply_policy(policy),
+        }
+    }
+
+    /// The policy that applies to it.
+    pub fn policy(&self) -> Option<Arc<Policy>> {
+        match self {
+            Queue::Classic(queue) => queue.policy(),
+        }
+    }
+
+    /// Its counts and totals, for management and metrics.
+    pub fn snapshot(&self) -> QueueSnapshot {
+        match self {
+            Queue::Classic(queue) => queue.snapshot(),
+        }
+    }
+
+    /// Its active consumers, for management.
+    pub fn consumer_views(&self) -> Vec<ConsumerView> {
+        match self {
+            Queue::Classic(queue) => queue.consumer_views(),
+        }
+    }
+
+    /// The log holding its durable state, which a graceful shutdown writes and syncs.
+    pub fn durable_log(&self) -> Option<&SharedLog> {
+        match self {
+            Queue::Classic(queue) => queue.log.as_ref(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
