@@ -9,6 +9,9 @@
 //! starts afresh; the state in memory is the snapshot with every change applied
 //! (`definitions_state.rs`), the same function replay uses at start.
 //!
+//! Both files are reached through the [`FileSystem`] seam, so tests cut the power, tear the last
+//! write and fail writes and syncs with the in-memory one.
+//!
 //! Argument tables are stored as the hex of their AMQP encoding, so they come back byte-exact.
 //!
 //! The snapshot names the data directory's storage format ([`STORAGE_FORMAT_VERSION`]). Format 4
@@ -18,14 +21,13 @@
 
 use crate::definitions_log::{decode_header, encode_header, encode_record, read_records, LOG_HEADER_BYTES};
 use crate::definitions_state::{DefinitionChange, DefinitionState};
-use crate::{write_atomically, StorageError, STORAGE_FORMAT_VERSION};
+use crate::file_system::{self, FileSystem, OpenMode, SharedFileSystem, StorageFile};
+use crate::{StorageError, STORAGE_FORMAT_VERSION};
 use amqp_codec::{write_table, FieldTable, Reader};
 use broker_core::vhost::QueueType;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -274,7 +276,7 @@ struct Submitted {
 
 /// What the one committer at a time holds.
 struct Writer {
-    log: File,
+    log: Arc<dyn StorageFile>,
     log_bytes: u64,
     snapshot_bytes: u64,
     /// Set when a write failed: the log may end in a partial record and the state holds changes
@@ -293,6 +295,7 @@ struct Writer {
 /// [`submit`]: DefinitionsStore::submit
 /// [`wait`]: DefinitionsStore::wait
 pub struct DefinitionsStore {
+    file_system: SharedFileSystem,
     directory: PathBuf,
     snapshot_path: PathBuf,
     log_path: PathBuf,
@@ -314,23 +317,30 @@ impl DefinitionsStore {
     /// snapshot in the current format, atomically, and a new log, before this returns; segments
     /// read the same in every format. Any other format is refused.
     pub fn open(data_dir: &Path) -> Result<(DefinitionsStore, Definitions), StorageError> {
+        DefinitionsStore::open_on(file_system::real(), data_dir)
+    }
+
+    /// [`DefinitionsStore::open`] through `file_system` (tests: the in-memory one).
+    pub fn open_on(file_system: SharedFileSystem, data_dir: &Path) -> Result<(DefinitionsStore, Definitions), StorageError> {
+        let fs = &*file_system;
         let snapshot_path = data_dir.join("definitions.json");
         let log_path = data_dir.join("definitions.log");
-        let LoadedSnapshot { definitions, bytes: snapshot_bytes } = match read_snapshot(&snapshot_path)? {
+        let LoadedSnapshot { definitions, bytes: snapshot_bytes } = match read_snapshot(fs, &snapshot_path)? {
             Some(snapshot) => snapshot,
-            None if log_path.exists() => {
+            None if fs.exists(&log_path) => {
                 return Err(StorageError::Corrupt {
                     path: log_path.display().to_string(),
                     detail: "a change log without its snapshot definitions.json".to_string(),
                 })
             }
-            None => write_snapshot(&snapshot_path, &Definitions { log_generation: 1, ..Definitions::default() })?,
+            None => write_snapshot(fs, &snapshot_path, &Definitions { log_generation: 1, ..Definitions::default() })?,
         };
         let generation = definitions.log_generation;
         let mut state = DefinitionState::from_definitions(&definitions);
-        let (log, log_bytes) = open_log(&log_path, generation, &mut state)?;
+        let (log, log_bytes) = open_log(fs, &log_path, generation, &mut state)?;
         let recovered = state.to_definitions(STORAGE_FORMAT_VERSION, generation);
         let store = DefinitionsStore {
+            file_system,
             directory: data_dir.to_path_buf(),
             snapshot_path,
             log_path,
@@ -402,7 +412,7 @@ impl DefinitionsStore {
             let mut submitted = self.submitted.lock();
             (std::mem::take(&mut submitted.pending), std::mem::take(&mut submitted.batch))
         };
-        let written = writer.log.write_all(&bytes).and_then(|()| writer.log.sync_data());
+        let written = writer.log.write_all_at(&bytes, writer.log_bytes).and_then(|()| writer.log.sync_data());
         match written {
             Ok(()) => {
                 writer.log_bytes += bytes.len() as u64;
@@ -437,8 +447,9 @@ impl DefinitionsStore {
         };
         // Until a new log of the new generation is in place, nothing is appended.
         writer.needs_compaction = true;
-        let compacted = write_snapshot(&self.snapshot_path, &definitions)
-            .and_then(|snapshot| Ok((snapshot.bytes, create_log(&self.log_path, &self.directory, definitions.log_generation)?)));
+        let fs = &*self.file_system;
+        let compacted = write_snapshot(fs, &self.snapshot_path, &definitions)
+            .and_then(|snapshot| Ok((snapshot.bytes, create_log(fs, &self.log_path, &self.directory, definitions.log_generation)?)));
         match compacted {
             Ok((snapshot_bytes, log)) => {
                 *writer = Writer { log, log_bytes: LOG_HEADER_BYTES, snapshot_bytes, needs_compaction: false };
@@ -454,12 +465,10 @@ impl DefinitionsStore {
 }
 
 /// Reads and parses the snapshot, upgrading an older format; `None` when there is none.
-fn read_snapshot(path: &Path) -> Result<Option<LoadedSnapshot>, StorageError> {
+fn read_snapshot(fs: &dyn FileSystem, path: &Path) -> Result<Option<LoadedSnapshot>, StorageError> {
     let corrupt = |detail: String| StorageError::Corrupt { path: path.display().to_string(), detail };
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(error) => return Err(StorageError::io(path, error)),
+    let Some(bytes) = read_whole(fs, path)? else {
+        return Ok(None);
     };
     let document: serde_json::Value = serde_json::from_slice(&bytes).map_err(|error| corrupt(error.to_string()))?;
     let found = match document.get("storage_format_version") {
@@ -476,8 +485,8 @@ fn read_snapshot(path: &Path) -> Result<Option<LoadedSnapshot>, StorageError> {
             let definitions = serde_json::from_value(document).map_err(|error| corrupt(error.to_string()))?;
             Ok(Some(LoadedSnapshot { definitions, bytes: bytes.len() as u64 }))
         }
-        2 | 3 => upgrade(path, document, found).map(Some),
-        1 if !has_queues => upgrade(path, document, found).map(Some),
+        2 | 3 => upgrade(fs, path, document, found).map(Some),
+        1 if !has_queues => upgrade(fs, path, document, found).map(Some),
         _ => Err(StorageError::UnsupportedFormat { path: path.display().to_string(), found }),
     }
 }
@@ -485,7 +494,7 @@ fn read_snapshot(path: &Path) -> Result<Option<LoadedSnapshot>, StorageError> {
 /// Brings an older snapshot to the current format (every queue of format 2 is classic; format 3
 /// had no log), and writes it back atomically; the log is created afresh by [`open_log`], as
 /// the generation in the new snapshot matches no log.
-fn upgrade(path: &Path, mut document: serde_json::Value, found: u32) -> Result<LoadedSnapshot, StorageError> {
+fn upgrade(fs: &dyn FileSystem, path: &Path, mut document: serde_json::Value, found: u32) -> Result<LoadedSnapshot, StorageError> {
     let corrupt = |detail: String| StorageError::Corrupt { path: path.display().to_string(), detail };
     let Some(object) = document.as_object_mut() else {
         return Err(corrupt("not a JSON object".to_string()));
@@ -500,7 +509,7 @@ fn upgrade(path: &Path, mut document: serde_json::Value, found: u32) -> Result<L
     // and a stray file of that name is not this snapshot's log.
     object.insert("log_generation".to_string(), serde_json::Value::from(1u64));
     let definitions: Definitions = serde_json::from_value(document).map_err(|error| corrupt(error.to_string()))?;
-    let snapshot = write_snapshot(path, &definitions)?;
+    let snapshot = write_snapshot(fs, path, &definitions)?;
     tracing::info!(
         path = %path.display(),
         from = found,
@@ -512,62 +521,93 @@ fn upgrade(path: &Path, mut document: serde_json::Value, found: u32) -> Result<L
 }
 
 /// Replaces the snapshot atomically.
-fn write_snapshot(path: &Path, definitions: &Definitions) -> Result<LoadedSnapshot, StorageError> {
+fn write_snapshot(fs: &dyn FileSystem, path: &Path, definitions: &Definitions) -> Result<LoadedSnapshot, StorageError> {
     assert_eq!(definitions.storage_format_version, STORAGE_FORMAT_VERSION, "definitions are written in the current format");
     let bytes = serde_json::to_vec_pretty(definitions)
         .map_err(|error| StorageError::Corrupt { path: path.display().to_string(), detail: error.to_string() })?;
-    write_atomically(path, &bytes)?;
+    write_atomically(fs, path, &bytes)?;
     Ok(LoadedSnapshot { definitions: definitions.clone(), bytes: bytes.len() as u64 })
+}
+
+/// A whole file, or `None` when there is none.
+fn read_whole(fs: &dyn FileSystem, path: &Path) -> Result<Option<Vec<u8>>, StorageError> {
+    if !fs.exists(path) {
+        return Ok(None);
+    }
+    let file = fs.open(path, OpenMode::Read).map_err(|error| StorageError::io(path, error))?;
+    let length = file.len().map_err(|error| StorageError::io(path, error))?;
+    let length = usize::try_from(length)
+        .map_err(|_| StorageError::Corrupt { path: path.display().to_string(), detail: format!("{length} bytes do not fit in memory") })?;
+    let mut bytes = vec![0; length];
+    file.read_exact_at(&mut bytes, 0).map_err(|error| StorageError::io(path, error))?;
+    Ok(Some(bytes))
+}
+
+/// Writes `bytes` to `path` so that a crash leaves either the old or the new content: a temporary
+/// file written and synced, renamed over `path`, the directory synced.
+fn write_atomically(fs: &dyn FileSystem, path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    let temporary = path.with_extension(format!("{}.tmp", path.extension().and_then(|extension| extension.to_str()).unwrap_or("")));
+    // A temporary file a crash left behind is not part of anything.
+    file_system::remove_durably(fs, &temporary).map_err(io_error(&temporary))?;
+    let file = fs.open(&temporary, OpenMode::CreateNew).map_err(io_error(&temporary))?;
+    file.write_all_at(bytes, 0).and_then(|()| file.sync_data()).map_err(io_error(&temporary))?;
+    drop(file);
+    fs.rename(&temporary, path).map_err(io_error(path))?;
+    let directory = path.parent().unwrap_or(Path::new("."));
+    fs.sync_directory(directory).map_err(io_error(directory))
+}
+
+fn io_error(path: &Path) -> impl Fn(std::io::Error) -> StorageError + '_ {
+    move |error| StorageError::io(path, error)
 }
 
 /// Replays the log of `generation` onto `state` and opens it for appending after its last intact
 /// record; a missing log, or one of another generation (left by a compaction that a crash cut
 /// short, whose records the snapshot holds), is replaced by an empty one.
-fn open_log(path: &Path, generation: u64, state: &mut DefinitionState) -> Result<(File, u64), StorageError> {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(error) => return Err(StorageError::io(path, error)),
-    };
+fn open_log(
+    fs: &dyn FileSystem,
+    path: &Path,
+    generation: u64,
+    state: &mut DefinitionState,
+) -> Result<(Arc<dyn StorageFile>, u64), StorageError> {
+    let bytes = read_whole(fs, path)?.unwrap_or_default();
     let directory = path.parent().unwrap_or(Path::new("."));
     if decode_header(&bytes) != Some(generation) {
         if !bytes.is_empty() {
             tracing::info!(path = %path.display(), "the definitions log precedes the snapshot, which holds its changes; starting a new log");
         }
-        return Ok((create_log(path, directory, generation)?, LOG_HEADER_BYTES));
+        return Ok((create_log(fs, path, directory, generation)?, LOG_HEADER_BYTES));
     }
     let replayed = read_records(path, &bytes, generation)?;
     let replayed_count = replayed.changes.len();
     for change in replayed.changes {
         state.apply(change);
     }
-    let file = std::fs::OpenOptions::new().append(true).open(path).map_err(|error| StorageError::io(path, error))?;
+    let file = fs.open(path, OpenMode::ReadWrite).map_err(|error| StorageError::io(path, error))?;
     if let Some(reason) = &replayed.torn {
         // Nothing past the last intact record was acknowledged: cut it off, so that new records
         // follow the intact ones.
         tracing::warn!(path = %path.display(), %reason, dropped_bytes = bytes.len() as u64 - replayed.valid_bytes,
             "the definitions log ends in a torn record (a crash during a write); it is ignored");
-        file.set_len(replayed.valid_bytes).and_then(|()| file.sync_all()).map_err(|error| StorageError::io(path, error))?;
+        file.set_len(replayed.valid_bytes).and_then(|()| file.sync_data()).map_err(|error| StorageError::io(path, error))?;
     }
     tracing::debug!(path = %path.display(), records = replayed_count, "replayed the definitions log");
     Ok((file, replayed.valid_bytes))
 }
 
-/// An empty log of `generation`, in place of `path` atomically, opened for appending.
-fn create_log(path: &Path, directory: &Path, generation: u64) -> Result<File, StorageError> {
-    let temporary = path.with_extension("log.tmp");
-    let mut file = File::create(&temporary).map_err(|error| StorageError::io(&temporary, error))?;
-    file.write_all(&encode_header(generation)).and_then(|()| file.sync_all()).map_err(|error| StorageError::io(&temporary, error))?;
-    drop(file);
-    std::fs::rename(&temporary, path).map_err(|error| StorageError::io(path, error))?;
-    File::open(directory).and_then(|directory| directory.sync_all()).map_err(|error| StorageError::io(directory, error))?;
-    std::fs::OpenOptions::new().append(true).open(path).map_err(|error| StorageError::io(path, error))
+/// An empty log of `generation`, in place of `path` atomically, opened for appending after its
+/// header.
+fn create_log(fs: &dyn FileSystem, path: &Path, directory: &Path, generation: u64) -> Result<Arc<dyn StorageFile>, StorageError> {
+    debug_assert_eq!(path.parent(), Some(directory), "the log lives in the data directory");
+    write_atomically(fs, path, &encode_header(generation))?;
+    fs.open(path, OpenMode::ReadWrite).map_err(|error| StorageError::io(path, error))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::definitions_state::ControlPlaneRecord;
+    use crate::memory_file_system::{FaultOperation, MemoryFileSystem, PowerCut};
 
     fn data_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("lepus-definitions-test-{name}-{}", std::process::id()));
@@ -785,14 +825,22 @@ mod tests {
         assert_eq!(reopened.queues.len(), compacted.queues.len() + 1);
     }
 
+    fn memory_store(memory: &MemoryFileSystem) -> (DefinitionsStore, Definitions) {
+        DefinitionsStore::open_on(memory.shared(), Path::new("/data")).expect("open in memory")
+    }
+
+    fn memory_data_dir() -> MemoryFileSystem {
+        let memory = MemoryFileSystem::new();
+        memory.create_durable_directory(Path::new("/data"));
+        memory
+    }
+
     #[test]
     fn after_a_failed_append_the_next_change_writes_a_new_snapshot_with_both() {
-        let dir = data_dir("failed-append");
-        let (store, _) = open(&dir);
+        let memory = memory_data_dir();
+        let (store, _) = memory_store(&memory);
         store.apply(DefinitionChange::PutQueue(queue("/", "before"))).expect("apply");
-        // The log's descriptor now refuses writes (EBADF), as a full or failing disk would.
-        let read_only = File::open(dir.join("definitions.log")).expect("open");
-        store.writer.lock().log = read_only;
+        memory.fail(FaultOperation::Write, libc::ENOSPC, Path::new("/data/definitions.log"), 1);
         let error = store.apply(DefinitionChange::PutQueue(queue("/", "failed"))).expect_err("the append fails");
         assert!(matches!(error, StorageError::Io { .. }), "{error}");
         // The broker keeps what it declared in memory, as the store keeps it in its state: the next
@@ -801,8 +849,32 @@ mod tests {
         assert_eq!(store.definitions().log_generation, 2);
         store.apply(DefinitionChange::PutQueue(queue("/", "appended"))).expect("apply to the new log");
         drop(store);
-        let (_, reopened) = open(&dir);
+        let restarted = memory.power_cut(PowerCut::LoseUnsynced);
+        let (_, reopened) = memory_store(&restarted);
         assert_eq!(names(&reopened.queues, |record| record.name.clone()), ["after", "appended", "before", "failed"]);
+    }
+
+    #[test]
+    fn a_power_cut_keeps_every_acknowledged_change_and_drops_a_torn_unacknowledged_one() {
+        let memory = memory_data_dir();
+        let (store, _) = memory_store(&memory);
+        for change in changes() {
+            store.apply(change).expect("apply");
+        }
+        let acknowledged = store.definitions();
+        // The next append reaches the page cache but its fdatasync fails: not acknowledged.
+        memory.fail(FaultOperation::Sync, libc::EIO, Path::new("/data/definitions.log"), 1);
+        store.apply(DefinitionChange::PutQueue(queue("/", "unacknowledged"))).expect_err("the sync fails");
+        let restarted = memory.power_cut(PowerCut::TearLastWrite { bytes_kept: 11 });
+        let (store, reopened) = memory_store(&restarted);
+        assert_eq!(contents(&reopened), contents(&acknowledged));
+        check_expected(&reopened);
+        // The torn record was cut off: what comes next is read back after the intact records.
+        store.apply(DefinitionChange::PutQueue(queue("/", "later"))).expect("apply");
+        drop(store);
+        let restarted = restarted.power_cut(PowerCut::LoseUnsynced);
+        let (_, reopened) = memory_store(&restarted);
+        assert_eq!(names(&reopened.queues, |record| record.name.clone()), ["later", "q2", "q4"]);
     }
 
     #[test]
@@ -925,7 +997,7 @@ mod tests {
         let document: serde_json::Value = serde_json::from_str(&text).expect("json");
         assert_eq!(document["storage_format_version"], STORAGE_FORMAT_VERSION);
         assert!(document["queues"].as_array().expect("queues").iter().all(|queue| queue["type"] == "classic"), "{text}");
-        assert!(!path.with_extension("tmp").exists());
+        assert!(!path.with_extension("json.tmp").exists());
         assert_eq!(open(&dir).1, loaded);
     }
 

@@ -172,7 +172,7 @@ def test_an_older_data_directory_is_upgraded_to_the_current_format_with_everythi
         definitions = read_definitions(data_dir)
         assert definitions["storage_format_version"] == STORAGE_FORMAT_VERSION, definitions
         assert [queue["type"] for queue in definitions["queues"]] == ["classic"] * len(manifest["queues"]), definitions
-        assert not os.path.exists(os.path.join(str(data_dir), "definitions.tmp"))
+        assert not os.path.exists(os.path.join(str(data_dir), "definitions.json.tmp"))
         check_upgraded_contents(broker, manifest)
         # A queue declared now is stored with its type, and a restart reads the file as it is.
         connection = broker.connect()
