@@ -232,8 +232,8 @@ impl<Q: Clone> Vhost<Q> {
         self.queues.get(name)
     }
 
-    /// Every queue.
-    pub fn queues(&self) -> impl Iterator<Item = &QueueEntry<Q>> {
+    /// Every queue (its `len()` is the count, without a walk).
+    pub fn queues(&self) -> impl ExactSizeIterator<Item = &QueueEntry<Q>> {
         self.queues.values()
     }
 

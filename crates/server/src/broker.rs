@@ -17,9 +17,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use storage::definitions::{
-    table_from_hex, table_to_hex, BindingRecord, Definitions, DefinitionsStore, ExchangeRecord, PermissionRecord, QueueRecord, UserRecord,
-    VhostRecord,
+    table_from_hex, table_to_hex, BindingRecord, Definitions, DefinitionsStore, DefinitionsTicket, ExchangeRecord, PermissionRecord,
+    QueueRecord, UserRecord, VhostRecord,
 };
+use storage::definitions_state::{ControlPlaneRecord, DefinitionChange};
 use storage::syncer::Syncer;
 use storage::StorageError;
 
@@ -85,7 +86,8 @@ pub struct Broker {
     /// Policies of every vhost, in no particular order (see `policy.rs`).
     policies: RwLock<Vec<Arc<Policy>>>,
     definitions: DefinitionsStore,
-    /// Serialises rewrites of the definitions file, so the newest topology is the one on disk.
+    /// Serialises writes of the control plane (users, permissions, vhosts, policies), each read
+    /// whole, so the newest is the one on disk.
     definitions_write: Mutex<()>,
     next_connection_id: AtomicU64,
     /// Raised while free disk space is below the limit (see `disk.rs`).
@@ -149,7 +151,7 @@ impl Broker {
     pub fn open(config: ServerConfig) -> Result<Arc<Broker>, RecoveryError> {
         std::fs::create_dir_all(config.data_dir.join("queues"))
             .map_err(|source| RecoveryError::Io { path: config.data_dir.clone(), source })?;
-        let definitions = DefinitionsStore::new(&config.data_dir);
+        let (definitions, recovered) = DefinitionsStore::open(&config.data_dir)?;
         let journal = replay_journal(&config.data_dir)?;
         // Only `--sync always` syncs before confirms; the other policies write segments directly.
         let journaled = config.sync_policy == storage::syncer::SyncPolicy::Always;
@@ -171,13 +173,12 @@ impl Broker {
             disk_alarm_raised: tokio::sync::Notify::new(),
             config,
         };
-        broker.recover()?;
+        broker.recover(recovered)?;
         Ok(Arc::new(broker))
     }
 
-    fn recover(&mut self) -> Result<(), RecoveryError> {
+    fn recover(&mut self, definitions: Definitions) -> Result<(), RecoveryError> {
         let clean_shutdown = storage::take_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir)?;
-        let definitions = self.definitions.load()?;
         {
             let mut vhosts = self.vhosts.write();
             match &definitions.vhosts {
@@ -325,6 +326,10 @@ impl Broker {
             }
         } else {
             self.flush_all_unjournaled();
+        }
+        // The next start then reads one snapshot and an empty log.
+        if let Err(error) = self.definitions.compact() {
+            tracing::error!(%error, "compacting the definitions log at shutdown failed; the next start replays it");
         }
         if let Err(error) = storage::write_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir) {
             tracing::error!(%error, "writing the clean-shutdown marker failed");
@@ -527,8 +532,13 @@ impl Broker {
     /// Deletes a vhost: closes its connections (320), deletes its queues with their logs, and
     /// forgets its permissions and policies, as RabbitMQ does. Returns whether it existed.
     pub fn delete_vhost(&self, name: &str) -> Result<bool, AmqpError> {
-        let Some(slot) = self.vhosts.write().remove(name) else {
-            return Ok(false);
+        // Under the map's lock, so a vhost of the same name created next is stored after this.
+        let (slot, ticket) = {
+            let mut vhosts = self.vhosts.write();
+            let Some(slot) = vhosts.remove(name) else {
+                return Ok(false);
+            };
+            (slot, self.submit_definition(DefinitionChange::DeleteVhost { name: name.to_string() }))
         };
         for connection in self.connection_handles() {
             if connection.session.lock().vhost == name {
@@ -542,6 +552,7 @@ impl Broker {
         }
         self.permissions.remove_vhost(name);
         self.policies.write().retain(|policy| policy.vhost != name);
+        self.await_definitions(Some(ticket))?;
         self.persist()?;
         tracing::info!(vhost = name, "vhost deleted");
         Ok(true)
@@ -609,91 +620,60 @@ impl Broker {
         }
     }
 
-    /// Writes every durable definition (also after a change of users or permissions).
+    /// Writes the control plane: users, permissions, vhosts with their limits, and policies (after
+    /// any change of one of them). Exchanges, queues and bindings are stored change by change as
+    /// they are made ([`Broker::submit_definition`]).
     pub fn persist(&self) -> Result<(), AmqpError> {
         let _serialised = self.definitions_write.lock();
-        let mut definitions = Definitions {
-            vhosts: Some(
-                self.vhost_infos()
-                    .into_iter()
-                    .map(|info| VhostRecord {
-                        name: info.name,
-                        description: info.description,
-                        tags: info.tags,
-                        limits: info.limits.map(|limits| limits.to_map()),
-                    })
-                    .collect(),
-            ),
+        let vhosts = self
+            .vhost_infos()
+            .into_iter()
+            .map(|info| VhostRecord {
+                name: info.name,
+                description: info.description,
+                tags: info.tags,
+                limits: info.limits.map(|limits| limits.to_map()),
+            })
+            .collect();
+        let users = self
+            .users
+            .list()
+            .iter()
+            .map(|user| UserRecord { name: user.name.clone(), password_hash: user.password_hash(), tags: user.tags.clone() })
+            .collect();
+        let permissions = self
+            .permissions
+            .list()
+            .iter()
+            .map(|entry| PermissionRecord {
+                user: entry.user.clone(),
+                vhost: entry.vhost.clone(),
+                configure: entry.configure.clone(),
+                write: entry.write.clone(),
+                read: entry.read.clone(),
+            })
+            .collect();
+        let record = ControlPlaneRecord {
+            users: Some(users),
+            permissions: Some(permissions),
+            vhosts: Some(vhosts),
             policies: self.policies().iter().map(|policy| policy.to_record()).collect(),
-            ..Definitions::default()
         };
-        for (vhost_name, vhost) in &self.topologies() {
-            let vhost = vhost.read();
-            let durable_exchange = |name: &ShortStr| vhost.exchange(name).is_some_and(|exchange| exchange.durable);
-            for exchange in vhost.exchanges() {
-                if exchange.durable && !exchange.name.is_empty() && !exchange.name.as_bytes().starts_with(b"amq.") {
-                    definitions.exchanges.push(ExchangeRecord {
-                        vhost: vhost_name.clone(),
-                        name: exchange.name.to_string_lossy(),
-                        kind: exchange.kind.name().to_string(),
-                        auto_delete: exchange.auto_delete,
-                        internal: exchange.internal,
-                        arguments_hex: table_to_hex(&exchange.arguments),
-                    });
-                }
-            }
-            for entry in vhost.queues() {
-                let definition = &entry.definition;
-                if definition.durable && definition.exclusive_owner.is_none() {
-                    definitions.queues.push(QueueRecord {
-                        vhost: vhost_name.clone(),
-                        name: definition.name.to_string_lossy(),
-                        auto_delete: definition.auto_delete,
-                        arguments_hex: table_to_hex(&definition.arguments),
-                        queue_type: definition.queue_type,
-                    });
-                }
-            }
-            for (source, binding) in vhost.bindings() {
-                let (destination, is_exchange, durable) = match &binding.destination {
-                    Destination::Queue(name) => {
-                        (name, false, vhost.queue(name).is_some_and(|q| q.definition.durable && q.definition.exclusive_owner.is_none()))
-                    }
-                    Destination::Exchange(name) => (name, true, durable_exchange(name)),
-                };
-                if source.durable && durable {
-                    definitions.bindings.push(BindingRecord {
-                        vhost: vhost_name.clone(),
-                        source: source.name.to_string_lossy(),
-                        destination: destination.to_string_lossy(),
-                        destination_is_exchange: is_exchange,
-                        routing_key: binding.routing_key.to_string_lossy(),
-                        arguments_hex: table_to_hex(&binding.arguments),
-                    });
-                }
-            }
-        }
-        definitions.users = Some(
-            self.users
-                .list()
-                .iter()
-                .map(|user| UserRecord { name: user.name.clone(), password_hash: user.password_hash(), tags: user.tags.clone() })
-                .collect(),
-        );
-        definitions.permissions = Some(
-            self.permissions
-                .list()
-                .iter()
-                .map(|entry| PermissionRecord {
-                    user: entry.user.clone(),
-                    vhost: entry.vhost.clone(),
-                    configure: entry.configure.clone(),
-                    write: entry.write.clone(),
-                    read: entry.read.clone(),
-                })
-                .collect(),
-        );
-        self.definitions.save(&definitions).map_err(|error| {
+        let ticket = self.definitions.submit(DefinitionChange::ControlPlane(record));
+        self.await_definitions(Some(ticket))
+    }
+
+    /// Records a change of the durable definitions in the order the broker made it: call it while
+    /// holding the lock under which the change was made (the vhost's topology), and pass the
+    /// ticket to [`Broker::await_definitions`] after releasing it.
+    fn submit_definition(&self, change: DefinitionChange) -> DefinitionsTicket {
+        self.definitions.submit(change)
+    }
+
+    /// Waits until a submitted change is on disk (the answer to the client is sent after).
+    fn await_definitions(&self, ticket: Option<DefinitionsTicket>) -> Result<(), AmqpError> {
+        let Some(ticket) = ticket else { return Ok(()) };
+        self.definitions.wait(ticket).map_err(|error| {
             tracing::error!(%error, "saving definitions failed");
             AmqpError::internal(format!("could not store definitions: {error}"))
         })
@@ -701,20 +681,34 @@ impl Broker {
 
     /// exchange.declare.
     pub fn declare_exchange(&self, vhost: &str, declaration: &ExchangeDeclaration) -> Result<(), AmqpError> {
-        let created = self.topology(vhost)?.write().declare_exchange(declaration)?;
-        if created && declaration.durable {
-            self.persist()?;
-        }
-        Ok(())
+        let ticket = {
+            let topology = self.topology(vhost)?;
+            let mut topology = topology.write();
+            let created = topology.declare_exchange(declaration)?;
+            let exchange = topology.exchange(&declaration.name).filter(|exchange| created && exchange.durable);
+            exchange.map(|exchange| self.submit_definition(DefinitionChange::PutExchange(exchange_record(vhost, exchange))))
+        };
+        self.await_definitions(ticket)
     }
 
     /// exchange.delete.
     pub fn delete_exchange(&self, vhost: &str, name: &ShortStr, if_unused: bool) -> Result<(), AmqpError> {
-        let removed = self.topology(vhost)?.write().delete_exchange(name, if_unused)?;
-        if removed.is_some_and(|exchange| exchange.durable) {
-            self.persist()?;
-        }
-        Ok(())
+        let ticket = {
+            let topology = self.topology(vhost)?;
+            let mut topology = topology.write();
+            // Deleting an exchange unbinds it from its sources; an auto-delete source that loses
+            // its last binding that way goes too.
+            let before: Vec<ShortStr> =
+                topology.exchanges().filter(|exchange| exchange.durable).map(|exchange| exchange.name.clone()).collect();
+            let removed = topology.delete_exchange(name, if_unused)?;
+            let gone: Vec<ShortStr> = before.into_iter().filter(|name| topology.exchange(name).is_none()).collect();
+            let changes =
+                gone.into_iter().map(|name| DefinitionChange::DeleteExchange { vhost: vhost.to_string(), name: name.to_string_lossy() });
+            let ticket = changes.map(|change| self.submit_definition(change)).last();
+            drop(removed);
+            ticket
+        };
+        self.await_definitions(ticket)
     }
 
     /// queue.declare; returns (name, ready messages, consumers).
@@ -729,7 +723,7 @@ impl Broker {
         let storage = self.classic_storage();
         let topology = self.topology(vhost_name)?;
         let queue_bound = self.vhost_bound(vhost_name, VhostLimit::MaxQueues);
-        let (queue, created) = {
+        let (queue, created, ticket) = {
             let mut vhost = topology.write();
             if let Some(bound) = queue_bound {
                 check_queue_limit(&vhost, &definition, passive, server_named, bound)?;
@@ -741,15 +735,15 @@ impl Broker {
                     AmqpError::internal(format!("could not create the queue's log: {error}"))
                 })
             })?;
-            (entry.handle.clone(), created)
+            // A queue whose log could not be made was refused above, and is not in the topology.
+            let stored = created && entry.definition.durable && entry.definition.exclusive_owner.is_none();
+            let ticket = stored.then(|| self.submit_definition(DefinitionChange::PutQueue(queue_record(vhost_name, &entry.definition))));
+            (entry.handle.clone(), created, ticket)
         };
         if created {
             queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
         }
-        let definition = queue.definition();
-        if created && definition.durable && definition.exclusive_owner.is_none() {
-            self.persist()?;
-        }
+        self.await_definitions(ticket)?;
         let (messages, consumers) = queue.counts();
         Ok((queue.name().clone(), messages, consumers))
     }
@@ -782,38 +776,106 @@ impl Broker {
             if owner.is_some_and(|owner| !owned(owner)) {
                 return (0, Vec::new());
             }
-            topology.remove_queue(name)
+            let removed = topology.remove_queue(name);
+            let ticket = removed.as_ref().and_then(|(entry, removed_exchanges)| {
+                let durable = entry.definition.durable && entry.definition.exclusive_owner.is_none();
+                let queue = durable.then(|| DefinitionChange::DeleteQueue { vhost: vhost_name.to_string(), name: name.to_string_lossy() });
+                let exchanges = removed_exchanges.iter().filter(|exchange| exchange.durable).map(|exchange| {
+                    DefinitionChange::DeleteExchange { vhost: vhost_name.to_string(), name: exchange.name.to_string_lossy() }
+                });
+                queue.into_iter().chain(exchanges).map(|change| self.submit_definition(change)).last()
+            });
+            removed.map(|(entry, _)| (entry, ticket))
         };
-        let Some((entry, removed_exchanges)) = removed else {
+        let Some((entry, ticket)) = removed else {
             return (0, Vec::new());
         };
         let (count, consumers) = entry.handle.delete();
-        let durable = entry.definition.durable && entry.definition.exclusive_owner.is_none();
-        if durable || removed_exchanges.iter().any(|exchange| exchange.durable) {
-            if let Err(error) = self.persist() {
-                tracing::error!(%error, "persisting a queue deletion failed");
-            }
+        if let Err(error) = self.await_definitions(ticket) {
+            tracing::error!(%error, "persisting a queue deletion failed");
         }
         (count, consumers)
     }
 
     /// queue.bind / exchange.bind.
     pub fn bind(&self, vhost_name: &str, source: &ShortStr, binding: Binding) -> Result<(), AmqpError> {
-        let added = self.topology(vhost_name)?.write().bind(source, binding)?;
-        if added {
-            self.persist()?;
-        }
-        Ok(())
+        let ticket = {
+            let topology = self.topology(vhost_name)?;
+            let mut topology = topology.write();
+            let record = binding_record(vhost_name, source, &binding);
+            let added = topology.bind(source, binding)?;
+            let durable = added && binding_is_durable(&topology, source, &record);
+            durable.then(|| self.submit_definition(DefinitionChange::PutBinding(record)))
+        };
+        self.await_definitions(ticket)
     }
 
     /// queue.unbind / exchange.unbind.
     pub fn unbind(&self, vhost_name: &str, source: &ShortStr, binding: &Binding) -> Result<(), AmqpError> {
-        let (removed, _) = self.topology(vhost_name)?.write().unbind(source, binding)?;
-        if removed {
-            self.persist()?;
-        }
-        Ok(())
+        let ticket = {
+            let topology = self.topology(vhost_name)?;
+            let mut topology = topology.write();
+            let (removed, removed_source) = topology.unbind(source, binding)?;
+            // Deleting a record that was never stored (an end was not durable) changes nothing.
+            let unbound = removed.then(|| DefinitionChange::DeleteBinding(binding_record(vhost_name, source, binding)));
+            let source_gone = removed_source
+                .filter(|exchange| exchange.durable)
+                .map(|exchange| DefinitionChange::DeleteExchange { vhost: vhost_name.to_string(), name: exchange.name.to_string_lossy() });
+            unbound.into_iter().chain(source_gone).map(|change| self.submit_definition(change)).last()
+        };
+        self.await_definitions(ticket)
     }
+}
+
+/// The stored form of a durable exchange.
+fn exchange_record(vhost: &str, exchange: &Exchange) -> ExchangeRecord {
+    ExchangeRecord {
+        vhost: vhost.to_string(),
+        name: exchange.name.to_string_lossy(),
+        kind: exchange.kind.name().to_string(),
+        auto_delete: exchange.auto_delete,
+        internal: exchange.internal,
+        arguments_hex: table_to_hex(&exchange.arguments),
+    }
+}
+
+/// The stored form of a durable queue.
+fn queue_record(vhost: &str, definition: &QueueDefinition) -> QueueRecord {
+    QueueRecord {
+        vhost: vhost.to_string(),
+        name: definition.name.to_string_lossy(),
+        auto_delete: definition.auto_delete,
+        arguments_hex: table_to_hex(&definition.arguments),
+        queue_type: definition.queue_type,
+    }
+}
+
+/// The stored form of a binding (stored only when both ends are durable).
+fn binding_record(vhost: &str, source: &ShortStr, binding: &Binding) -> BindingRecord {
+    let (destination, destination_is_exchange) = match &binding.destination {
+        Destination::Queue(name) => (name, false),
+        Destination::Exchange(name) => (name, true),
+    };
+    BindingRecord {
+        vhost: vhost.to_string(),
+        source: source.to_string_lossy(),
+        destination: destination.to_string_lossy(),
+        destination_is_exchange,
+        routing_key: binding.routing_key.to_string_lossy(),
+        arguments_hex: table_to_hex(&binding.arguments),
+    }
+}
+
+/// Whether a binding survives a restart: its source is a durable exchange, and its destination a
+/// durable exchange or a durable queue no connection owns.
+fn binding_is_durable(vhost: &Vhost<QueueHandle>, source: &ShortStr, record: &BindingRecord) -> bool {
+    let destination = ShortStr::truncating(record.destination.clone());
+    let destination_durable = if record.destination_is_exchange {
+        vhost.exchange(&destination).is_some_and(|exchange| exchange.durable)
+    } else {
+        vhost.queue(&destination).is_some_and(|entry| entry.definition.durable && entry.definition.exclusive_owner.is_none())
+    };
+    destination_durable && vhost.exchange(source).is_some_and(|exchange| exchange.durable)
 }
 
 /// Refuses a queue.declare that would create a queue in a vhost holding its `max-queues` (406),
@@ -829,7 +891,8 @@ fn check_queue_limit(
     if passive || reserved_name || vhost.queue(&definition.name).is_some() {
         return Ok(());
     }
-    if (vhost.queues().count() as u64) < bound {
+    // The map's length, not a walk of it: this runs on every declare in a vhost with a limit.
+    if (vhost.queues().len() as u64) < bound {
         return Ok(());
     }
     Err(AmqpError::precondition(format!(

@@ -1,7 +1,8 @@
 //! Lepus's storage: what must survive a restart.
 //!
 //! - [`data_dir_lock`]: the exclusive lock one broker process holds on its data directory.
-//! - [`definitions`]: durable exchanges, queues and bindings, rewritten atomically on each change.
+//! - [`definitions`]: durable exchanges, queues, bindings, users, vhosts and policies: a snapshot
+//!   and a checksummed change log ([`definitions_log`]) replayed onto it ([`definitions_state`]).
 //! - [`queue_log`]: one log per durable queue, a directory of segment files that are recycled
 //!   rather than deleted; each record carries a length, a CRC32C over the record and its
 //!   segment's identity, a term and the message's queue position ([`record`]). Recovery replays
@@ -19,6 +20,8 @@
 
 pub mod data_dir_lock;
 pub mod definitions;
+pub mod definitions_log;
+pub mod definitions_state;
 #[cfg(test)]
 mod fault_tests;
 pub mod file_cache;
@@ -32,10 +35,12 @@ pub mod range_set;
 pub mod record;
 pub mod syncer;
 
-/// The storage format of a data directory, in its definitions file. Format 3 records each queue's
-/// type; format 2 (queues without a type, all classic) is upgraded to it at start. Segments have
-/// their own version ([`record::SEGMENT_FORMAT_VERSION`]), unchanged by format 3.
-pub const STORAGE_FORMAT_VERSION: u32 = 3;
+/// The storage format of a data directory, in its definitions snapshot. Format 4 keeps the
+/// definitions as a snapshot and a change log; format 3 recorded each queue's type in one file
+/// rewritten on every change; format 2 had queues without a type (all classic). Formats 3 and 2
+/// are upgraded to 4 at start. Segments have their own version ([`record::SEGMENT_FORMAT_VERSION`]),
+/// unchanged by formats 3 and 4.
+pub const STORAGE_FORMAT_VERSION: u32 = 4;
 
 /// A storage failure, with the file it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -51,10 +56,9 @@ pub enum StorageError {
     /// A file written in a storage format this build does not read.
     #[error(
         "{path}: storage format {found} is not supported: this build reads data directories of format {supported} (with \
-         segments of format {segments}) and upgrades format {upgraded} at start; start with an empty data directory",
+         segments of format {segments}) and upgrades format 2 and format 3 at start; start with an empty data directory",
         supported = STORAGE_FORMAT_VERSION,
-        segments = crate::record::SEGMENT_FORMAT_VERSION,
-        upgraded = STORAGE_FORMAT_VERSION - 1
+        segments = crate::record::SEGMENT_FORMAT_VERSION
     )]
     UnsupportedFormat {
         /// The file.

@@ -1,12 +1,14 @@
-"""The queue type as part of a queue's durable definition (storage format 3), and what RabbitMQ
-does with `x-queue-type`.
+"""The queue type as part of a queue's durable definition (storage format 3, kept by format 4's
+snapshot and change log), and what RabbitMQ does with `x-queue-type`.
 
 Lepus only (they start their own brokers on data directories of their own):
 - A data directory written by the last release of storage format 2 (the committed fixture
   `fixtures/format2-data-dir.tar.gz`, made by `fixtures/make_format2_data_dir.py`, which says what
   it holds in `fixtures/format2-data-dir.json`) starts on the current binary: vhosts, users,
   policies, exchanges, bindings, queues and their messages are all there, and `definitions.json`
-  now says format 3 with a type for every queue.
+  (the snapshot, complete after a graceful stop) now says the current format with a type for every
+  queue. The same for a data directory written by the last release of format 3
+  (`fixtures/format3-data-dir.tar.gz`, made by the same script with main's binary at 0cdeff6).
 - A definitions file of an unknown format, or naming a quorum queue, stops the start with an error
   that says why, and is left as it was.
 - A quorum or stream queue is refused: queue.declare with 540, a definitions import whole (HTTP 400
@@ -38,7 +40,11 @@ from test_lifecycle import LepusBroker
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 FORMAT_2_TARBALL = os.path.join(FIXTURES, "format2-data-dir.tar.gz")
 FORMAT_2_MANIFEST = os.path.join(FIXTURES, "format2-data-dir.json")
-STORAGE_FORMAT_VERSION = 3
+# The same contents written by main at 0cdeff6, the last release of format 3 (one definitions file
+# rewritten on every change), by the same script.
+FORMAT_3_TARBALL = os.path.join(FIXTURES, "format3-data-dir.tar.gz")
+FORMAT_3_MANIFEST = os.path.join(FIXTURES, "format3-data-dir.json")
+STORAGE_FORMAT_VERSION = 4
 
 
 class ManagedBroker(LepusBroker):
@@ -100,8 +106,8 @@ def management_url():
     return url
 
 
-def unpack_format_2(tmp_path):
-    with tarfile.open(FORMAT_2_TARBALL) as tarball:
+def unpack_fixture(tmp_path, tarball_path=FORMAT_2_TARBALL):
+    with tarfile.open(tarball_path) as tarball:
         tarball.extractall(tmp_path, filter="data")
     return tmp_path / "data"
 
@@ -152,26 +158,30 @@ def check_upgraded_contents(broker, manifest):
 
 
 @pytest.mark.lepus_only
-def test_a_format_2_data_directory_is_upgraded_to_format_3_with_everything_in_it(tmp_path):
-    with open(FORMAT_2_MANIFEST) as manifest_file:
+@pytest.mark.parametrize("old_format, tarball, manifest_path",
+                         [(2, FORMAT_2_TARBALL, FORMAT_2_MANIFEST), (3, FORMAT_3_TARBALL, FORMAT_3_MANIFEST)])
+def test_an_older_data_directory_is_upgraded_to_the_current_format_with_everything_in_it(tmp_path, old_format, tarball,
+                                                                                          manifest_path):
+    with open(manifest_path) as manifest_file:
         manifest = json.load(manifest_file)
-    data_dir = unpack_format_2(tmp_path)
-    assert read_definitions(data_dir)["storage_format_version"] == 2, "the fixture is not a format 2 data directory"
+    data_dir = unpack_fixture(tmp_path, tarball)
+    assert read_definitions(data_dir)["storage_format_version"] == old_format, "the fixture is not of its format"
     broker = ManagedBroker(os.environ["LEPUS_BIN"], data_dir, tmp_path)
     broker.start()
     try:
         definitions = read_definitions(data_dir)
         assert definitions["storage_format_version"] == STORAGE_FORMAT_VERSION, definitions
         assert [queue["type"] for queue in definitions["queues"]] == ["classic"] * len(manifest["queues"]), definitions
-        assert not os.path.exists(os.path.join(str(data_dir), "definitions.tmp"))
+        assert not os.path.exists(os.path.join(str(data_dir), "definitions.json.tmp"))
         check_upgraded_contents(broker, manifest)
         # A queue declared now is stored with its type, and a restart reads the file as it is.
         connection = broker.connect()
         connection.channel().queue_declare("upgrade-new", durable=True, arguments={"x-queue-type": "classic"})
         safe_close(connection)
+        # The declare went to the change log; a graceful stop folds the log into the snapshot.
+        broker.stop(signal.SIGTERM)
         definitions = read_definitions(data_dir)
         assert {queue["name"]: queue["type"] for queue in definitions["queues"]}["upgrade-new"] == "classic", definitions
-        broker.stop(signal.SIGTERM)
         broker.start()
         assert read_definitions(data_dir) == definitions
         check_upgraded_contents(broker, manifest)
@@ -195,7 +205,7 @@ def test_a_format_2_data_directory_is_upgraded_to_format_3_with_everything_in_it
 
 @pytest.mark.lepus_only
 def test_a_definitions_file_of_an_unknown_format_or_with_a_quorum_queue_is_refused_at_start(tmp_path):
-    data_dir = unpack_format_2(tmp_path)
+    data_dir = unpack_fixture(tmp_path)
     path = os.path.join(str(data_dir), "definitions.json")
     definitions = read_definitions(data_dir)
     definitions["storage_format_version"] = 99
