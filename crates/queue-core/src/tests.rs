@@ -271,27 +271,30 @@ enum Whereabouts {
 }
 
 proptest! {
-    /// Every enqueued message is exactly once ready, unacked, settled or dropped; the queue
-    /// hands out the lowest ready position first; prefetch holds; nothing expires early, and
-    /// an expired message is gone by the next command that looks at the head.
+    /// Every enqueued message is exactly once ready, unacked, settled or dropped; each delivery
+    /// is the lowest ready position (FIFO, requeued ones back in their place); a blocked or full
+    /// consumer gets nothing; nothing expires early, and after a command that looks at the head
+    /// (dispatch, get, expire) the head is not expired.
     #[test]
     fn conservation_order_prefetch_and_ttl(steps in proptest::collection::vec(step(), 0..150), queue_ttl_ms in proptest::option::of(0u64..60)) {
         let mut queue = Harness::new(Limits { length_limit: Some((20, Overflow::DropHead)), message_ttl_ms: queue_ttl_ms });
         let mut now_ms = 0u64;
         let mut whereabouts: HashMap<u64, Whereabouts> = HashMap::new();
-        let mut deadline: HashMap<u64, u64> = HashMap::new();
+        let mut deadline_of_position: HashMap<u64, u64> = HashMap::new();
+        let mut ready_positions: BTreeSet<u64> = BTreeSet::new();
         let mut unacked: Vec<(u64, u64)> = Vec::new(); // (position, message id)
         let mut consumers: Vec<(ConsumerId, u32, bool)> = Vec::new();
+        let mut held: HashMap<ConsumerId, u32> = HashMap::new();
+        let mut holder_of: HashMap<u64, ConsumerId> = HashMap::new();
         let mut next_consumer = 0u64;
-        let mut position_of: HashMap<u64, u64> = HashMap::new();
         for step in steps {
+            let mut published = None;
             let command = match step {
                 Step::Publish { ttl_ms } => {
                     let id = queue.next_id;
                     queue.next_id += 1;
-                    whereabouts.insert(id, Whereabouts::Ready);
                     let ttl = match (ttl_ms, queue_ttl_ms) { (Some(a), Some(b)) => Some(a.min(b)), (a, b) => a.or(b) };
-                    if let Some(ttl) = ttl { deadline.insert(id, now_ms + ttl); }
+                    published = Some((id, ttl.map(|ttl| now_ms + ttl)));
                     Command::Enqueue { message: TestMessage(id), persistent: false, own_ttl_ms: ttl_ms }
                 }
                 Step::AddConsumer { priority, prefetch, no_ack } => {
@@ -311,59 +314,61 @@ proptest! {
                 }
                 Step::Dispatch => Command::Dispatch,
                 Step::Get { no_ack } => Command::Get { no_ack },
-                Step::Settle(index) if !unacked.is_empty() => {
+                Step::Settle(index) | Step::Requeue(index) if !unacked.is_empty() => {
                     let (position, id) = unacked.remove(index % unacked.len());
-                    whereabouts.insert(id, Whereabouts::Settled);
-                    Command::Settle { position }
-                }
-                Step::Requeue(index) if !unacked.is_empty() => {
-                    let (position, id) = unacked.remove(index % unacked.len());
-                    whereabouts.insert(id, Whereabouts::Ready);
-                    Command::Requeue { position }
+                    if let Some(consumer) = holder_of.remove(&position) { *held.entry(consumer).or_default() -= 1; }
+                    if matches!(step, Step::Settle(_)) {
+                        whereabouts.insert(id, Whereabouts::Settled);
+                        Command::Settle { position }
+                    } else {
+                        whereabouts.insert(id, Whereabouts::Ready);
+                        ready_positions.insert(position);
+                        Command::Requeue { position }
+                    }
                 }
                 Step::Purge => Command::Purge,
                 Step::Advance(ms) => { now_ms += ms; continue; }
                 _ => continue,
             };
+            let looks_at_head = matches!(command, Command::Dispatch | Command::Get { .. });
             let is_purge = matches!(command, Command::Purge);
-            let ready_before: Vec<u64> = queue.core.messages().ready_positions().collect();
+            let expired_head = ready_positions.first().copied().filter(|head| deadline_of_position.get(head).is_some_and(|deadline| *deadline <= now_ms));
             let reply = queue.apply(command, now_ms);
             if is_purge {
+                ready_positions.clear();
                 for state in whereabouts.values_mut() {
                     if *state == Whereabouts::Ready { *state = Whereabouts::Dropped; }
                 }
             }
-            if let Reply::Ok = reply {
-                if let Some(last_id) = queue.next_id.checked_sub(1) {
-                    position_of.entry(last_id).or_insert(queue.core.messages().next_position() - 1);
-                }
-            }
-            let mut expected_head = ready_before.into_iter();
             for effect in &queue.effects {
                 match effect {
                     Effect::Deliver { position, queued, no_ack, consumer } => {
                         let id = queued.message.0;
                         prop_assert_eq!(whereabouts.get(&id), Some(&Whereabouts::Ready), "delivered twice: {}", id);
-                        if let Some(deadline) = deadline.get(&id) { prop_assert!(*deadline > now_ms, "an expired message was delivered"); }
-                        // FIFO: the delivery is the lowest ready position (skipping dropped ones).
-                        let lowest = queue.core.messages().unacked_positions().chain(std::iter::once(*position)).min();
-                        prop_assert!(lowest.is_some());
-                        let _ = expected_head.next();
-                        if *no_ack { whereabouts.insert(id, Whereabouts::Settled); } else { whereabouts.insert(id, Whereabouts::Unacked); unacked.push((*position, id)); }
+                        prop_assert_eq!(ready_positions.pop_first(), Some(*position), "not the lowest ready position");
+                        if let Some(deadline) = deadline_of_position.get(position) { prop_assert!(*deadline > now_ms, "an expired message was delivered"); }
+                        if *no_ack {
+                            whereabouts.insert(id, Whereabouts::Settled);
+                        } else {
+                            whereabouts.insert(id, Whereabouts::Unacked);
+                            unacked.push((*position, id));
+                        }
                         if let Some(consumer) = consumer {
-                            let (_, prefetch, no_ack) = consumers.iter().find(|(c, _, _)| *c == consumer.id).copied().expect("delivered to a live consumer");
+                            let (_, prefetch, consumer_no_ack) = consumers.iter().find(|(c, _, _)| *c == consumer.id).copied().expect("delivered to a live consumer");
                             prop_assert!(!queue.blocked.contains(&consumer.id), "a blocked consumer got a message");
-                            if !no_ack && prefetch != 0 {
-                                let held = unacked.iter().filter(|(p, _)| queue.core.messages().unacked_positions().any(|u| u == *p)).count();
-                                let _ = held;
-                                prop_assert!(queue.core.consumer_unacked(consumer.id).unwrap_or(0) <= prefetch, "prefetch exceeded");
+                            if !consumer_no_ack {
+                                let count = held.entry(consumer.id).or_default();
+                                *count += 1;
+                                holder_of.insert(*position, consumer.id);
+                                prop_assert!(prefetch == 0 || *count <= prefetch, "prefetch {} exceeded", prefetch);
                             }
                         }
                     }
-                    Effect::Drop { message, reason, .. } => {
+                    Effect::Drop { position, message, reason } => {
                         prop_assert_eq!(whereabouts.get(&message.0), Some(&Whereabouts::Ready));
+                        prop_assert!(ready_positions.remove(position), "dropped a message that was not ready");
                         if *reason == DeadLetterReason::Expired {
-                            let deadline = deadline.get(&message.0).copied();
+                            let deadline = deadline_of_position.get(position).copied();
                             prop_assert!(deadline.is_some_and(|deadline| deadline <= now_ms), "expired early");
                         }
                         whereabouts.insert(message.0, Whereabouts::Dropped);
@@ -371,16 +376,22 @@ proptest! {
                     _ => {}
                 }
             }
+            if let (Some((id, deadline)), Reply::Ok) = (published, &reply) {
+                let position = queue.core.messages().next_position() - 1;
+                whereabouts.insert(id, Whereabouts::Ready);
+                ready_positions.insert(position);
+                if let Some(deadline) = deadline { deadline_of_position.insert(position, deadline); }
+            }
             // Conservation: the core's counts match the model's.
             let ready = whereabouts.values().filter(|state| **state == Whereabouts::Ready).count();
             let unacked_model = whereabouts.values().filter(|state| **state == Whereabouts::Unacked).count();
             prop_assert_eq!(queue.core.messages().ready_count(), ready);
             prop_assert_eq!(queue.core.messages().unacked_count(), unacked_model);
-            // TTL never later than the next command that looks at the head.
-            if matches!(queue.effects.first(), Some(_)) || true {
-                if let Some(head) = queue.core.messages().ready_positions().next() {
-                    let _ = head;
-                }
+            prop_assert_eq!(queue.core.messages().ready_positions().collect::<Vec<_>>(), ready_positions.iter().copied().collect::<Vec<_>>());
+            // TTL never later than the next command that looks at the head: a head that had
+            // expired before a dispatch or get is gone after it.
+            if let (true, Some(head)) = (looks_at_head, expired_head) {
+                prop_assert!(!ready_positions.contains(&head), "an expired head outlived a dispatch or get");
             }
         }
     }
