@@ -1,8 +1,6 @@
 //! The transitions: one function per command, each pushing the effects the caller performs.
 
-use crate::{
-    Command, ConsumerId, ConsumerRef, ConsumerSlot, DeadLetterReason, Effect, Limits, Overflow, Payload, QueueCore, Reply,
-};
+use crate::{Command, ConsumerId, ConsumerRef, ConsumerSlot, DeadLetterReason, Effect, Limits, Overflow, Payload, QueueCore, Reply};
 
 impl<M: Payload> QueueCore<M> {
     /// Applies `command` at time `now_ms` (milliseconds since the epoch). `can_take` answers, for

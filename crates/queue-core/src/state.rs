@@ -13,10 +13,7 @@ pub trait Payload: Clone {
     fn size_bytes(&self) -> u64;
 }
 
-impl<T: Payload + ?Sized> Payload for Arc<T>
-where
-    Arc<T>: Clone,
-{
+impl<T: Payload> Payload for Arc<T> {
     fn size_bytes(&self) -> u64 {
         (**self).size_bytes()
     }

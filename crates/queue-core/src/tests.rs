@@ -56,7 +56,9 @@ impl Harness {
         self.effects
             .iter()
             .filter_map(|effect| match effect {
-                Effect::Deliver { consumer, position, queued, .. } => Some((consumer.map(|consumer| consumer.id), *position, queued.message.0)),
+                Effect::Deliver { consumer, position, queued, .. } => {
+                    Some((consumer.map(|consumer| consumer.id), *position, queued.message.0))
+                }
                 _ => None,
             })
             .collect()
@@ -219,15 +221,31 @@ fn purge_drops_ready_and_keeps_unacked() {
 fn paging_asks_for_page_in_before_dispatch() {
     let mut core = QueueCore::new(QueueState::with_paged(10, 3), Limits::NONE, Some(WINDOW));
     let mut effects = Vec::new();
-    core.apply(Command::AddConsumer { consumer: 1, priority: 0, exclusive: false, prefetch: 0, no_ack: false }, 0, &mut |_| true, &mut effects);
+    core.apply(
+        Command::AddConsumer { consumer: 1, priority: 0, exclusive: false, prefetch: 0, no_ack: false },
+        0,
+        &mut |_| true,
+        &mut effects,
+    );
     assert_eq!(core.apply(Command::Dispatch, 0, &mut |_| true, &mut effects), Reply::PageInFirst);
     assert!(matches!(effects[..], [Effect::NeedPageIn { messages_max: 3, .. }]));
     for position in 7..10 {
-        core.apply(Command::PagedIn { position, message: TestMessage(position), redelivered: false, own_ttl_ms: None }, 0, &mut |_| true, &mut effects);
+        core.apply(
+            Command::PagedIn { position, message: TestMessage(position), redelivered: false, own_ttl_ms: None },
+            0,
+            &mut |_| true,
+            &mut effects,
+        );
     }
     effects.clear();
     assert_eq!(core.apply(Command::Dispatch, 0, &mut |_| true, &mut effects), Reply::Ok);
-    let positions: Vec<u64> = effects.iter().filter_map(|effect| match effect { Effect::Deliver { position, .. } => Some(*position), _ => None }).collect();
+    let positions: Vec<u64> = effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::Deliver { position, .. } => Some(*position),
+            _ => None,
+        })
+        .collect();
     assert_eq!(positions, vec![7, 8, 9]);
 }
 
