@@ -45,7 +45,11 @@ impl<M: Payload> QueueCore<M> {
                 true => Reply::Ok,
                 false => Reply::ConsumerNotFound,
             },
-            Command::Dispatch => self.dispatch(now_ms, can_take, effects),
+            Command::Dispatch => self.dispatch(now_ms, usize::MAX, can_take, effects),
+            Command::DispatchOne => match self.dispatch(now_ms, 1, can_take, effects) {
+                Reply::Ok if effects.iter().any(|effect| matches!(effect, Effect::Deliver { .. })) => Reply::Delivered,
+                reply => reply,
+            },
             Command::Get { no_ack } => self.get(no_ack, now_ms, effects),
             Command::Settle { position } => {
                 if let Some((queued, holder)) = self.messages.settle_held(position) {
@@ -184,8 +188,14 @@ impl<M: Payload> QueueCore<M> {
         }
     }
 
-    fn dispatch<G: FnMut(ConsumerRef) -> bool>(&mut self, now_ms: u64, can_take: &mut G, effects: &mut Vec<Effect<M>>) -> Reply {
-        loop {
+    fn dispatch<G: FnMut(ConsumerRef) -> bool>(
+        &mut self,
+        now_ms: u64,
+        deliveries_max: usize,
+        can_take: &mut G,
+        effects: &mut Vec<Effect<M>>,
+    ) -> Reply {
+        for _ in 0..deliveries_max {
             if let Some(request) = self.page_in_request() {
                 effects.push(request);
                 return Reply::PageInFirst;
@@ -199,6 +209,7 @@ impl<M: Payload> QueueCore<M> {
             };
             self.deliver(Some(index), effects);
         }
+        Reply::Ok
     }
 
     /// The highest-priority consumer that can take a message, round robin among equals.

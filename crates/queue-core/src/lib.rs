@@ -93,8 +93,12 @@ pub enum Command<M> {
     /// Removes a consumer found cancelled, keeping the exclusive flag and the round-robin place
     /// (the channel's cleanup cancels it properly later).
     ForgetConsumer { consumer: ConsumerId },
-    /// Deliver what consumers can take now.
+    /// Deliver what consumers can take now. The gate must see the deliveries this command
+    /// makes (a channel-wide prefetch); a caller whose gate only learns of a delivery once its
+    /// effect is performed uses [`Command::DispatchOne`] in a loop instead.
     Dispatch,
+    /// Deliver at most one message: [`Reply::Delivered`] when it did.
+    DispatchOne,
     /// basic.get.
     Get { no_ack: bool },
     /// Ack (or reject without requeue) of an unacked message.
@@ -137,6 +141,8 @@ pub enum Effect<M> {
 pub enum Reply {
     /// Done.
     Ok,
+    /// [`Command::DispatchOne`] delivered a message.
+    Delivered,
     /// Nothing changed: page in first (see [`Effect::NeedPageIn`]), then repeat the command.
     PageInFirst,
     /// basic.consume refused: the queue is in exclusive use.

@@ -144,6 +144,21 @@ fn prefetch_is_respected_and_freed_by_settle() {
 }
 
 #[test]
+fn dispatch_one_delivers_one_and_says_so() {
+    let mut queue = Harness::new(Limits::NONE);
+    queue.consume(1, 0, 0);
+    assert_eq!(queue.apply(Command::DispatchOne, 0), Reply::Ok, "nothing to deliver");
+    queue.publish(0);
+    queue.publish(0);
+    assert_eq!(queue.apply(Command::DispatchOne, 0), Reply::Delivered);
+    assert_eq!(queue.deliveries().len(), 1, "one message per DispatchOne");
+    // A gate that learns of deliveries only between commands (a channel-wide prefetch) is asked again.
+    queue.blocked.insert(1);
+    assert_eq!(queue.apply(Command::DispatchOne, 0), Reply::Ok);
+    assert!(queue.deliveries().is_empty());
+}
+
+#[test]
 fn exclusive_consumer_refuses_others_until_cancelled() {
     let mut queue = Harness::new(Limits::NONE);
     let exclusive = Command::AddConsumer { consumer: 1, priority: 0, exclusive: true, prefetch: 0, no_ack: false };

@@ -197,7 +197,7 @@ impl QueueRuntime {
         if outcome.reply == Reply::Rejected {
             return Enqueued::Rejected;
         }
-        self.run(&mut inner, || Command::Dispatch, perform::Context::dispatching(self));
+        self.dispatch_locked(&mut inner);
         match (outcome.logged, &self.log) {
             (true, Some(log)) => Enqueued::Logged(log.clone()),
             _ => Enqueued::InMemory,
@@ -207,7 +207,13 @@ impl QueueRuntime {
     /// Delivers ready messages to consumers that can take them.
     pub fn dispatch(self: &Arc<Self>) {
         let mut inner = self.inner.lock();
-        self.run(&mut inner, || Command::Dispatch, perform::Context::dispatching(self));
+        self.dispatch_locked(&mut inner);
+    }
+
+    /// Delivers one message at a time: the readiness of a consumer (channel-wide prefetch, a full
+    /// writer) changes only when a delivery is performed, so the core asks again after each.
+    fn dispatch_locked(self: &Arc<Self>, inner: &mut QueueInner) {
+        while self.run(inner, || Command::DispatchOne, perform::Context::dispatching(self)).reply == Reply::Delivered {}
     }
 
     /// Applies the policy that now matches the queue (or none). A lower length limit drops the
@@ -243,7 +249,7 @@ impl QueueRuntime {
             let command = || if requeue { Command::Requeue { position } } else { Command::Settle { position } };
             self.run(&mut inner, command, perform::Context::default());
         }
-        self.run(&mut inner, || Command::Dispatch, perform::Context::dispatching(self));
+        self.dispatch_locked(&mut inner);
     }
 
     /// Adds a consumer (basic.consume), enforcing exclusive consumers as RabbitMQ does.
@@ -271,7 +277,7 @@ impl QueueRuntime {
         }
         inner.consumers.push((id, consumer));
         accepted();
-        self.run(&mut inner, || Command::Dispatch, perform::Context::dispatching(self));
+        self.dispatch_locked(&mut inner);
         Ok(())
     }
 
