@@ -23,3 +23,9 @@ impl Message {
         self.header.delivery_mode() == Some(2)
     }
 }
+
+impl queue_core::Payload for Message {
+    fn size_bytes(&self) -> u64 {
+        self.body.len() as u64
+    }
+}

@@ -6,19 +6,22 @@
 //! Lock order: queue, then a channel's ledger; never the other way round.
 
 use crate::policy::Policy;
-use crate::shared::{ConsumerHandle, Outbound, Readiness, Unacked};
+use crate::shared::{ConsumerHandle, Outbound};
 use amqp_codec::ShortStr;
-use broker_core::queue::{QueueState, QueuedMessage};
+use broker_core::queue::QueueState;
 use broker_core::vhost::{queue_length_limit, Overflow, QueueDefinition};
 use broker_core::{AmqpError, Message};
 use parking_lot::Mutex;
+use queue_core::{Command, ConsumerId, Effect, Limits, QueueCore, Reply};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use storage::syncer::SharedLog;
 
 mod paging;
+mod perform;
 
 pub use paging::Pager;
+pub use queue_core::QueueStats;
 
 /// The runtime of one queue.
 #[derive(Debug)]
@@ -35,17 +38,18 @@ pub struct QueueRuntime {
 
 #[derive(Debug)]
 struct QueueInner {
-    messages: QueueState,
-    consumers: Vec<Arc<ConsumerHandle>>,
-    /// Where the round robin resumes among consumers of equal priority.
-    next_consumer: usize,
-    has_exclusive_consumer: bool,
+    /// The queue's rules and messages, stats included (totals since the queue was created or the
+    /// broker started).
+    core: QueueCore<Arc<Message>>,
+    /// The consumers, in the core's order, with the ids the core knows them by.
+    consumers: Vec<(ConsumerId, Arc<ConsumerHandle>)>,
+    next_consumer_id: ConsumerId,
     /// Where the paged tail continues on disk, while the queue pages.
     pager: Option<Pager>,
-    /// Totals since the queue was created (or the broker started), for rates in listings.
-    stats: QueueStats,
     /// Limits from the queue's arguments and its policy.
     limits: QueueLimits,
+    /// The effects buffer, reused by every command.
+    effects: Vec<Effect<Arc<Message>>>,
 }
 
 /// A queue's effective limits: its arguments merged with the policy that applies to it, the way
@@ -74,24 +78,22 @@ impl QueueLimits {
     }
 }
 
+impl QueueLimits {
+    /// The limits as the core applies them.
+    fn core_limits(&self) -> Limits {
+        let overflow = |overflow: Overflow| match overflow {
+            Overflow::DropHead => queue_core::Overflow::DropHead,
+            Overflow::RejectPublish => queue_core::Overflow::RejectPublish,
+        };
+        Limits { length_limit: self.length_limit.map(|(limit, mode)| (limit, overflow(mode))), message_ttl_ms: self.message_ttl_ms }
+    }
+}
+
 fn lower(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
-}
-
-/// Message totals of a queue (RabbitMQ's message_stats), kept under the queue's lock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct QueueStats {
-    /// Messages enqueued.
-    pub published: u64,
-    /// Deliveries to consumers and basic.get.
-    pub delivered: u64,
-    /// Deliveries settled by ack (or no-ack).
-    pub acked: u64,
-    /// Deliveries put back (reject, nack, recover, consumer gone).
-    pub requeued: u64,
 }
 
 /// A consumer as listed (management API).
@@ -159,15 +161,16 @@ impl QueueRuntime {
         messages: QueueState,
         pager: Option<Pager>,
     ) -> Arc<QueueRuntime> {
+        let limits = QueueLimits::new(&definition.arguments, None);
+        let window = log.is_some().then_some(paging::WINDOW);
         Arc::new(QueueRuntime {
             inner: Mutex::new(QueueInner {
-                messages,
+                core: QueueCore::new(messages, limits.core_limits(), window),
                 consumers: Vec::new(),
-                next_consumer: 0,
-                has_exclusive_consumer: false,
+                next_consumer_id: 0,
                 pager,
-                stats: QueueStats::default(),
-                limits: QueueLimits::new(&definition.arguments, None),
+                limits,
+                effects: Vec::new(),
             }),
             definition,
             vhost: vhost.to_string(),
@@ -181,47 +184,23 @@ impl QueueRuntime {
         &self.definition.name
     }
 
-    /// The log to settle a message in, if it has a record there.
-    fn log_of(&self, queued: &QueuedMessage) -> Option<&SharedLog> {
-        self.log.as_ref().filter(|_| queued.logged)
-    }
-
     /// Enqueues a message and delivers what it can.
     pub fn publish(self: &Arc<Self>, message: Arc<Message>) -> Enqueued {
         if self.deleted.load(Ordering::Acquire) {
             return Enqueued::InMemory;
         }
+        let persistent = message.is_persistent();
+        let own_ttl_ms = own_ttl_ms(&message);
         let mut inner = self.inner.lock();
-        if let Some((limit, overflow)) = inner.limits.length_limit {
-            if inner.messages.ready_count() as u64 >= limit {
-                match overflow {
-                    Overflow::RejectPublish => return Enqueued::Rejected,
-                    Overflow::DropHead => {
-                        // Room for the new message.
-                        self.drop_head_to(&mut inner, limit.max(1) - 1);
-                        if limit == 0 {
-                            return Enqueued::InMemory;
-                        }
-                    }
-                }
-            }
-        }
-        inner.stats.published += 1;
-        if self.should_page(&inner) {
-            let enqueued = self.page_out(&mut inner, &message);
-            self.dispatch_locked(&mut inner);
-            return enqueued;
-        }
-        let expires_at_ms = expiry(&message, inner.limits.message_ttl_ms);
-        let log = self.log.as_ref().filter(|_| message.is_persistent()).cloned();
-        let position = inner.messages.push_expiring(message.clone(), expires_at_ms, log.is_some());
-        if let Some(log) = &log {
-            log.lock().append_publish(position, &message, true);
+        let enqueue = || Command::Enqueue { message: message.clone(), persistent, own_ttl_ms };
+        let outcome = self.run(&mut inner, enqueue, perform::Context::publishing(self, &message));
+        if outcome.reply == Reply::Rejected {
+            return Enqueued::Rejected;
         }
         self.dispatch_locked(&mut inner);
-        match log {
-            Some(log) => Enqueued::Logged(log),
-            None => Enqueued::InMemory,
+        match (outcome.logged, &self.log) {
+            (true, Some(log)) => Enqueued::Logged(log.clone()),
+            _ => Enqueued::InMemory,
         }
     }
 
@@ -231,19 +210,10 @@ impl QueueRuntime {
         self.dispatch_locked(&mut inner);
     }
 
-    /// Drops the oldest ready messages (settling them in the log) until at most `count` are ready.
-    fn drop_head_to(&self, inner: &mut QueueInner, count: u64) {
-        while inner.messages.ready_count() as u64 > count {
-            if inner.messages.ready_in_memory() == 0 {
-                self.page_in(inner);
-            }
-            let Some((position, dropped)) = inner.messages.pop(false) else {
-                break;
-            };
-            if let Some(log) = self.log_of(&dropped) {
-                log.lock().append_settled(position);
-            }
-        }
+    /// Delivers one message at a time: the readiness of a consumer (channel-wide prefetch, a full
+    /// writer) changes only when a delivery is performed, so the core asks again after each.
+    fn dispatch_locked(self: &Arc<Self>, inner: &mut QueueInner) {
+        while self.run(inner, || Command::DispatchOne, perform::Context::dispatching(self)).reply == Reply::Delivered {}
     }
 
     /// Applies the policy that now matches the queue (or none). A lower length limit drops the
@@ -252,167 +222,32 @@ impl QueueRuntime {
     pub fn apply_policy(&self, policy: Option<Arc<Policy>>) {
         let mut inner = self.inner.lock();
         inner.limits = QueueLimits::new(&self.definition.arguments, policy);
-        if let Some((limit, Overflow::DropHead)) = inner.limits.length_limit {
-            self.drop_head_to(&mut inner, limit);
-        }
+        let limits = inner.limits.core_limits();
+        self.run(&mut inner, || Command::SetLimits(limits), perform::Context::default());
     }
 
     /// The name of the policy that applies to the queue, and its definition.
     pub fn policy(&self) -> Option<Arc<Policy>> {
         self.inner.lock().limits.policy.clone()
     }
-}
-
-/// When a message published now expires: the sooner of its own expiration and the queue's TTL.
-fn expiry(message: &Message, message_ttl_ms: Option<u64>) -> Option<u64> {
-    let own = if message.header.has_expiration() {
-        message
-            .header
-            .properties()
-            .ok()
-            .and_then(|properties| properties.expiration)
-            .and_then(|text| text.to_string_lossy().parse::<u64>().ok())
-    } else {
-        None
-    };
-    let ttl_ms = lower(own, message_ttl_ms)?;
-    Some(now_ms().saturating_add(ttl_ms))
-}
-
-impl QueueRuntime {
-    /// Drops expired messages at the head (settling them in the log).
-    fn expire_head(&self, inner: &mut QueueInner) {
-        for (position, expired) in inner.messages.drop_expired_head(now_ms()) {
-            if let Some(log) = self.log_of(&expired) {
-                log.lock().append_settled(position);
-            }
-        }
-    }
-
-    fn dispatch_locked(self: &Arc<Self>, inner: &mut QueueInner) {
-        self.page_in(inner);
-        self.expire_head(inner);
-        while inner.messages.ready_count() > 0 {
-            let Some(index) = self.pick_consumer(inner) else {
-                return;
-            };
-            // Borrowing the consumer in place, rather than cloning its Arc, saves two contended
-            // reference count updates per delivery.
-            let QueueInner { messages, consumers, stats, .. } = inner;
-            let consumer = &consumers[index];
-            if !self.deliver_to(messages, stats, consumer) {
-                // The channel closed under us: its cleanup removes the consumer; try the others.
-                consumer.cancelled.store(true, Ordering::Release);
-            }
-            self.page_in(inner);
-            self.expire_head(inner);
-        }
-    }
-
-    /// The highest-priority consumer that can take a message, round robin among equals.
-    fn pick_consumer(self: &Arc<Self>, inner: &mut QueueInner) -> Option<usize> {
-        let count = inner.consumers.len();
-        let mut best: Option<(usize, i64)> = None;
-        for offset in 0..count {
-            let index = (inner.next_consumer + offset) % count;
-            let consumer = &inner.consumers[index];
-            match consumer.readiness() {
-                Readiness::Ready => {
-                    if best.is_none_or(|(_, priority)| consumer.priority > priority) {
-                        best = Some((index, consumer.priority));
-                    }
-                }
-                Readiness::WriterFull => consumer.channel.connection.note_stalled(self),
-                Readiness::Blocked => {}
-            }
-        }
-        let (index, _) = best?;
-        inner.next_consumer = (index + 1) % count;
-        Some(index)
-    }
-
-    /// Hands the first ready message to `consumer`. False when its channel has closed.
-    fn deliver_to(self: &Arc<Self>, messages: &mut QueueState, stats: &mut QueueStats, consumer: &Arc<ConsumerHandle>) -> bool {
-        let channel = &consumer.channel;
-        let mut ledger = channel.ledger.lock();
-        if !ledger.open {
-            return false;
-        }
-        let Some((position, queued)) = messages.pop(!consumer.no_ack) else {
-            return true;
-        };
-        stats.delivered += 1;
-        if consumer.no_ack {
-            stats.acked += 1;
-        }
-        ledger.last_tag += 1;
-        let delivery_tag = ledger.last_tag;
-        if !consumer.no_ack {
-            ledger.unacked.insert(delivery_tag, Unacked { queue: self.clone().into(), position, consumer: Some(consumer.clone()) });
-            consumer.count_delivery();
-        }
-        channel.connection.outbound_deliveries.fetch_add(1, Ordering::AcqRel);
-        channel.connection.send(Outbound::Deliver {
-            channel: channel.id,
-            consumer_tag: consumer.tag.clone(),
-            delivery_tag,
-            redelivered: queued.redelivered,
-            message: queued.message.clone(),
-        });
-        drop(ledger);
-        self.log_handed_out(position, &queued, consumer.no_ack);
-        true
-    }
-
-    /// Records on disk that a message left (no-ack) or was handed out (so a restart marks it
-    /// redelivered). Neither is synced on its own: losing them in a crash only means a duplicate.
-    fn log_handed_out(&self, position: u64, queued: &QueuedMessage, no_ack: bool) {
-        if let Some(log) = self.log_of(queued) {
-            let mut log = log.lock();
-            if no_ack {
-                log.append_settled(position);
-            } else if !queued.redelivered {
-                log.append_delivered(position);
-            }
-        }
-    }
 
     /// basic.get: the first ready message, tracked on `ledger` unless `no_ack`.
     pub fn get(self: &Arc<Self>, channel: &crate::shared::ChannelShared, no_ack: bool) -> Option<Outbound> {
         let mut inner = self.inner.lock();
-        self.page_in(&mut inner);
-        self.expire_head(&mut inner);
-        let mut ledger = channel.ledger.lock();
-        let (position, queued) = inner.messages.pop(!no_ack)?;
-        inner.stats.delivered += 1;
-        if no_ack {
-            inner.stats.acked += 1;
-        }
-        ledger.last_tag += 1;
-        let delivery_tag = ledger.last_tag;
-        if !no_ack {
-            ledger.unacked.insert(delivery_tag, Unacked { queue: self.clone().into(), position, consumer: None });
-        }
-        let message_count = inner.messages.ready_count() as u32;
-        drop(ledger);
-        self.log_handed_out(position, &queued, no_ack);
-        Some(Outbound::GetOk { channel: channel.id, delivery_tag, redelivered: queued.redelivered, message_count, message: queued.message })
+        let outcome = self.run(&mut inner, || Command::Get { no_ack }, perform::Context::getting(self, channel));
+        let (Reply::Got { message_count }, Some((delivery_tag, redelivered, message))) = (outcome.reply, outcome.got) else {
+            return None;
+        };
+        let message_count = message_count as u32;
+        Some(Outbound::GetOk { channel: channel.id, delivery_tag, redelivered, message_count, message })
     }
 
     /// Settles or requeues deliveries, then delivers again (prefetch was freed).
     pub fn finish_deliveries(self: &Arc<Self>, positions: &[u64], requeue: bool) {
         let mut inner = self.inner.lock();
         for &position in positions {
-            if requeue {
-                if inner.messages.requeue(position) {
-                    inner.stats.requeued += 1;
-                }
-            } else if let Some(queued) = inner.messages.settle(position) {
-                inner.stats.acked += 1;
-                if let Some(log) = self.log_of(&queued) {
-                    log.lock().append_settled(position);
-                }
-            }
+            let command = || if requeue { Command::Requeue { position } } else { Command::Settle { position } };
+            self.run(&mut inner, command, perform::Context::default());
         }
         self.dispatch_locked(&mut inner);
     }
@@ -427,27 +262,49 @@ impl QueueRuntime {
         accepted: impl FnOnce(),
     ) -> Result<(), AmqpError> {
         let mut inner = self.inner.lock();
-        inner.consumers.retain(|existing| !existing.cancelled.load(Ordering::Acquire));
-        if inner.has_exclusive_consumer || (exclusive && !inner.consumers.is_empty()) {
+        self.forget_cancelled_consumers(&mut inner);
+        let id = inner.next_consumer_id;
+        inner.next_consumer_id += 1;
+        let add = || Command::AddConsumer {
+            consumer: id,
+            priority: consumer.priority,
+            exclusive,
+            prefetch: consumer.prefetch,
+            no_ack: consumer.no_ack,
+        };
+        if self.run(&mut inner, add, perform::Context::default()).reply == Reply::ExclusiveInUse {
             return Err(AmqpError::access_refused(format!("queue '{}' in vhost '{}' in exclusive use", self.name(), self.vhost)));
         }
-        inner.has_exclusive_consumer = exclusive;
-        inner.consumers.push(consumer);
+        inner.consumers.push((id, consumer));
         accepted();
         self.dispatch_locked(&mut inner);
         Ok(())
     }
 
+    /// Drops consumers whose channel went away under a delivery; their channel's cleanup cancels
+    /// them for good later (and then finds them gone).
+    fn forget_cancelled_consumers(&self, inner: &mut QueueInner) {
+        let mut index = 0;
+        while index < inner.consumers.len() {
+            let (id, consumer) = &inner.consumers[index];
+            if consumer.cancelled.load(Ordering::Acquire) {
+                let consumer = *id;
+                self.run(inner, || Command::ForgetConsumer { consumer }, perform::Context::default());
+                inner.consumers.remove(index);
+            } else {
+                index += 1;
+            }
+        }
+    }
+
     /// Removes a consumer (cancel, channel or connection close).
     pub fn remove_consumer(&self, consumer: &Arc<ConsumerHandle>) -> ConsumerRemoval {
         let mut inner = self.inner.lock();
-        let before = inner.consumers.len();
-        inner.consumers.retain(|existing| !Arc::ptr_eq(existing, consumer));
-        if inner.consumers.len() == before {
+        let Some(index) = inner.consumers.iter().position(|(_, existing)| Arc::ptr_eq(existing, consumer)) else {
             return ConsumerRemoval::NotFound;
-        }
-        inner.has_exclusive_consumer = false;
-        inner.next_consumer = 0;
+        };
+        let (id, _) = inner.consumers.remove(index);
+        self.run(&mut inner, || Command::CancelConsumer { consumer: id }, perform::Context::default());
         if inner.consumers.is_empty() && self.definition.auto_delete {
             ConsumerRemoval::DeleteQueue
         } else {
@@ -458,31 +315,34 @@ impl QueueRuntime {
     /// Ready messages and consumers, for declare-ok.
     pub fn counts(&self) -> (u32, u32) {
         let mut inner = self.inner.lock();
-        self.expire_head(&mut inner);
-        let consumers = inner.consumers.iter().filter(|consumer| !consumer.cancelled.load(Ordering::Acquire)).count();
-        (inner.messages.ready_count() as u32, consumers as u32)
+        self.run(&mut inner, || Command::Expire, perform::Context::default());
+        let consumers = inner.consumers.iter().filter(|(_, consumer)| !consumer.cancelled.load(Ordering::Acquire)).count();
+        (inner.core.messages().ready_count() as u32, consumers as u32)
     }
 
     /// The queue's counts and totals, for listings.
     pub fn snapshot(&self) -> QueueSnapshot {
         let mut inner = self.inner.lock();
-        self.expire_head(&mut inner);
-        let consumers = inner.consumers.iter().filter(|consumer| !consumer.cancelled.load(Ordering::Acquire)).count() as u32;
+        self.run(&mut inner, || Command::Expire, perform::Context::default());
+        let consumers = inner.consumers.iter().filter(|(_, consumer)| !consumer.cancelled.load(Ordering::Acquire)).count() as u32;
+        let messages = inner.core.messages();
         QueueSnapshot {
-            ready: inner.messages.ready_count() as u64,
-            paged: inner.messages.paged_count(),
-            unacked: inner.messages.unacked_count() as u64,
+            ready: messages.ready_count() as u64,
+            paged: messages.paged_count(),
+            unacked: messages.unacked_count() as u64,
             consumers,
-            stats: inner.stats,
+            stats: inner.core.stats(),
         }
     }
 
     /// The queue's active consumers, for listings.
     pub fn consumer_views(&self) -> Vec<ConsumerView> {
         let inner = self.inner.lock();
+        let exclusive = inner.core.has_exclusive_consumer();
         inner
             .consumers
             .iter()
+            .map(|(_, consumer)| consumer)
             .filter(|consumer| !consumer.cancelled.load(Ordering::Acquire))
             .map(|consumer| ConsumerView {
                 tag: consumer.tag.to_string_lossy(),
@@ -491,7 +351,7 @@ impl QueueRuntime {
                 ack_required: !consumer.no_ack,
                 prefetch: consumer.prefetch,
                 priority: consumer.priority,
-                exclusive: inner.has_exclusive_consumer,
+                exclusive,
             })
             .collect()
     }
@@ -499,26 +359,20 @@ impl QueueRuntime {
     /// Drops ready messages; returns how many.
     pub fn purge(&self) -> u32 {
         let mut inner = self.inner.lock();
-        let purged = inner.messages.purge();
-        if let Some(log) = &self.log {
-            let mut log = log.lock();
-            for (position, queued) in &purged {
-                if queued.logged {
-                    log.append_settled(*position);
-                }
-            }
+        match self.run(&mut inner, || Command::Purge, perform::Context::default()).reply {
+            Reply::Purged { count } => count.min(u64::from(u32::MAX)) as u32,
+            _ => 0,
         }
-        let paged = self.purge_paged(&mut inner);
-        (purged.len() as u64 + paged).min(u64::from(u32::MAX)) as u32
     }
 
     /// Marks the queue deleted and hands back its consumers (to notify) and its ready count.
     pub fn delete(&self) -> (u32, Vec<Arc<ConsumerHandle>>) {
         self.deleted.store(true, Ordering::Release);
         let mut inner = self.inner.lock();
-        let count = inner.messages.ready_count() as u32;
-        let consumers = std::mem::take(&mut inner.consumers);
-        inner.messages = QueueState::new(0);
+        let count = inner.core.messages().ready_count() as u32;
+        let consumers = std::mem::take(&mut inner.consumers).into_iter().map(|(_, consumer)| consumer).collect();
+        let window = self.log.is_some().then_some(paging::WINDOW);
+        inner.core = QueueCore::new(QueueState::new(0), inner.limits.core_limits(), window);
         inner.pager = None;
         if let Some(log) = &self.log {
             if let Err(error) = log.lock().delete() {
@@ -527,6 +381,19 @@ impl QueueRuntime {
         }
         (count, consumers)
     }
+}
+
+/// The message's own TTL (its expiration property), in milliseconds.
+fn own_ttl_ms(message: &Message) -> Option<u64> {
+    if !message.header.has_expiration() {
+        return None;
+    }
+    message
+        .header
+        .properties()
+        .ok()
+        .and_then(|properties| properties.expiration)
+        .and_then(|text| text.to_string_lossy().parse::<u64>().ok())
 }
 
 fn now_ms() -> u64 {

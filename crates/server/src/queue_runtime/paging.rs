@@ -7,8 +7,8 @@
 //! the head, the log the tail. Once a queue pages, every message it takes goes to the log
 //! (transient ones as records that recovery ignores) until the tail is drained again.
 
-use super::{Enqueued, QueueInner, QueueRuntime};
-use broker_core::Message;
+use super::{QueueInner, QueueRuntime};
+use queue_core::{Command, Window};
 use std::sync::Arc;
 use storage::queue_log::{QueueLog, Recovery, TailCursor};
 use storage::range_set::RangeSet;
@@ -23,6 +23,15 @@ pub const PAGE_IN_LOW_WATERMARK_MESSAGES: usize = QUEUE_MEMORY_MESSAGES_MAX / 2;
 pub const PAGE_IN_LOW_WATERMARK_BYTES: u64 = QUEUE_MEMORY_BYTES_MAX / 2;
 /// The most bytes one page-in reads.
 pub const PAGE_IN_BATCH_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// The window as the core applies it.
+pub(super) const WINDOW: Window = Window {
+    messages_max: QUEUE_MEMORY_MESSAGES_MAX,
+    bytes_max: QUEUE_MEMORY_BYTES_MAX,
+    low_watermark_messages: PAGE_IN_LOW_WATERMARK_MESSAGES,
+    low_watermark_bytes: PAGE_IN_LOW_WATERMARK_BYTES,
+    page_in_batch_bytes_max: PAGE_IN_BATCH_BYTES_MAX as u64,
+};
 
 /// Where a paging queue's tail continues on disk.
 #[derive(Debug)]
@@ -45,77 +54,54 @@ impl Pager {
     }
 }
 
+impl Pager {
+    /// The pager of a queue that starts paging at `position`, written at `location`.
+    pub(super) fn starting_at(location: storage::queue_log::RecordLocation, position: u64) -> Pager {
+        Pager { cursor: TailCursor::new(location, position), delivered: RangeSet::new(), all_redelivered: false }
+    }
+}
+
 impl QueueRuntime {
-    /// Whether a message published now goes to the log only.
-    pub(super) fn should_page(&self, inner: &QueueInner) -> bool {
-        self.log.is_some()
-            && (inner.messages.paged_count() > 0
-                || inner.messages.ready_in_memory() >= QUEUE_MEMORY_MESSAGES_MAX
-                || inner.messages.ready_bytes_in_memory() >= QUEUE_MEMORY_BYTES_MAX)
-    }
-
-    /// Appends a message to the tail on disk.
-    pub(super) fn page_out(&self, inner: &mut QueueInner, message: &Message) -> Enqueued {
-        let log = self.log.as_ref().expect("only queues with a log page");
-        let persistent = message.is_persistent();
-        let position = inner.messages.push_paged();
-        let location = log.lock().append_publish(position, message, persistent);
-        if inner.pager.is_none() {
-            inner.pager = Some(Pager { cursor: TailCursor::new(location, position), delivered: RangeSet::new(), all_redelivered: false });
-        }
-        if persistent {
-            Enqueued::Logged(log.clone())
-        } else {
-            Enqueued::InMemory
-        }
-    }
-
-    /// Refills the window from the tail when it has fallen below both low watermarks, up to the
-    /// window's bounds in messages and in bytes (a message is read even when it alone exceeds the
-    /// byte room, so an empty window always makes progress).
-    pub(super) fn page_in(&self, inner: &mut QueueInner) {
-        let bytes_in_memory = inner.messages.ready_bytes_in_memory();
-        if inner.messages.paged_count() == 0
-            || inner.messages.ready_in_memory() >= PAGE_IN_LOW_WATERMARK_MESSAGES
-            || bytes_in_memory >= PAGE_IN_LOW_WATERMARK_BYTES
-        {
+    /// Reads up to `messages_max` paged messages (and `bytes_max` bytes; a message is read even
+    /// when it alone exceeds that, so an empty window always makes progress) into the core.
+    pub(super) fn read_page(&self, inner: &mut QueueInner, messages_max: usize, bytes_max: u64) {
+        let QueueInner { core, pager, .. } = inner;
+        let (Some(log), Some(reader)) = (self.log.as_ref(), pager.as_mut()) else {
+            tracing::error!(queue = %self.name(), "paged messages without a pager; dropping the count");
+            core.apply(Command::ForgetPaged, 0, &mut |_| false, &mut Vec::new());
             return;
-        }
-        let (Some(log), Some(pager)) = (self.log.as_ref(), inner.pager.as_mut()) else { return };
-        let room = QUEUE_MEMORY_MESSAGES_MAX - inner.messages.ready_in_memory();
-        let wanted = room.min(inner.messages.paged_count() as usize);
-        let bytes_room = (QUEUE_MEMORY_BYTES_MAX - bytes_in_memory) as usize;
-        let batch = log.lock().read_tail(&mut pager.cursor, wanted, PAGE_IN_BATCH_BYTES_MAX.min(bytes_room));
+        };
+        let batch = log.lock().read_tail(&mut reader.cursor, messages_max, bytes_max as usize);
         match batch {
             Ok(batch) if !batch.is_empty() => {
                 for (position, message) in batch {
-                    let redelivered = pager.all_redelivered || pager.delivered.contains(position);
-                    let message = Arc::new(message);
-                    let expires_at_ms = super::expiry(&message, inner.limits.message_ttl_ms);
-                    inner.messages.page_in(position, message, redelivered, expires_at_ms);
+                    let redelivered = reader.all_redelivered || reader.delivered.contains(position);
+                    let own_ttl_ms = super::own_ttl_ms(&message);
+                    let paged_in = Command::PagedIn { position, message: Arc::new(message), redelivered, own_ttl_ms };
+                    core.apply(paged_in, super::now_ms(), &mut |_| false, &mut Vec::new());
                 }
             }
             Ok(_) => {
                 // The count says more is paged than the log holds: a bug or a lost segment.
-                tracing::error!(queue = %self.name(), paged = inner.messages.paged_count(), "paged messages missing from the log; dropping the count");
-                inner.messages.take_paged();
+                tracing::error!(queue = %self.name(), paged = core.messages().paged_count(), "paged messages missing from the log; dropping the count");
+                core.apply(Command::ForgetPaged, 0, &mut |_| false, &mut Vec::new());
             }
             Err(error) => {
                 tracing::error!(queue = %self.name(), %error, "reading paged messages failed; they stay on disk until a restart");
-                inner.messages.take_paged();
+                core.apply(Command::ForgetPaged, 0, &mut |_| false, &mut Vec::new());
             }
         }
-        if inner.messages.paged_count() == 0 {
-            inner.pager = None;
+        if core.messages().paged_count() == 0 {
+            *pager = None;
         }
     }
 
-    /// Settles every paged message (purge): reads the tail through and records each as settled.
-    pub(super) fn purge_paged(&self, inner: &mut QueueInner) -> u64 {
-        let paged = inner.messages.paged_count();
+    /// Settles the first `count` paged messages (purge): reads the tail through and records each
+    /// as settled.
+    pub(super) fn settle_paged(&self, inner: &mut QueueInner, count: u64) {
         if let (Some(log), Some(pager)) = (self.log.as_ref(), inner.pager.as_mut()) {
             let mut log = log.lock();
-            let mut left = paged;
+            let mut left = count;
             while left > 0 {
                 match log.read_tail(&mut pager.cursor, left.min(65_536) as usize, PAGE_IN_BATCH_BYTES_MAX) {
                     Ok(batch) if !batch.is_empty() => {
@@ -132,8 +118,8 @@ impl QueueRuntime {
                 }
             }
         }
-        inner.pager = None;
-        inner.messages.take_paged();
-        paged
+        if inner.core.messages().paged_count() == 0 {
+            inner.pager = None;
+        }
     }
 }

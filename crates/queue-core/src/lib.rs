@@ -1,0 +1,235 @@
+//! The rules of one queue as a state machine, in the shape of RabbitMQ's `rabbit_fifo`: a
+//! command and the current time go in, the state changes, and the effects the caller must
+//! perform (log records, deliveries, page-in reads) come out. No I/O, no clock, no threads, so
+//! unit tests, property tests and a future simulator drive the same code as the broker.
+//!
+//! Effects go into a buffer the caller owns and reuses, so a publish or a delivery allocates
+//! nothing here beyond the queue's own containers.
+
+pub mod state;
+
+pub use state::{ConsumerId, Payload, QueueState, QueuedMessage};
+
+/// What a full queue does with one more message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// Drop the oldest ready message to make room (RabbitMQ's default).
+    DropHead,
+    /// Refuse the new message.
+    RejectPublish,
+}
+
+/// A queue's effective limits (arguments merged with its policy by the caller).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Limits {
+    /// x-max-length and what happens past it.
+    pub length_limit: Option<(u64, Overflow)>,
+    /// x-message-ttl, applied to messages enqueued from now on.
+    pub message_ttl_ms: Option<u64>,
+}
+
+/// How many ready messages a queue with a log keeps in memory; past that, new ones are paged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Ready messages in memory before paging starts.
+    pub messages_max: usize,
+    /// Body bytes of ready messages in memory before paging starts.
+    pub bytes_max: u64,
+    /// Paging in starts below this many messages in memory ...
+    pub low_watermark_messages: usize,
+    /// ... and this many bytes.
+    pub low_watermark_bytes: u64,
+    /// The most bytes one page-in reads.
+    pub page_in_batch_bytes_max: u64,
+}
+
+/// Why a message left the queue without being consumed: the dead-letter reason of issue 12.
+/// Today such messages are only dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterReason {
+    /// Dropped at the head by x-max-length with drop-head.
+    MaxLength,
+    /// Its TTL passed.
+    Expired,
+}
+
+/// Message totals of a queue (RabbitMQ's message_stats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Messages enqueued.
+    pub published: u64,
+    /// Deliveries to consumers and basic.get.
+    pub delivered: u64,
+    /// Deliveries settled by ack (or no-ack).
+    pub acked: u64,
+    /// Deliveries put back (reject, nack, recover, consumer gone).
+    pub requeued: u64,
+}
+
+/// A consumer as the caller names it to the gate: its index in the consumer list (stable until
+/// the next add or cancel) and its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerRef {
+    /// Index in the queue's consumer list, in the order consumers were added.
+    pub index: usize,
+    /// The caller's id.
+    pub id: ConsumerId,
+}
+
+/// Something that changes the queue.
+#[derive(Debug, Clone)]
+pub enum Command<M> {
+    /// A published message: `own_ttl_ms` is its expiration property, if any.
+    Enqueue { message: M, persistent: bool, own_ttl_ms: Option<u64> },
+    /// A paged message read back from the log, oldest first.
+    PagedIn { position: u64, message: M, redelivered: bool, own_ttl_ms: Option<u64> },
+    /// The paged messages could not be read: forget them (they stay on disk until a restart).
+    ForgetPaged,
+    /// basic.consume.
+    AddConsumer { consumer: ConsumerId, priority: i64, exclusive: bool, prefetch: u32, no_ack: bool },
+    /// basic.cancel or the channel closing: removes the consumer. Its unacked messages stay
+    /// unacked: the channel settles or requeues them.
+    CancelConsumer { consumer: ConsumerId },
+    /// Removes a consumer found cancelled, keeping the exclusive flag and the round-robin place
+    /// (the channel's cleanup cancels it properly later).
+    ForgetConsumer { consumer: ConsumerId },
+    /// Deliver what consumers can take now. The gate must see the deliveries this command
+    /// makes (a channel-wide prefetch); a caller whose gate only learns of a delivery once its
+    /// effect is performed uses [`Command::DispatchOne`] in a loop instead.
+    Dispatch,
+    /// Deliver at most one message: [`Reply::Delivered`] when it did.
+    DispatchOne,
+    /// basic.get.
+    Get { no_ack: bool },
+    /// Ack (or reject without requeue) of an unacked message.
+    Settle { position: u64 },
+    /// Reject, nack or recover with requeue: back to its place, marked redelivered.
+    Requeue { position: u64 },
+    /// A delivery the caller could not hand over (its channel had closed): back, unchanged.
+    Undeliver { position: u64, queued: QueuedMessage<M>, no_ack: bool },
+    /// queue.purge: drop every ready message.
+    Purge,
+    /// Time moved: drop expired messages at the head.
+    Expire,
+    /// New limits (a policy changed); a lower drop-head length limit drops at once.
+    SetLimits(Limits),
+}
+
+/// What the caller must do after a command.
+#[derive(Debug, Clone)]
+pub enum Effect<M> {
+    /// Send this message to a consumer (none: the basic.get that asked). `queued` is handed over so a failed send can be undone
+    /// with [`Command::Undeliver`].
+    Deliver { consumer: Option<ConsumerRef>, position: u64, queued: QueuedMessage<M>, no_ack: bool },
+    /// Append the message just enqueued to the log; `paged` means it exists only there.
+    LogAppend { position: u64, persistent: bool, paged: bool },
+    /// Record in the log that the message left the queue.
+    LogSettle { position: u64 },
+    /// Record in the log that the message was handed out (a restart marks it redelivered).
+    LogDelivered { position: u64 },
+    /// A message left the queue unconsumed; the dead-letter hook.
+    Drop { position: u64, message: M, reason: DeadLetterReason },
+    /// Read up to this many paged messages (and bytes) from the log, apply them with
+    /// [`Command::PagedIn`], then repeat the command that asked.
+    NeedPageIn { messages_max: usize, bytes_max: u64 },
+    /// Settle this many paged messages in the log, reading them in order from the tail.
+    SettlePaged { count: u64 },
+}
+
+/// The answer to a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Done.
+    Ok,
+    /// [`Command::DispatchOne`] delivered a message.
+    Delivered,
+    /// Nothing changed: page in first (see [`Effect::NeedPageIn`]), then repeat the command.
+    PageInFirst,
+    /// basic.consume refused: the queue is in exclusive use.
+    ExclusiveInUse,
+    /// The consumer was not on this queue.
+    ConsumerNotFound,
+    /// The queue is full and refuses the message (reject-publish).
+    Rejected,
+    /// basic.get found a message: it is the [`Effect::Deliver`] just emitted; `message_count` is
+    /// what is left ready.
+    Got { message_count: u64 },
+    /// basic.get found nothing.
+    Empty,
+    /// queue.purge dropped this many messages.
+    Purged { count: u64 },
+}
+
+/// A consumer as the queue sees it.
+#[derive(Debug, Clone)]
+struct ConsumerSlot {
+    id: ConsumerId,
+    priority: i64,
+    prefetch: u32,
+    no_ack: bool,
+    unacked: u32,
+}
+
+/// One queue's rules and state.
+#[derive(Debug)]
+pub struct QueueCore<M> {
+    messages: QueueState<M>,
+    consumers: Vec<ConsumerSlot>,
+    /// Where the round robin resumes among consumers of equal priority.
+    next_consumer: usize,
+    has_exclusive_consumer: bool,
+    limits: Limits,
+    /// Set for queues with a log: they page past the window.
+    window: Option<Window>,
+    stats: QueueStats,
+}
+
+mod apply;
+
+impl<M: Payload> QueueCore<M> {
+    /// A queue over `messages`; `window` is set for queues with a log (they page).
+    pub fn new(messages: QueueState<M>, limits: Limits, window: Option<Window>) -> QueueCore<M> {
+        QueueCore {
+            messages,
+            consumers: Vec::new(),
+            next_consumer: 0,
+            has_exclusive_consumer: false,
+            limits,
+            window,
+            stats: QueueStats::default(),
+        }
+    }
+
+    /// The messages.
+    pub fn messages(&self) -> &QueueState<M> {
+        &self.messages
+    }
+
+    /// Totals.
+    pub fn stats(&self) -> QueueStats {
+        self.stats
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Whether a consumer holds the queue exclusively.
+    pub fn has_exclusive_consumer(&self) -> bool {
+        self.has_exclusive_consumer
+    }
+
+    /// Consumers, in the order they were added.
+    pub fn consumer_ids(&self) -> impl Iterator<Item = ConsumerId> + '_ {
+        self.consumers.iter().map(|slot| slot.id)
+    }
+
+    /// Unacked deliveries the core counts against a consumer's prefetch.
+    pub fn consumer_unacked(&self, consumer: ConsumerId) -> Option<u32> {
+        self.consumers.iter().find(|slot| slot.id == consumer).map(|slot| slot.unacked)
+    }
+}
+
+#[cfg(test)]
+mod tests;

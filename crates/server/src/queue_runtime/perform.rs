@@ -1,0 +1,177 @@
+//! The performer: applies a command to the queue's core under the queue's lock and carries out
+//! the effects it returns (log records, deliveries, page-in reads), in order.
+
+use super::{QueueInner, QueueRuntime};
+use crate::shared::{ChannelShared, ConsumerHandle, Outbound, Readiness, Unacked};
+use broker_core::queue::QueuedMessage;
+use broker_core::Message;
+use queue_core::{Command, ConsumerRef, Effect, Reply};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// What a command needs besides the queue: the queue's `Arc` for deliveries (ledger entries point
+/// back at it), the message being published, the channel of a basic.get.
+#[derive(Default, Clone, Copy)]
+pub(super) struct Context<'a> {
+    queue: Option<&'a Arc<QueueRuntime>>,
+    message: Option<&'a Arc<Message>>,
+    get_channel: Option<&'a ChannelShared>,
+}
+
+impl<'a> Context<'a> {
+    /// For commands that deliver to consumers.
+    pub(super) fn dispatching(queue: &'a Arc<QueueRuntime>) -> Context<'a> {
+        Context { queue: Some(queue), ..Context::default() }
+    }
+
+    /// For an enqueue of `message`.
+    pub(super) fn publishing(queue: &'a Arc<QueueRuntime>, message: &'a Arc<Message>) -> Context<'a> {
+        Context { queue: Some(queue), message: Some(message), get_channel: None }
+    }
+
+    /// For a basic.get on `channel`.
+    pub(super) fn getting(queue: &'a Arc<QueueRuntime>, channel: &'a ChannelShared) -> Context<'a> {
+        Context { queue: Some(queue), message: None, get_channel: Some(channel) }
+    }
+}
+
+/// What running a command gave.
+#[derive(Debug)]
+pub(super) struct Outcome {
+    /// The core's reply.
+    pub(super) reply: Reply,
+    /// Whether the published message was written to the log as persistent.
+    pub(super) logged: bool,
+    /// basic.get: delivery tag, redelivered flag and message.
+    pub(super) got: Option<(u64, bool, Arc<Message>)>,
+}
+
+impl QueueRuntime {
+    /// Applies `command` and performs its effects. When the core asks for a page-in first, or a
+    /// delivery found its channel closed, the command runs again; each round pages messages in
+    /// or forgets a consumer, so the rounds are bounded.
+    pub(super) fn run(&self, inner: &mut QueueInner, command: impl Fn() -> Command<Arc<Message>>, context: Context<'_>) -> Outcome {
+        let mut outcome = Outcome { reply: Reply::Ok, logged: false, got: None };
+        let mut effects = std::mem::take(&mut inner.effects);
+        loop {
+            effects.clear();
+            let now_ms = super::now_ms();
+            let QueueInner { core, consumers, .. } = inner;
+            let mut can_take = |consumer: ConsumerRef| match context.queue {
+                Some(queue) => can_take(queue, &consumers[consumer.index].1),
+                None => false,
+            };
+            outcome.reply = core.apply(command(), now_ms, &mut can_take, &mut effects);
+            let again = self.perform(inner, &mut effects, &context, &mut outcome);
+            if !again && outcome.reply != Reply::PageInFirst {
+                break;
+            }
+        }
+        inner.effects = effects;
+        outcome
+    }
+
+    /// Performs `effects` in order; true when a delivery was undone and the command must run again.
+    fn perform(
+        &self,
+        inner: &mut QueueInner,
+        effects: &mut Vec<Effect<Arc<Message>>>,
+        context: &Context<'_>,
+        outcome: &mut Outcome,
+    ) -> bool {
+        let mut undelivered = None;
+        for effect in effects.drain(..) {
+            match effect {
+                Effect::Deliver { consumer: Some(consumer), position, queued, no_ack } => {
+                    let queue = context.queue.expect("only commands with the queue's Arc deliver");
+                    let (id, handle) = &inner.consumers[consumer.index];
+                    assert_eq!(*id, consumer.id, "the runtime's consumers follow the core's order");
+                    if let Err(queued) = deliver_to(queue, handle, position, queued) {
+                        // The channel closed under us: its cleanup removes the consumer; try the others.
+                        handle.cancelled.store(true, Ordering::Release);
+                        let undeliver = Command::Undeliver { position, queued, no_ack };
+                        inner.core.apply(undeliver, 0, &mut |_| false, &mut Vec::new());
+                        undelivered = Some(position);
+                    }
+                }
+                Effect::Deliver { consumer: None, position, queued, no_ack } => {
+                    let queue = context.queue.expect("basic.get runs with the queue's Arc");
+                    let channel = context.get_channel.expect("basic.get runs with its channel");
+                    let mut ledger = channel.ledger.lock();
+                    ledger.last_tag += 1;
+                    let delivery_tag = ledger.last_tag;
+                    if !no_ack {
+                        ledger.unacked.insert(delivery_tag, Unacked { queue: queue.clone().into(), position, consumer: None });
+                    }
+                    outcome.got = Some((delivery_tag, queued.redelivered, queued.message));
+                }
+                Effect::LogAppend { position, persistent, paged } => {
+                    let message = context.message.expect("only an enqueue appends");
+                    let log = self.log.as_ref().expect("only queues with a log append");
+                    let location = log.lock().append_publish(position, message, persistent);
+                    if paged && inner.pager.is_none() {
+                        inner.pager = Some(super::Pager::starting_at(location, position));
+                    }
+                    outcome.logged = persistent;
+                }
+                Effect::LogSettle { position } if undelivered != Some(position) => {
+                    if let Some(log) = &self.log {
+                        log.lock().append_settled(position);
+                    }
+                }
+                // Not synced on its own: losing it in a crash only means a duplicate.
+                Effect::LogDelivered { position } if undelivered != Some(position) => {
+                    if let Some(log) = &self.log {
+                        log.lock().append_delivered(position);
+                    }
+                }
+                Effect::NeedPageIn { messages_max, bytes_max } => self.read_page(inner, messages_max, bytes_max),
+                Effect::SettlePaged { count } => self.settle_paged(inner, count),
+                // Dead-lettering (issue 12) hooks in here; today a dropped message is only settled.
+                Effect::Drop { .. } | Effect::LogSettle { .. } | Effect::LogDelivered { .. } => {}
+            }
+        }
+        undelivered.is_some()
+    }
+}
+
+/// Whether `consumer` can take one more message now; a full writer asks to be woken.
+fn can_take(queue: &Arc<QueueRuntime>, consumer: &ConsumerHandle) -> bool {
+    match consumer.readiness() {
+        Readiness::Ready => true,
+        Readiness::WriterFull => {
+            consumer.channel.connection.note_stalled(queue);
+            false
+        }
+        Readiness::Blocked => false,
+    }
+}
+
+/// Hands a message to `consumer`; gives it back when the consumer's channel has closed.
+fn deliver_to(
+    queue: &Arc<QueueRuntime>,
+    consumer: &Arc<ConsumerHandle>,
+    position: u64,
+    queued: QueuedMessage,
+) -> Result<(), QueuedMessage> {
+    let channel = &consumer.channel;
+    let mut ledger = channel.ledger.lock();
+    if !ledger.open {
+        return Err(queued);
+    }
+    ledger.last_tag += 1;
+    let delivery_tag = ledger.last_tag;
+    if !consumer.no_ack {
+        ledger.unacked.insert(delivery_tag, Unacked { queue: queue.clone().into(), position, consumer: Some(consumer.clone()) });
+        consumer.count_delivery();
+    }
+    channel.connection.outbound_deliveries.fetch_add(1, Ordering::AcqRel);
+    channel.connection.send(Outbound::Deliver {
+        channel: channel.id,
+        consumer_tag: consumer.tag.clone(),
+        delivery_tag,
+        redelivered: queued.redelivered,
+        message: queued.message,
+    });
+    Ok(())
+}
