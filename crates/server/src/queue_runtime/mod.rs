@@ -193,11 +193,12 @@ impl QueueRuntime {
         let own_ttl_ms = own_ttl_ms(&message);
         let mut inner = self.inner.lock();
         let enqueue = || Command::Enqueue { message: message.clone(), persistent, own_ttl_ms };
-        let outcome = self.run(&mut inner, enqueue, perform::Context::publishing(self, &message));
+        let now_ms = now_ms();
+        let outcome = self.run_at(&mut inner, enqueue, perform::Context::publishing(self, &message), now_ms);
         if outcome.reply == Reply::Rejected {
             return Enqueued::Rejected;
         }
-        self.dispatch_locked(&mut inner);
+        self.dispatch_locked_at(&mut inner, now_ms);
         match (outcome.logged, &self.log) {
             (true, Some(log)) => Enqueued::Logged(log.clone()),
             _ => Enqueued::InMemory,
@@ -213,7 +214,14 @@ impl QueueRuntime {
     /// Delivers one message at a time: the readiness of a consumer (channel-wide prefetch, a full
     /// writer) changes only when a delivery is performed, so the core asks again after each.
     fn dispatch_locked(self: &Arc<Self>, inner: &mut QueueInner) {
-        while self.run(inner, || Command::DispatchOne, perform::Context::dispatching(self)).reply == Reply::Delivered {}
+        self.dispatch_locked_at(inner, now_ms());
+    }
+
+    /// Delivers one message per command (a channel-wide prefetch and a full writer change only when
+    /// a delivery is performed), all at the time the caller read.
+    fn dispatch_locked_at(self: &Arc<Self>, inner: &mut QueueInner, now_ms: u64) {
+        let context = perform::Context::dispatching(self);
+        while self.run_at(inner, || Command::DispatchOne, context, now_ms).reply == Reply::Delivered {}
     }
 
     /// Applies the policy that now matches the queue (or none). A lower length limit drops the
@@ -245,11 +253,12 @@ impl QueueRuntime {
     /// Settles or requeues deliveries, then delivers again (prefetch was freed).
     pub fn finish_deliveries(self: &Arc<Self>, positions: &[u64], requeue: bool) {
         let mut inner = self.inner.lock();
+        let now_ms = now_ms();
         for &position in positions {
             let command = || if requeue { Command::Requeue { position } } else { Command::Settle { position } };
-            self.run(&mut inner, command, perform::Context::default());
+            self.run_at(&mut inner, command, perform::Context::default(), now_ms);
         }
-        self.dispatch_locked(&mut inner);
+        self.dispatch_locked_at(&mut inner, now_ms);
     }
 
     /// Adds a consumer (basic.consume), enforcing exclusive consumers as RabbitMQ does.

@@ -51,11 +51,23 @@ impl QueueRuntime {
     /// delivery found its channel closed, the command runs again; each round pages messages in
     /// or forgets a consumer, so the rounds are bounded.
     pub(super) fn run(&self, inner: &mut QueueInner, command: impl Fn() -> Command<Arc<Message>>, context: Context<'_>) -> Outcome {
+        self.run_at(inner, command, context, super::now_ms())
+    }
+
+    /// [`QueueRuntime::run`] at a time the caller read: a batch of commands (the deliveries of one
+    /// dispatch, the settles of one ack) reads the clock once. A time a little in the past never
+    /// expires a message early; the next command sees the later time.
+    pub(super) fn run_at(
+        &self,
+        inner: &mut QueueInner,
+        command: impl Fn() -> Command<Arc<Message>>,
+        context: Context<'_>,
+        now_ms: u64,
+    ) -> Outcome {
         let mut outcome = Outcome { reply: Reply::Ok, logged: false, got: None };
         let mut effects = std::mem::take(&mut inner.effects);
         loop {
             effects.clear();
-            let now_ms = super::now_ms();
             let QueueInner { core, consumers, .. } = inner;
             let mut can_take = |consumer: ConsumerRef| match context.queue {
                 Some(queue) => can_take(queue, &consumers[consumer.index].1),
