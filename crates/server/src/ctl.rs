@@ -37,6 +37,9 @@ pub struct CtlArguments {
     /// Output format: `table` (tab-separated, as rabbitmqctl prints) or `json` (as rabbitmqctl's).
     #[arg(long, value_enum, default_value = "table", global = true)]
     formatter: Formatter,
+    /// Leaves out informational lines on stderr (rabbitmqctl's `-q`).
+    #[arg(short = 'q', long, global = true)]
+    quiet: bool,
     /// Leaves out the header line of tables.
     #[arg(long, global = true)]
     no_table_headers: bool,
@@ -158,7 +161,8 @@ enum CtlCommand {
     AddUser {
         /// Login name.
         name: String,
-        /// Password.
+        /// Password. (Its own id: the global `--password` is the caller's.)
+        #[arg(id = "new_user_password", value_name = "PASSWORD")]
         password: String,
         /// Comma-separated tags (administrator, monitoring, management, policymaker).
         #[arg(long, default_value = "")]
@@ -173,7 +177,8 @@ enum CtlCommand {
     /// Sets a user's configure, write and read regular expressions in the vhost (-p).
     #[command(name = "set_permissions", alias = "set-permissions")]
     SetPermissions {
-        /// Login name.
+        /// Login name. (Its own id: the global `--user` is the caller's.)
+        #[arg(id = "permitted_user", value_name = "USER")]
         user: String,
         /// Resources it may declare and delete.
         configure: String,
@@ -247,6 +252,13 @@ impl CtlArguments {
         self.vhost.as_deref().unwrap_or("/")
     }
 
+    /// Says on stderr what the command is about to do, unless `-q`.
+    fn inform(&self, text: &str) {
+        if !self.quiet {
+            eprintln!("{text}");
+        }
+    }
+
     /// Prints a one-line outcome: the sentence for tables, `{"node":..,"result":"ok"}` for json.
     fn report(&self, node: &str, sentence: &str) {
         match self.formatter {
@@ -277,7 +289,7 @@ fn execute(arguments: &CtlArguments) -> Result<(), CtlError> {
         CtlCommand::CheckPortConnectivity => check_port_connectivity(&client, arguments),
         CtlCommand::PurgeQueue { name } => {
             let vhost = arguments.vhost();
-            eprintln!("Purging queue '{name}' in vhost '{vhost}' ...");
+            arguments.inform(&format!("Purging queue '{name}' in vhost '{vhost}' ..."));
             client.request("DELETE", &format!("/queues/{}/{}/contents", segment(vhost), segment(name)), None, &[])?;
             arguments.report(&client.node()?, &format!("Purged queue '{name}'"));
             Ok(())
@@ -308,7 +320,7 @@ fn listing_command(command: &CtlCommand) -> Option<(Listing, &[String])> {
 
 fn delete_queue(client: &Client, arguments: &CtlArguments, name: &str, if_unused: bool, if_empty: bool) -> Result<(), CtlError> {
     let vhost = arguments.vhost();
-    eprintln!("Deleting queue '{name}' on vhost '{vhost}' ...");
+    arguments.inform(&format!("Deleting queue '{name}' on vhost '{vhost}' ..."));
     let path = format!("/queues/{}/{}", segment(vhost), segment(name));
     let queue = match client.get_json(&path) {
         // rabbitmqctl answers a missing queue with EX_USAGE here (and EX_UNAVAILABLE in purge_queue).
