@@ -53,11 +53,17 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LEPUS_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        // Colour codes only help a terminal; in a file or a journal they are noise.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(error),
+    };
     match cli.command {
         Command::Perf { args } => exit_code(lepus_perf::run_perf(args)),
         Command::Bench { args } => exit_code(lepus_perf::run_bench(args)),
@@ -80,6 +86,20 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+    }
+}
+
+/// Prints clap's message; `lepus ctl` exits with rabbitmqctl's EX_USAGE (64) for bad arguments.
+fn usage_error(error: clap::Error) -> ExitCode {
+    let printed = error.print();
+    if !error.use_stderr() {
+        // --help and --version are not errors.
+        return if printed.is_ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+    }
+    if std::env::args().nth(1).as_deref() == Some("ctl") {
+        ExitCode::from(64)
+    } else {
+        ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2))
     }
 }
 

@@ -120,7 +120,7 @@ def test_ctl_status_list_close(lepus, names):
     assert queue in ctl(lepus, "list", "bindings").stdout
     conn = lepus.connect()
     try:
-        listing = ctl(lepus, "list", "connections").stdout.splitlines()
+        listing = ctl(lepus, "list", "connections", "name").stdout.splitlines()
         assert len(listing) >= 2
         name = [c["name"] for c in lepus.get("/connections").json()][0]
         assert name in "\n".join(listing)

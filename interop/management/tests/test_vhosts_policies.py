@@ -171,7 +171,7 @@ def test_rabbitmqadmin_and_ctl_manage_vhosts_and_policies(fresh_lepus, rabbitmqa
         return  # What follows is lepus ctl, Lepus's own tool.
 
     ctl(broker, "add-vhost", "batch", "--description", "nightly jobs")
-    assert "nightly jobs" in ctl(broker, "list", "vhosts").stdout
+    assert "nightly jobs" in ctl(broker, "list", "vhosts", "name", "description").stdout
     ctl(broker, "set-policy", "small", "^b", '{"max-length": 2, "overflow": "reject-publish"}', "--vhost", "batch", "--priority", "3")
     listed = ctl(broker, "list", "policies", "--vhost", "batch").stdout
     assert "small" in listed and "reject-publish" in listed
