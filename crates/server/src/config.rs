@@ -117,7 +117,7 @@ impl Default for ServerConfig {
             segment_bytes_max: storage::queue_log::SEGMENT_BYTES_MAX_DEFAULT,
             disk_free_limit_bytes: 50_000_000,
             sync_policy: storage::syncer::SyncPolicy::Always,
-            memory_high_watermark_bytes: crate::disk::default_memory_high_watermark_bytes(),
+            memory_high_watermark_bytes: crate::alarms::memory::default_memory_high_watermark_bytes(),
         }
     }
 }

@@ -1,9 +1,10 @@
 //! Read-only views of the broker for the management API, metrics and `lepus ctl`: what queues,
 //! exchanges, bindings and connections exist, with their counts. Each view takes the locks it
 //! needs one at a time and copies out, so listing never holds up the message path for long.
+//! What changes the broker on an operator's behalf (publish, get) is in `operator_messages.rs`.
 
 use crate::broker::Broker;
-use crate::queue_type::{ConfirmTickets, ConsumerView, PublishOutcome, QueueSnapshot};
+use crate::queue_type::{ConsumerView, QueueSnapshot};
 use crate::shared::SessionInfo;
 use amqp_codec::FieldTable;
 use broker_core::exchange::Destination;
@@ -251,101 +252,5 @@ impl Broker {
             overview.acked += queue.snapshot.stats.acked;
         }
         overview
-    }
-}
-
-/// A message taken by [`Broker::get_messages`] (the management API's "get messages").
-#[derive(Debug, Clone)]
-pub struct GotMessage {
-    /// The message.
-    pub message: std::sync::Arc<broker_core::Message>,
-    /// Whether it had been delivered before.
-    pub redelivered: bool,
-    /// Ready messages left in the queue after this one was taken.
-    pub message_count: u32,
-}
-
-/// Where a publish through [`Broker::publish_message`] went.
-#[derive(Debug)]
-pub struct Published {
-    /// Whether at least one queue took it.
-    pub routed: bool,
-    /// What the message's confirm would wait for (its queues' tickets).
-    pub tickets: ConfirmTickets,
-}
-
-impl Broker {
-    /// Routes a message from the broker itself (management API publish) through `exchange` ("" is
-    /// the default exchange) into its queues, as a client's basic.publish would.
-    pub fn publish_message(&self, vhost: &str, message: broker_core::Message) -> Result<Published, broker_core::AmqpError> {
-        let Some(topology) = self.vhost(vhost) else {
-            return Err(broker_core::AmqpError::not_allowed(format!("vhost '{vhost}' not found")));
-        };
-        let message = std::sync::Arc::new(message);
-        let mut queues = Vec::new();
-        {
-            let topology = topology.read();
-            topology.require_exchange(&message.exchange)?;
-            let mut headers = || message.header.properties().ok().and_then(|properties| properties.headers);
-            topology.route(&message.exchange, &message.routing_key, &mut headers, &mut queues);
-        }
-        let mut published = Published { routed: false, tickets: ConfirmTickets::default() };
-        for queue in &queues {
-            match queue.publish(message.clone()) {
-                PublishOutcome::Accepted(ticket) => {
-                    published.routed = true;
-                    published.tickets.add(ticket);
-                }
-                PublishOutcome::Dropped => published.routed = true,
-                PublishOutcome::Rejected => {}
-            }
-        }
-        Ok(published)
-    }
-
-    /// Takes up to `count` ready messages from a queue, as basic.get on a private channel would,
-    /// then either settles them (`requeue == false`) or puts them back, marked redelivered. The
-    /// messages are all taken before any is requeued, so one call never returns a message twice.
-    pub fn get_messages(&self, vhost: &str, queue: &str, count: usize, requeue: bool) -> Result<Vec<GotMessage>, broker_core::AmqpError> {
-        use crate::shared::{ChannelShared, ConnectionShared, Outbound};
-        let Some(topology) = self.vhost(vhost) else {
-            return Err(broker_core::AmqpError::not_allowed(format!("vhost '{vhost}' not found")));
-        };
-        let handle = {
-            let topology = topology.read();
-            topology.require_queue(&amqp_codec::ShortStr::truncating(queue), 0)?.handle.clone()
-        };
-        // A channel that belongs to no socket: get-ok comes back as a value, never through a writer.
-        let (sender, _receiver) = tokio::sync::mpsc::unbounded_channel();
-        let connection = std::sync::Arc::new(ConnectionShared {
-            id: 0,
-            outbound: sender,
-            outbound_deliveries: Default::default(),
-            stalled_queues: Default::default(),
-            consumer_cancel_notify: Default::default(),
-            pending_work: Default::default(),
-            pending_work_drained: tokio::sync::Notify::new(),
-            has_published: Default::default(),
-            force_close: tokio::sync::Notify::new(),
-            peer: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            connected_at_ms: 0,
-            session: Default::default(),
-            close_reason: Default::default(),
-            tls: None,
-        });
-        let channel = ChannelShared::new(1, connection);
-        let mut got = Vec::new();
-        while got.len() < count {
-            let Some(Outbound::GetOk { redelivered, message_count, message, .. }) = handle.get(&channel, false) else {
-                break;
-            };
-            got.push(GotMessage { message, redelivered, message_count });
-        }
-        let positions: Vec<u64> =
-            std::mem::take(&mut channel.ledger.lock().unacked).into_values().map(|unacked| unacked.position).collect();
-        if !positions.is_empty() {
-            handle.settle(&positions, requeue);
-        }
-        Ok(got)
     }
 }

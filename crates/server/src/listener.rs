@@ -146,7 +146,7 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
 async fn serve(broker: Arc<Broker>, listeners: Listeners) -> Result<(), StartError> {
     let Listeners { amqp, amqps, http, https, metrics } = listeners;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(StartError::Signal)?;
-    tokio::spawn(crate::disk::monitor(broker.clone()));
+    tokio::spawn(crate::alarms::monitor(broker.clone()));
     if http.is_some() || https.is_some() {
         let app = crate::management::app(broker.clone());
         if let Some(socket) = http {

@@ -1,16 +1,17 @@
 //! `lepus`: the Lepus broker and its tools, one binary with subcommands.
 
+mod alarms;
 mod auth;
 mod broker;
 mod config;
 mod connection;
 mod ctl;
-mod disk;
 mod introspect;
 mod listener;
 mod login_throttle;
 mod management;
 mod metrics;
+mod operator_messages;
 mod policy;
 mod queue_runtime;
 mod queue_type;

@@ -185,7 +185,7 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     );
     let alarm = broker.disk_alarm.load(Ordering::Acquire);
     gauge(&mut registry, "lepus_disk_alarm", "1 while free disk space is below the limit and publishers are blocked", i64::from(alarm));
-    let free = crate::disk::free_bytes(&broker.config.data_dir).unwrap_or(0);
+    let free = crate::alarms::disk::free_bytes(&broker.config.data_dir).unwrap_or(0);
     gauge(&mut registry, "lepus_disk_free_bytes", "Free bytes on the data directory's filesystem", as_i64(free));
     gauge(
         &mut registry,

@@ -182,7 +182,7 @@ async fn cluster_name(State(api): State<Api>) -> Json<Value> {
 
 fn node_json(api: &Api) -> Value {
     let process = crate::metrics::process_stats();
-    let free = crate::disk::free_bytes(&api.broker.config.data_dir).unwrap_or(0);
+    let free = crate::alarms::disk::free_bytes(&api.broker.config.data_dir).unwrap_or(0);
     let connections = api.broker.connection_count();
     json!({
         "name": api.node,
