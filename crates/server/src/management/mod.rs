@@ -10,6 +10,7 @@ mod console;
 mod definitions;
 mod json;
 mod rates;
+mod router;
 mod routes;
 mod vhosts;
 
@@ -58,7 +59,7 @@ pub fn node_name() -> String {
 pub fn app(broker: Arc<Broker>) -> axum::Router {
     let api = Api::new(broker);
     tokio::spawn(rates::sample_forever(api.broker.clone(), api.rates.clone()));
-    routes::router()
+    router::router()
         .route_layer(axum::middleware::from_fn_with_state(api.clone(), access::authorize_vhost))
         .route_layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
         // The web console's static files, outside the authentication layer (the page logs in).

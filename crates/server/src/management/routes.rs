@@ -2,15 +2,15 @@
 
 use super::access::{Caller, Visibility};
 use super::json::{self, exchange_from_path, flag, integer, short, text};
-use super::{definitions, list_response, vhosts, Api, ApiError, ListQuery, GET_MESSAGES_MAX, RABBITMQ_API_VERSION};
+use super::{list_response, Api, ApiError, ListQuery, GET_MESSAGES_MAX, RABBITMQ_API_VERSION};
 use crate::auth::Access;
 use amqp_codec::{ContentHeader, ShortStr};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+
+use axum::Json;
 use broker_core::exchange::{Binding, Destination};
 use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType};
 use broker_core::Message;
@@ -18,63 +18,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-type Answer = Result<Response, ApiError>;
-
-/// Every route (authentication is layered on by the caller).
-pub fn router() -> Router<Api> {
-    Router::new()
-        .route("/api/overview", get(overview))
-        .route("/api/cluster-name", get(cluster_name))
-        .route("/api/nodes", get(nodes))
-        .route("/api/nodes/{node}", get(node))
-        .route("/api/extensions", get(|| async { Json(json!([])) }))
-        .route("/api/whoami", get(whoami))
-        .route("/api/users", get(users))
-        .route("/api/users/{user}", get(user).put(put_user).delete(delete_user))
-        .route("/api/users/{user}/permissions", get(user_permissions))
-        .route("/api/permissions/{vhost}/{user}", get(permission).put(put_permission).delete(delete_permission))
-        .route("/api/permissions", get(permissions))
-        .route("/api/vhosts", get(vhosts::vhosts))
-        .route("/api/vhosts/{vhost}", get(vhosts::vhost).put(vhosts::put_vhost).delete(vhosts::delete_vhost))
-        .route("/api/policies", get(vhosts::policies))
-        .route("/api/policies/{vhost}", get(vhosts::vhost_policies))
-        .route("/api/policies/{vhost}/{name}", get(vhosts::policy).put(vhosts::put_policy).delete(vhosts::delete_policy))
-        .route("/api/vhost-limits", get(vhosts::all_vhost_limits))
-        .route("/api/vhost-limits/{vhost}", get(vhosts::vhost_limits))
-        .route("/api/vhost-limits/{vhost}/{name}", axum::routing::put(vhosts::put_vhost_limit).delete(vhosts::delete_vhost_limit))
-        .route("/api/operator-policies", get(|| async { Json(json!([])) }))
-        .route("/api/vhosts/{vhost}/permissions", get(vhost_permissions))
-        .route("/api/aliveness-test/{vhost}", get(aliveness_test))
-        .route("/api/healthchecks/node", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/api/health/checks/alarms", get(alarms_check))
-        .route("/api/connections", get(connections))
-        .route("/api/connections/{name}", get(connection).delete(close_connection))
-        .route("/api/vhosts/{vhost}/connections", get(vhost_connections))
-        .route("/api/channels", get(channels))
-        .route("/api/channels/{name}", get(channel))
-        .route("/api/vhosts/{vhost}/channels", get(vhost_channels))
-        .route("/api/connections/{name}/channels", get(connection_channels))
-        .route("/api/consumers", get(consumers))
-        .route("/api/consumers/{vhost}", get(vhost_consumers))
-        .route("/api/exchanges", get(exchanges))
-        .route("/api/exchanges/{vhost}", get(vhost_exchanges))
-        .route("/api/exchanges/{vhost}/{name}", get(exchange).put(declare_exchange).delete(delete_exchange))
-        .route("/api/exchanges/{vhost}/{name}/bindings/source", get(exchange_bindings_source))
-        .route("/api/exchanges/{vhost}/{name}/bindings/destination", get(exchange_bindings_destination))
-        .route("/api/exchanges/{vhost}/{name}/publish", post(publish))
-        .route("/api/queues", get(queues))
-        .route("/api/queues/{vhost}", get(vhost_queues))
-        .route("/api/queues/{vhost}/{name}", get(queue).put(declare_queue).delete(delete_queue))
-        .route("/api/queues/{vhost}/{name}/bindings", get(queue_bindings))
-        .route("/api/queues/{vhost}/{name}/contents", axum::routing::delete(purge_queue))
-        .route("/api/queues/{vhost}/{name}/get", post(get_messages))
-        .route("/api/bindings", get(bindings))
-        .route("/api/bindings/{vhost}", get(vhost_bindings))
-        .route("/api/bindings/{vhost}/e/{source}/{kind}/{destination}", get(binding_pair).post(create_binding))
-        .route("/api/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}", get(binding).delete(delete_binding))
-        .route("/api/definitions", get(definitions::export_all).post(definitions::import_all))
-        .route("/api/definitions/{vhost}", get(definitions::export_vhost).post(definitions::import_vhost))
-}
+pub(super) type Answer = Result<Response, ApiError>;
 
 /// The JSON body of a request (an empty body is `{}`).
 pub fn body_json(body: &Bytes) -> Result<Value, ApiError> {
@@ -112,7 +56,7 @@ pub fn created_or_existing(existed: bool) -> Response {
     }
 }
 
-async fn overview(State(api): State<Api>) -> Json<Value> {
+pub(super) async fn overview(State(api): State<Api>) -> Json<Value> {
     let overview = api.broker.overview();
     let rates = api.rates.total();
     let address = amqp_address(&api);
@@ -176,7 +120,7 @@ fn listeners(api: &Api, address: SocketAddr) -> Value {
     Value::Array(listeners)
 }
 
-async fn cluster_name(State(api): State<Api>) -> Json<Value> {
+pub(super) async fn cluster_name(State(api): State<Api>) -> Json<Value> {
     Json(json!({ "name": api.node }))
 }
 
@@ -219,18 +163,18 @@ fn node_json(api: &Api) -> Value {
     })
 }
 
-async fn nodes(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn nodes(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
     list_response(vec![node_json(&api)], &query)
 }
 
-async fn node(State(api): State<Api>, Path(node): Path<String>) -> Answer {
+pub(super) async fn node(State(api): State<Api>, Path(node): Path<String>) -> Answer {
     if node != api.node {
         return Err(ApiError::object_not_found());
     }
     Ok(Json(node_json(&api)).into_response())
 }
 
-async fn whoami(State(api): State<Api>, caller: Caller) -> Json<Value> {
+pub(super) async fn whoami(State(api): State<Api>, caller: Caller) -> Json<Value> {
     let tags = api.broker.users.get(&caller.name).map(|user| user.tags).unwrap_or_default();
     Json(json!({ "name": caller.name, "tags": tags }))
 }
@@ -245,12 +189,12 @@ pub fn user_json(user: &crate::auth::User) -> Value {
     })
 }
 
-async fn users(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn users(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
     caller.require_administrator()?;
     list_response(api.broker.users.list().iter().map(user_json).collect(), &query)
 }
 
-async fn user(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
+pub(super) async fn user(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
     caller.require_administrator()?;
     let user = api.broker.users.get(&name).ok_or_else(ApiError::object_not_found)?;
     Ok(Json(user_json(&user)).into_response())
@@ -296,7 +240,7 @@ pub fn password_hash_of(body: &Value) -> Result<String, ApiError> {
     }
 }
 
-async fn put_user(State(api): State<Api>, caller: Caller, Path(name): Path<String>, body: Bytes) -> Answer {
+pub(super) async fn put_user(State(api): State<Api>, caller: Caller, Path(name): Path<String>, body: Bytes) -> Answer {
     caller.require_administrator()?;
     let body: Value = serde_json::from_slice(&body).map_err(|error| ApiError::bad_request(error.to_string()))?;
     let user = crate::auth::User::new(&name, password_hash_of(&body)?, tags_of(&body));
@@ -305,7 +249,7 @@ async fn put_user(State(api): State<Api>, caller: Caller, Path(name): Path<Strin
     Ok(if created { StatusCode::CREATED } else { StatusCode::NO_CONTENT }.into_response())
 }
 
-async fn delete_user(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
+pub(super) async fn delete_user(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
     caller.require_administrator()?;
     if !api.broker.users.delete(&name) {
         return Err(ApiError::object_not_found());
@@ -315,20 +259,30 @@ async fn delete_user(State(api): State<Api>, caller: Caller, Path(name): Path<St
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn user_permissions(State(api): State<Api>, caller: Caller, Path(name): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn user_permissions(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Answer {
     caller.require_administrator()?;
     api.broker.users.get(&name).ok_or_else(ApiError::object_not_found)?;
     let list = api.broker.permissions.list().iter().filter(|entry| entry.user == name).map(|entry| permission_json(entry)).collect();
     list_response(list, &query)
 }
 
-async fn permission(State(api): State<Api>, caller: Caller, Path((vhost, user)): Path<(String, String)>) -> Answer {
+pub(super) async fn permission(State(api): State<Api>, caller: Caller, Path((vhost, user)): Path<(String, String)>) -> Answer {
     caller.require_administrator()?;
     let entry = api.broker.permissions.get(&user, &vhost).ok_or_else(ApiError::object_not_found)?;
     Ok(Json(permission_json(&entry)).into_response())
 }
 
-async fn put_permission(State(api): State<Api>, caller: Caller, Path((vhost, user)): Path<(String, String)>, body: Bytes) -> Answer {
+pub(super) async fn put_permission(
+    State(api): State<Api>,
+    caller: Caller,
+    Path((vhost, user)): Path<(String, String)>,
+    body: Bytes,
+) -> Answer {
     caller.require_administrator()?;
     require_vhost(&api, &vhost)?;
     if api.broker.users.get(&user).is_none() {
@@ -344,7 +298,7 @@ async fn put_permission(State(api): State<Api>, caller: Caller, Path((vhost, use
     Ok(if created { StatusCode::CREATED } else { StatusCode::NO_CONTENT }.into_response())
 }
 
-async fn delete_permission(State(api): State<Api>, caller: Caller, Path((vhost, user)): Path<(String, String)>) -> Answer {
+pub(super) async fn delete_permission(State(api): State<Api>, caller: Caller, Path((vhost, user)): Path<(String, String)>) -> Answer {
     caller.require_administrator()?;
     if !api.broker.permissions.delete(&user, &vhost) {
         return Err(ApiError::object_not_found());
@@ -353,12 +307,17 @@ async fn delete_permission(State(api): State<Api>, caller: Caller, Path((vhost, 
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn permissions(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn permissions(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
     caller.require_administrator()?;
     list_response(permission_list(&api, None), &query)
 }
 
-async fn vhost_permissions(State(api): State<Api>, caller: Caller, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn vhost_permissions(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(vhost): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Answer {
     caller.require_administrator()?;
     require_vhost(&api, &vhost)?;
     list_response(permission_list(&api, Some(&vhost)), &query)
@@ -366,7 +325,7 @@ async fn vhost_permissions(State(api): State<Api>, caller: Caller, Path(vhost): 
 
 /// RabbitMQ's aliveness test: declares the queue `aliveness-test`, publishes a message to it and
 /// gets it back.
-async fn aliveness_test(State(api): State<Api>, Path(vhost): Path<String>) -> Answer {
+pub(super) async fn aliveness_test(State(api): State<Api>, Path(vhost): Path<String>) -> Answer {
     require_vhost(&api, &vhost)?;
     let name = ShortStr::from("aliveness-test");
     let definition = QueueDefinition {
@@ -391,7 +350,7 @@ async fn aliveness_test(State(api): State<Api>, Path(vhost): Path<String>) -> An
     }
 }
 
-async fn alarms_check(State(api): State<Api>) -> Response {
+pub(super) async fn alarms_check(State(api): State<Api>) -> Response {
     if let Some(reason) = api.broker.publishers_blocked_by() {
         let resource = if reason.ends_with("disk") { "disk" } else { "memory" };
         let alarm = json!({"node": api.node, "resource": resource});
@@ -415,11 +374,16 @@ fn connection_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
         .collect()
 }
 
-async fn connections(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn connections(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
     list_response(caller.visible(connection_list(&api, None), Visibility::OwnConnection), &query)
 }
 
-async fn vhost_connections(State(api): State<Api>, caller: Caller, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn vhost_connections(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(vhost): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Answer {
     require_vhost(&api, &vhost)?;
     list_response(caller.visible(connection_list(&api, Some(&vhost)), Visibility::OwnConnection), &query)
 }
@@ -442,12 +406,17 @@ fn find_own_connection(api: &Api, caller: &Caller, name: &str) -> Result<crate::
     Ok(connection)
 }
 
-async fn connection(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
+pub(super) async fn connection(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
     let connection = find_own_connection(&api, &caller, &name)?;
     Ok(Json(json::connection_json(&connection, amqp_address(&api), &api.node, disk_alarm(&api))).into_response())
 }
 
-async fn close_connection(State(api): State<Api>, caller: Caller, Path(name): Path<String>, headers: axum::http::HeaderMap) -> Answer {
+pub(super) async fn close_connection(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(name): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Answer {
     let connection = find_own_connection(&api, &caller, &name)?;
     if !caller.administrator && connection.session.user != caller.name {
         return Err(ApiError::unauthorised("Not_Authorized"));
@@ -501,16 +470,26 @@ fn channel_list(api: &Api, only_vhost: Option<&str>, only_connection: Option<&st
     list
 }
 
-async fn channels(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn channels(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
     list_response(caller.visible(channel_list(&api, None, None), Visibility::OwnConnection), &query)
 }
 
-async fn vhost_channels(State(api): State<Api>, caller: Caller, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn vhost_channels(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(vhost): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Answer {
     require_vhost(&api, &vhost)?;
     list_response(caller.visible(channel_list(&api, Some(&vhost), None), Visibility::OwnConnection), &query)
 }
 
-async fn connection_channels(State(api): State<Api>, caller: Caller, Path(name): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn connection_channels(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Answer {
     find_own_connection(&api, &caller, &name)?;
     let address = amqp_address(&api);
     if !api.broker.list_connections().iter().any(|connection| json::connection_name(connection, address) == name) {
@@ -519,7 +498,7 @@ async fn connection_channels(State(api): State<Api>, caller: Caller, Path(name):
     list_response(channel_list(&api, None, Some(&name)), &query)
 }
 
-async fn channel(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
+pub(super) async fn channel(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
     let found = caller
         .visible(channel_list(&api, None, None), Visibility::OwnConnection)
         .into_iter()
@@ -528,11 +507,11 @@ async fn channel(State(api): State<Api>, caller: Caller, Path(name): Path<String
 }
 
 /// Consumers, shaped like RabbitMQ's `/api/consumers`.
-async fn consumers(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn consumers(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
     list_response(caller.visible(consumer_list(&api, None), Visibility::InVhost), &query)
 }
 
-async fn vhost_consumers(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn vhost_consumers(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
     require_vhost(&api, &vhost)?;
     list_response(consumer_list(&api, Some(&vhost)), &query)
 }
@@ -559,11 +538,11 @@ fn exchange_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
         .collect()
 }
 
-async fn exchanges(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn exchanges(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
     list_response(caller.visible(exchange_list(&api, None), Visibility::InVhost), &query)
 }
 
-async fn vhost_exchanges(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn vhost_exchanges(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
     require_vhost(&api, &vhost)?;
     list_response(exchange_list(&api, Some(&vhost)), &query)
 }
@@ -578,11 +557,16 @@ fn find_exchange(api: &Api, vhost: &str, name: &str) -> Result<crate::introspect
         .ok_or_else(ApiError::object_not_found)
 }
 
-async fn exchange(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
+pub(super) async fn exchange(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
     Ok(Json(json::exchange_json(&find_exchange(&api, &vhost, &name)?)).into_response())
 }
 
-async fn declare_exchange(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+pub(super) async fn declare_exchange(
+    State(api): State<Api>,
+    caller: Caller,
+    Path((vhost, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Answer {
     require_vhost(&api, &vhost)?;
     caller.require_managed(&vhost, Access::Configure, "exchange", exchange_from_path(&name))?;
     let mut body = body_json(&body)?;
@@ -612,14 +596,14 @@ pub fn exchange_declaration(name: &str, body: &Value) -> Result<ExchangeDeclarat
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
-struct DeleteQuery {
+pub(super) struct DeleteQuery {
     #[serde(rename = "if-unused")]
     if_unused: Option<String>,
     #[serde(rename = "if-empty")]
     if_empty: Option<String>,
 }
 
-async fn delete_exchange(
+pub(super) async fn delete_exchange(
     State(api): State<Api>,
     caller: Caller,
     Path((vhost, name)): Path<(String, String)>,
@@ -656,11 +640,11 @@ fn binding_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
     list
 }
 
-async fn bindings(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn bindings(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
     list_response(caller.visible(binding_list(&api, None), Visibility::InVhost), &query)
 }
 
-async fn vhost_bindings(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn vhost_bindings(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
     require_vhost(&api, &vhost)?;
     list_response(binding_list(&api, Some(&vhost)), &query)
 }
@@ -669,7 +653,7 @@ fn filtered_bindings(api: &Api, vhost: &str, keep: impl Fn(&Value) -> bool) -> V
     binding_list(api, Some(vhost)).into_iter().filter(|binding| keep(binding)).collect()
 }
 
-async fn exchange_bindings_source(
+pub(super) async fn exchange_bindings_source(
     State(api): State<Api>,
     Path((vhost, name)): Path<(String, String)>,
     Query(query): Query<ListQuery>,
@@ -678,7 +662,7 @@ async fn exchange_bindings_source(
     list_response(filtered_bindings(&api, &vhost, |binding| binding["source"] == exchange.name.as_str()), &query)
 }
 
-async fn exchange_bindings_destination(
+pub(super) async fn exchange_bindings_destination(
     State(api): State<Api>,
     Path((vhost, name)): Path<(String, String)>,
     Query(query): Query<ListQuery>,
@@ -697,7 +681,11 @@ fn find_queue(api: &Api, vhost: &str, name: &str) -> Result<crate::introspect::Q
     api.broker.list_queues().into_iter().find(|queue| queue.vhost == vhost && queue.name == name).ok_or_else(ApiError::object_not_found)
 }
 
-async fn queue_bindings(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn queue_bindings(
+    State(api): State<Api>,
+    Path((vhost, name)): Path<(String, String)>,
+    Query(query): Query<ListQuery>,
+) -> Answer {
     find_queue(&api, &vhost, &name)?;
     list_response(
         filtered_bindings(&api, &vhost, |binding| binding["destination_type"] == "queue" && binding["destination"] == name.as_str()),
@@ -714,16 +702,16 @@ fn queue_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
         .collect()
 }
 
-async fn queues(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn queues(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
     list_response(caller.visible(queue_list(&api, None), Visibility::InVhost), &query)
 }
 
-async fn vhost_queues(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn vhost_queues(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
     require_vhost(&api, &vhost)?;
     list_response(queue_list(&api, Some(&vhost)), &query)
 }
 
-async fn queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
+pub(super) async fn queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
     let queue = find_queue(&api, &vhost, &name)?;
     Ok(Json(json::queue_json(&queue, &api.rates.queue(&vhost, &name), &api.node)).into_response())
 }
@@ -745,7 +733,12 @@ pub fn queue_definition(name: &str, body: &Value) -> Result<QueueDefinition, Api
     })
 }
 
-async fn declare_queue(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+pub(super) async fn declare_queue(
+    State(api): State<Api>,
+    caller: Caller,
+    Path((vhost, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Answer {
     require_vhost(&api, &vhost)?;
     caller.require_managed(&vhost, Access::Configure, "queue", &name)?;
     let body = body_json(&body)?;
@@ -755,7 +748,7 @@ async fn declare_queue(State(api): State<Api>, caller: Caller, Path((vhost, name
     Ok(created_or_existing(existed))
 }
 
-async fn delete_queue(
+pub(super) async fn delete_queue(
     State(api): State<Api>,
     caller: Caller,
     Path((vhost, name)): Path<(String, String)>,
@@ -775,7 +768,7 @@ async fn delete_queue(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn purge_queue(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>) -> Answer {
+pub(super) async fn purge_queue(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>) -> Answer {
     find_queue(&api, &vhost, &name)?;
     caller.require_managed(&vhost, Access::Read, "queue", &name)?;
     let handle = api.broker.topology(&vhost)?.read().require_queue(&short(&name, "queue name")?, 0)?.handle.clone();
@@ -801,7 +794,7 @@ fn require_keys(body: &Value, keys: &[&str]) -> Result<(), ApiError> {
 /// How long a publish through the API waits for its message to be synced to disk.
 const PUBLISH_SYNC_WAIT_S: u64 = 30;
 
-async fn publish(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+pub(super) async fn publish(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
     let body = body_json(&body)?;
     require_keys(&body, &["routing_key", "properties", "payload", "payload_encoding"])?;
     caller.require_for_publish(&vhost, "exchange", exchange_from_path(&name))?;
@@ -858,7 +851,12 @@ async fn publish(State(api): State<Api>, caller: Caller, Path((vhost, name)): Pa
     Ok(Json(json!({ "routed": published.routed })).into_response())
 }
 
-async fn get_messages(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>, body: Bytes) -> Answer {
+pub(super) async fn get_messages(
+    State(api): State<Api>,
+    caller: Caller,
+    Path((vhost, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Answer {
     find_queue(&api, &vhost, &name)?;
     caller.require(&vhost, Access::Read, "queue", &name)?;
     let body = body_json(&body)?;
@@ -932,7 +930,11 @@ fn pair_bindings(api: &Api, vhost: &str, source: &str, is_queue: bool, destinati
     }))
 }
 
-async fn binding_pair(State(api): State<Api>, Path(params): Path<HashMap<String, String>>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn binding_pair(
+    State(api): State<Api>,
+    Path(params): Path<HashMap<String, String>>,
+    Query(query): Query<ListQuery>,
+) -> Answer {
     let (vhost, source, kind, destination) = binding_path(&params)?;
     let is_queue = destination_kind(kind)?;
     list_response(pair_bindings(&api, vhost, source, is_queue, destination)?, &query)
@@ -949,7 +951,12 @@ fn require_binding_access(caller: &Caller, vhost: &str, source: &str, is_queue: 
     caller.require_managed(vhost, Access::Read, "exchange", exchange_from_path(source))
 }
 
-async fn create_binding(State(api): State<Api>, caller: Caller, Path(params): Path<HashMap<String, String>>, body: Bytes) -> Answer {
+pub(super) async fn create_binding(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(params): Path<HashMap<String, String>>,
+    body: Bytes,
+) -> Answer {
     let (vhost, source, kind, destination) = binding_path(&params)?;
     let is_queue = destination_kind(kind)?;
     require_binding_access(&caller, vhost, source, is_queue, destination)?;
@@ -992,11 +999,11 @@ fn find_binding(api: &Api, params: &HashMap<String, String>) -> Result<Value, Ap
         .ok_or_else(ApiError::object_not_found)
 }
 
-async fn binding(State(api): State<Api>, Path(params): Path<HashMap<String, String>>) -> Answer {
+pub(super) async fn binding(State(api): State<Api>, Path(params): Path<HashMap<String, String>>) -> Answer {
     Ok(Json(find_binding(&api, &params)?).into_response())
 }
 
-async fn delete_binding(State(api): State<Api>, caller: Caller, Path(params): Path<HashMap<String, String>>) -> Answer {
+pub(super) async fn delete_binding(State(api): State<Api>, caller: Caller, Path(params): Path<HashMap<String, String>>) -> Answer {
     let found = find_binding(&api, &params)?;
     let (vhost, source, kind, destination) = binding_path(&params)?;
     require_binding_access(&caller, vhost, source, destination_kind(kind)?, destination)?;
