@@ -115,6 +115,72 @@ fn fsync_histogram_text(broker: &Broker) -> String {
     text
 }
 
+/// Broker-wide figures the `rabbitmq_*` families report.
+struct RabbitmqTotals {
+    connections: u64,
+    channels: u64,
+    queues: u64,
+    consumers: u64,
+    ready: u64,
+    unacked: u64,
+    published: u64,
+    delivered: u64,
+    acked: u64,
+    free_disk_bytes: u64,
+}
+
+/// The aggregated families of RabbitMQ's Prometheus plugin (`/metrics` of rabbitmq_prometheus)
+/// that Lepus has an exact figure for, with RabbitMQ's names and labels, so that its published
+/// dashboards and alert rules work unchanged.
+fn register_rabbitmq_metrics(registry: &mut Registry, broker: &Broker, totals: &RabbitmqTotals, process: ProcessStats) {
+    let node = crate::management::node_name();
+    let identity = Family::<Labels, Gauge>::default();
+    identity
+        .get_or_create(&vec![
+            ("rabbitmq_node", node.clone()),
+            ("rabbitmq_cluster", node.clone()),
+            ("rabbitmq_cluster_permanent_id", format!("lepus-{node}")),
+        ])
+        .set(1);
+    registry.register("rabbitmq_identity_info", "RabbitMQ node & cluster identity info", identity);
+    let build = Family::<Labels, Gauge>::default();
+    build.get_or_create(&vec![("rabbitmq_version", env!("CARGO_PKG_VERSION").to_string()), ("product", "Lepus".to_string())]).set(1);
+    registry.register("rabbitmq_build_info", "RabbitMQ & Erlang/OTP version info", build);
+    let gauges = [
+        ("rabbitmq_connections", "Connections currently open", totals.connections),
+        ("rabbitmq_channels", "Channels currently open", totals.channels),
+        ("rabbitmq_queues", "Queues available", totals.queues),
+        ("rabbitmq_consumers", "Consumers currently connected", totals.consumers),
+        ("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers", totals.ready),
+        ("rabbitmq_queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged", totals.unacked),
+        ("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth", totals.ready + totals.unacked),
+        ("rabbitmq_queue_consumers", "Consumers on a queue", totals.consumers),
+        ("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", process.resident_bytes),
+        ("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes", broker.config.memory_high_watermark_bytes),
+        ("rabbitmq_process_open_fds", "Open file descriptors", process.open_fds),
+        ("rabbitmq_process_max_fds", "Open file descriptors limit", process.max_fds),
+        ("rabbitmq_disk_space_available_bytes", "Disk space available in bytes", totals.free_disk_bytes),
+        ("rabbitmq_disk_space_available_limit_bytes", "Free disk space low watermark in bytes", broker.config.disk_free_limit_bytes),
+        (
+            "rabbitmq_alarms_memory_used_watermark",
+            "is set to 1 when the memory high watermark alarm is in effect",
+            u64::from(broker.memory_alarm.load(Ordering::Acquire)),
+        ),
+        (
+            "rabbitmq_alarms_free_disk_space_watermark",
+            "is set to 1 when the free disk space alarm is in effect",
+            u64::from(broker.disk_alarm.load(Ordering::Acquire)),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        gauge(registry, name, help, as_i64(value));
+    }
+    // Counters summed over queues, which is how RabbitMQ's queue counters add up on /metrics.
+    counter(registry, "rabbitmq_queue_messages_published", "Total number of messages published to queues", totals.published);
+    counter(registry, "rabbitmq_global_messages_delivered", "Total number of messages delivered to consumers", totals.delivered);
+    counter(registry, "rabbitmq_global_messages_acknowledged", "Total number of messages acknowledged by consumers", totals.acked);
+}
+
 /// Every metric, in the OpenMetrics text format.
 pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
@@ -203,6 +269,19 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     registry.register("lepus_build_info", "Always 1; the version is a label", build);
 
     register_storage_metrics(&mut registry, broker);
+    let totals = RabbitmqTotals {
+        connections: connections.len() as u64,
+        channels: channels as u64,
+        queues: queues.len() as u64,
+        consumers: consumers_total,
+        ready: ready_total,
+        unacked: unacked_total,
+        published: published_total,
+        delivered: delivered_total,
+        acked: acked_total,
+        free_disk_bytes: free,
+    };
+    register_rabbitmq_metrics(&mut registry, broker, &totals, process);
 
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry)?;
