@@ -58,14 +58,19 @@ def test_rabbitmq_metric_names_answer_with_data(fresh_lepus, names):
         channel.basic_ack(received[0])
         # Three unacked of `queue` now, 9 - 3 ready there, 10 ready in `held`.
 
+        last_scrape = {}
+
         def scraped():
             samples = broker.metrics()
             values = {}
             for (name, labels), value in samples.items():
                 values[name] = values.get(name, 0) + value
+            last_scrape.clear()
+            last_scrape.update(values)
             return values if all(values.get(name, 0) > 0 for name in NONZERO) else None
 
-        values = wait_for(scraped) or {}
+        # On a timeout the last scrape is checked, so the failure names what is missing or zero.
+        values = wait_for(scraped) or last_scrape
         missing = [name for name in DASHBOARD_METRICS if name not in values]
         assert not missing, missing
         empty = [name for name in NONZERO if values.get(name, 0) <= 0]
