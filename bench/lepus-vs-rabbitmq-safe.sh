@@ -1,7 +1,7 @@
 #!/bin/bash
 # Used for bench/results/issue-10-vs-rabbitmq.md. RPID is the pid of the RabbitMQ node's beam.smp, whose CPU
 # time is read over each of its runs; each Lepus run starts its own broker with a fresh data directory.
-# vs-rmq.sh LEPUS_BIN RMQ_PORT RMQ_NODE OUTDIR: alternating safe-mode 16 B runs, Lepus vs a running RabbitMQ node
+# Usage: RPID=PID bench/lepus-vs-rabbitmq-safe.sh LEPUS_BIN RMQ_PORT RMQ_NODE OUTDIR (RMQ_NODE only names the run): alternating safe-mode 16 B runs, Lepus vs a running RabbitMQ node
 set -u
 BIN=$1 RPORT=$2 NODE=$3 OUT=$4; mkdir -p $OUT
 ticks() { awk '{ print $14 + $15 }' /proc/$1/stat; }
