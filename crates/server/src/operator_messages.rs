@@ -68,22 +68,7 @@ impl Broker {
         };
         // A channel that belongs to no socket: get-ok comes back as a value, never through a writer.
         let (sender, _receiver) = tokio::sync::mpsc::unbounded_channel();
-        let connection = std::sync::Arc::new(ConnectionShared {
-            id: 0,
-            outbound: sender,
-            outbound_deliveries: Default::default(),
-            stalled_queues: Default::default(),
-            consumer_cancel_notify: Default::default(),
-            pending_work: Default::default(),
-            pending_work_drained: tokio::sync::Notify::new(),
-            has_published: Default::default(),
-            force_close: tokio::sync::Notify::new(),
-            peer: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            connected_at_ms: 0,
-            session: Default::default(),
-            close_reason: Default::default(),
-            tls: None,
-        });
+        let connection = std::sync::Arc::new(ConnectionShared::detached(0, sender));
         let channel = ChannelShared::new(1, connection);
         let mut got = Vec::new();
         while got.len() < count {

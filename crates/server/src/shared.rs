@@ -129,6 +129,27 @@ pub struct SessionInfo {
 }
 
 impl ConnectionShared {
+    /// A connection without a socket, whose writer's items arrive on `outbound` (the management
+    /// API's get messages, which reads get-ok as a value; unit tests).
+    pub fn detached(id: u64, outbound: mpsc::UnboundedSender<Outbound>) -> ConnectionShared {
+        ConnectionShared {
+            id,
+            outbound,
+            outbound_deliveries: Default::default(),
+            stalled_queues: Default::default(),
+            consumer_cancel_notify: Default::default(),
+            pending_work: Default::default(),
+            pending_work_drained: tokio::sync::Notify::new(),
+            has_published: Default::default(),
+            force_close: tokio::sync::Notify::new(),
+            peer: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            connected_at_ms: 0,
+            session: Default::default(),
+            close_reason: Default::default(),
+            tls: None,
+        }
+    }
+
     /// Queues an item for the writer; a closed writer means the connection is going away, and
     /// whatever was meant for it is requeued by the channel cleanup.
     pub fn send(&self, item: Outbound) {

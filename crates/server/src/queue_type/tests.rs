@@ -277,22 +277,7 @@ fn a_publish_outcome_carries_the_ticket_its_confirm_waits_for() {
 /// A channel on a connection without a socket: what would be written arrives on the receiver.
 fn channel() -> (Arc<ChannelShared>, mpsc::UnboundedReceiver<Outbound>) {
     let (sender, receiver) = mpsc::unbounded_channel();
-    let connection = Arc::new(ConnectionShared {
-        id: 1,
-        outbound: sender,
-        outbound_deliveries: Default::default(),
-        stalled_queues: Default::default(),
-        consumer_cancel_notify: Default::default(),
-        pending_work: Default::default(),
-        pending_work_drained: tokio::sync::Notify::new(),
-        has_published: Default::default(),
-        force_close: tokio::sync::Notify::new(),
-        peer: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        connected_at_ms: 0,
-        session: Default::default(),
-        close_reason: Default::default(),
-        tls: None,
-    });
+    let connection = Arc::new(ConnectionShared::detached(1, sender));
     (Arc::new(ChannelShared::new(1, connection)), receiver)
 }
 
