@@ -226,16 +226,6 @@ enum CtlCommand {
     },
 }
 
-/// Percent-encodes one path segment (a vhost or object name).
-fn segment(text: &str) -> String {
-    text.bytes()
-        .map(|byte| match byte {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (byte as char).to_string(),
-            other => format!("%{other:02X}"),
-        })
-        .collect()
-}
-
 /// Runs one `lepus ctl` command; returns rabbitmqctl's exit code for the outcome.
 pub fn run(arguments: CtlArguments) -> i32 {
     match execute(&arguments) {
@@ -290,7 +280,12 @@ fn execute(arguments: &CtlArguments) -> Result<(), CtlError> {
         CtlCommand::PurgeQueue { name } => {
             let vhost = arguments.vhost();
             arguments.inform(&format!("Purging queue '{name}' in vhost '{vhost}' ..."));
-            client.request("DELETE", &format!("/queues/{}/{}/contents", segment(vhost), segment(name)), None, &[])?;
+            client.request(
+                "DELETE",
+                &format!("/queues/{}/{}/contents", crate::url_path::encode_segment(vhost), crate::url_path::encode_segment(name)),
+                None,
+                &[],
+            )?;
             arguments.report(&client.node()?, &format!("Purged queue '{name}'"));
             Ok(())
         }
@@ -321,7 +316,7 @@ fn listing_command(command: &CtlCommand) -> Option<(Listing, &[String])> {
 fn delete_queue(client: &Client, arguments: &CtlArguments, name: &str, if_unused: bool, if_empty: bool) -> Result<(), CtlError> {
     let vhost = arguments.vhost();
     arguments.inform(&format!("Deleting queue '{name}' on vhost '{vhost}' ..."));
-    let path = format!("/queues/{}/{}", segment(vhost), segment(name));
+    let path = format!("/queues/{}/{}", crate::url_path::encode_segment(vhost), crate::url_path::encode_segment(name));
     let queue = match client.get_json(&path) {
         // rabbitmqctl answers a missing queue with EX_USAGE here (and EX_UNAVAILABLE in purge_queue).
         Err(CtlError::NotFound(_)) => return Err(CtlError::Usage(format!("queue '{name}' not found in vhost '{vhost}'"))),
@@ -483,40 +478,55 @@ fn execute_definition_command(client: &Client, arguments: &CtlArguments, command
     match command {
         CtlCommand::AddUser { name, password, tags } => {
             let body = json!({"password": password, "tags": tags}).to_string();
-            client.request("PUT", &format!("/users/{}", segment(name)), Some(&body), &[])?;
+            client.request("PUT", &format!("/users/{}", crate::url_path::encode_segment(name)), Some(&body), &[])?;
             println!("user '{name}' set");
         }
         CtlCommand::DeleteUser { name } => {
-            client.request("DELETE", &format!("/users/{}", segment(name)), None, &[])?;
+            client.request("DELETE", &format!("/users/{}", crate::url_path::encode_segment(name)), None, &[])?;
             println!("user '{name}' deleted");
         }
         CtlCommand::SetPermissions { user, configure, write, read } => {
             let body = json!({"configure": configure, "write": write, "read": read}).to_string();
-            client.request("PUT", &format!("/permissions/{}/{}", segment(vhost), segment(user)), Some(&body), &[])?;
+            client.request(
+                "PUT",
+                &format!("/permissions/{}/{}", crate::url_path::encode_segment(vhost), crate::url_path::encode_segment(user)),
+                Some(&body),
+                &[],
+            )?;
             println!("permissions of '{user}' in '{vhost}' set");
         }
         CtlCommand::AddVhost { name, description } => {
             let body = json!({"description": description}).to_string();
-            client.request("PUT", &format!("/vhosts/{}", segment(name)), Some(&body), &[])?;
+            client.request("PUT", &format!("/vhosts/{}", crate::url_path::encode_segment(name)), Some(&body), &[])?;
             println!("vhost '{name}' set");
         }
         CtlCommand::DeleteVhost { name } => {
-            client.request("DELETE", &format!("/vhosts/{}", segment(name)), None, &[])?;
+            client.request("DELETE", &format!("/vhosts/{}", crate::url_path::encode_segment(name)), None, &[])?;
             println!("vhost '{name}' deleted");
         }
         CtlCommand::SetPolicy { name, pattern, definition, priority, apply_to } => {
             let definition: Value =
                 serde_json::from_str(definition).map_err(|error| CtlError::Usage(format!("the definition is not JSON: {error}")))?;
             let body = json!({"pattern": pattern, "definition": definition, "priority": priority, "apply-to": apply_to});
-            client.request("PUT", &format!("/policies/{}/{}", segment(vhost), segment(name)), Some(&body.to_string()), &[])?;
+            client.request(
+                "PUT",
+                &format!("/policies/{}/{}", crate::url_path::encode_segment(vhost), crate::url_path::encode_segment(name)),
+                Some(&body.to_string()),
+                &[],
+            )?;
             println!("policy '{name}' in '{vhost}' set");
         }
         CtlCommand::ClearPolicy { name } => {
-            client.request("DELETE", &format!("/policies/{}/{}", segment(vhost), segment(name)), None, &[])?;
+            client.request(
+                "DELETE",
+                &format!("/policies/{}/{}", crate::url_path::encode_segment(vhost), crate::url_path::encode_segment(name)),
+                None,
+                &[],
+            )?;
             println!("policy '{name}' in '{vhost}' cleared");
         }
         CtlCommand::CloseConnection { name, reason } => {
-            client.request("DELETE", &format!("/connections/{}", segment(name)), None, &[("X-Reason", reason)])?;
+            client.request("DELETE", &format!("/connections/{}", crate::url_path::encode_segment(name)), None, &[("X-Reason", reason)])?;
             println!("closed {name}");
         }
         CtlCommand::ExportDefinitions { file } => export_definitions(client, file)?,

@@ -18,6 +18,7 @@ mod queue_type;
 mod settings;
 mod shared;
 mod tls;
+mod url_path;
 mod vhost_limits;
 
 use clap::{Parser, Subcommand};

@@ -2,7 +2,8 @@
 //! printed as rabbitmqctl prints them (tab-separated table, or a JSON array of objects).
 
 use super::client::{Client, CtlError};
-use super::{segment, CtlArguments, Formatter};
+use super::{CtlArguments, Formatter};
+use crate::url_path::encode_segment as segment;
 use serde_json::{json, Map, Value};
 
 /// What `lepus ctl list` lists.

@@ -972,21 +972,12 @@ pub(super) async fn create_binding(
         arguments,
     };
     api.broker.bind(vhost, &short(exchange_from_path(source), "source")?, binding)?;
-    let location = format!("{}/{}", urlencode(destination), urlencode(&props));
+    let location = format!("{}/{}", crate::url_path::encode_segment(destination), crate::url_path::encode_segment(&props));
     let mut response = StatusCode::CREATED.into_response();
     if let Ok(value) = axum::http::HeaderValue::from_str(&location) {
         response.headers_mut().insert(header::LOCATION, value);
     }
     Ok(response)
-}
-
-fn urlencode(text: &str) -> String {
-    text.bytes()
-        .map(|byte| match byte {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (byte as char).to_string(),
-            other => format!("%{other:02X}"),
-        })
-        .collect()
 }
 
 fn find_binding(api: &Api, params: &HashMap<String, String>) -> Result<Value, ApiError> {
