@@ -12,6 +12,8 @@
 #   RABBITMQCTL                           a command prefix that reaches the node ("rabbitmqctl -n NODE")
 #
 # Usage: scripts/rabbitmq-reference.sh SUITE...   (python go java management)
+#        REFERENCE_SUITE_ARGS="tests/test_queue.py -k ttl" scripts/rabbitmq-reference.sh python
+#        (words handed to each suite's run.sh, for running part of a suite while developing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -80,8 +82,11 @@ failed=0
 for suite in "$@"; do
   echo "== interop/$suite against RabbitMQ $(dpkg-query -W -f='${Version}' rabbitmq-server 2>/dev/null || true)"
   # LEPUS_BIN is not passed: the suites test the broker at AMQP_URL and skip what only Lepus has.
-  if ! env -u LEPUS_BIN AMQP_URL="$url" "interop/$suite/run.sh"; then failed=$((failed + 1)); echo "interop/$suite against RabbitMQ FAILED"; fi
+  # shellcheck disable=SC2086 # REFERENCE_SUITE_ARGS is split into words on purpose
+  if ! env -u LEPUS_BIN AMQP_URL="$url" "interop/$suite/run.sh" ${REFERENCE_SUITE_ARGS:-}; then failed=$((failed + 1)); echo "interop/$suite against RabbitMQ FAILED"; fi
 done
+# Part of a suite (REFERENCE_SUITE_ARGS) is a developer's run: the perf test is not part of it.
+if [ -n "${REFERENCE_SUITE_ARGS:-}" ]; then [ "$failed" -eq 0 ]; exit; fi
 echo "== lepus perf against RabbitMQ"
 if ! LEPUS_PERF_RABBITMQ_URL="$url" cargo test --locked -p lepus-perf --test perf_broker -- rabbitmq --nocapture 2>&1 \
   | grep -E "test result|rabbitmq|RabbitMQ|FAILED|panicked"; then
