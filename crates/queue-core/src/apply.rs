@@ -2,6 +2,14 @@
 
 use crate::{Command, ConsumerId, ConsumerRef, ConsumerSlot, DeadLetterReason, Effect, Limits, Overflow, Payload, QueueCore, Reply};
 
+/// An enqueue's particulars besides the message.
+#[derive(Debug, Clone, Copy)]
+struct Enqueue {
+    persistent: bool,
+    own_ttl_ms: Option<u64>,
+    now_ms: u64,
+}
+
 impl<M: Payload> QueueCore<M> {
     /// Applies `command` at time `now_ms` (milliseconds since the epoch). `can_take` answers, for
     /// a consumer the queue would pick, whether it can take one more message now (channel-wide
@@ -15,16 +23,12 @@ impl<M: Payload> QueueCore<M> {
         effects: &mut Vec<Effect<M>>,
     ) -> Reply {
         match command {
-            Command::Enqueue { message, persistent, own_ttl_ms } => self.enqueue(message, persistent, own_ttl_ms, now_ms, effects),
-            Command::PagedIn { position, message, redelivered, own_ttl_ms } => {
-                let expires_at_ms = self.expiry(own_ttl_ms, now_ms);
-                self.messages.page_in(position, message, redelivered, expires_at_ms);
-                Reply::Ok
+            Command::Enqueue { message, persistent, own_ttl_ms } => {
+                let enqueue = Enqueue { persistent, own_ttl_ms, now_ms };
+                self.enqueue(message, enqueue, can_take, effects)
             }
-            Command::ForgetPaged => {
-                self.messages.take_paged();
-                Reply::Ok
-            }
+            Command::PagedIn { generation, messages } => self.paged_in(generation, messages, now_ms, effects),
+            Command::PageInFailed { generation } => self.page_in_failed(generation),
             Command::AddConsumer { consumer, priority, exclusive, prefetch, no_ack } => {
                 if self.has_exclusive_consumer || (exclusive && !self.consumers.is_empty()) {
                     return Reply::ExclusiveInUse;
@@ -92,22 +96,42 @@ impl<M: Payload> QueueCore<M> {
         }
     }
 
-    fn enqueue(&mut self, message: M, persistent: bool, own_ttl_ms: Option<u64>, now_ms: u64, effects: &mut Vec<Effect<M>>) -> Reply {
+    fn enqueue<G: FnMut(ConsumerRef) -> bool>(
+        &mut self,
+        message: M,
+        enqueue: Enqueue,
+        can_take: &mut G,
+        effects: &mut Vec<Effect<M>>,
+    ) -> Reply {
+        let Enqueue { persistent, own_ttl_ms, now_ms } = enqueue;
+        let mut kept_only_if_delivered = false;
         if let Some((limit, overflow)) = self.limits.length_limit {
             if self.messages.ready_count() as u64 >= limit {
                 match overflow {
                     Overflow::RejectPublish => return Reply::Rejected,
-                    Overflow::DropHead => {
-                        // Room for the new message.
-                        if self.drop_head_to(limit.max(1) - 1, effects) == Reply::PageInFirst {
-                            return Reply::PageInFirst;
-                        }
-                        if limit == 0 {
-                            return Reply::Ok;
-                        }
-                    }
+                    Overflow::DropHead if limit == 0 => kept_only_if_delivered = true,
+                    // Room for the new message.
+                    Overflow::DropHead => drop(self.drop_head_to(limit - 1, effects)),
                 }
             }
+        }
+        let expires_at_ms = self.expiry(own_ttl_ms, now_ms);
+        if kept_only_if_delivered || expires_at_ms.is_some_and(|expires_at_ms| expires_at_ms <= now_ms) {
+            // As RabbitMQ does (`rabbit_amqqueue_process:deliver_or_enqueue`): a consumer that can
+            // take it now gets it; otherwise it is dropped at once, with nothing written.
+            return match self.deliverable_at_once(can_take) {
+                Some(index) => {
+                    self.stats.published += 1;
+                    let logged = persistent && self.window.is_some();
+                    let position = self.messages.push_expiring(message, expires_at_ms, logged);
+                    if logged {
+                        effects.push(Effect::LogAppend { position, persistent, paged: false });
+                    }
+                    self.deliver(Some(index), effects);
+                    Reply::Ok
+                }
+                None => Reply::Dropped,
+            };
         }
         self.stats.published += 1;
         if self.should_page() {
@@ -115,7 +139,6 @@ impl<M: Payload> QueueCore<M> {
             effects.push(Effect::LogAppend { position, persistent, paged: true });
             return Reply::Ok;
         }
-        let expires_at_ms = self.expiry(own_ttl_ms, now_ms);
         let logged = persistent && self.window.is_some();
         let position = self.messages.push_expiring(message, expires_at_ms, logged);
         if logged {
@@ -125,7 +148,7 @@ impl<M: Payload> QueueCore<M> {
     }
 
     /// When a message enqueued (or paged in) now expires: the sooner of its own TTL and the queue's.
-    fn expiry(&self, own_ttl_ms: Option<u64>, now_ms: u64) -> Option<u64> {
+    pub(crate) fn expiry(&self, own_ttl_ms: Option<u64>, now_ms: u64) -> Option<u64> {
         let ttl_ms = match (own_ttl_ms, self.limits.message_ttl_ms) {
             (Some(own), Some(queue)) => Some(own.min(queue)),
             (own, queue) => own.or(queue),
@@ -143,29 +166,16 @@ impl<M: Payload> QueueCore<M> {
         })
     }
 
-    /// A page-in read, when the window has fallen below both low watermarks and messages are paged.
-    fn page_in_request(&self) -> Option<Effect<M>> {
-        let window = self.window?;
-        let bytes_in_memory = self.messages.ready_bytes_in_memory();
-        let in_memory = self.messages.ready_in_memory();
-        if self.messages.paged_count() == 0 || in_memory >= window.low_watermark_messages || bytes_in_memory >= window.low_watermark_bytes {
-            return None;
-        }
-        let room = window.messages_max.saturating_sub(in_memory);
-        let messages_max = room.min(self.messages.paged_count() as usize);
-        let bytes_max = window.page_in_batch_bytes_max.min(window.bytes_max.saturating_sub(bytes_in_memory));
-        Some(Effect::NeedPageIn { messages_max, bytes_max })
-    }
-
     /// Drops the oldest ready messages until at most `count` are ready.
     fn drop_head_to(&mut self, count: u64, effects: &mut Vec<Effect<M>>) -> Reply {
         while self.messages.ready_count() as u64 > count {
             if self.messages.ready_in_memory() == 0 {
-                // Only paged ones are left: they must be read to be dropped in order.
-                if let Some(request) = self.page_in_request() {
-                    effects.push(request);
-                    return Reply::PageInFirst;
+                // Only paged ones are left (the newest are paged, so these are the oldest): they
+                // stop counting now, and the page-in that reads them settles and drops them.
+                if !self.messages.drop_paged_head() {
+                    break;
                 }
+                continue;
             }
             let Some((position, dropped)) = self.messages.pop(false) else {
                 break;
@@ -175,6 +185,7 @@ impl<M: Payload> QueueCore<M> {
             }
             effects.push(Effect::Drop { position, message: dropped.message, reason: DeadLetterReason::MaxLength });
         }
+        effects.extend(self.page_in_request());
         Reply::Ok
     }
 
@@ -196,10 +207,8 @@ impl<M: Payload> QueueCore<M> {
         effects: &mut Vec<Effect<M>>,
     ) -> Reply {
         for _ in 0..deliveries_max {
-            if let Some(request) = self.page_in_request() {
-                effects.push(request);
-                return Reply::PageInFirst;
-            }
+            // The read runs while the messages in memory go on being delivered.
+            effects.extend(self.page_in_request());
             self.expire_head(now_ms, effects);
             if self.messages.ready_in_memory() == 0 {
                 return Reply::Ok;
@@ -210,6 +219,15 @@ impl<M: Payload> QueueCore<M> {
             self.deliver(Some(index), effects);
         }
         Reply::Ok
+    }
+
+    /// The consumer a message enqueued now would go to at once: nothing is ready before it, and a
+    /// consumer can take it.
+    fn deliverable_at_once<G: FnMut(ConsumerRef) -> bool>(&mut self, can_take: &mut G) -> Option<usize> {
+        if self.messages.ready_count() > 0 || self.messages.paged_dropped_count() > 0 {
+            return None;
+        }
+        self.pick_consumer(can_take)
     }
 
     /// The highest-priority consumer that can take a message, round robin among equals.
@@ -264,11 +282,12 @@ impl<M: Payload> QueueCore<M> {
     }
 
     fn get(&mut self, no_ack: bool, now_ms: u64, effects: &mut Vec<Effect<M>>) -> Reply {
-        if let Some(request) = self.page_in_request() {
-            effects.push(request);
+        effects.extend(self.page_in_request());
+        self.expire_head(now_ms, effects);
+        if self.messages.ready_in_memory() == 0 && self.messages.paged_count() > 0 {
+            // RabbitMQ answers with the oldest message, not get-empty: the get waits for the read.
             return Reply::PageInFirst;
         }
-        self.expire_head(now_ms, effects);
         match self.deliver_as(None, Some(no_ack), effects) {
             Some(_) => Reply::Got { message_count: self.messages.ready_count() as u64 },
             None => Reply::Empty,
@@ -283,11 +302,14 @@ impl<M: Payload> QueueCore<M> {
                 effects.push(Effect::LogSettle { position });
             }
         }
+        let dropped = self.messages.paged_dropped_count();
         let paged = self.messages.take_paged();
         if paged > 0 {
             effects.push(Effect::SettlePaged { count: paged });
-            count += paged;
+            count += paged - dropped;
         }
+        // A read still out would bring back purged messages.
+        self.page_in.in_flight = false;
         Reply::Purged { count }
     }
 

@@ -81,10 +81,13 @@ pub struct ConsumerRef {
 pub enum Command<M> {
     /// A published message: `own_ttl_ms` is its expiration property, if any.
     Enqueue { message: M, persistent: bool, own_ttl_ms: Option<u64> },
-    /// A paged message read back from the log, oldest first.
-    PagedIn { position: u64, message: M, redelivered: bool, own_ttl_ms: Option<u64> },
-    /// The paged messages could not be read: forget them (they stay on disk until a restart).
-    ForgetPaged,
+    /// The page-in `generation` asked for ([`Effect::NeedPageIn`]) read these paged messages back
+    /// from the log, oldest first. Discarded ([`Reply::Stale`]) when the queue no longer waits
+    /// for that read (a purge overtook it).
+    PagedIn { generation: u64, messages: Vec<PagedMessage<M>> },
+    /// The page-in `generation` asked for failed: forget the paged messages (they stay on disk
+    /// until a restart). Discarded ([`Reply::Stale`]) like a stale [`Command::PagedIn`].
+    PageInFailed { generation: u64 },
     /// basic.consume.
     AddConsumer { consumer: ConsumerId, priority: i64, exclusive: bool, prefetch: u32, no_ack: bool },
     /// basic.cancel or the channel closing: removes the consumer. Its unacked messages stay
@@ -129,9 +132,11 @@ pub enum Effect<M> {
     LogDelivered { position: u64 },
     /// A message left the queue unconsumed; the dead-letter hook.
     Drop { position: u64, message: M, reason: DeadLetterReason },
-    /// Read up to this many paged messages (and bytes) from the log, apply them with
-    /// [`Command::PagedIn`], then repeat the command that asked.
-    NeedPageIn { messages_max: usize, bytes_max: u64 },
+    /// Read up to this many paged messages (and bytes) from the log and apply them with
+    /// [`Command::PagedIn`] (or [`Command::PageInFailed`]) naming `generation`. The queue counts
+    /// the read as in flight until then: it keeps serving what is in memory and asks for no
+    /// other read, so the read may take its time off the caller's thread.
+    NeedPageIn { messages_max: usize, bytes_max: u64, generation: u64 },
     /// Settle this many paged messages in the log, reading them in order from the tail.
     SettlePaged { count: u64 },
 }
@@ -143,8 +148,15 @@ pub enum Reply {
     Ok,
     /// [`Command::DispatchOne`] delivered a message.
     Delivered,
-    /// Nothing changed: page in first (see [`Effect::NeedPageIn`]), then repeat the command.
+    /// basic.get found only paged messages: nothing changed; a page-in is under way (asked now
+    /// with [`Effect::NeedPageIn`], or earlier). Ask again once it has been applied.
     PageInFirst,
+    /// A [`Command::PagedIn`] or [`Command::PageInFailed`] for a read the queue no longer waits
+    /// for: ignored (the caller drops the messages and keeps its read position).
+    Stale,
+    /// The message was taken and dropped at once, with nothing kept or written (x-max-length 0
+    /// with drop-head): it counts as routed and its confirm needs nothing.
+    Dropped,
     /// basic.consume refused: the queue is in exclusive use.
     ExclusiveInUse,
     /// The consumer was not on this queue.
@@ -158,6 +170,28 @@ pub enum Reply {
     Empty,
     /// queue.purge dropped this many messages.
     Purged { count: u64 },
+}
+
+/// A paged message read back from the log.
+#[derive(Debug, Clone)]
+pub struct PagedMessage<M> {
+    /// Its position in the queue.
+    pub position: u64,
+    /// The message.
+    pub message: M,
+    /// Whether it was handed out before (a delivered marker, or a crash).
+    pub redelivered: bool,
+    /// Its expiration property, in milliseconds.
+    pub own_ttl_ms: Option<u64>,
+}
+
+/// The page-in the queue waits for, if any.
+#[derive(Debug, Clone, Copy, Default)]
+struct PageIn {
+    /// The number of the last read asked for; a result naming another is stale.
+    generation: u64,
+    /// Whether that read is still out.
+    in_flight: bool,
 }
 
 /// A consumer as the queue sees it.
@@ -181,10 +215,12 @@ pub struct QueueCore<M> {
     limits: Limits,
     /// Set for queues with a log: they page past the window.
     window: Option<Window>,
+    page_in: PageIn,
     stats: QueueStats,
 }
 
 mod apply;
+mod paging;
 
 impl<M: Payload> QueueCore<M> {
     /// A queue over `messages`; `window` is set for queues with a log (they page).
@@ -196,6 +232,7 @@ impl<M: Payload> QueueCore<M> {
             has_exclusive_consumer: false,
             limits,
             window,
+            page_in: PageIn::default(),
             stats: QueueStats::default(),
         }
     }
@@ -225,11 +262,23 @@ impl<M: Payload> QueueCore<M> {
         self.consumers.iter().map(|slot| slot.id)
     }
 
+    /// Whether a page-in was asked for and its result not applied yet.
+    pub fn page_in_in_flight(&self) -> bool {
+        self.page_in.in_flight
+    }
+
+    /// Whether a page-in result naming `generation` would be applied now.
+    pub fn awaits_page_in(&self, generation: u64) -> bool {
+        self.page_in.in_flight && self.page_in.generation == generation
+    }
+
     /// Unacked deliveries the core counts against a consumer's prefetch.
     pub fn consumer_unacked(&self, consumer: ConsumerId) -> Option<u32> {
         self.consumers.iter().find(|slot| slot.id == consumer).map(|slot| slot.unacked)
     }
 }
 
+#[cfg(test)]
+mod paging_tests;
 #[cfg(test)]
 mod tests;

@@ -81,6 +81,9 @@ pub struct QueueState<M> {
     ready: BTreeMap<u64, QueuedMessage<M>>,
     ready_bytes: u64,
     paged: u64,
+    /// The oldest paged messages, dropped at the head (x-max-length) before they were read: not
+    /// ready any more, but their records are settled only once a page-in reads their positions.
+    paged_dropped: u64,
     unacked: PositionMap<Unacked<M>>,
 }
 
@@ -98,7 +101,7 @@ impl<M: Payload> QueueState<M> {
 
     /// A queue recovered from disk: `paged` ready messages, all still on disk.
     pub fn with_paged(next_position: u64, paged: u64) -> QueueState<M> {
-        QueueState { next_position, ready: BTreeMap::new(), ready_bytes: 0, paged, unacked: PositionMap::default() }
+        QueueState { next_position, ready: BTreeMap::new(), ready_bytes: 0, paged, paged_dropped: 0, unacked: PositionMap::default() }
     }
 
     fn insert_ready(&mut self, position: u64, queued: QueuedMessage<M>) {
@@ -142,9 +145,37 @@ impl<M: Payload> QueueState<M> {
         self.insert_ready(position, QueuedMessage { message, redelivered, expires_at_ms, logged: true });
     }
 
-    /// Forgets the paged messages (purged, or lost to a disk error); returns how many there were.
+    /// Forgets the paged messages, dropped ones included (purged, or lost to a disk error);
+    /// returns how many there were.
     pub fn take_paged(&mut self) -> u64 {
-        std::mem::take(&mut self.paged)
+        std::mem::take(&mut self.paged) + std::mem::take(&mut self.paged_dropped)
+    }
+
+    /// Drops the oldest paged message before it is read (see [`QueueState::paged_dropped_count`]);
+    /// false when none is paged.
+    pub fn drop_paged_head(&mut self) -> bool {
+        if self.paged == 0 {
+            return false;
+        }
+        self.paged -= 1;
+        self.paged_dropped += 1;
+        true
+    }
+
+    /// Takes one dropped paged message off the count, now that a page-in read it; false when
+    /// none is owed (the message read is a ready one).
+    pub fn settle_dropped_paged(&mut self) -> bool {
+        if self.paged_dropped == 0 {
+            return false;
+        }
+        self.paged_dropped -= 1;
+        true
+    }
+
+    /// Paged messages dropped at the head before they were read, whose records a page-in must
+    /// still settle.
+    pub fn paged_dropped_count(&self) -> u64 {
+        self.paged_dropped
     }
 
     /// Ready messages on disk only.

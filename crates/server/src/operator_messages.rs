@@ -57,7 +57,15 @@ impl Broker {
     /// Takes up to `count` ready messages from a queue, as basic.get on a private channel would,
     /// then either settles them (`requeue == false`) or puts them back, marked redelivered. The
     /// messages are all taken before any is requeued, so one call never returns a message twice.
-    pub fn get_messages(&self, vhost: &str, queue: &str, count: usize, requeue: bool) -> Result<Vec<GotMessage>, broker_core::AmqpError> {
+    /// A get that finds the ready messages on disk waits for their page-in, as basic.get does.
+    pub async fn get_messages(
+        &self,
+        vhost: &str,
+        queue: &str,
+        count: usize,
+        requeue: bool,
+    ) -> Result<Vec<GotMessage>, broker_core::AmqpError> {
+        use crate::queue_type::GetAnswer;
         use crate::shared::{ChannelShared, ConnectionShared, Outbound};
         let Some(topology) = self.vhost(vhost) else {
             return Err(broker_core::AmqpError::not_allowed(format!("vhost '{vhost}' not found")));
@@ -71,11 +79,18 @@ impl Broker {
         let connection = std::sync::Arc::new(ConnectionShared::detached(0, sender));
         let channel = ChannelShared::new(1, connection);
         let mut got = Vec::new();
+        let mut page_in_rounds = 0;
         while got.len() < count {
-            let Some(Outbound::GetOk { redelivered, message_count, message, .. }) = handle.get(&channel, false) else {
-                break;
-            };
-            got.push(GotMessage { message, redelivered, message_count });
+            match handle.get(&channel, false) {
+                GetAnswer::Message(Outbound::GetOk { redelivered, message_count, message, .. }) => {
+                    got.push(GotMessage { message, redelivered, message_count });
+                }
+                GetAnswer::PageInPending if page_in_rounds < crate::queue_type::GET_PAGE_IN_ROUNDS_MAX => {
+                    page_in_rounds += 1;
+                    handle.wait_for_page_in().await;
+                }
+                _ => break,
+            }
         }
         let positions: Vec<u64> =
             std::mem::take(&mut channel.ledger.lock().unacked).into_values().map(|unacked| unacked.position).collect();

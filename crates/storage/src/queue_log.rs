@@ -115,7 +115,7 @@ pub struct RecordLocation {
 
 /// Reads a queue's paged messages back in order. Publish records are yielded when their position
 /// is at or past `floor`; before the recovered end, only the positions recovery found live.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct TailCursor {
     at: RecordLocation,
     floor: u64,
@@ -126,6 +126,122 @@ impl TailCursor {
     /// A cursor for messages paged while the broker runs, starting at the first paged record.
     pub fn new(at: RecordLocation, floor: u64) -> TailCursor {
         TailCursor { at, floor, recovered: None }
+    }
+}
+
+/// One segment as a [`TailRead`] sees it: where its valid records ended when the read was planned.
+#[derive(Debug, Clone)]
+struct SegmentView {
+    first_position: u64,
+    path: PathBuf,
+    seed: u32,
+    valid_bytes: u64,
+}
+
+/// A read of a queue's paged tail, planned under the log's lock by [`QueueLog::plan_tail_read`]
+/// and performed without it (a page-in runs on a blocking thread, so the queue, its publishers
+/// and the syncer do not wait for the disk).
+#[derive(Debug)]
+pub struct TailRead {
+    file_system: SharedFileSystem,
+    /// The segments from the cursor's on, the last one the active segment at planning.
+    segments: Vec<SegmentView>,
+    retired_when_planned: u64,
+}
+
+impl TailRead {
+    /// Whether a segment left the log since this read was planned (see [`QueueLog::segments_retired`]).
+    pub fn overtaken_by(&self, segments_retired: u64) -> bool {
+        segments_retired != self.retired_when_planned
+    }
+
+    /// Reads up to `records_max` paged messages (and about `bytes_max` bytes) from `cursor`, in
+    /// order, within what was written when the read was planned. Fewer means the cursor reached
+    /// that end. Runs without the log's lock: sealed records never change, and a segment that
+    /// is retired meanwhile fails to open or fails its checksums (its next life has another seed),
+    /// which [`TailRead::overtaken_by`] tells apart from damage.
+    pub fn read(&self, cursor: &mut TailCursor, records_max: usize, bytes_max: usize) -> Result<Vec<(u64, Message)>, StorageError> {
+        let mut out = Vec::new();
+        let mut bytes_read = 0usize;
+        while out.len() < records_max && bytes_read < bytes_max {
+            let index = self.segments.partition_point(|segment| segment.first_position < cursor.at.segment);
+            let Some(segment) = self.segments.get(index) else { break };
+            if segment.first_position != cursor.at.segment {
+                // The cursor's segment was retired (all settled): go on with the next one.
+                cursor.at = RecordLocation { segment: segment.first_position, offset: 0 };
+            }
+            let valid_bytes = segment.valid_bytes;
+            let (path, seed) = (segment.path.clone(), segment.seed);
+            if cursor.at.offset >= valid_bytes {
+                match self.segments.get(index + 1) {
+                    Some(next) => {
+                        cursor.at = RecordLocation { segment: next.first_position, offset: 0 };
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
+            let corrupt = |detail: String| StorageError::Corrupt { path: path.display().to_string(), detail };
+            let file = self.file_system.open(&path, OpenMode::Read).map_err(|error| StorageError::io(&path, error))?;
+            let chunk_bytes = (valid_bytes - cursor.at.offset).min(TAIL_READ_CHUNK_BYTES as u64) as usize;
+            let mut chunk = vec![0u8; chunk_bytes];
+            file.read_exact_at(&mut chunk, cursor.at.offset).map_err(|error| StorageError::io(&path, error))?;
+            let chunk = Bytes::from(chunk);
+            let mut consumed = 0usize;
+            while consumed < chunk.len() && out.len() < records_max && bytes_read < bytes_max {
+                let offset = cursor.at.offset;
+                let Some(header) = RecordHeader::decode(&chunk[consumed..]) else {
+                    if consumed == 0 {
+                        return Err(corrupt(format!("record header runs past the valid end at offset {offset}")));
+                    }
+                    break;
+                };
+                if header.payload_bytes().is_none() || offset + header.record_bytes() > valid_bytes {
+                    return Err(corrupt(format!("bad record length at offset {offset}")));
+                }
+                let record_bytes = header.record_bytes() as usize;
+                let covered = if consumed + record_bytes <= chunk.len() {
+                    chunk.slice(consumed + LENGTH_AND_CHECKSUM_BYTES..consumed + record_bytes)
+                } else if consumed == 0 {
+                    // A record larger than one chunk: read it whole.
+                    let mut whole = vec![0u8; header.length];
+                    file.read_exact_at(&mut whole, offset + LENGTH_AND_CHECKSUM_BYTES as u64)
+                        .map_err(|error| StorageError::io(&path, error))?;
+                    Bytes::from(whole)
+                } else {
+                    break;
+                };
+                // The segment header, at offset 0, is checksummed without the identity it announces.
+                let record_seed = if offset == 0 { HEADER_SEED } else { seed };
+                if !header.checksum_matches(record_seed, &covered) {
+                    return Err(corrupt(format!("checksum mismatch at offset {offset}")));
+                }
+                let location = cursor.at;
+                consumed += record_bytes;
+                cursor.at.offset += record_bytes as u64;
+                if header.kind != KIND_PUBLISH && header.kind != KIND_PUBLISH_TRANSIENT {
+                    continue;
+                }
+                let position = header.position;
+                let wanted = match &cursor.recovered {
+                    Some((live, end)) if location < *end => header.kind == KIND_PUBLISH && live.contains(position),
+                    _ => position >= cursor.floor,
+                };
+                if !wanted {
+                    continue;
+                }
+                let message = decode_publish(covered.slice(RECORD_FIXED_BYTES..))
+                    .ok_or_else(|| corrupt(format!("publish record does not parse at offset {}", location.offset)))?;
+                bytes_read += header.length;
+                out.push((position, message));
+            }
+            if let Some((_, end)) = &cursor.recovered {
+                if cursor.at >= *end {
+                    cursor.recovered = None;
+                }
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -171,6 +287,8 @@ pub struct QueueLog {
     /// Whether the active segment already asked the janitor for a spare.
     spare_requested: bool,
     segments_recycled: u64,
+    /// Segments that left the log since it opened, recycled or not (see [`TailRead::overtaken_by`]).
+    segments_retired: u64,
     deleted: bool,
     /// Set when the node journal carries this log's writes (`--sync always`).
     journal: Option<JournalState>,
@@ -558,6 +676,7 @@ impl QueueLog {
             spares,
             spare_requested: false,
             segments_recycled: 0,
+            segments_retired: 0,
             deleted: false,
             journal: None,
             dirty_mark: None,
@@ -706,96 +825,41 @@ impl QueueLog {
     }
 
     /// Reads up to `records_max` paged messages (and about `bytes_max` bytes) from `cursor`, in
-    /// order. Fewer means the cursor reached the end of what is written.
+    /// order, under the log's lock. Fewer means the cursor reached the end of what is written.
     pub fn read_tail(
         &mut self,
         cursor: &mut TailCursor,
         records_max: usize,
         bytes_max: usize,
     ) -> Result<Vec<(u64, Message)>, StorageError> {
+        self.plan_tail_read(cursor)?.read(cursor, records_max, bytes_max)
+    }
+
+    /// Plans a read of the paged tail from `cursor` that [`TailRead::read`] performs without the
+    /// log's lock: writes the buffered records to the active segment (so the read sees them) and
+    /// notes, for each segment from the cursor's on, where its valid records end now. Records
+    /// appended later are left for the next read.
+    pub fn plan_tail_read(&mut self, cursor: &TailCursor) -> Result<TailRead, StorageError> {
         self.write_to_active()?;
-        let mut out = Vec::new();
-        let mut bytes_read = 0usize;
-        while out.len() < records_max && bytes_read < bytes_max {
-            let index = self.segments.partition_point(|segment| segment.first_position < cursor.at.segment);
-            let Some(segment) = self.segments.get(index) else { break };
-            if segment.first_position != cursor.at.segment {
-                // The cursor's segment was recycled (all settled): go on with the next one.
-                cursor.at = RecordLocation { segment: segment.first_position, offset: 0 };
-            }
-            let is_active = index + 1 == self.segments.len();
-            let valid_bytes = if is_active { self.active_bytes } else { segment.valid_bytes };
-            let (path, seed) = (segment.path.clone(), segment.seed);
-            if cursor.at.offset >= valid_bytes {
-                match self.segments.get(index + 1) {
-                    Some(next) if !is_active => {
-                        cursor.at = RecordLocation { segment: next.first_position, offset: 0 };
-                        continue;
-                    }
-                    _ => break,
-                }
-            }
-            let corrupt = |detail: String| StorageError::Corrupt { path: path.display().to_string(), detail };
-            let file = self.file_system.open(&path, OpenMode::Read).map_err(|error| StorageError::io(&path, error))?;
-            let chunk_bytes = (valid_bytes - cursor.at.offset).min(TAIL_READ_CHUNK_BYTES as u64) as usize;
-            let mut chunk = vec![0u8; chunk_bytes];
-            file.read_exact_at(&mut chunk, cursor.at.offset).map_err(|error| StorageError::io(&path, error))?;
-            let chunk = Bytes::from(chunk);
-            let mut consumed = 0usize;
-            while consumed < chunk.len() && out.len() < records_max && bytes_read < bytes_max {
-                let offset = cursor.at.offset;
-                let Some(header) = RecordHeader::decode(&chunk[consumed..]) else {
-                    if consumed == 0 {
-                        return Err(corrupt(format!("record header runs past the valid end at offset {offset}")));
-                    }
-                    break;
-                };
-                if header.payload_bytes().is_none() || offset + header.record_bytes() > valid_bytes {
-                    return Err(corrupt(format!("bad record length at offset {offset}")));
-                }
-                let record_bytes = header.record_bytes() as usize;
-                let covered = if consumed + record_bytes <= chunk.len() {
-                    chunk.slice(consumed + LENGTH_AND_CHECKSUM_BYTES..consumed + record_bytes)
-                } else if consumed == 0 {
-                    // A record larger than one chunk: read it whole.
-                    let mut whole = vec![0u8; header.length];
-                    file.read_exact_at(&mut whole, offset + LENGTH_AND_CHECKSUM_BYTES as u64)
-                        .map_err(|error| StorageError::io(&path, error))?;
-                    Bytes::from(whole)
-                } else {
-                    break;
-                };
-                // The segment header, at offset 0, is checksummed without the identity it announces.
-                let record_seed = if offset == 0 { HEADER_SEED } else { seed };
-                if !header.checksum_matches(record_seed, &covered) {
-                    return Err(corrupt(format!("checksum mismatch at offset {offset}")));
-                }
-                let location = cursor.at;
-                consumed += record_bytes;
-                cursor.at.offset += record_bytes as u64;
-                if header.kind != KIND_PUBLISH && header.kind != KIND_PUBLISH_TRANSIENT {
-                    continue;
-                }
-                let position = header.position;
-                let wanted = match &cursor.recovered {
-                    Some((live, end)) if location < *end => header.kind == KIND_PUBLISH && live.contains(position),
-                    _ => position >= cursor.floor,
-                };
-                if !wanted {
-                    continue;
-                }
-                let message = decode_publish(covered.slice(RECORD_FIXED_BYTES..))
-                    .ok_or_else(|| corrupt(format!("publish record does not parse at offset {}", location.offset)))?;
-                bytes_read += header.length;
-                out.push((position, message));
-            }
-            if let Some((_, end)) = &cursor.recovered {
-                if cursor.at >= *end {
-                    cursor.recovered = None;
-                }
-            }
-        }
-        Ok(out)
+        let first = self.segments.partition_point(|segment| segment.first_position < cursor.at.segment);
+        let active_index = self.segments.len() - 1;
+        let segments = self.segments[first..]
+            .iter()
+            .enumerate()
+            .map(|(offset, segment)| SegmentView {
+                first_position: segment.first_position,
+                path: segment.path.clone(),
+                seed: segment.seed,
+                valid_bytes: if first + offset == active_index { self.active_bytes } else { segment.valid_bytes },
+            })
+            .collect();
+        Ok(TailRead { file_system: self.file_system.clone(), segments, retired_when_planned: self.segments_retired })
+    }
+
+    /// How many segments have left the log (settled through and retired) since it opened. A
+    /// [`TailRead`] that failed while this changed may have read a file that was being reused.
+    pub fn segments_retired(&self) -> u64 {
+        self.segments_retired
     }
 
     /// Seals the active segment and starts a new one at `first_position`, in a spare if one is
@@ -868,6 +932,7 @@ impl QueueLog {
     fn recycle_settled_segments(&mut self) {
         while self.segments.len() > 1 && self.segments[0].unsettled == 0 {
             let segment = self.segments.remove(0);
+            self.segments_retired += 1;
             if retire_segment_file(&self.spares, &self.file_system, &segment.path) {
                 self.segments_recycled += 1;
             }

@@ -24,6 +24,9 @@ pub struct Context {
     pub permission: Option<std::sync::Arc<crate::auth::Permission>>,
     /// The opened vhost's topology (set by connection.open).
     pub topology: Option<crate::broker::VhostTopology>,
+    /// A basic.get waiting for its queue's page-in; the connection handles no other frame until
+    /// it is answered.
+    pub waiting_get: Option<super::channel::WaitingGet>,
 }
 
 impl Context {
@@ -39,6 +42,7 @@ impl Context {
             exclusive_queues: Vec::new(),
             permission: None,
             topology: None,
+            waiting_get: None,
         }
     }
 

@@ -190,6 +190,7 @@ impl Connection {
             while let Some(frame) = self.next_buffered_frame()? {
                 let channel = frame.channel;
                 self.handle_frame(frame);
+                self.answer_waiting_get().await;
                 let pending = |channel: &Channel| channel.has_pending_syncs() || channel.has_pending_acks();
                 if self.channels.get(&channel).is_some_and(pending) && !self.channels_with_pending_syncs.contains(&channel) {
                     self.channels_with_pending_syncs.push(channel);
@@ -320,6 +321,17 @@ impl Connection {
         };
         if let Err(error) = result {
             self.fail(error);
+        }
+    }
+
+    /// Answers a basic.get that waits for its queue's page-in before the next frame is handled,
+    /// so replies keep the order of the requests.
+    async fn answer_waiting_get(&mut self) {
+        while let Some(waiting) = self.context.waiting_get.take() {
+            waiting.queue.wait_for_page_in().await;
+            if let Some(channel) = self.channels.get_mut(&waiting.channel) {
+                channel.resume_get(&mut self.context, waiting);
+            }
         }
     }
 

@@ -341,7 +341,7 @@ pub(super) async fn aliveness_test(State(api): State<Api>, Path(vhost): Path<Str
     let header = ContentHeader::from_properties(60, body.len() as u64, &Default::default());
     let message = Message { exchange: ShortStr::from(""), routing_key: name, header, body };
     api.broker.publish_message(&vhost, message)?;
-    let got = api.broker.get_messages(&vhost, "aliveness-test", 1, false)?;
+    let got = api.broker.get_messages(&vhost, "aliveness-test", 1, false).await?;
     if got.first().is_some_and(|got| got.message.body.as_ref() == b"test_message") {
         Ok(Json(json!({"status": "ok"})).into_response())
     } else {
@@ -874,7 +874,7 @@ pub(super) async fn get_messages(
         return Err(ApiError::bad_request(format!("unknown encoding {encoding}")));
     }
     let truncate = integer(&body, "truncate")?.map(|limit| usize::try_from(limit).unwrap_or(usize::MAX));
-    let got = api.broker.get_messages(&vhost, &name, count, requeue)?;
+    let got = api.broker.get_messages(&vhost, &name, count, requeue).await?;
     let list: Vec<Value> = got
         .iter()
         .map(|got| {

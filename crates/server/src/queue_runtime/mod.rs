@@ -14,13 +14,13 @@ use broker_core::{AmqpError, Message};
 use parking_lot::Mutex;
 use queue_core::{Command, ConsumerId, Effect, Limits, QueueCore, Reply};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use storage::syncer::SharedLog;
 
 mod paging;
 mod perform;
 
-pub use paging::Pager;
+pub use paging::{Pager, GET_PAGE_IN_ROUNDS_MAX};
 pub use queue_core::QueueStats;
 
 /// The runtime of one queue.
@@ -34,6 +34,10 @@ pub struct QueueRuntime {
     pub log: Option<SharedLog>,
     inner: Mutex<QueueInner>,
     deleted: AtomicBool,
+    /// The queue itself, for the page-in read it hands to a blocking thread.
+    self_reference: Weak<QueueRuntime>,
+    /// Woken when a page-in result was applied (a basic.get waits on it).
+    page_in_done: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -135,10 +139,26 @@ pub struct QueueSnapshot {
 pub enum Enqueued {
     /// Enqueued and written to this log, which must be synced before a confirm.
     Logged(SharedLog),
-    /// Enqueued in memory only (transient message or queue), or dropped at once by a zero length limit.
+    /// Enqueued in memory only (transient message or queue).
     InMemory,
+    /// Taken and dropped at once, nothing kept or written: a zero length limit with drop-head,
+    /// or the queue was being deleted.
+    Dropped,
     /// Refused: the queue is at its x-max-length with x-overflow reject-publish.
     Rejected,
+}
+
+/// What basic.get found.
+#[derive(Debug)]
+pub enum GetAnswer {
+    /// The first ready message, as get-ok.
+    Message(Outbound),
+    /// No ready message: get-empty.
+    Empty,
+    /// Only paged messages are ready and a read of them is under way: ask again once
+    /// [`QueueRuntime::wait_for_page_in`] returns (RabbitMQ answers with the message, not
+    /// get-empty).
+    PageInPending,
 }
 
 /// What [`QueueRuntime::remove_consumer`] found.
@@ -163,7 +183,9 @@ impl QueueRuntime {
     ) -> Arc<QueueRuntime> {
         let limits = QueueLimits::new(&definition.arguments, None);
         let window = log.is_some().then_some(paging::WINDOW);
-        Arc::new(QueueRuntime {
+        Arc::new_cyclic(|self_reference| QueueRuntime {
+            self_reference: self_reference.clone(),
+            page_in_done: tokio::sync::Notify::new(),
             inner: Mutex::new(QueueInner {
                 core: QueueCore::new(messages, limits.core_limits(), window),
                 consumers: Vec::new(),
@@ -187,7 +209,7 @@ impl QueueRuntime {
     /// Enqueues a message and delivers what it can.
     pub fn publish(self: &Arc<Self>, message: Arc<Message>) -> Enqueued {
         if self.deleted.load(Ordering::Acquire) {
-            return Enqueued::InMemory;
+            return Enqueued::Dropped;
         }
         let persistent = message.is_persistent();
         let own_ttl_ms = own_ttl_ms(&message);
@@ -195,8 +217,10 @@ impl QueueRuntime {
         let enqueue = || Command::Enqueue { message: message.clone(), persistent, own_ttl_ms };
         let now_ms = now_ms();
         let outcome = self.run_at(&mut inner, enqueue, perform::Context::publishing(self, &message), now_ms);
-        if outcome.reply == Reply::Rejected {
-            return Enqueued::Rejected;
+        match outcome.reply {
+            Reply::Rejected => return Enqueued::Rejected,
+            Reply::Dropped => return Enqueued::Dropped,
+            _ => {}
         }
         self.dispatch_locked_at(&mut inner, now_ms);
         match (outcome.logged, &self.log) {
@@ -240,14 +264,17 @@ impl QueueRuntime {
     }
 
     /// basic.get: the first ready message, tracked on `ledger` unless `no_ack`.
-    pub fn get(self: &Arc<Self>, channel: &crate::shared::ChannelShared, no_ack: bool) -> Option<Outbound> {
+    pub fn get(self: &Arc<Self>, channel: &crate::shared::ChannelShared, no_ack: bool) -> GetAnswer {
         let mut inner = self.inner.lock();
         let outcome = self.run(&mut inner, || Command::Get { no_ack }, perform::Context::getting(self, channel));
-        let (Reply::Got { message_count }, Some((delivery_tag, redelivered, message))) = (outcome.reply, outcome.got) else {
-            return None;
-        };
-        let message_count = message_count as u32;
-        Some(Outbound::GetOk { channel: channel.id, delivery_tag, redelivered, message_count, message })
+        match (outcome.reply, outcome.got) {
+            (Reply::Got { message_count }, Some((delivery_tag, redelivered, message))) => {
+                let message_count = message_count as u32;
+                GetAnswer::Message(Outbound::GetOk { channel: channel.id, delivery_tag, redelivered, message_count, message })
+            }
+            (Reply::PageInFirst, _) => GetAnswer::PageInPending,
+            _ => GetAnswer::Empty,
+        }
     }
 
     /// Settles or requeues deliveries, then delivers again (prefetch was freed).
@@ -381,6 +408,7 @@ impl QueueRuntime {
         let count = inner.core.messages().ready_count() as u32;
         let consumers = std::mem::take(&mut inner.consumers).into_iter().map(|(_, consumer)| consumer).collect();
         let window = self.log.is_some().then_some(paging::WINDOW);
+        // A page-in still out finds the queue deleted and is discarded.
         inner.core = QueueCore::new(QueueState::new(0), inner.limits.core_limits(), window);
         inner.pager = None;
         if let Some(log) = &self.log {

@@ -6,12 +6,22 @@
 //! Paged messages are always the newest ready ones, so the queue's order holds: the window is
 //! the head, the log the tail. Once a queue pages, every message it takes goes to the log
 //! (transient ones as records that recovery ignores) until the tail is drained again.
+//!
+//! A page-in is a read off the async workers: the core asks for it once ([`queue_core::Effect::NeedPageIn`]),
+//! a blocking thread plans it under the log's lock and reads without it, and its result comes back
+//! under the queue's lock as `PagedIn` or `PageInFailed` with the generation it was asked under.
+//! Meanwhile the queue delivers from memory, and a purge or delete makes the result stale.
 
-use super::{QueueInner, QueueRuntime};
-use queue_core::{Command, Window};
-use std::sync::Arc;
+use super::{perform, QueueInner, QueueRuntime};
+use broker_core::Message;
+use queue_core::{Command, PagedMessage, Window};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 use storage::queue_log::{QueueLog, Recovery, TailCursor};
 use storage::range_set::RangeSet;
+use storage::syncer::SharedLog;
+use storage::StorageError;
 
 /// Ready messages a queue keeps in memory before it pages new ones to its log.
 pub const QUEUE_MEMORY_MESSAGES_MAX: usize = 8192;
@@ -61,39 +71,154 @@ impl Pager {
     }
 }
 
+/// How often a page-in read starts over when a segment it was reading was retired under it
+/// (settled through and recycled by acks that ran meanwhile); past that the error stands.
+const PAGE_IN_ATTEMPTS_MAX: u32 = 3;
+
+/// How long a basic.get waits for a page-in before it asks the queue again (a read that never
+/// ends must not stall its connection for good).
+pub const GET_PAGE_IN_WAIT_MAX: Duration = Duration::from_secs(1);
+
+/// How many page-ins one basic.get waits for before it answers get-empty (each wait ends when a
+/// read is applied, or after [`GET_PAGE_IN_WAIT_MAX`]): a get that consumers keep overtaking, or
+/// a read that never ends, must not hold its connection for good.
+pub const GET_PAGE_IN_ROUNDS_MAX: u32 = 30;
+
+/// A page-in read handed to a blocking thread: a copy of the pager's cursor, advanced there and
+/// handed back with the messages, so the queue's lock is not held while the disk is read.
+struct PageInRead {
+    queue: Weak<QueueRuntime>,
+    log: SharedLog,
+    cursor: TailCursor,
+    messages_max: usize,
+    bytes_max: usize,
+    generation: u64,
+}
+
+/// What a page-in read brought back: the cursor past what it read, and the messages.
+type PageInResult = Result<(TailCursor, Vec<(u64, Message)>), StorageError>;
+
+impl PageInRead {
+    fn run(self) {
+        let result = self.read();
+        if let Some(queue) = self.queue.upgrade() {
+            queue.finish_page_in(self.generation, result);
+        }
+    }
+
+    /// Plans the read under the log's lock (the buffered records are written first, so the read
+    /// sees them), then reads without it.
+    fn read(&self) -> PageInResult {
+        let mut attempt = 1;
+        loop {
+            let plan = self.log.lock().plan_tail_read(&self.cursor)?;
+            let mut cursor = self.cursor.clone();
+            match plan.read(&mut cursor, self.messages_max, self.bytes_max) {
+                Ok(messages) => return Ok((cursor, messages)),
+                Err(error) if attempt < PAGE_IN_ATTEMPTS_MAX && plan.overtaken_by(self.log.lock().segments_retired()) => {
+                    tracing::debug!(%error, attempt, "a segment was retired under a page-in; reading again");
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+}
+
+/// Runs `read` on tokio's blocking pool (bounded by its thread limit; at most one read per
+/// queue is out), or on a thread of its own outside a runtime.
+fn spawn_read(read: PageInRead) -> std::io::Result<()> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn_blocking(move || read.run());
+            Ok(())
+        }
+        Err(_) => std::thread::Builder::new().name("page-in".into()).spawn(move || read.run()).map(|_| ()),
+    }
+}
+
 impl QueueRuntime {
-    /// Reads up to `messages_max` paged messages (and `bytes_max` bytes; a message is read even
-    /// when it alone exceeds that, so an empty window always makes progress) into the core.
-    pub(super) fn read_page(&self, inner: &mut QueueInner, messages_max: usize, bytes_max: u64) {
-        let QueueInner { core, pager, .. } = inner;
-        let (Some(log), Some(reader)) = (self.log.as_ref(), pager.as_mut()) else {
+    /// Starts the read a page-in asked for (up to `messages_max` paged messages and `bytes_max`
+    /// bytes; a message is read even when it alone exceeds that, so an empty window always
+    /// makes progress). The core counts it in flight until [`QueueRuntime::finish_page_in`].
+    pub(super) fn start_page_in(&self, inner: &mut QueueInner, messages_max: usize, bytes_max: u64, generation: u64) {
+        let (Some(log), Some(pager)) = (self.log.as_ref(), inner.pager.as_ref()) else {
             tracing::error!(queue = %self.name(), "paged messages without a pager; dropping the count");
-            core.apply(Command::ForgetPaged, 0, &mut |_| false, &mut Vec::new());
+            inner.core.apply(Command::PageInFailed { generation }, 0, &mut |_| false, &mut Vec::new());
             return;
         };
-        let batch = log.lock().read_tail(&mut reader.cursor, messages_max, bytes_max as usize);
-        match batch {
-            Ok(batch) if !batch.is_empty() => {
-                for (position, message) in batch {
-                    let redelivered = reader.all_redelivered || reader.delivered.contains(position);
-                    let own_ttl_ms = super::own_ttl_ms(&message);
-                    let paged_in = Command::PagedIn { position, message: Arc::new(message), redelivered, own_ttl_ms };
-                    core.apply(paged_in, super::now_ms(), &mut |_| false, &mut Vec::new());
-                }
+        let read = PageInRead {
+            queue: self.self_reference.clone(),
+            log: log.clone(),
+            cursor: pager.cursor.clone(),
+            messages_max,
+            bytes_max: usize::try_from(bytes_max).unwrap_or(usize::MAX),
+            generation,
+        };
+        if let Err(error) = spawn_read(read) {
+            tracing::error!(queue = %self.name(), %error, "starting a page-in failed; the paged messages stay on disk until a restart");
+            inner.core.apply(Command::PageInFailed { generation }, 0, &mut |_| false, &mut Vec::new());
+        }
+    }
+
+    /// Applies a page-in's result (unless the queue no longer waits for it: a purge or delete
+    /// overtook it), delivers what consumers can now take, and wakes the gets that waited.
+    fn finish_page_in(self: &Arc<Self>, generation: u64, result: PageInResult) {
+        let mut inner = self.inner.lock();
+        if !self.deleted.load(Ordering::Acquire) && inner.core.awaits_page_in(generation) {
+            let command = self.page_in_command(&mut inner, generation, result);
+            self.run_once(&mut inner, command, perform::Context::dispatching(self));
+            let messages = inner.core.messages();
+            if messages.paged_count() == 0 && messages.paged_dropped_count() == 0 {
+                inner.pager = None;
             }
-            Ok(_) => {
+            self.dispatch_locked(&mut inner);
+        }
+        drop(inner);
+        self.page_in_done.notify_waiters();
+    }
+
+    /// The command a read's result makes: its messages with their redelivered flags (the pager's
+    /// cursor moves past them), or the failure.
+    fn page_in_command(&self, inner: &mut QueueInner, generation: u64, result: PageInResult) -> Command<Arc<Message>> {
+        let pager = inner.pager.as_mut();
+        match (result, pager) {
+            (Ok((cursor, batch)), Some(pager)) if !batch.is_empty() => {
+                pager.cursor = cursor;
+                let messages = batch
+                    .into_iter()
+                    .map(|(position, message)| PagedMessage {
+                        position,
+                        redelivered: pager.all_redelivered || pager.delivered.contains(position),
+                        own_ttl_ms: super::own_ttl_ms(&message),
+                        message: Arc::new(message),
+                    })
+                    .collect();
+                Command::PagedIn { generation, messages }
+            }
+            (Ok(_), _) => {
                 // The count says more is paged than the log holds: a bug or a lost segment.
-                tracing::error!(queue = %self.name(), paged = core.messages().paged_count(), "paged messages missing from the log; dropping the count");
-                core.apply(Command::ForgetPaged, 0, &mut |_| false, &mut Vec::new());
+                let paged = inner.core.messages().paged_count();
+                tracing::error!(queue = %self.name(), paged, "paged messages missing from the log; dropping the count");
+                Command::PageInFailed { generation }
             }
-            Err(error) => {
+            (Err(error), _) => {
                 tracing::error!(queue = %self.name(), %error, "reading paged messages failed; they stay on disk until a restart");
-                core.apply(Command::ForgetPaged, 0, &mut |_| false, &mut Vec::new());
+                Command::PageInFailed { generation }
             }
         }
-        if core.messages().paged_count() == 0 {
-            *pager = None;
+    }
+
+    /// Waits (without blocking the thread) until the page-in under way has been applied, or
+    /// [`GET_PAGE_IN_WAIT_MAX`] passed; returns at once when none is.
+    pub async fn wait_for_page_in(&self) {
+        let done = self.page_in_done.notified();
+        tokio::pin!(done);
+        done.as_mut().enable();
+        if !self.inner.lock().core.page_in_in_flight() {
+            return;
         }
+        let _ = tokio::time::timeout(GET_PAGE_IN_WAIT_MAX, done).await;
     }
 
     /// Settles the first `count` paged messages (purge): reads the tail through and records each

@@ -47,9 +47,9 @@ pub(super) struct Outcome {
 }
 
 impl QueueRuntime {
-    /// Applies `command` and performs its effects. When the core asks for a page-in first, or a
-    /// delivery found its channel closed, the command runs again; each round pages messages in
-    /// or forgets a consumer, so the rounds are bounded.
+    /// Applies `command` and performs its effects. When a delivery found its channel closed, the
+    /// command runs again; each round forgets a consumer, so the rounds are bounded. A page-in
+    /// the core asks for starts here and ends later, off this thread.
     pub(super) fn run(&self, inner: &mut QueueInner, command: impl Fn() -> Command<Arc<Message>>, context: Context<'_>) -> Outcome {
         self.run_at(inner, command, context, super::now_ms())
     }
@@ -75,12 +75,29 @@ impl QueueRuntime {
             };
             outcome.reply = core.apply(command(), now_ms, &mut can_take, &mut effects);
             let again = self.perform(inner, &mut effects, &context, &mut outcome);
-            if !again && outcome.reply != Reply::PageInFirst {
+            if !again {
                 break;
             }
         }
         inner.effects = effects;
         outcome
+    }
+
+    /// Applies a command that is not repeated (it moves messages in, such as a page-in's result)
+    /// and performs its effects.
+    pub(super) fn run_once(&self, inner: &mut QueueInner, command: Command<Arc<Message>>, context: Context<'_>) -> Reply {
+        let mut outcome = Outcome { reply: Reply::Ok, logged: false, got: None };
+        let mut effects = std::mem::take(&mut inner.effects);
+        effects.clear();
+        let QueueInner { core, consumers, .. } = inner;
+        let mut can_take = |consumer: ConsumerRef| match context.queue {
+            Some(queue) => can_take(queue, &consumers[consumer.index].1),
+            None => false,
+        };
+        outcome.reply = core.apply(command, super::now_ms(), &mut can_take, &mut effects);
+        self.perform(inner, &mut effects, &context, &mut outcome);
+        inner.effects = effects;
+        outcome.reply
     }
 
     /// Performs `effects` in order; true when a delivery was undone and the command must run again.
@@ -137,7 +154,9 @@ impl QueueRuntime {
                         log.lock().append_delivered(position);
                     }
                 }
-                Effect::NeedPageIn { messages_max, bytes_max } => self.read_page(inner, messages_max, bytes_max),
+                Effect::NeedPageIn { messages_max, bytes_max, generation } => {
+                    self.start_page_in(inner, messages_max, bytes_max, generation)
+                }
                 Effect::SettlePaged { count } => self.settle_paged(inner, count),
                 // Dead-lettering (issue 12) hooks in here; today a dropped message is only settled.
                 Effect::Drop { .. } | Effect::LogSettle { .. } | Effect::LogDelivered { .. } => {}

@@ -89,9 +89,10 @@ impl ClassicStorage<'_> {
 pub(super) fn publish(queue: &Arc<QueueRuntime>, message: Arc<Message>) -> PublishOutcome {
     match queue.publish(message) {
         Enqueued::Logged(log) => PublishOutcome::Accepted(ConfirmTicket::LogSynced(log)),
-        // Also a message dropped at once by a zero length limit, or published to a queue being
-        // deleted: RabbitMQ confirms both, as the queue took it.
         Enqueued::InMemory => PublishOutcome::Accepted(ConfirmTicket::Immediate),
+        // A zero length limit with drop-head, or a queue being deleted: RabbitMQ confirms both and
+        // returns neither (the message was routed), and nothing was written to wait for.
+        Enqueued::Dropped => PublishOutcome::Dropped,
         Enqueued::Rejected => PublishOutcome::Rejected,
     }
 }

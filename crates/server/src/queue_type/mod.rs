@@ -16,14 +16,14 @@
 mod capabilities;
 mod classic;
 
-pub use crate::queue_runtime::{ConsumerRemoval, ConsumerView, QueueSnapshot};
+pub use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueSnapshot, GET_PAGE_IN_ROUNDS_MAX};
 pub use capabilities::{capabilities, QueueTypeCapabilities};
 pub use classic::{ClassicStorage, ClassicStorageError};
 pub use storage::syncer::{Confirm as PendingConfirm, ConfirmSink};
 
 use crate::policy::Policy;
 use crate::queue_runtime::QueueRuntime;
-use crate::shared::{ChannelShared, ConsumerHandle, Outbound};
+use crate::shared::{ChannelShared, ConsumerHandle};
 use amqp_codec::ShortStr;
 use broker_core::vhost::QueueDefinition;
 use broker_core::{AmqpError, Message};
@@ -61,9 +61,8 @@ pub enum PublishOutcome {
     Accepted(ConfirmTicket),
     /// The queue refused it (x-max-length with x-overflow reject-publish): a confirm is a nack.
     Rejected,
-    /// The queue is gone or dropped the message at once; it counts as routed and is confirmed
-    /// (RabbitMQ confirms a message its queue dropped).
-    #[allow(dead_code, reason = "classic queues cannot tell a drop from an in-memory enqueue yet; quorum queues will return it")]
+    /// The queue is gone or dropped the message at once, keeping and writing nothing; it counts
+    /// as routed and is confirmed at once (RabbitMQ confirms a message its queue dropped).
     Dropped,
 }
 
@@ -200,10 +199,19 @@ impl Queue {
     }
 
     /// basic.get: the first ready message as get-ok, tracked on the channel's ledger unless
-    /// `no_ack`.
-    pub fn get(&self, channel: &ChannelShared, no_ack: bool) -> Option<Outbound> {
+    /// `no_ack`; or get-empty; or, when the ready messages are still on disk, ask again after
+    /// [`Queue::wait_for_page_in`].
+    pub fn get(&self, channel: &ChannelShared, no_ack: bool) -> GetAnswer {
         match self {
             Queue::Classic(queue) => queue.get(channel, no_ack),
+        }
+    }
+
+    /// Waits, without blocking the thread, until the messages a basic.get found on disk were
+    /// read (or a while passed); returns at once when no read is under way.
+    pub async fn wait_for_page_in(&self) {
+        match self {
+            Queue::Classic(queue) => queue.wait_for_page_in().await,
         }
     }
 

@@ -380,3 +380,22 @@ fn a_queue_that_found_the_writer_full_is_remembered_once_and_not_kept_alive() {
     drop(queue);
     assert!(stalled[0].upgrade().is_none(), "a deleted queue is not kept alive by a stalled writer");
 }
+
+#[test]
+fn a_message_a_queue_drops_at_once_is_dropped_without_a_log_record() {
+    let data_dir = DataDir::new("dropped");
+    let syncer = Syncer::start(SyncPolicy::Always, None);
+    let storage = ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: false, syncer: &syncer };
+    // x-max-length 0 with the default overflow, drop-head: RabbitMQ acks the confirm and returns
+    // nothing (the message was routed), and keeps nothing.
+    let zero_length = storage.create(&definition("zero", &[("x-max-length", FieldValue::I32(0))]), VHOST).expect("create");
+    let log = zero_length.durable_log().expect("a durable queue has a log").clone();
+    let end_before = log.lock().end_location();
+    assert!(matches!(zero_length.publish(message("one", true)), PublishOutcome::Dropped));
+    assert_eq!(log.lock().end_location(), end_before, "a dropped message writes no record, so none waits to be settled");
+    assert_eq!(zero_length.counts(), (0, 0));
+    // A queue being deleted drops what is still routed to it.
+    let deleted = storage.create(&definition("deleted", &[]), VHOST).expect("create");
+    deleted.delete();
+    assert!(matches!(deleted.publish(message("two", true)), PublishOutcome::Dropped));
+}

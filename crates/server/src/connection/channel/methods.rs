@@ -5,9 +5,9 @@ use super::{random_name, After, Channel, Content, Context, Transaction};
 use crate::auth::Access;
 use crate::queue_type::ConsumerRemoval;
 use amqp_codec::{
-    class_id, BasicCancelOk, BasicGetEmpty, BasicQosOk, BasicRecoverOk, ChannelCloseOk, ChannelFlowOk, ConfirmSelectOk, ExchangeBindOk,
-    ExchangeDeclareOk, ExchangeDeleteOk, ExchangeUnbindOk, Method, QueueBindOk, QueueDeclare, QueueDeclareOk, QueueDelete, QueueDeleteOk,
-    QueuePurgeOk, QueueUnbindOk, ShortStr, TxRollbackOk, TxSelectOk,
+    class_id, BasicCancelOk, BasicQosOk, BasicRecoverOk, ChannelCloseOk, ChannelFlowOk, ConfirmSelectOk, ExchangeBindOk, ExchangeDeclareOk,
+    ExchangeDeleteOk, ExchangeUnbindOk, Method, QueueBindOk, QueueDeclare, QueueDeclareOk, QueueDelete, QueueDeleteOk, QueuePurgeOk,
+    QueueUnbindOk, TxRollbackOk, TxSelectOk,
 };
 use broker_core::exchange::{Binding, Destination};
 use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType};
@@ -95,10 +95,7 @@ impl Channel {
                 context.check(Access::Read, "queue", name.as_bytes())?;
                 let queue = self.require_queue(context, &name)?;
                 queue.capabilities().check_get(queue.name(), &context.vhost)?;
-                match queue.get(&self.shared, get.no_ack) {
-                    Some(get_ok) => context.connection.send(get_ok),
-                    None => context.reply(id, BasicGetEmpty { cluster_id: ShortStr::from("") }.into()),
-                }
+                self.answer_get(context, queue, get.no_ack, 0);
             }
             Method::BasicRecover(recover) => {
                 self.recover(recover.requeue)?;

@@ -5,6 +5,7 @@
 use super::context::Context;
 
 mod delivery;
+mod get;
 mod methods;
 mod publish;
 
@@ -14,6 +15,7 @@ use amqp_codec::{ChannelClose, ChannelCloseOk, ChannelOpenOk, ContentHeader, Fra
 use broker_core::{AmqpError, Message};
 use bytes::{Bytes, BytesMut};
 use delivery::finish_grouped;
+pub use get::WaitingGet;
 use rand::RngCore;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
