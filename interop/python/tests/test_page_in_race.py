@@ -16,6 +16,9 @@ import pytest
 from conftest import connect, safe_close, unique, wait_until
 from durability_support import start_broker
 
+# Publishing and draining 20 MiB takes longer than the suite's default timeout on a loaded machine.
+pytestmark = pytest.mark.timeout(240)
+
 # Well past the window, so reads happen while consumers drain it.
 BACKLOG = 20000
 # Bodies of 1 KiB: a read of half a window is about 4 MiB, long enough to race.
