@@ -1490,6 +1490,34 @@ mod tests {
         assert_eq!(positions(&mut log, &recovery), expected);
     }
 
+    #[test]
+    fn a_tail_read_planned_under_the_lock_reads_without_it_and_knows_when_a_segment_was_retired_under_it() {
+        let directory = temporary_dir("tail-plan").join("q");
+        let (mut log, _) = QueueLog::open(&directory, 200).expect("open");
+        let start = log.append_publish(0, &message("p0"), true);
+        for position in 1..20 {
+            log.append_publish(position, &message(&format!("p{position}")), true);
+        }
+        assert!(log.segment_count() > 2, "small segments roll over");
+        let cursor = TailCursor::new(start, 0);
+        let plan = log.plan_tail_read(&cursor).expect("plan");
+        // Appended after the plan: left for the next read.
+        log.append_publish(20, &message("p20"), true);
+        let mut read_cursor = cursor.clone();
+        let read = plan.read(&mut read_cursor, usize::MAX, usize::MAX).expect("read");
+        assert_eq!(read.iter().map(|(position, _)| *position).collect::<Vec<_>>(), (0..20).collect::<Vec<_>>());
+        assert!(!plan.overtaken_by(log.segments_retired()));
+        let next = log.plan_tail_read(&read_cursor).expect("plan").read(&mut read_cursor, usize::MAX, usize::MAX).expect("read");
+        assert_eq!(next.iter().map(|(position, _)| *position).collect::<Vec<_>>(), vec![20]);
+        // Settling the oldest segments retires them: a read planned before knows it was overtaken.
+        let plan = log.plan_tail_read(&cursor).expect("plan");
+        for position in 0..20 {
+            log.append_settled(position);
+        }
+        assert!(plan.overtaken_by(log.segments_retired()));
+        let _ = std::fs::remove_dir_all(directory.parent().expect("parent"));
+    }
+
     /// A log whose segment 0 (three 1500-byte messages, all settled) was recycled as segment 6,
     /// which holds two small messages: the file keeps most of its old content past the new end.
     /// Returns the directory, the recycled file's path, where its two records start and where its
