@@ -97,7 +97,10 @@ impl Channel {
                 queue.capabilities().check_get(queue.name(), &context.vhost)?;
                 match queue.get(&self.shared, get.no_ack) {
                     Some(get_ok) => context.connection.send(get_ok),
-                    None => context.reply(id, BasicGetEmpty { cluster_id: ShortStr::from("") }.into()),
+                    None => {
+                        crate::metrics::counters::bump_single_writer(&self.shared.publish_counters.get_empty);
+                        context.reply(id, BasicGetEmpty { cluster_id: ShortStr::from("") }.into());
+                    }
                 }
             }
             Method::BasicRecover(recover) => {
