@@ -3,6 +3,7 @@
 //! so nothing on the message path updates metrics.
 
 pub mod counters;
+pub mod latency;
 mod rabbitmq;
 
 use crate::broker::Broker;
@@ -216,6 +217,12 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     // The histogram goes before the closing "# EOF" line the encoder writes.
     let end = text.rfind("# EOF").unwrap_or(text.len());
     text.insert_str(end, &fsync_histogram_text(broker));
+    let end = text.rfind("# EOF").unwrap_or(text.len());
+    let confirms = latency::CONFIRM_LATENCY.text(
+        "lepus_confirm_latency_seconds",
+        "Time from the socket read that carried a publish to its basic.ack, for confirms that waited for a group commit",
+    );
+    text.insert_str(end, &confirms);
     Ok(text)
 }
 

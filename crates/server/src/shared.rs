@@ -258,6 +258,9 @@ pub struct ChannelShared {
     pub closed_by_broker: AtomicBool,
     /// The channel's publishes, gets and confirms, for the broker's metrics.
     pub publish_counters: crate::metrics::counters::PublishCounters,
+    /// Groups of confirms in the syncer, for the confirm latency histogram (a lock per group of
+    /// a socket read, never per message).
+    pub confirm_groups: Mutex<crate::metrics::latency::ConfirmGroups>,
 }
 
 impl ChannelShared {
@@ -278,6 +281,7 @@ impl ChannelShared {
             consumers_cancelled_by_broker: AtomicBool::new(false),
             closed_by_broker: AtomicBool::new(false),
             publish_counters: Default::default(),
+            confirm_groups: Default::default(),
         }
     }
 }
@@ -374,6 +378,9 @@ impl storage::syncer::ConfirmSink for ChannelShared {
                 encode_method_frame(&mut frames, self.id, &BasicAck { delivery_tag: through, multiple: true }.into());
             }
             self.connection.send(Outbound::Frames(frames.freeze()));
+        }
+        if let Some(&(last_tag, _)) = confirms.last() {
+            self.confirm_groups.lock().finished(last_tag);
         }
         self.confirms_in_syncer.fetch_sub(confirms.len(), Ordering::AcqRel);
         self.connection.end_pending(confirms.len());

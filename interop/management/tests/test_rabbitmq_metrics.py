@@ -264,3 +264,25 @@ def test_detailed_metrics_give_only_the_families_and_vhosts_asked_for(fresh_lepu
     finally:
         connection.close()
         broker.delete("/vhosts/" + other_vhost)
+
+
+@pytest.mark.lepus_only("Lepus's own confirm latency histogram")
+def test_confirm_latency_histogram_counts_every_synced_confirm(fresh_lepus, names):
+    broker = fresh_lepus
+    before = summed(broker.metrics()).get("lepus_confirm_latency_seconds_count", 0)
+    connection = broker.connect()
+    try:
+        channel = connection.channel()
+        queue = channel.queue_declare(names("prom-latency"), durable=True).method.queue
+        channel.confirm_delivery()
+        for index in range(20):
+            channel.basic_publish("", queue, b"p%d" % index, pika.BasicProperties(delivery_mode=2))
+        channel.queue_delete(queue)
+    finally:
+        connection.close()
+    samples = broker.metrics()
+    values = summed(samples)
+    assert values["lepus_confirm_latency_seconds_count"] - before == 20
+    buckets = sorted(value for (name, _), value in samples.items() if name == "lepus_confirm_latency_seconds_bucket")
+    assert buckets[-1] == values["lepus_confirm_latency_seconds_count"]
+    assert values["lepus_confirm_latency_seconds_sum"] > 0
