@@ -10,6 +10,7 @@
 # The suites get, besides AMQP_URL (LEPUS_BIN is unset, so they know they do not own the broker):
 #   MANAGEMENT_URL, LEPUS_MANAGEMENT_URL  the management API, http://guest:guest@127.0.0.1:PORT/api
 #   RABBITMQCTL                           a command prefix that reaches the node ("rabbitmqctl -n NODE")
+#   METRICS_URL                           rabbitmq_prometheus's /metrics, http://127.0.0.1:PORT/metrics
 #
 # Usage: scripts/rabbitmq-reference.sh SUITE...   (python go java management)
 #        REFERENCE_SUITE_ARGS="tests/test_queue.py -k ttl" scripts/rabbitmq-reference.sh python
@@ -36,16 +37,21 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 port=$(free_port)
 dist_port=$(free_port)
 http_port=$(free_port)
+metrics_port=$(free_port)
 base=$(mktemp -d /tmp/lepus-rabbitmq-reference-XXXXXX)
 node="lepus-reference-$$@localhost"
 log="$base/server.out"
 mkdir -p "$base/mnesia" "$base/log"
-echo "[rabbitmq_management]." >"$base/enabled_plugins"
+# The Prometheus plugin answers the metrics tests (RabbitMQ's names are what Lepus's must match);
+# the consistent-hash exchange ships in Debian's package, so its tests run against RabbitMQ too.
+echo "[rabbitmq_management,rabbitmq_prometheus,rabbitmq_consistent_hash_exchange]." >"$base/enabled_plugins"
 # Statistics every 500 ms rather than 5 s, so the management suite's waits for them stay short.
 cat >"$base/rabbitmq.conf" <<EOF
 listeners.tcp.default = $port
 management.tcp.port = $http_port
 management.tcp.ip = 127.0.0.1
+prometheus.tcp.port = $metrics_port
+prometheus.tcp.ip = 127.0.0.1
 collect_statistics_interval = 500
 EOF
 # Debian's rabbitmq-server drops to the rabbitmq user: the node's directories must be its.
@@ -78,6 +84,7 @@ fi
 url="amqp://guest:guest@127.0.0.1:$port/"
 export RABBITMQCTL="rabbitmqctl -n $node"
 export MANAGEMENT_URL="$management_url" LEPUS_MANAGEMENT_URL="$management_url"
+export METRICS_URL="http://127.0.0.1:$metrics_port/metrics"
 failed=0
 for suite in "$@"; do
   echo "== interop/$suite against RabbitMQ $(dpkg-query -W -f='${Version}' rabbitmq-server 2>/dev/null || true)"

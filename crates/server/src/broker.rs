@@ -3,6 +3,7 @@
 
 use crate::auth::{Permission, Permissions, User, Users};
 use crate::config::ServerConfig;
+use crate::metrics::counters::ChurnCounters;
 use crate::policy::Policy;
 use crate::queue_type::{capabilities, ClassicStorage, ClassicStorageError, Queue};
 use crate::shared::{ConnectionShared, ConsumerHandle, Outbound};
@@ -100,6 +101,10 @@ pub struct Broker {
     pub disk_alarm_cleared: tokio::sync::Notify,
     /// Open connections, to close them at shutdown (and, later, to list them).
     connections: Mutex<HashMap<u64, Arc<ConnectionShared>>>,
+    /// Connections, channels and queues made and gone, for the metrics.
+    pub churn: crate::metrics::counters::ChurnCounters,
+    /// The message counters of closed channels (see `metrics::counters::RetiredTotals`).
+    pub retired_channels: crate::metrics::counters::RetiredTotals,
 }
 
 /// Why the broker could not open its data directory or recover from it. Each names the file or
@@ -167,6 +172,8 @@ impl Broker {
             definitions_write: Mutex::new(()),
             next_connection_id: AtomicU64::new(1),
             connections: Mutex::new(HashMap::new()),
+            churn: Default::default(),
+            retired_channels: Default::default(),
             disk_alarm: std::sync::atomic::AtomicBool::new(false),
             memory_alarm: std::sync::atomic::AtomicBool::new(false),
             disk_alarm_cleared: tokio::sync::Notify::new(),
@@ -356,11 +363,14 @@ impl Broker {
     /// Records an open connection.
     pub fn register_connection(&self, connection: Arc<ConnectionShared>) {
         self.connections.lock().insert(connection.id, connection);
+        ChurnCounters::count(&self.churn.connections_opened);
     }
 
     /// Forgets a closed connection.
     pub fn unregister_connection(&self, id: u64) {
-        self.connections.lock().remove(&id);
+        if self.connections.lock().remove(&id).is_some() {
+            ChurnCounters::count(&self.churn.connections_closed);
+        }
     }
 
     /// Whether a resource alarm (disk or memory) blocks publishers now, and which.
@@ -740,7 +750,9 @@ impl Broker {
             let ticket = stored.then(|| self.submit_definition(DefinitionChange::PutQueue(queue_record(vhost_name, &entry.definition))));
             (entry.handle.clone(), created, ticket)
         };
+        ChurnCounters::count(&self.churn.queues_declared);
         if created {
+            ChurnCounters::count(&self.churn.queues_created);
             queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
         }
         self.await_definitions(ticket)?;
@@ -790,6 +802,7 @@ impl Broker {
         let Some((entry, ticket)) = removed else {
             return (0, Vec::new());
         };
+        ChurnCounters::count(&self.churn.queues_deleted);
         let (count, consumers) = entry.handle.delete();
         if let Err(error) = self.await_definitions(ticket) {
             tracing::error!(%error, "persisting a queue deletion failed");

@@ -4,6 +4,7 @@
 //! (`list-queues`, `list queues`) Lepus had before kept as aliases; `--formatter json` prints what
 //! rabbitmqctl prints, and the exit codes are rabbitmqctl's (sysexits.h).
 
+mod admin;
 mod client;
 mod listing;
 
@@ -168,6 +169,39 @@ enum CtlCommand {
         #[arg(long, default_value = "")]
         tags: String,
     },
+    /// Changes a user's password; its tags stay.
+    #[command(name = "change_password", alias = "change-password")]
+    ChangePassword {
+        /// Login name.
+        name: String,
+        /// The new password.
+        #[arg(id = "changed_password", value_name = "PASSWORD")]
+        password: String,
+    },
+    /// Replaces a user's tags (none clears them); its password stays.
+    #[command(name = "set_user_tags", alias = "set-user-tags")]
+    SetUserTags {
+        /// Login name.
+        name: String,
+        /// administrator, monitoring, management, policymaker, ... (space-separated).
+        tags: Vec<String>,
+    },
+    /// Removes a user's permissions in the vhost (-p).
+    #[command(name = "clear_permissions", alias = "clear-permissions")]
+    ClearPermissions {
+        /// Login name.
+        #[arg(id = "unpermitted_user", value_name = "USER")]
+        user: String,
+    },
+    /// Sets limits of the vhost (-p): '{"max-connections": 100, "max-queues": 1000}' (negative lifts one).
+    #[command(name = "set_vhost_limits", alias = "set-vhost-limits")]
+    SetVhostLimits {
+        /// The limits as a JSON object.
+        definition: String,
+    },
+    /// Lifts every limit of the vhost (-p).
+    #[command(name = "clear_vhost_limits", alias = "clear-vhost-limits")]
+    ClearVhostLimits,
     /// Deletes a user and its permissions.
     #[command(name = "delete_user", alias = "delete-user")]
     DeleteUser {
@@ -481,6 +515,11 @@ fn execute_definition_command(client: &Client, arguments: &CtlArguments, command
             client.request("PUT", &format!("/users/{}", crate::url_path::encode_segment(name)), Some(&body), &[])?;
             println!("user '{name}' set");
         }
+        CtlCommand::ChangePassword { name, password } => admin::change_password(client, name, password)?,
+        CtlCommand::SetUserTags { name, tags } => admin::set_user_tags(client, name, tags)?,
+        CtlCommand::ClearPermissions { user } => admin::clear_permissions(client, vhost, user)?,
+        CtlCommand::SetVhostLimits { definition } => admin::set_vhost_limits(client, vhost, definition)?,
+        CtlCommand::ClearVhostLimits => admin::clear_vhost_limits(client, vhost)?,
         CtlCommand::DeleteUser { name } => {
             client.request("DELETE", &format!("/users/{}", crate::url_path::encode_segment(name)), None, &[])?;
             println!("user '{name}' deleted");

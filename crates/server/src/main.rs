@@ -30,6 +30,31 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as plain text, or as one JSON object per line for log shippers.
+    #[arg(long, global = true, env = "LEPUS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// How log lines are written to stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines, coloured only on a terminal.
+    Text,
+    /// One JSON object per line: timestamp, level, target, message and fields.
+    Json,
+}
+
+/// Starts logging to stderr, filtered by `LEPUS_LOG` (default `info`).
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LEPUS_LOG").unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        // Colour codes only help a terminal; in a file or a journal they are noise.
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        // Fields flattened beside "message", so a shipper indexes them without nesting.
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -55,17 +80,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LEPUS_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        // Colour codes only help a terminal; in a file or a journal they are noise.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => return usage_error(error),
     };
+    init_logging(cli.log_format);
     match cli.command {
         Command::Perf { args } => exit_code(lepus_perf::run_perf(args)),
         Command::Bench { args } => exit_code(lepus_perf::run_bench(args)),

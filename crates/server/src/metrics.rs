@@ -2,8 +2,12 @@
 //! in docs/management.md). Every scrape reads the broker's current state into a fresh registry,
 //! so nothing on the message path updates metrics.
 
+pub mod counters;
+pub mod latency;
+mod rabbitmq;
+
 use crate::broker::Broker;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use prometheus_client::metrics::counter::Counter;
@@ -115,72 +119,6 @@ fn fsync_histogram_text(broker: &Broker) -> String {
     text
 }
 
-/// Broker-wide figures the `rabbitmq_*` families report.
-struct RabbitmqTotals {
-    connections: u64,
-    channels: u64,
-    queues: u64,
-    consumers: u64,
-    ready: u64,
-    unacked: u64,
-    published: u64,
-    delivered: u64,
-    acked: u64,
-    free_disk_bytes: u64,
-}
-
-/// The aggregated families of RabbitMQ's Prometheus plugin (`/metrics` of rabbitmq_prometheus)
-/// that Lepus has an exact figure for, with RabbitMQ's names and labels, so that its published
-/// dashboards and alert rules work unchanged.
-fn register_rabbitmq_metrics(registry: &mut Registry, broker: &Broker, totals: &RabbitmqTotals, process: ProcessStats) {
-    let node = crate::management::node_name();
-    let identity = Family::<Labels, Gauge>::default();
-    identity
-        .get_or_create(&vec![
-            ("rabbitmq_node", node.clone()),
-            ("rabbitmq_cluster", node.clone()),
-            ("rabbitmq_cluster_permanent_id", format!("lepus-{node}")),
-        ])
-        .set(1);
-    registry.register("rabbitmq_identity_info", "RabbitMQ node & cluster identity info", identity);
-    let build = Family::<Labels, Gauge>::default();
-    build.get_or_create(&vec![("rabbitmq_version", env!("CARGO_PKG_VERSION").to_string()), ("product", "Lepus".to_string())]).set(1);
-    registry.register("rabbitmq_build_info", "RabbitMQ & Erlang/OTP version info", build);
-    let gauges = [
-        ("rabbitmq_connections", "Connections currently open", totals.connections),
-        ("rabbitmq_channels", "Channels currently open", totals.channels),
-        ("rabbitmq_queues", "Queues available", totals.queues),
-        ("rabbitmq_consumers", "Consumers currently connected", totals.consumers),
-        ("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers", totals.ready),
-        ("rabbitmq_queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged", totals.unacked),
-        ("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth", totals.ready + totals.unacked),
-        ("rabbitmq_queue_consumers", "Consumers on a queue", totals.consumers),
-        ("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", process.resident_bytes),
-        ("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes", broker.config.memory_high_watermark_bytes),
-        ("rabbitmq_process_open_fds", "Open file descriptors", process.open_fds),
-        ("rabbitmq_process_max_fds", "Open file descriptors limit", process.max_fds),
-        ("rabbitmq_disk_space_available_bytes", "Disk space available in bytes", totals.free_disk_bytes),
-        ("rabbitmq_disk_space_available_limit_bytes", "Free disk space low watermark in bytes", broker.config.disk_free_limit_bytes),
-        (
-            "rabbitmq_alarms_memory_used_watermark",
-            "is set to 1 when the memory high watermark alarm is in effect",
-            u64::from(broker.memory_alarm.load(Ordering::Acquire)),
-        ),
-        (
-            "rabbitmq_alarms_free_disk_space_watermark",
-            "is set to 1 when the free disk space alarm is in effect",
-            u64::from(broker.disk_alarm.load(Ordering::Acquire)),
-        ),
-    ];
-    for (name, help, value) in gauges {
-        gauge(registry, name, help, as_i64(value));
-    }
-    // Counters summed over queues, which is how RabbitMQ's queue counters add up on /metrics.
-    counter(registry, "rabbitmq_queue_messages_published", "Total number of messages published to queues", totals.published);
-    counter(registry, "rabbitmq_global_messages_delivered", "Total number of messages delivered to consumers", totals.delivered);
-    counter(registry, "rabbitmq_global_messages_acknowledged", "Total number of messages acknowledged by consumers", totals.acked);
-}
-
 /// Every metric, in the OpenMetrics text format.
 pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
@@ -269,38 +207,65 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     registry.register("lepus_build_info", "Always 1; the version is a label", build);
 
     register_storage_metrics(&mut registry, broker);
-    let totals = RabbitmqTotals {
-        connections: connections.len() as u64,
-        channels: channels as u64,
-        queues: queues.len() as u64,
-        consumers: consumers_total,
-        ready: ready_total,
-        unacked: unacked_total,
-        published: published_total,
-        delivered: delivered_total,
-        acked: acked_total,
-        free_disk_bytes: free,
-    };
-    register_rabbitmq_metrics(&mut registry, broker, &totals, process);
+    // Summed over queues, which is how RabbitMQ's channel_queue_exchange_metrics add up on /metrics.
+    counter(&mut registry, "rabbitmq_queue_messages_published", "Total number of messages published to queues", published_total);
+    let scrape = rabbitmq::Scrape { broker, queues: &queues, connections: &connections, process, free_disk_bytes: free };
+    rabbitmq::register(&mut registry, &scrape, &rabbitmq::Shape::Aggregated);
 
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry)?;
     // The histogram goes before the closing "# EOF" line the encoder writes.
     let end = text.rfind("# EOF").unwrap_or(text.len());
     text.insert_str(end, &fsync_histogram_text(broker));
+    let end = text.rfind("# EOF").unwrap_or(text.len());
+    let confirms = latency::CONFIRM_LATENCY.text(
+        "lepus_confirm_latency_seconds",
+        "Time from the socket read that carried a publish to its basic.ack, for confirms that waited for a group commit",
+    );
+    text.insert_str(end, &confirms);
     Ok(text)
 }
 
-async fn metrics(State(broker): State<Arc<Broker>>) -> Response {
-    match render(&broker) {
+/// Only RabbitMQ's families, per object (`/metrics/per-object`) or as `/metrics/detailed` asks.
+pub fn render_rabbitmq(broker: &Broker, shape: &rabbitmq::Shape) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::default();
+    let queues = broker.list_queues();
+    let connections = broker.list_connections();
+    let free_disk_bytes = crate::alarms::disk::free_bytes(&broker.config.data_dir).unwrap_or(0);
+    let scrape = rabbitmq::Scrape { broker, queues: &queues, connections: &connections, process: process_stats(), free_disk_bytes };
+    rabbitmq::register(&mut registry, &scrape, shape);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    Ok(text)
+}
+
+fn respond(rendered: Result<String, std::fmt::Error>) -> Response {
+    match rendered {
         Ok(text) => ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], text).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics failed: {error}")).into_response(),
     }
 }
 
-/// Serves `/metrics` on `listener` forever (no authentication, like RabbitMQ's prometheus plugin).
+async fn metrics(State(broker): State<Arc<Broker>>) -> Response {
+    respond(render(&broker))
+}
+
+async fn per_object(State(broker): State<Arc<Broker>>) -> Response {
+    respond(render_rabbitmq(&broker, &rabbitmq::Shape::PerObject))
+}
+
+async fn detailed(State(broker): State<Arc<Broker>>, Query(query): Query<Vec<(String, String)>>) -> Response {
+    respond(render_rabbitmq(&broker, &rabbitmq::detailed_shape(&query)))
+}
+
+/// Serves `/metrics`, `/metrics/per-object` and `/metrics/detailed` on `listener` forever (no
+/// authentication, like RabbitMQ's prometheus plugin).
 pub async fn serve(broker: Arc<Broker>, listener: tokio::net::TcpListener) {
-    let app = axum::Router::new().route("/metrics", axum::routing::get(metrics)).with_state(broker);
+    let app = axum::Router::new()
+        .route("/metrics", axum::routing::get(metrics))
+        .route("/metrics/per-object", axum::routing::get(per_object))
+        .route("/metrics/detailed", axum::routing::get(detailed))
+        .with_state(broker);
     if let Err(error) = axum::serve(listener, app).await {
         tracing::error!(%error, "the metrics HTTP server stopped");
     }

@@ -221,6 +221,8 @@ pub struct DeliveryLedger {
     pub unacked: BTreeMap<u64, Unacked>,
     /// False once the channel closes: no more deliveries.
     pub open: bool,
+    /// The channel's deliveries and acks, for the broker's metrics.
+    pub counters: crate::metrics::counters::DeliveryCounters,
 }
 
 /// What a channel shares with queues.
@@ -254,6 +256,11 @@ pub struct ChannelShared {
     /// Set when channel.close was sent from outside the reader task (a tx.commit whose sync
     /// failed, see `Channel::commit`); the reader then treats the channel as closing.
     pub closed_by_broker: AtomicBool,
+    /// The channel's publishes, gets and confirms, for the broker's metrics.
+    pub publish_counters: crate::metrics::counters::PublishCounters,
+    /// Groups of confirms in the syncer, for the confirm latency histogram (a lock per group of
+    /// a socket read, never per message).
+    pub confirm_groups: Mutex<crate::metrics::latency::ConfirmGroups>,
 }
 
 impl ChannelShared {
@@ -273,6 +280,8 @@ impl ChannelShared {
             consumer_count: AtomicU32::new(0),
             consumers_cancelled_by_broker: AtomicBool::new(false),
             closed_by_broker: AtomicBool::new(false),
+            publish_counters: Default::default(),
+            confirm_groups: Default::default(),
         }
     }
 }
@@ -353,6 +362,8 @@ impl storage::syncer::ConfirmSink for ChannelShared {
         if self.ledger.lock().open {
             let mut frames = bytes::BytesMut::with_capacity(32 * confirms.len().min(16));
             let mut acked_through: Option<u64> = None;
+            let acked = confirms.iter().filter(|(_, durable)| *durable).count() as u64;
+            self.publish_counters.confirmed.fetch_add(acked, Ordering::Relaxed);
             for &(delivery_tag, durable) in confirms {
                 if durable {
                     acked_through = Some(delivery_tag);
@@ -367,6 +378,9 @@ impl storage::syncer::ConfirmSink for ChannelShared {
                 encode_method_frame(&mut frames, self.id, &BasicAck { delivery_tag: through, multiple: true }.into());
             }
             self.connection.send(Outbound::Frames(frames.freeze()));
+        }
+        if let Some(&(last_tag, _)) = confirms.last() {
+            self.confirm_groups.lock().finished(last_tag);
         }
         self.confirms_in_syncer.fetch_sub(confirms.len(), Ordering::AcqRel);
         self.connection.end_pending(confirms.len());

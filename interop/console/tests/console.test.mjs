@@ -170,7 +170,7 @@ test('the console asks for a login and refuses a wrong password', async () => {
   await shot('login');
 });
 
-test('logging in shows the overview with totals, node and disk alarm state', async () => {
+test('logging in shows the overview with totals, node, both alarms and every listener', async () => {
   await page.fill('#login-form [name=password]', 'guest');
   await page.click('#login-form button[type=submit]');
   await page.waitForSelector('#nav', {state: 'visible'});
@@ -178,7 +178,13 @@ test('logging in shows the overview with totals, node and disk alarm state', asy
   await page.waitForSelector('[data-fact="disk_alarm"]');
   assert.match(await page.textContent('[data-fact="disk_alarm"]'), /not raised/);
   assert.equal((await page.textContent('#alarm')).trim(), 'disk ok');
+  assert.equal((await page.textContent('#memory-alarm')).trim(), 'memory ok');
+  await page.waitForSelector('[data-fact="memory_alarm"]');
+  assert.match(await page.textContent('[data-fact="memory_alarm"]'), /not raised/);
   const overview = (await api('GET', '/overview')).body;
+  // This broker serves AMQP and the HTTP API, metrics off: both listed, with their ports.
+  assert.deepEqual(overview.listeners.map((l) => [l.protocol, l.port]), [['amqp', broker.amqpPort], ['http', broker.httpPort]]);
+  assert.match(await page.textContent('[data-listener="http"]'), new RegExp(`:${broker.httpPort}$`));
   assert.equal((await page.textContent('[data-fact="name"]')).trim(), overview.node);
   assert.equal((await page.textContent('[data-stat="exchanges"]')).trim(), String(overview.object_totals.exchanges));
   // A reload keeps the session (sessionStorage), and asks for no password.

@@ -44,6 +44,23 @@ def unique(prefix="mgmt"):
     return "%s-%s" % (prefix, uuid.uuid4().hex[:10])
 
 
+def parse_prometheus_text(text):
+    """Samples of the Prometheus text format (and OpenMetrics) as {(name, frozenset(labels)): value}."""
+    samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        labels = frozenset()
+        name = name_labels
+        if "{" in name_labels:
+            name, rest = name_labels.split("{", 1)
+            pairs = [pair for pair in rest.rstrip("}").split(",") if pair]
+            labels = frozenset(tuple(part.strip('"') for part in pair.split("=", 1)) for pair in pairs)
+        samples[(name, labels)] = float(value)
+    return samples
+
+
 class Broker:
     """Clients for one running broker: the management API with requests, AMQP with pika."""
 
@@ -58,6 +75,14 @@ class Broker:
     @property
     def metrics_url(self):
         return "http://%s:%d/metrics" % (self.host, self.metrics_port)
+
+    def metrics(self, path="", params=None):
+        """Prometheus samples of /metrics (or /metrics/PATH) as {(name, frozenset(labels)): value}."""
+        if self.metrics_port is None:
+            pytest.skip("the broker's metrics endpoint is unknown (set METRICS_URL)")
+        response = requests.get(self.metrics_url + path, params=params, timeout=HTTP_TIMEOUT_S)
+        assert response.status_code == 200, (path, response.status_code, response.text[:200])
+        return parse_prometheus_text(response.text)
 
     def url(self, path):
         return self.api + path
@@ -101,23 +126,6 @@ class Broker:
                 raise RuntimeError("the broker did not serve its HTTP API within %ss" % timeout_s)
             time.sleep(0.05)
 
-    def metrics(self):
-        """Lepus's Prometheus metrics as {(name, frozenset(labels)): value}."""
-        response = requests.get(self.metrics_url, timeout=HTTP_TIMEOUT_S)
-        assert response.status_code == 200
-        samples = {}
-        for line in response.text.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            name_labels, value = line.rsplit(" ", 1)
-            labels = frozenset()
-            name = name_labels
-            if "{" in name_labels:
-                name, rest = name_labels.split("{", 1)
-                pairs = [pair for pair in rest.rstrip("}").split(",") if pair]
-                labels = frozenset(tuple(part.strip('"') for part in pair.split("=", 1)) for pair in pairs)
-            samples[(name, labels)] = float(value)
-        return samples
 
 
 class Lepus(Broker):
@@ -172,6 +180,9 @@ class RunningBroker(Broker):
         self.host = management.hostname
         self.http_port = management.port
         self.amqp_port = amqp.port or 5672
+        metrics = os.environ.get("METRICS_URL")
+        if metrics:
+            self.metrics_port = urllib.parse.urlparse(metrics).port
         if management.username:
             self.auth = (urllib.parse.unquote(management.username), urllib.parse.unquote(management.password or ""))
         self.wait_for_api(START_TIMEOUT_S)

@@ -243,7 +243,9 @@ def test_management_api_over_https_answers_as_over_http(tls_lepus):
     assert over_https.headers["content-type"] == over_http.headers["content-type"]
     assert set(over_https.json()) == set(over_http.json())
     listeners = {listener["protocol"]: listener["port"] for listener in over_https.json()["listeners"]}
-    assert listeners == {"amqp": tls_lepus.amqp_port, "amqp/ssl": tls_lepus.amqps_port}
+    # Every listener, as RabbitMQ's overview lists them (amqp, amqp/ssl, http, https, http/prometheus).
+    assert listeners == {"amqp": tls_lepus.amqp_port, "amqp/ssl": tls_lepus.amqps_port, "http": tls_lepus.http_port,
+                         "https": tls_lepus.https_port, "http/prometheus": tls_lepus.metrics_port}
     # Authentication applies as over HTTP.
     refused = requests.get(tls_lepus.https_api + "/overview", auth=("guest", "wrong"), verify=tls_lepus.certificates.ca,
                            timeout=HTTP_TIMEOUT_S)

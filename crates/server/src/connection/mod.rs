@@ -13,7 +13,8 @@ pub use stream::ClientStream;
 
 use crate::broker::Broker;
 use crate::login_throttle::Admission;
-use crate::shared::{ConnectionShared, Outbound};
+use crate::metrics::counters::ChurnCounters;
+use crate::shared::{ChannelShared, ConnectionShared, Outbound};
 use amqp_codec::{
     constants, decode_frame, ConnectionClose, ConnectionCloseOk, ConnectionOpenOk, ConnectionStart, ConnectionTune,
     ConnectionUpdateSecretOk, DecodeError, FieldTable, FieldValue, Frame, FramePayload, LongStr, Method, ShortStr, PROTOCOL_HEADER,
@@ -547,6 +548,7 @@ impl Connection {
                         .during(20, 10));
                     }
                     let channel = Channel::open(frame.channel, &self.context);
+                    ChurnCounters::count(&self.context.broker.churn.channels_opened);
                     let mut session = self.context.connection.session.lock();
                     session.open_channels.insert(frame.channel, Arc::downgrade(channel.shared()));
                     self.channels.insert(frame.channel, channel);
@@ -568,10 +570,9 @@ impl Connection {
         match channel.handle(&mut self.context, frame.payload) {
             Ok(channel::After::KeepOpen) => Ok(()),
             Ok(channel::After::Forget) => {
-                self.channels.remove(&frame.channel);
-                let mut session = self.context.connection.session.lock();
-                session.open_channels.remove(&frame.channel);
-                session.channels = self.channels.len();
+                if let Some(channel) = self.channels.remove(&frame.channel) {
+                    self.retire_channels(std::iter::once(channel.shared().clone()));
+                }
                 Ok(())
             }
             Err(error) if error.scope() == ErrorScope::Channel => {
@@ -609,18 +610,33 @@ impl Connection {
     /// Closes every channel (requeueing unacked deliveries, removing consumers) and deletes the
     /// connection's exclusive queues.
     fn release_everything(&mut self) {
+        let mut closed = Vec::with_capacity(self.channels.len());
         for (_, mut channel) in self.channels.drain() {
             channel.release(&self.context);
+            closed.push(channel.shared().clone());
         }
-        {
-            let mut session = self.context.connection.session.lock();
-            session.channels = 0;
-            session.open_channels.clear();
-        }
+        self.retire_channels(closed.into_iter());
         let owner = self.context.connection.id;
         for name in std::mem::take(&mut self.context.exclusive_queues) {
             self.context.broker.remove_exclusive_queue(&self.context.vhost, &name, owner);
         }
+    }
+}
+
+impl Connection {
+    /// Takes closed channels off the connection's list and adds their message counters to the
+    /// broker's, in one step a metrics scrape cannot see half of.
+    fn retire_channels(&mut self, closed: impl Iterator<Item = Arc<ChannelShared>>) {
+        let broker = &self.context.broker;
+        broker.retired_channels.retire(|totals| {
+            let mut session = self.context.connection.session.lock();
+            for channel in closed {
+                session.open_channels.remove(&channel.id);
+                totals.add(&channel.publish_counters, &channel.ledger.lock().counters);
+                ChurnCounters::count(&broker.churn.channels_closed);
+            }
+            session.channels = self.channels.len();
+        });
     }
 }
 

@@ -23,6 +23,8 @@ pub enum CtlError {
     NotFound(String),
     /// A health check found a problem (EX_UNAVAILABLE, 69).
     CheckFailed(String),
+    /// The user named does not exist (EX_NOUSER, 67, as rabbitmqctl's user commands exit).
+    NoUser(String),
     /// The broker failed a request it understood (EX_SOFTWARE, 70).
     Software(String),
     /// An output file that cannot be written (EX_CANTCREAT, 73).
@@ -40,6 +42,7 @@ impl CtlError {
             CtlError::Usage(_) => 64,
             CtlError::DataError(_) => 65,
             CtlError::NoInput(_) => 66,
+            CtlError::NoUser(_) => 67,
             CtlError::Unavailable(_) | CtlError::NotFound(_) | CtlError::CheckFailed(_) => 69,
             CtlError::Software(_) => 70,
             CtlError::CannotCreate(_) => 73,
@@ -57,6 +60,7 @@ impl std::fmt::Display for CtlError {
         | CtlError::Unavailable(text)
         | CtlError::NotFound(text)
         | CtlError::CheckFailed(text)
+        | CtlError::NoUser(text)
         | CtlError::Software(text)
         | CtlError::CannotCreate(text)
         | CtlError::Timeout(text)

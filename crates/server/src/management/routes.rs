@@ -80,6 +80,7 @@ pub(super) async fn overview(State(api): State<Api>) -> Json<Value> {
             {"name": "topic", "description": "AMQP topic exchange, as per the AMQP specification", "enabled": true},
         ],
         "disk_free_alarm": overview.disk_alarm,
+        "mem_alarm": api.broker.memory_alarm.load(std::sync::atomic::Ordering::Acquire),
         "object_totals": {
             "connections": overview.connections,
             "channels": overview.channels,
@@ -108,16 +109,23 @@ pub(super) async fn overview(State(api): State<Api>) -> Json<Value> {
     }))
 }
 
-/// The AMQP listeners, as RabbitMQ names them: `amqp`, and `amqp/ssl` when TLS is configured.
+/// Every listener, as RabbitMQ names them: `amqp`, `amqp/ssl` with TLS, `http` (this API),
+/// `https` with TLS, and `http/prometheus` (metrics); a port set to 0 is not listened on.
 fn listeners(api: &Api, address: SocketAddr) -> Value {
     let listener =
         |protocol: &str, port: u16| json!({"node": api.node, "protocol": protocol, "ip_address": address.ip().to_string(), "port": port});
     let config = &api.broker.config;
-    let mut listeners = vec![listener("amqp", address.port())];
-    if config.tls_cert_file.is_some() && config.tls_key_file.is_some() && config.amqps_port != 0 {
-        listeners.push(listener("amqp/ssl", config.amqps_port));
-    }
-    Value::Array(listeners)
+    let tls = config.tls_cert_file.is_some() && config.tls_key_file.is_some();
+    let candidates = [
+        ("amqp", address.port(), true),
+        ("amqp/ssl", config.amqps_port, tls),
+        ("http", config.http_port, true),
+        ("https", config.https_port, tls),
+        ("http/prometheus", config.metrics_port, true),
+    ];
+    let listeners =
+        candidates.into_iter().filter(|(_, port, served)| *served && *port != 0).map(|(protocol, port, _)| listener(protocol, port));
+    Value::Array(listeners.collect())
 }
 
 pub(super) async fn cluster_name(State(api): State<Api>) -> Json<Value> {
@@ -136,8 +144,6 @@ fn node_json(api: &Api) -> Value {
         "os_pid": std::process::id().to_string(),
         "uptime": api.started.elapsed().as_millis() as u64,
         "mem_used": process.resident_bytes,
-        "mem_limit": 0,
-        "mem_alarm": false,
         "fd_used": process.open_fds,
         "fd_total": process.max_fds,
         "sockets_used": connections,

@@ -129,6 +129,7 @@ impl QueueRuntime {
                     let mut ledger = channel.ledger.lock();
                     ledger.last_tag += 1;
                     let delivery_tag = ledger.last_tag;
+                    ledger.counters.count_delivery(true, no_ack, queued.redelivered);
                     if !no_ack {
                         ledger.unacked.insert(delivery_tag, Unacked { queue: queue.clone().into(), position, consumer: None });
                     }
@@ -192,6 +193,7 @@ fn deliver_to(
     }
     ledger.last_tag += 1;
     let delivery_tag = ledger.last_tag;
+    ledger.counters.count_delivery(false, consumer.no_ack, queued.redelivered);
     if !consumer.no_ack {
         ledger.unacked.insert(delivery_tag, Unacked { queue: queue.clone().into(), position, consumer: Some(consumer.clone()) });
         consumer.count_delivery();

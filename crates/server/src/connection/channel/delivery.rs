@@ -72,8 +72,9 @@ impl Channel {
     }
 
     /// Takes deliveries off the ledger: one tag, every tag up to it (`multiple`), or all (tag 0
-    /// with `multiple`). An unknown tag is a 406, as in RabbitMQ.
-    pub(super) fn take_deliveries(&self, delivery_tag: u64, multiple: bool) -> Result<Vec<Unacked>, AmqpError> {
+    /// with `multiple`). An unknown tag is a 406, as in RabbitMQ. `acknowledged` counts them as
+    /// acked (basic.ack) in the channel's metrics, under the lock taken here anyway.
+    pub(super) fn take_deliveries(&self, delivery_tag: u64, multiple: bool, acknowledged: bool) -> Result<Vec<Unacked>, AmqpError> {
         let mut ledger = self.shared.ledger.lock();
         let taken: Vec<Unacked> = if multiple && delivery_tag == 0 {
             std::mem::take(&mut ledger.unacked).into_values().collect()
@@ -94,6 +95,9 @@ impl Channel {
         if taken.is_empty() && !(multiple && delivery_tag == 0) {
             return Err(AmqpError::precondition(format!("unknown delivery tag {delivery_tag}")));
         }
+        if acknowledged {
+            ledger.counters.acknowledged += taken.len() as u64;
+        }
         Ok(taken)
     }
 
@@ -107,7 +111,7 @@ impl Channel {
             transaction.settles.push(PendingSettle { delivery_tag, multiple, requeue });
             return Ok(());
         }
-        let taken = self.take_deliveries(delivery_tag, multiple)?;
+        let taken = self.take_deliveries(delivery_tag, multiple, requeue.is_none())?;
         if requeue.is_none() {
             // Acks wait for the end of the socket read (or the channel's next other method), so a
             // read full of acks settles each queue under one lock and dispatches once.
@@ -158,7 +162,7 @@ impl Channel {
         }
         for settle in settles {
             // A tag settled twice in one transaction is already gone; RabbitMQ ignores it too.
-            if let Ok(taken) = self.take_deliveries(settle.delivery_tag, settle.multiple) {
+            if let Ok(taken) = self.take_deliveries(settle.delivery_tag, settle.multiple, settle.requeue.is_none()) {
                 finish_grouped(taken.into_iter(), settle.requeue.unwrap_or(false));
             }
         }

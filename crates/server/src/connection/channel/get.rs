@@ -4,6 +4,7 @@
 //! never on a thread.
 
 use super::{Channel, Context};
+use crate::metrics::counters::bump_single_writer;
 use crate::queue_type::{GetAnswer, Queue, GET_PAGE_IN_ROUNDS_MAX};
 use amqp_codec::{BasicGetEmpty, ShortStr};
 
@@ -31,10 +32,15 @@ impl Channel {
             }
             GetAnswer::PageInPending => {
                 tracing::warn!(queue = %queue.name(), rounds, "basic.get gave up waiting for a page-in; answering get-empty");
-                context.reply(self.id(), BasicGetEmpty { cluster_id: ShortStr::from("") }.into());
+                self.answer_get_empty(context);
             }
-            GetAnswer::Empty => context.reply(self.id(), BasicGetEmpty { cluster_id: ShortStr::from("") }.into()),
+            GetAnswer::Empty => self.answer_get_empty(context),
         }
+    }
+
+    fn answer_get_empty(&self, context: &Context) {
+        bump_single_writer(&self.shared.publish_counters.get_empty);
+        context.reply(self.id(), BasicGetEmpty { cluster_id: ShortStr::from("") }.into());
     }
 
     /// Answers a get that waited for a page-in (see [`WaitingGet`]).

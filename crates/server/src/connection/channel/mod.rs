@@ -145,6 +145,9 @@ impl Channel {
             return;
         }
         let PendingSync { tickets, confirms } = std::mem::take(&mut self.pending_sync);
+        if let Some(last) = confirms.last() {
+            self.shared.confirm_groups.lock().started(last.delivery_tag, confirms.len() as u64);
+        }
         tickets.confirm_when_settled(&context.broker.syncer, confirms);
     }
 

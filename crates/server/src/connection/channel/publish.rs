@@ -1,6 +1,7 @@
 //! Publishing: assembling content frames into a message, routing it, and confirming it.
 
 use super::{Channel, Context, Publish, Routed, PENDING_CONFIRMS_MAX, TRANSACTION_OPERATIONS_MAX};
+use crate::metrics::counters::bump_single_writer;
 use crate::queue_type::{ConfirmSink, ConfirmTickets, PendingConfirm, PublishOutcome, Queue};
 use crate::shared::{ChannelShared, Outbound};
 use amqp_codec::{constants, encode_method_frame, BasicAck, BasicNack, ContentHeader, Method, ShortStr};
@@ -118,6 +119,11 @@ impl Channel {
             }
         }
         let publish = Publish { mandatory: content.mandatory, message };
+        let counters = &self.shared.publish_counters;
+        bump_single_writer(&counters.received);
+        if self.confirm_sequence.is_some() {
+            bump_single_writer(&counters.received_confirm);
+        }
         if let Some(transaction) = self.transaction.as_mut() {
             if transaction.publishes.len() + transaction.settles.len() >= TRANSACTION_OPERATIONS_MAX {
                 return Err(AmqpError::precondition(format!("transaction holds more than {TRANSACTION_OPERATIONS_MAX} operations")));
@@ -125,6 +131,7 @@ impl Channel {
             transaction.publishes.push(publish);
             return Ok(());
         }
+        count_routing(&self.shared, &publish, &queues);
         // The tickets join this socket read's batch directly: one group commit waits for them all.
         let Routed { waits, rejected } = enqueue(context, self.id(), &publish, &queues, &mut self.pending_sync.tickets);
         if let Some(sequence) = self.confirm_sequence.as_mut() {
@@ -158,6 +165,7 @@ impl Channel {
         if let Ok(topology) = context.topology() {
             route_to_queues(&topology.read(), &publish.message, &mut queues);
         }
+        count_routing(&self.shared, publish, &queues);
         enqueue(context, self.id(), publish, &queues, tickets)
     }
 }
@@ -188,6 +196,17 @@ fn enqueue(context: &Context, channel: u16, publish: &Publish, queues: &[Queue],
     routed
 }
 
+/// Counts where a publish went: to queues, returned, or dropped as unroutable.
+fn count_routing(channel: &ChannelShared, publish: &Publish, queues: &[Queue]) {
+    let counters = &channel.publish_counters;
+    let counter = match (queues.is_empty(), publish.mandatory) {
+        (false, _) => &counters.routed,
+        (true, true) => &counters.unroutable_returned,
+        (true, false) => &counters.unroutable_dropped,
+    };
+    bump_single_writer(counter);
+}
+
 /// The queues the message's exchange and routing key lead to.
 fn route_to_queues(vhost: &Vhost<Queue>, message: &Message, queues: &mut Vec<Queue>) {
     let mut headers = || message.header.properties().ok().and_then(|properties| properties.headers);
@@ -197,6 +216,7 @@ fn route_to_queues(vhost: &Vhost<Queue>, message: &Message, queues: &mut Vec<Que
 /// Sends basic.ack (or basic.nack when the message could not be made durable) to a publisher.
 pub(super) fn send_confirm(channel: &ChannelShared, delivery_tag: u64, durable: bool) {
     let method: Method = if durable {
+        channel.publish_counters.confirmed.fetch_add(1, Ordering::Relaxed);
         BasicAck { delivery_tag, multiple: false }.into()
     } else {
         BasicNack { delivery_tag, multiple: false, requeue: false }.into()

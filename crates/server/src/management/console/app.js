@@ -192,6 +192,9 @@ async function sampleOverview() {
   const alarm = $('#alarm');
   alarm.className = 'badge ' + (overview.disk_free_alarm ? 'alarm' : 'ok');
   alarm.textContent = overview.disk_free_alarm ? 'DISK ALARM: publishers blocked' : 'disk ok';
+  const memoryAlarm = $('#memory-alarm');
+  memoryAlarm.className = 'badge ' + (overview.mem_alarm ? 'alarm' : 'ok');
+  memoryAlarm.textContent = overview.mem_alarm ? 'MEMORY ALARM: publishers blocked' : 'memory ok';
   $('#node').textContent = overview.node;
   $('#updated').textContent = 'updated ' + new Date().toLocaleTimeString('en-GB');
   return overview;
@@ -488,9 +491,13 @@ function overviewView() {
         ...fact('Disk alarm', n.disk_free_alarm
           ? h('span', {class: 'badge alarm'}, 'raised: publishers are blocked')
           : h('span', {class: 'badge ok'}, 'not raised'), 'disk_alarm'),
+        ...fact('Memory high watermark', fmtBytes(n.mem_limit), 'memory_limit'),
+        ...fact('Memory alarm', n.mem_alarm
+          ? h('span', {class: 'badge alarm'}, 'raised: publishers are blocked')
+          : h('span', {class: 'badge ok'}, 'not raised'), 'memory_alarm'),
         ...fact('Processors', fmtNumber(n.processors), 'processors'));
       listeners.replaceChildren(...(overview.listeners || []).map((l) =>
-        h('li', {}, `${l.protocol} on ${l.ip_address}:${l.port}`)));
+        h('li', {'data-listener': l.protocol}, `${l.protocol} on ${l.ip_address}:${l.port}`)));
     },
   };
 }

@@ -1,0 +1,215 @@
+//! Counters that only grow, behind RabbitMQ's `rabbitmq_global_*` and churn families.
+//!
+//! A channel counts its own publishes and deliveries; a scrape adds up the open channels and the
+//! totals of the channels already closed (`RetiredTotals`). Nothing here is shared between
+//! channels on the message path: a publish bumps counters only its own reader task writes, and a
+//! delivery counts under the channel's ledger lock, which the delivery takes anyway.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Adds one to a counter that a single task writes (the channel's reader): a load and a store,
+/// no read-modify-write instruction, so a publish pays nothing for being counted.
+pub fn bump_single_writer(counter: &AtomicU64) {
+    counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
+/// What a channel's publishes did. All but `confirmed` are written by the channel's reader task
+/// only (see `bump_single_writer`); confirms are sent by the syncer too, so `confirmed` is added to.
+#[derive(Debug, Default)]
+pub struct PublishCounters {
+    /// Messages published (basic.publish with its content), RabbitMQ's messages_received.
+    pub received: AtomicU64,
+    /// Of those, published on a channel in confirm mode.
+    pub received_confirm: AtomicU64,
+    /// Routed to at least one queue.
+    pub routed: AtomicU64,
+    /// Unroutable and not mandatory: dropped.
+    pub unroutable_dropped: AtomicU64,
+    /// Unroutable and mandatory: returned with basic.return.
+    pub unroutable_returned: AtomicU64,
+    /// basic.get answered with get-empty.
+    pub get_empty: AtomicU64,
+    /// Publishes confirmed with basic.ack.
+    pub confirmed: AtomicU64,
+}
+
+/// What a channel's deliveries did; kept in its delivery ledger, under the ledger's lock.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryCounters {
+    /// Delivered to a consumer that acknowledges.
+    pub consume_manual_ack: u64,
+    /// Delivered to a no-ack consumer.
+    pub consume_auto_ack: u64,
+    /// Fetched with basic.get, to be acknowledged.
+    pub get_manual_ack: u64,
+    /// Fetched with basic.get no-ack.
+    pub get_auto_ack: u64,
+    /// Deliveries and gets with the redelivered flag.
+    pub redelivered: u64,
+    /// Deliveries acknowledged (basic.ack).
+    pub acknowledged: u64,
+}
+
+impl DeliveryCounters {
+    /// Counts one delivery (`get`: by basic.get).
+    pub fn count_delivery(&mut self, get: bool, no_ack: bool, redelivered: bool) {
+        let counter = match (get, no_ack) {
+            (false, false) => &mut self.consume_manual_ack,
+            (false, true) => &mut self.consume_auto_ack,
+            (true, false) => &mut self.get_manual_ack,
+            (true, true) => &mut self.get_auto_ack,
+        };
+        *counter += 1;
+        self.redelivered += u64::from(redelivered);
+    }
+}
+
+/// The sum of channels' counters, as plain numbers.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MessageTotals {
+    /// See `PublishCounters`.
+    pub received: u64,
+    /// See `PublishCounters`.
+    pub received_confirm: u64,
+    /// See `PublishCounters`.
+    pub routed: u64,
+    /// See `PublishCounters`.
+    pub unroutable_dropped: u64,
+    /// See `PublishCounters`.
+    pub unroutable_returned: u64,
+    /// See `PublishCounters`.
+    pub get_empty: u64,
+    /// See `PublishCounters`.
+    pub confirmed: u64,
+    /// See `DeliveryCounters`.
+    pub deliveries: DeliveryCounters,
+}
+
+impl MessageTotals {
+    /// Adds one channel's counters.
+    pub fn add(&mut self, publishes: &PublishCounters, deliveries: &DeliveryCounters) {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        self.received += read(&publishes.received);
+        self.received_confirm += read(&publishes.received_confirm);
+        self.routed += read(&publishes.routed);
+        self.unroutable_dropped += read(&publishes.unroutable_dropped);
+        self.unroutable_returned += read(&publishes.unroutable_returned);
+        self.get_empty += read(&publishes.get_empty);
+        self.confirmed += read(&publishes.confirmed);
+        let sum = &mut self.deliveries;
+        sum.consume_manual_ack += deliveries.consume_manual_ack;
+        sum.consume_auto_ack += deliveries.consume_auto_ack;
+        sum.get_manual_ack += deliveries.get_manual_ack;
+        sum.get_auto_ack += deliveries.get_auto_ack;
+        sum.redelivered += deliveries.redelivered;
+        sum.acknowledged += deliveries.acknowledged;
+    }
+
+    /// All deliveries, RabbitMQ's messages_delivered (consumers and basic.get, either ack mode).
+    pub fn delivered(&self) -> u64 {
+        let deliveries = &self.deliveries;
+        deliveries.consume_manual_ack + deliveries.consume_auto_ack + deliveries.get_manual_ack + deliveries.get_auto_ack
+    }
+}
+
+/// Connections, channels and queues made and gone (RabbitMQ's connection_churn_metrics).
+#[derive(Debug, Default)]
+pub struct ChurnCounters {
+    /// Connections accepted.
+    pub connections_opened: AtomicU64,
+    /// Connections gone, closed by either side or dropped.
+    pub connections_closed: AtomicU64,
+    /// channel.open answered.
+    pub channels_opened: AtomicU64,
+    /// Channels closed, by either side or with their connection.
+    pub channels_closed: AtomicU64,
+    /// queue.declare answered (new or existing queue).
+    pub queues_declared: AtomicU64,
+    /// Queues made by a declare.
+    pub queues_created: AtomicU64,
+    /// Queues deleted (queue.delete, auto-delete, exclusive owner gone, the API).
+    pub queues_deleted: AtomicU64,
+}
+
+impl ChurnCounters {
+    /// Adds one to `counter` (these events are rare next to messages).
+    pub fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The counters of channels already closed, so that the broker's totals never go back when a
+/// channel closes. A closing channel adds its counters here and leaves its connection's list of
+/// open channels under this lock, and a scrape reads this and the open channels under it too:
+/// a channel is counted exactly once, never twice and never not at all.
+#[derive(Debug, Default)]
+pub struct RetiredTotals {
+    totals: parking_lot::Mutex<MessageTotals>,
+}
+
+impl RetiredTotals {
+    /// Runs `retire` (which removes channels from their connection's list) and adds what it
+    /// returns, as one step a scrape cannot see half of.
+    pub fn retire<R>(&self, retire: impl FnOnce(&mut MessageTotals) -> R) -> R {
+        let mut totals = self.totals.lock();
+        retire(&mut totals)
+    }
+
+    /// Reads the retired totals and, under the same lock, adds what `open` counts.
+    pub fn read_with(&self, open: impl FnOnce(&mut MessageTotals)) -> MessageTotals {
+        let totals = self.totals.lock();
+        let mut sum = *totals;
+        open(&mut sum);
+        sum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliveries_are_counted_by_kind_and_summed() {
+        let mut deliveries = DeliveryCounters::default();
+        deliveries.count_delivery(false, false, false);
+        deliveries.count_delivery(false, true, true);
+        deliveries.count_delivery(true, false, false);
+        deliveries.count_delivery(true, true, true);
+        deliveries.count_delivery(true, true, false);
+        let publishes = PublishCounters::default();
+        bump_single_writer(&publishes.received);
+        bump_single_writer(&publishes.received);
+        publishes.confirmed.fetch_add(2, Ordering::Relaxed);
+        let mut totals = MessageTotals::default();
+        totals.add(&publishes, &deliveries);
+        totals.add(&publishes, &deliveries);
+        assert_eq!(totals.received, 4);
+        assert_eq!(totals.confirmed, 4);
+        assert_eq!(totals.deliveries.get_auto_ack, 4);
+        assert_eq!(totals.deliveries.redelivered, 4);
+        assert_eq!(totals.delivered(), 10);
+    }
+
+    #[test]
+    fn a_retired_channel_is_counted_once() {
+        let retired = RetiredTotals::default();
+        let publishes = PublishCounters::default();
+        bump_single_writer(&publishes.routed);
+        let mut open = true;
+        let before = retired.read_with(|sum| {
+            if open {
+                sum.add(&publishes, &DeliveryCounters::default())
+            }
+        });
+        retired.retire(|totals| {
+            open = false;
+            totals.add(&publishes, &DeliveryCounters::default());
+        });
+        let after = retired.read_with(|sum| {
+            if open {
+                sum.add(&publishes, &DeliveryCounters::default())
+            }
+        });
+        assert_eq!((before.routed, after.routed), (1, 1));
+    }
+}

@@ -1,0 +1,382 @@
+//! RabbitMQ's Prometheus families (rabbitmq_prometheus 3.10), with its names and labels, so that
+//! its published Grafana dashboards and the alert rules people run work against Lepus:
+//!
+//! - `/metrics`: aggregated, as RabbitMQ's default (`return_per_object_metrics = false`);
+//! - `/metrics/per-object`: the same families with one sample per queue, channel or connection;
+//! - `/metrics/detailed?family=F&vhost=V`: only the families asked for (none when none is), with
+//!   the `rabbitmq_detailed_` prefix and queue families limited to the vhosts asked for.
+//!
+//! Only families Lepus has an exact figure for are written; docs/management.md lists them.
+
+use super::counters::MessageTotals;
+use super::{as_i64, Labels, ProcessStats};
+use crate::broker::Broker;
+use crate::introspect::{ConnectionInfo, QueueInfo};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+
+/// Which samples a scrape writes.
+pub enum Shape {
+    /// Summed over objects, no object labels (`/metrics`).
+    Aggregated,
+    /// One sample per object (`/metrics/per-object`).
+    PerObject,
+    /// Per object, only these families and, for queue families, these vhosts (`/metrics/detailed`).
+    Detailed { families: BTreeSet<String>, vhosts: Option<BTreeSet<String>> },
+}
+
+impl Shape {
+    fn prefix(&self) -> &'static str {
+        match self {
+            Shape::Detailed { .. } => "rabbitmq_detailed_",
+            _ => "rabbitmq_",
+        }
+    }
+
+    fn wants(&self, family: &str) -> bool {
+        match self {
+            Shape::Detailed { families, .. } => families.contains(family),
+            _ => true,
+        }
+    }
+
+    fn per_object(&self) -> bool {
+        !matches!(self, Shape::Aggregated)
+    }
+
+    fn wants_vhost(&self, vhost: &str) -> bool {
+        match self {
+            Shape::Detailed { vhosts: Some(vhosts), .. } => vhosts.contains(vhost),
+            _ => true,
+        }
+    }
+}
+
+/// What one scrape read of the broker.
+pub struct Scrape<'a> {
+    /// The broker.
+    pub broker: &'a Broker,
+    /// Every queue.
+    pub queues: &'a [QueueInfo],
+    /// Every connection.
+    pub connections: &'a [ConnectionInfo],
+    /// This process.
+    pub process: ProcessStats,
+    /// Free bytes on the data directory's filesystem.
+    pub free_disk_bytes: u64,
+}
+
+/// Adds the families `shape` asks for to `registry`.
+pub fn register(registry: &mut Registry, scrape: &Scrape, shape: &Shape) {
+    let prefix = shape.prefix();
+    if shape.wants("connection_churn_metrics") {
+        churn(registry, scrape.broker, prefix);
+    }
+    if shape.wants("node_coarse_metrics") {
+        node_coarse(registry, scrape, prefix);
+    }
+    if shape.wants("node_metrics") {
+        node_limits(registry, scrape, prefix);
+    }
+    queue_families(registry, scrape, shape);
+    channel_and_connection_families(registry, scrape, shape);
+    if !matches!(shape, Shape::Detailed { .. }) {
+        totals(registry, scrape);
+        global_counters(registry, scrape.broker);
+        alarms(registry, scrape.broker);
+    }
+    identity(registry);
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    super::gauge(registry, name, help, as_i64(value));
+}
+
+fn churn(registry: &mut Registry, broker: &Broker, prefix: &str) {
+    let churn = &broker.churn;
+    let counters = [
+        ("connections_opened", "Total number of connections opened", &churn.connections_opened),
+        ("connections_closed", "Total number of connections closed or terminated", &churn.connections_closed),
+        ("channels_opened", "Total number of channels opened", &churn.channels_opened),
+        ("channels_closed", "Total number of channels closed", &churn.channels_closed),
+        ("queues_declared", "Total number of queues declared", &churn.queues_declared),
+        ("queues_created", "Total number of queues created", &churn.queues_created),
+        ("queues_deleted", "Total number of queues deleted", &churn.queues_deleted),
+    ];
+    for (name, help, value) in counters {
+        // The encoder appends `_total` to counters.
+        super::counter(registry, &format!("{prefix}{name}"), help, value.load(Ordering::Relaxed));
+    }
+}
+
+fn node_coarse(registry: &mut Registry, scrape: &Scrape, prefix: &str) {
+    let process = scrape.process;
+    gauge(registry, &format!("{prefix}process_open_fds"), "Open file descriptors", process.open_fds);
+    gauge(registry, &format!("{prefix}process_open_tcp_sockets"), "Open TCP sockets", scrape.connections.len() as u64);
+    gauge(registry, &format!("{prefix}process_resident_memory_bytes"), "Memory used in bytes", process.resident_bytes);
+    gauge(registry, &format!("{prefix}disk_space_available_bytes"), "Disk space available in bytes", scrape.free_disk_bytes);
+}
+
+fn node_limits(registry: &mut Registry, scrape: &Scrape, prefix: &str) {
+    let config = &scrape.broker.config;
+    gauge(registry, &format!("{prefix}process_max_fds"), "Open file descriptors limit", scrape.process.max_fds);
+    // RabbitMQ's socket limit is the connections it accepts; Lepus's is `connection_max`.
+    gauge(registry, &format!("{prefix}process_max_tcp_sockets"), "Open TCP sockets limit", config.connection_max as u64);
+    gauge(registry, &format!("{prefix}resident_memory_limit_bytes"), "Memory high watermark in bytes", config.memory_high_watermark_bytes);
+    gauge(
+        registry,
+        &format!("{prefix}disk_space_available_limit_bytes"),
+        "Free disk space low watermark in bytes",
+        config.disk_free_limit_bytes,
+    );
+}
+
+/// A gauge family whose samples are summed into one unlabelled sample when aggregated.
+struct ObjectGauge {
+    family: Family<Labels, Gauge>,
+    sum: u64,
+}
+
+impl ObjectGauge {
+    fn new() -> ObjectGauge {
+        ObjectGauge { family: Family::default(), sum: 0 }
+    }
+
+    fn add(&mut self, shape: &Shape, labels: &Labels, value: u64) {
+        self.sum += value;
+        if shape.per_object() {
+            self.family.get_or_create(labels).set(as_i64(value));
+        }
+    }
+
+    fn register(self, registry: &mut Registry, shape: &Shape, name: &str, help: &str) {
+        if shape.per_object() {
+            registry.register(format!("{}{name}", shape.prefix()), help, self.family);
+        } else {
+            gauge(registry, &format!("{}{name}", shape.prefix()), help, self.sum);
+        }
+    }
+}
+
+fn queue_families(registry: &mut Registry, scrape: &Scrape, shape: &Shape) {
+    let coarse = shape.wants("queue_coarse_metrics");
+    let detail = shape.wants("queue_metrics");
+    let consumers_only = shape.wants("queue_consumer_count") && !detail;
+    if !(coarse || detail || consumers_only) {
+        return;
+    }
+    let (mut ready, mut unacked, mut messages) = (ObjectGauge::new(), ObjectGauge::new(), ObjectGauge::new());
+    let (mut consumers, mut paged) = (ObjectGauge::new(), ObjectGauge::new());
+    for queue in scrape.queues.iter().filter(|queue| shape.wants_vhost(&queue.vhost)) {
+        let labels: Labels = vec![("vhost", queue.vhost.clone()), ("queue", queue.name.clone())];
+        let snapshot = &queue.snapshot;
+        ready.add(shape, &labels, snapshot.ready);
+        unacked.add(shape, &labels, snapshot.unacked);
+        messages.add(shape, &labels, snapshot.ready + snapshot.unacked);
+        consumers.add(shape, &labels, u64::from(snapshot.consumers));
+        paged.add(shape, &labels, snapshot.paged);
+    }
+    if coarse {
+        ready.register(registry, shape, "queue_messages_ready", "Messages ready to be delivered to consumers");
+        unacked.register(registry, shape, "queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged");
+        messages.register(registry, shape, "queue_messages", "Sum of ready and unacknowledged messages - total queue depth");
+    }
+    if detail || consumers_only {
+        consumers.register(registry, shape, "queue_consumers", "Consumers on a queue");
+    }
+    if detail {
+        paged.register(registry, shape, "queue_messages_paged_out", "Messages paged out to disk");
+    }
+}
+
+/// A label for a channel or connection in the place RabbitMQ puts its Erlang pid: `channel`.
+fn pid_label(connection: u64, channel: u16) -> Labels {
+    vec![("channel", format!("<lepus.{connection}.{channel}>"))]
+}
+
+fn channel_and_connection_families(registry: &mut Registry, scrape: &Scrape, shape: &Shape) {
+    if shape.wants("channel_metrics") {
+        let (mut consumers, mut unacked, mut unconfirmed) = (ObjectGauge::new(), ObjectGauge::new(), ObjectGauge::new());
+        let (mut consumer_prefetch, mut channel_prefetch) = (ObjectGauge::new(), ObjectGauge::new());
+        for connection in scrape.connections {
+            for (number, channel) in &connection.session.open_channels {
+                let Some(channel) = channel.upgrade() else { continue };
+                let labels = pid_label(connection.id, *number);
+                consumers.add(shape, &labels, u64::from(channel.consumer_count.load(Ordering::Relaxed)));
+                unacked.add(shape, &labels, channel.ledger.lock().unacked.len() as u64);
+                unconfirmed.add(shape, &labels, channel.confirms_in_syncer.load(Ordering::Relaxed) as u64);
+                consumer_prefetch.add(shape, &labels, u64::from(channel.prefetch_count.load(Ordering::Relaxed)));
+                channel_prefetch.add(shape, &labels, u64::from(channel.prefetch_global.load(Ordering::Relaxed)));
+            }
+        }
+        consumers.register(registry, shape, "channel_consumers", "Consumers on a channel");
+        unacked.register(registry, shape, "channel_messages_unacked", "Delivered but not yet acknowledged messages");
+        unconfirmed.register(registry, shape, "channel_messages_unconfirmed", "Published but not yet confirmed messages");
+        consumer_prefetch.register(registry, shape, "consumer_prefetch", "Limit of unacknowledged messages for each consumer");
+        channel_prefetch.register(
+            registry,
+            shape,
+            "channel_prefetch",
+            "Total limit of unacknowledged messages for all consumers on a channel",
+        );
+    }
+    if shape.wants("connection_metrics") {
+        let mut channels = ObjectGauge::new();
+        for connection in scrape.connections {
+            channels.add(shape, &pid_label(connection.id, 0), connection.session.channels as u64);
+        }
+        channels.register(registry, shape, "connection_channels", "Channels on a connection");
+    }
+}
+
+/// RabbitMQ's totals: objects that exist now.
+fn totals(registry: &mut Registry, scrape: &Scrape) {
+    let channels: usize = scrape.connections.iter().map(|connection| connection.session.channels).sum();
+    let consumers: u64 = scrape.queues.iter().map(|queue| u64::from(queue.snapshot.consumers)).sum();
+    gauge(registry, "rabbitmq_connections", "Connections currently open", scrape.connections.len() as u64);
+    gauge(registry, "rabbitmq_channels", "Channels currently open", channels as u64);
+    gauge(registry, "rabbitmq_consumers", "Consumers currently connected", consumers);
+    gauge(registry, "rabbitmq_queues", "Queues available", scrape.queues.len() as u64);
+}
+
+/// Every channel's counters, open and closed, read consistently (see `counters::RetiredTotals`).
+pub fn message_totals(broker: &Broker) -> MessageTotals {
+    broker.retired_channels.read_with(|sum| {
+        for connection in broker.list_connections() {
+            for channel in connection.session.open_channels.values().filter_map(|channel| channel.upgrade()) {
+                let deliveries = channel.ledger.lock().counters;
+                sum.add(&channel.publish_counters, &deliveries);
+            }
+        }
+    })
+}
+
+/// RabbitMQ's `rabbitmq_global_*` counters, labelled as its AMQP 0-9-1 classic queues label them.
+fn global_counters(registry: &mut Registry, broker: &Broker) {
+    let totals = message_totals(broker);
+    let protocol: Labels = vec![("protocol", "amqp091".to_string())];
+    let by_queue_type: Labels = vec![("protocol", "amqp091".to_string()), ("queue_type", "rabbit_classic_queue".to_string())];
+    let deliveries = totals.deliveries;
+    let families = [
+        ("messages_received", "Total number of messages received from publishers", &protocol, totals.received),
+        (
+            "messages_received_confirm",
+            "Total number of messages received from publishers expecting confirmations",
+            &protocol,
+            totals.received_confirm,
+        ),
+        ("messages_routed", "Total number of messages routed to queues or streams", &protocol, totals.routed),
+        (
+            "messages_unroutable_dropped",
+            "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
+            &protocol,
+            totals.unroutable_dropped,
+        ),
+        (
+            "messages_unroutable_returned",
+            "Total number of messages published as mandatory into an exchange and returned to the publisher as unroutable",
+            &protocol,
+            totals.unroutable_returned,
+        ),
+        ("messages_confirmed", "Total number of messages confirmed to publishers", &protocol, totals.confirmed),
+        ("messages_delivered", "Total number of messages delivered to consumers", &by_queue_type, totals.delivered()),
+        (
+            "messages_delivered_consume_manual_ack",
+            "Total number of messages delivered to consumers using basic.consume with manual acknowledgment",
+            &by_queue_type,
+            deliveries.consume_manual_ack,
+        ),
+        (
+            "messages_delivered_consume_auto_ack",
+            "Total number of messages delivered to consumers using basic.consume with automatic acknowledgment",
+            &by_queue_type,
+            deliveries.consume_auto_ack,
+        ),
+        (
+            "messages_delivered_get_manual_ack",
+            "Total number of messages delivered to consumers using basic.get with manual acknowledgment",
+            &by_queue_type,
+            deliveries.get_manual_ack,
+        ),
+        (
+            "messages_delivered_get_auto_ack",
+            "Total number of messages delivered to consumers using basic.get with automatic acknowledgment",
+            &by_queue_type,
+            deliveries.get_auto_ack,
+        ),
+        ("messages_get_empty", "Total number of times basic.get operations fetched no message", &by_queue_type, totals.get_empty),
+        ("messages_redelivered", "Total number of messages redelivered to consumers", &by_queue_type, deliveries.redelivered),
+        ("messages_acknowledged", "Total number of messages acknowledged by consumers", &by_queue_type, deliveries.acknowledged),
+    ];
+    for (name, help, labels, value) in families {
+        let family = Family::<Labels, Counter>::default();
+        family.get_or_create(labels).inc_by(value);
+        registry.register(format!("rabbitmq_global_{name}"), help, family);
+    }
+    let consumers = Family::<Labels, Gauge>::default();
+    let consumer_total: u64 = broker.list_queues().iter().map(|queue| u64::from(queue.snapshot.consumers)).sum();
+    consumers.get_or_create(&protocol).set(as_i64(consumer_total));
+    registry.register("rabbitmq_global_consumers", "Current number of consumers", consumers);
+}
+
+fn alarms(registry: &mut Registry, broker: &Broker) {
+    let memory = u64::from(broker.memory_alarm.load(Ordering::Acquire));
+    let disk = u64::from(broker.disk_alarm.load(Ordering::Acquire));
+    gauge(registry, "rabbitmq_alarms_memory_used_watermark", "is set to 1 when the memory high watermark alarm is in effect", memory);
+    gauge(registry, "rabbitmq_alarms_free_disk_space_watermark", "is set to 1 when the free disk space alarm is in effect", disk);
+}
+
+/// `rabbitmq_identity_info` and `rabbitmq_build_info`, which every dashboard joins on.
+fn identity(registry: &mut Registry) {
+    let node = crate::management::node_name();
+    let identity = Family::<Labels, Gauge>::default();
+    identity
+        .get_or_create(&vec![
+            ("rabbitmq_node", node.clone()),
+            ("rabbitmq_cluster", node.clone()),
+            ("rabbitmq_cluster_permanent_id", format!("lepus-{node}")),
+        ])
+        .set(1);
+    registry.register("rabbitmq_identity_info", "RabbitMQ node & cluster identity info", identity);
+    let build = Family::<Labels, Gauge>::default();
+    build.get_or_create(&vec![("rabbitmq_version", env!("CARGO_PKG_VERSION").to_string()), ("product", "Lepus".to_string())]).set(1);
+    registry.register("rabbitmq_build_info", "RabbitMQ & Erlang/OTP version info", build);
+}
+
+/// The `family` and `vhost` query parameters of `/metrics/detailed` (decoded), each repeatable.
+pub fn detailed_shape(query: &[(String, String)]) -> Shape {
+    let mut families = BTreeSet::new();
+    let mut vhosts: Option<BTreeSet<String>> = None;
+    for (key, value) in query {
+        match key.as_str() {
+            "family" => {
+                families.insert(value.clone());
+            }
+            "vhost" => {
+                vhosts.get_or_insert_with(BTreeSet::new).insert(value.clone());
+            }
+            _ => {}
+        }
+    }
+    Shape::Detailed { families, vhosts }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_detailed_query_names_families_and_vhosts() {
+        let pair = |key: &str, value: &str| (key.to_string(), value.to_string());
+        let query = [pair("family", "queue_coarse_metrics"), pair("vhost", "/"), pair("family", "channel_metrics")];
+        let Shape::Detailed { families, vhosts } = detailed_shape(&query) else { panic!("detailed") };
+        assert_eq!(families.into_iter().collect::<Vec<_>>(), ["channel_metrics", "queue_coarse_metrics"]);
+        assert_eq!(vhosts.map(|vhosts| vhosts.into_iter().collect::<Vec<_>>()), Some(vec!["/".to_string()]));
+        let Shape::Detailed { families, vhosts } = detailed_shape(&[]) else { panic!("detailed") };
+        assert!(families.is_empty() && vhosts.is_none());
+    }
+}
