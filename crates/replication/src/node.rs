@@ -219,8 +219,14 @@ impl ReplicaNode {
     }
 
     /// Takes a message addressed to this node.
-    pub fn step(&mut self, message: Message) {
+    pub fn step(&mut self, mut message: Message) {
         if self.damage != Damage::None {
+            // The leader believes this node holds what it acknowledged before the damage, and
+            // its heartbeat may carry a commit index past the shortened log (raft-rs would
+            // panic): the node can only commit what it holds; the leader's appends repair the rest.
+            if message.get_msg_type() == MessageType::MsgHeartbeat {
+                message.commit = message.commit.min(self.raw.store().last_index_now());
+            }
             match message.get_msg_type() {
                 // A node that may have lost acknowledged entries must not vote.
                 MessageType::MsgRequestVote | MessageType::MsgRequestPreVote => return,

@@ -78,6 +78,7 @@ fn random_run(seed: u64) -> (Vec<String>, support::Coverage) {
         cluster.step();
     }
     cluster.settle_down(2_000);
+    cluster.coverage.commands_committed = cluster.committed.len() as u64;
     (cluster.check(), cluster.coverage)
 }
 
@@ -98,6 +99,7 @@ fn random_runs_lose_no_committed_command_and_end_equal() {
         total.snapshots_delivered += coverage.snapshots_delivered;
         total.messages_dropped += coverage.messages_dropped;
         total.partitions += coverage.partitions;
+        total.commands_committed += coverage.commands_committed;
     }
     assert!(failures.is_empty(), "{} failures, replay one with SIMULATION_SEED:\n{}", failures.len(), failures.join("\n"));
     if seeds.len() > 1 {
@@ -106,6 +108,7 @@ fn random_runs_lose_no_committed_command_and_end_equal() {
         assert!(total.snapshots_delivered >= 20, "{total:?}");
         assert!(total.partitions >= 50, "{total:?}");
         assert!(total.elections >= 600, "{total:?}");
+        assert!(total.commands_committed >= 300 * 150, "{total:?}");
     }
     eprintln!("{} seeds: {total:?}", seeds.len());
 }

@@ -42,6 +42,7 @@ pub struct Coverage {
     pub snapshots_delivered: u64,
     pub messages_dropped: u64,
     pub partitions: u64,
+    pub commands_committed: u64,
 }
 
 /// What one command is, for the checks.

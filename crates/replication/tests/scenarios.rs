@@ -1,0 +1,135 @@
+//! Named failures of a three-node group, each staged step by step on the seeded cluster:
+//! the leader's crash, a follower catching up by snapshot, and a node whose log was damaged on
+//! disk, which must neither vote nor campaign until a leader has repaired it.
+
+mod support;
+
+use replication::command::QueueCommand;
+use replication::node::Damage;
+use storage::memory_file_system::PowerCut;
+use support::{Cluster, CONSUMER, QUEUE};
+
+fn run(cluster: &mut Cluster, ticks: u64) {
+    for _ in 0..ticks {
+        cluster.step();
+    }
+}
+
+fn elect(cluster: &mut Cluster) -> u64 {
+    for _ in 0..300 {
+        cluster.step();
+        if let Some(leader) = cluster.leader() {
+            return leader;
+        }
+    }
+    panic!("seed {}: no leader", cluster.seed);
+}
+
+fn declare(cluster: &mut Cluster, with_consumer: bool) {
+    elect(cluster);
+    let mut commands = vec![(QUEUE, QueueCommand::Declare)];
+    if with_consumer {
+        commands.push((QUEUE, QueueCommand::AddConsumer { consumer: CONSUMER, priority: 0, prefetch: 4 }));
+    }
+    assert!(cluster.propose(commands));
+    run(cluster, 10);
+}
+
+fn assert_checks_pass(cluster: &mut Cluster) {
+    cluster.settle_down(3_000);
+    let failures = cluster.check();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The leader loses its power with confirmed messages behind it: a new leader is elected among the
+/// two others, holds every confirmed message, and the old leader catches up when it returns.
+#[test]
+fn a_new_leader_holds_every_confirmed_message_after_the_leader_crashes() {
+    for seed in 1..=20 {
+        let mut cluster = Cluster::new(seed, 1_000);
+        declare(&mut cluster, true);
+        for _ in 0..30 {
+            cluster.publish(2);
+            cluster.settle_some(1);
+            run(&mut cluster, 1);
+        }
+        run(&mut cluster, 5);
+        let old_leader = cluster.leader().expect("a leader");
+        let confirmed_before = cluster.confirmed.len();
+        assert!(confirmed_before >= 40, "seed {seed}: only {confirmed_before} confirmed");
+        cluster.crash(old_leader, PowerCut::LoseUnsynced);
+        let new_leader = elect(&mut cluster);
+        assert_ne!(new_leader, old_leader, "seed {seed}");
+        let published_on_new_leader = cluster.node(new_leader).and_then(|node| node.machine().queue(QUEUE)).map(|core| core.stats().published).unwrap_or(0);
+        let confirmed_enqueues = cluster.confirmed.iter().filter(|sequence| matches!(cluster.proposed.get(sequence), Some(support::Kind::Enqueue(_)))).count() as u64;
+        assert!(published_on_new_leader >= confirmed_enqueues, "seed {seed}: the new leader applied {published_on_new_leader} of {confirmed_enqueues} confirmed enqueues");
+        for _ in 0..10 {
+            cluster.publish(1);
+            run(&mut cluster, 2);
+        }
+        cluster.start(old_leader);
+        assert_checks_pass(&mut cluster);
+    }
+}
+
+/// A follower down while the others commit and compact their logs comes back behind the first
+/// log index: it is sent a snapshot, installs it, and continues from the log.
+#[test]
+fn a_follower_behind_the_compacted_log_catches_up_by_snapshot() {
+    let mut cluster = Cluster::new(7, 10);
+    declare(&mut cluster, true);
+    let leader = cluster.leader().expect("a leader");
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    cluster.crash(follower, PowerCut::LoseUnsynced);
+    for _ in 0..60 {
+        cluster.publish(3);
+        cluster.settle_some(2);
+        run(&mut cluster, 1);
+    }
+    run(&mut cluster, 10);
+    let first_index = cluster.node(leader).expect("up").store().snapshot_ref().get_metadata().index;
+    assert!(first_index > 20, "the leader compacted its log (snapshot at {first_index})");
+    cluster.start(follower);
+    run(&mut cluster, 100);
+    assert!(cluster.coverage.snapshots_delivered >= 1, "the follower was sent a snapshot");
+    let restored = cluster.node(follower).expect("up");
+    assert!(restored.machine().applied_index() >= first_index, "the follower applied the snapshot");
+    assert_checks_pass(&mut cluster);
+}
+
+/// A follower acknowledged entries that a second node never got, then its log was damaged on
+/// disk (a bit flipped in a synced record). With the leader down, the damaged node and the node
+/// that missed the entries could elect a leader without them and lose confirmed messages (the
+/// Jepsen NATS JetStream 2025 failure). The damaged node refuses to vote, so no leader is elected
+/// until the old one returns; it then repairs the damaged node and nothing is lost.
+#[test]
+fn a_node_with_a_damaged_log_does_not_vote_until_repaired() {
+    let mut cluster = Cluster::new(11, 1_000);
+    declare(&mut cluster, false);
+    let leader = cluster.leader().expect("a leader");
+    let mut others = (1..=3).filter(|id| *id != leader);
+    let (damaged, missed) = (others.next().expect("two followers"), others.next().expect("two followers"));
+    cluster.isolate(missed, true);
+    for _ in 0..20 {
+        cluster.publish(2);
+        run(&mut cluster, 1);
+    }
+    run(&mut cluster, 10);
+    assert!(cluster.confirmed.len() >= 40, "the leader and the damaged-to-be follower committed");
+    // Both lose their power; the follower's disk returns a flipped bit in its first record.
+    cluster.crash(leader, PowerCut::LoseUnsynced);
+    cluster.crash(damaged, PowerCut::LoseUnsynced);
+    let log_path = support::directory().join("log");
+    cluster.file_systems[damaged as usize - 1].flip_bit_on_read(&log_path, 12, 3).expect("the log exists");
+    let recovery = cluster.start(damaged);
+    assert!(recovery.damaged, "recovery reports the damaged record: {recovery:?}");
+    assert_eq!(cluster.node(damaged).expect("up").damage(), Damage::AwaitingLeader);
+    cluster.isolate(missed, false);
+    run(&mut cluster, 300);
+    assert_eq!(cluster.leader(), None, "a leader was elected without the entries only the damaged node and the old leader held");
+    cluster.start(leader);
+    let new_leader = elect(&mut cluster);
+    run(&mut cluster, 100);
+    assert_eq!(cluster.node(damaged).expect("up").damage(), Damage::None, "the leader ({new_leader}) repaired the damaged log");
+    assert_checks_pass(&mut cluster);
+}
