@@ -80,9 +80,15 @@ fn a_new_leader_holds_every_confirmed_message_after_the_leader_crashes() {
         // A leader knows what is committed once an entry of its own term is (its first empty one).
         run(&mut cluster, 20);
         let new_leader = cluster.leader().expect("a leader");
-        let published_on_new_leader = cluster.node(new_leader).and_then(|node| node.machine().queue(QUEUE)).map(|core| core.stats().published).unwrap_or(0);
-        let confirmed_enqueues = cluster.confirmed.iter().filter(|sequence| matches!(cluster.proposed.get(sequence), Some(support::Kind::Enqueue(_)))).count() as u64;
-        assert!(published_on_new_leader >= confirmed_enqueues, "seed {seed}: the new leader applied {published_on_new_leader} of {confirmed_enqueues} confirmed enqueues");
+        let published_on_new_leader =
+            cluster.node(new_leader).and_then(|node| node.machine().queue(QUEUE)).map(|core| core.stats().published).unwrap_or(0);
+        let confirmed_enqueues =
+            cluster.confirmed.iter().filter(|sequence| matches!(cluster.proposed.get(sequence), Some(support::Kind::Enqueue(_)))).count()
+                as u64;
+        assert!(
+            published_on_new_leader >= confirmed_enqueues,
+            "seed {seed}: the new leader applied {published_on_new_leader} of {confirmed_enqueues} confirmed enqueues"
+        );
         for _ in 0..10 {
             cluster.publish(1);
             run(&mut cluster, 2);
