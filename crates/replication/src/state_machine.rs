@@ -38,6 +38,8 @@ pub enum Outcome {
     },
     /// The plan hands this message to this consumer; the consumer's node sends it.
     Delivered {
+        /// The entry whose commands made the delivery.
+        index: u64,
         /// The queue.
         queue: QueueId,
         /// The consumer.
@@ -93,7 +95,7 @@ impl QueueStateMachine {
     pub fn apply(&mut self, index: u64, batch: Batch, outcomes: &mut Vec<Outcome>) {
         self.check_order(index);
         for proposed in batch.commands {
-            let result = self.apply_command(proposed.queue, proposed.command, batch.now_ms, outcomes);
+            let result = self.apply_command(index, proposed.queue, proposed.command, batch.now_ms, outcomes);
             outcomes.push(Outcome::Committed { index, proposer: proposed.proposer, sequence: proposed.sequence, result });
         }
         self.applied_index = index;
@@ -104,7 +106,14 @@ impl QueueStateMachine {
         assert!(index > self.applied_index, "entry {index} applied after entry {}", self.applied_index);
     }
 
-    fn apply_command(&mut self, queue: QueueId, command: QueueCommand, now_ms: u64, outcomes: &mut Vec<Outcome>) -> CommandResult {
+    fn apply_command(
+        &mut self,
+        index: u64,
+        queue: QueueId,
+        command: QueueCommand,
+        now_ms: u64,
+        outcomes: &mut Vec<Outcome>,
+    ) -> CommandResult {
         let core_command = match command {
             QueueCommand::Declare => {
                 self.queues.entry(queue).or_insert_with(|| QueueCore::new(QueueState::default(), Limits::NONE, None));
@@ -134,6 +143,7 @@ impl QueueStateMachine {
         for effect in self.effects.drain(..) {
             if let Effect::Deliver { consumer: Some(consumer), position, queued, .. } = effect {
                 outcomes.push(Outcome::Delivered {
+                    index,
                     queue,
                     consumer: consumer.id,
                     position,

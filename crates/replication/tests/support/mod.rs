@@ -81,6 +81,8 @@ pub struct Cluster {
     pub settling: BTreeSet<u64>,
     /// Position -> body, over the whole run (a position never changes its message).
     pub bodies: BTreeMap<u64, Bytes>,
+    /// Positions whose settle was committed, and at which index: never delivered after it.
+    pub settled_at: BTreeMap<u64, u64>,
     pub violations: Vec<String>,
     pub coverage: Coverage,
     last_leader: Option<u64>,
@@ -111,6 +113,7 @@ impl Cluster {
             outstanding: BTreeMap::new(),
             settling: BTreeSet::new(),
             bodies: BTreeMap::new(),
+            settled_at: BTreeMap::new(),
             violations: Vec::new(),
             coverage: Coverage::default(),
             last_leader: None,
@@ -319,23 +322,34 @@ impl Cluster {
                 Outcome::Committed { index, proposer, sequence, result } => {
                     if let Some(earlier) = self.committed.insert((proposer, sequence), index) {
                         if earlier != index {
-                            self.violations.push(format!("command {sequence} committed at {earlier} and at {index} (node {node})"));
+                            self.violations.push(format!(
+                                "seed {}: command {sequence} committed at {earlier} and at {index} (node {node})",
+                                self.seed
+                            ));
                         }
                     }
                     if proposer == node {
                         self.confirmed.insert(sequence);
                     }
                     let kind = self.proposed.get(&sequence).cloned().unwrap_or(Kind::Other);
-                    if let (Kind::Settle(position) | Kind::Requeue(position), CommandResult::Core(_)) = (kind, result) {
-                        self.outstanding.remove(&position);
-                        self.settling.remove(&position);
+                    if let (Kind::Settle(position) | Kind::Requeue(position), CommandResult::Core(_)) = (&kind, result) {
+                        self.outstanding.remove(position);
+                        self.settling.remove(position);
+                    }
+                    if let Kind::Settle(position) = kind {
+                        self.settled_at.entry(position).or_insert(index);
                     }
                 }
-                Outcome::Delivered { queue, position, body, .. } => {
+                Outcome::Delivered { index, queue, position, body, .. } => {
                     assert_eq!(queue, QUEUE);
+                    if let Some(settled_index) = self.settled_at.get(&position).filter(|settled_index| **settled_index < index) {
+                        let seed = self.seed;
+                        self.violations.push(format!("seed {seed}: position {position} delivered at {index} after its ack committed at {settled_index} (node {node})"));
+                    }
                     if let Some(earlier) = self.bodies.insert(position, body.clone()) {
                         if earlier != body {
-                            self.violations.push(format!("position {position} held {earlier:?} and {body:?} (node {node})"));
+                            self.violations
+                                .push(format!("seed {}: position {position} held {earlier:?} and {body:?} (node {node})", self.seed));
                         }
                     }
                     self.outstanding.insert(position, body);
