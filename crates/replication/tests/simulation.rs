@@ -5,7 +5,16 @@
 mod support;
 
 use replication::command::QueueCommand;
-use storage::memory_file_system::PowerCut;
+use storage::memory_file_system::{FaultOperation, PowerCut};
+
+/// EIO and ENOSPC, as the kernel numbers them on Linux.
+fn libc_eio() -> i32 {
+    5
+}
+
+fn libc_enospc() -> i32 {
+    28
+}
 use support::{Cluster, CONSUMER, QUEUE};
 
 /// Declares the queue and attaches the consumer, once a leader exists.
@@ -75,6 +84,13 @@ fn random_run(seed: u64) -> (Vec<String>, support::Coverage, String) {
             }
             _ => {}
         }
+        if cluster.random.gen_range(0..100) < 1 {
+            // The disk fails one write or sync (EIO, ENOSPC) on one node.
+            let index = cluster.random.gen_range(0..3);
+            let operation = if cluster.random.gen_bool(0.5) { FaultOperation::Sync } else { FaultOperation::Write };
+            let errno = if cluster.random.gen_bool(0.5) { libc_eio() } else { libc_enospc() };
+            cluster.file_systems[index].fail(operation, errno, &support::directory(), 1);
+        }
         cluster.step();
     }
     cluster.settle_down(2_000);
@@ -102,6 +118,7 @@ fn random_runs_lose_no_committed_command_and_end_equal() {
         total.messages_dropped += coverage.messages_dropped;
         total.partitions += coverage.partitions;
         total.commands_committed += coverage.commands_committed;
+        total.disk_failures += coverage.disk_failures;
     }
     assert!(failures.is_empty(), "{} failures, replay one with SIMULATION_SEED:\n{}", failures.len(), failures.join("\n"));
     if seeds.len() > 1 {
@@ -111,6 +128,7 @@ fn random_runs_lose_no_committed_command_and_end_equal() {
         assert!(total.partitions >= 50, "{total:?}");
         assert!(total.elections >= 600, "{total:?}");
         assert!(total.commands_committed >= 300 * 150, "{total:?}");
+        assert!(total.disk_failures >= 300, "{total:?}");
     }
     eprintln!("{} seeds: {total:?}", seeds.len());
 }

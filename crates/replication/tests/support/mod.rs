@@ -43,6 +43,7 @@ pub struct Coverage {
     pub messages_dropped: u64,
     pub partitions: u64,
     pub commands_committed: u64,
+    pub disk_failures: u64,
 }
 
 /// What one command is, for the checks.
@@ -291,7 +292,20 @@ impl Cluster {
     pub fn process_all(&mut self) {
         for index in 0..3 {
             let Some(node) = self.nodes[index].as_mut() else { continue };
-            node.process_ready().expect("a live node's storage works");
+            if node.process_ready().is_err() {
+                // A write or sync failed: the node stops without acknowledging what it could not
+                // persist, and its process restarts from what is durable.
+                self.coverage.disk_failures += 1;
+                let id = node.id();
+                let messages = node.take_messages();
+                for message in messages {
+                    self.send(message);
+                }
+                self.file_systems[index] = self.file_systems[index].power_cut(PowerCut::LoseUnsynced);
+                self.nodes[index] = None;
+                self.start(id);
+                continue;
+            }
             let messages = node.take_messages();
             let outcomes = node.take_outcomes();
             let id = node.id();
@@ -379,6 +393,11 @@ impl Cluster {
     fn converged(&self) -> bool {
         let Some(leader) = self.leader().and_then(|id| self.node(id)) else { return false };
         let commit = leader.commit_index();
+        // A new leader learns what is committed only once an entry of its own term is: until its
+        // whole log is committed, its commit index may trail what an earlier leader committed.
+        if commit != leader.store().last_index_now() {
+            return false;
+        }
         self.nodes
             .iter()
             .all(|node| node.as_ref().is_some_and(|node| node.machine().applied_index() == commit && node.commit_index() == commit))
