@@ -16,5 +16,6 @@ pub mod log_store;
 pub mod node;
 pub mod snapshot_image;
 pub mod state_machine;
+pub mod transport;
 
 pub use raft::eraftpb::Message;

@@ -109,3 +109,13 @@ fn a_compacted_log_reopens_after_its_snapshot() {
     assert_eq!(all_entries(&store), entries(7..=10, 1));
     assert_eq!(&store.snapshot_ref().data[..], b"image");
 }
+
+#[test]
+fn a_hard_state_failing_its_checksum_is_damage() {
+    let file_system = file_system();
+    let (mut store, _) = open(&file_system);
+    store.set_hard_state(&HardState { term: 4, vote: 2, commit: 0, ..Default::default() }).expect("written");
+    file_system.flip_bit_on_read(&directory().join("hard_state"), 9, 1).expect("flipped");
+    let (_, recovery) = open(&file_system);
+    assert!(recovery.damaged, "the vote is unknown: {recovery:?}");
+}

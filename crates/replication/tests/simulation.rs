@@ -106,10 +106,30 @@ fn random_runs_lose_no_committed_command_and_end_equal() {
         Ok(seed) => vec![seed.parse().expect("SIMULATION_SEED is a number")],
         Err(_) => (1..=300).collect(),
     };
+    // Seeds are independent runs: spread them over the cores (each run stays deterministic).
+    let threads = std::thread::available_parallelism().map_or(1, |count| count.get()).min(8);
+    let results: Vec<(Vec<String>, support::Coverage)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|thread| {
+                let seeds = &seeds;
+                scope.spawn(move || {
+                    seeds
+                        .iter()
+                        .skip(thread)
+                        .step_by(threads)
+                        .map(|seed| {
+                            let (failures, coverage, _) = random_run(*seed);
+                            (failures, coverage)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|handle| handle.join().expect("a simulation thread panicked")).collect()
+    });
     let mut total = support::Coverage::default();
     let mut failures = Vec::new();
-    for seed in &seeds {
-        let (run_failures, coverage, _) = random_run(*seed);
+    for (run_failures, coverage) in results {
         failures.extend(run_failures);
         total.elections += coverage.elections;
         total.crashes += coverage.crashes;

@@ -95,6 +95,10 @@ pub(super) fn open(
         snapshot,
     };
     store.read_log(&mut recovery).map_err(io_error(&log_path))?;
+    // A node never holds an entry of a term above its own (a lost hard state would say 0).
+    if let Some(last) = store.entries.last() {
+        store.hard_state.term = store.hard_state.term.max(last.term);
+    }
     let snapshot_index = store.snapshot.get_metadata().index;
     let last_index = store.last_index_now();
     // A commit index recorded before a compaction may trail the snapshot; one past the log (a

@@ -14,6 +14,7 @@ use rand::{Rng, SeedableRng};
 use replication::command::{Batch, ProposedCommand, QueueCommand};
 use replication::node::{NodeConfig, ReplicaNode};
 use replication::state_machine::{CommandResult, Outcome};
+use replication::transport::{ShardId, Transport};
 use replication::Message;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -30,7 +31,8 @@ pub const CLIENT: u64 = 1000;
 struct InFlight {
     deliver_at_tick: u64,
     order: u64,
-    message: Message,
+    /// The message as the wire carries it ([`replication::transport::encode_frame`]).
+    frame: Bytes,
 }
 
 /// Counts of what a run exercised, so a test can require that its seeds covered each case.
@@ -266,7 +268,9 @@ impl Cluster {
         self.in_flight.sort_by_key(|message| (message.deliver_at_tick, message.order));
         let due = self.in_flight.iter().take_while(|message| message.deliver_at_tick <= self.tick).count();
         let arriving: Vec<InFlight> = self.in_flight.drain(..due).collect();
-        for InFlight { message, .. } in arriving {
+        for InFlight { frame, .. } in arriving {
+            let (shard, message) = replication::transport::decode_frame(frame).expect("a frame decodes");
+            assert_eq!(shard, 0);
             let (from, to) = (message.from, message.to);
             let is_snapshot = message.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot;
             let Some(node) = self.nodes[to as usize - 1].as_mut() else {
@@ -299,7 +303,7 @@ impl Cluster {
                 let id = node.id();
                 let messages = node.take_messages();
                 for message in messages {
-                    self.send(message);
+                    Transport::send(self, 0, message);
                 }
                 self.file_systems[index] = self.file_systems[index].power_cut(PowerCut::LoseUnsynced);
                 self.nodes[index] = None;
@@ -311,12 +315,14 @@ impl Cluster {
             let id = node.id();
             self.record_outcomes(id, outcomes);
             for message in messages {
-                self.send(message);
+                Transport::send(self, 0, message);
             }
         }
     }
+}
 
-    fn send(&mut self, message: Message) {
+impl Transport for Cluster {
+    fn send(&mut self, _shard: ShardId, message: Message) {
         let dropped = self.cut_links.contains(&(message.from, message.to)) || self.random.gen_range(0..100) < self.drop_percent;
         if dropped {
             self.coverage.messages_dropped += 1;
@@ -326,10 +332,13 @@ impl Cluster {
             return;
         }
         let delay = self.random.gen_range(1..=3);
-        self.in_flight.push(InFlight { deliver_at_tick: self.tick + delay, order: self.next_order, message });
+        let frame = Bytes::from(replication::transport::encode_frame(0, &message).expect("a message encodes"));
+        self.in_flight.push(InFlight { deliver_at_tick: self.tick + delay, order: self.next_order, frame });
         self.next_order += 1;
     }
+}
 
+impl Cluster {
     fn record_outcomes(&mut self, node: u64, outcomes: Vec<Outcome>) {
         for outcome in outcomes {
             match outcome {
