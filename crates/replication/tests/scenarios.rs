@@ -159,3 +159,58 @@ fn a_node_with_a_damaged_log_does_not_vote_until_repaired() {
     assert_eq!(cluster.node(damaged).expect("up").damage(), Damage::None, "the leader ({new_leader}) repaired the damaged log");
     assert_checks_pass(&mut cluster);
 }
+
+/// A group of one (a node started without cluster settings): it elects itself, a batch is
+/// committed once its own fdatasync returned, and what was committed survives a power cut.
+#[test]
+fn a_group_of_one_commits_on_its_own_fsync() {
+    use replication::command::{Batch, ProposedCommand};
+    use replication::node::{NodeConfig, ReplicaNode};
+    use replication::state_machine::Outcome;
+    use storage::memory_file_system::MemoryFileSystem;
+    let config = NodeConfig {
+        id: 1,
+        voters: vec![1],
+        election_tick: 10,
+        heartbeat_tick: 2,
+        snapshot_entries_interval: 8,
+        election_seed: 5,
+        checksum_seed: 1,
+    };
+    let file_system = MemoryFileSystem::new();
+    file_system.create_durable_directory(std::path::Path::new("/data/raft"));
+    let (mut node, _) = ReplicaNode::open(config.clone(), file_system.shared(), &support::directory()).expect("opens");
+    for _ in 0..30 {
+        node.tick();
+        node.process_ready().expect("persists");
+    }
+    assert!(node.is_leader(), "a group of one elects itself");
+    let mut committed = 0;
+    for sequence in 0..20 {
+        let body = bytes::Bytes::from(format!("m{sequence}"));
+        let mut commands = vec![ProposedCommand {
+            queue: QUEUE,
+            proposer: 1,
+            sequence,
+            command: QueueCommand::Enqueue { persistent: true, own_ttl_ms: None, body },
+        }];
+        if sequence == 0 {
+            commands.insert(0, ProposedCommand { queue: QUEUE, proposer: 1, sequence: 100, command: QueueCommand::Declare });
+        }
+        node.propose(&Batch { now_ms: 1, commands }).expect("the leader proposes");
+        node.process_ready().expect("persists");
+        committed += node.take_outcomes().iter().filter(|outcome| matches!(outcome, Outcome::Committed { .. })).count();
+    }
+    assert_eq!(committed, 21, "each batch is committed by the ready that persisted it");
+    assert!(node.take_messages().is_empty(), "a group of one sends nothing");
+    drop(node);
+    let file_system = file_system.power_cut(PowerCut::LoseUnsynced);
+    let (mut node, recovery) = ReplicaNode::open(config, file_system.shared(), &support::directory()).expect("reopens");
+    assert!(!recovery.damaged);
+    for _ in 0..30 {
+        node.tick();
+        node.process_ready().expect("persists");
+    }
+    let published = node.machine().queue(QUEUE).map(|core| core.stats().published);
+    assert_eq!(published, Some(20), "every committed message is back after the power cut");
+}
