@@ -69,7 +69,8 @@ pub struct ProposedCommand {
     pub queue: QueueId,
     /// The node that proposed it (its confirm goes there).
     pub proposer: u64,
-    /// The proposer's sequence number for it, increasing per proposer.
+    /// The proposer's sequence number for it, from 1, increasing in proposal order; a retry keeps
+    /// its number, so the state machine applies it once (0: not deduplicated).
     pub sequence: u64,
     /// What it does.
     pub command: QueueCommand,

@@ -21,6 +21,11 @@ impl QueueStateMachine {
         let mut writer = Writer(&mut buffer);
         writer.u32(IMAGE_MAGIC);
         writer.u64(self.applied_index);
+        writer.u64(self.last_sequences.len() as u64);
+        for (proposer, sequence) in &self.last_sequences {
+            writer.u64(*proposer);
+            writer.u64(*sequence);
+        }
         writer.u64(self.queues.len() as u64);
         for (queue, core) in &self.queues {
             writer.u64(*queue);
@@ -39,6 +44,10 @@ impl QueueStateMachine {
         }
         let mut machine = QueueStateMachine::new();
         machine.applied_index = reader.u64()?;
+        for _ in 0..count(&mut reader, "proposer count")? {
+            let proposer = reader.u64()?;
+            machine.last_sequences.insert(proposer, reader.u64()?);
+        }
         let count = reader.u64()?;
         for _ in 0..count {
             let queue = reader.u64()?;

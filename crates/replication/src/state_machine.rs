@@ -19,6 +19,10 @@ pub enum CommandResult {
     Deleted,
     /// No queue has this id (deleted, or never declared): refused.
     NoSuchQueue,
+    /// The proposer's sequence number is not above the last one applied for it: a retried
+    /// command already applied (or one overtaken by a later command, hence never to be applied).
+    /// Not applied again; the proposer treats a retry answered so as done.
+    Duplicate,
 }
 
 /// What the host learns from applying a committed entry.
@@ -60,6 +64,12 @@ pub struct QueueStateMachine {
     pub(crate) queues: BTreeMap<QueueId, QueueCore<Body>>,
     /// The last entry applied.
     pub(crate) applied_index: u64,
+    /// The highest sequence number applied per proposer. A proposer numbers its commands in
+    /// the order it proposes them and retries a lost one under the same number; once a higher
+    /// number is committed, a lower one not yet committed never will be (it was in an entry a new
+    /// leader overwrote), so anything at or below the highest is a duplicate. Bounded by the
+    /// number of proposers (one per node incarnation); pruning departed ones is a next step.
+    pub(crate) last_sequences: BTreeMap<u64, u64>,
     /// Reused between commands.
     effects: Vec<Effect<Body>>,
 }
@@ -95,7 +105,18 @@ impl QueueStateMachine {
     pub fn apply(&mut self, index: u64, batch: Batch, outcomes: &mut Vec<Outcome>) {
         self.check_order(index);
         for proposed in batch.commands {
-            let result = self.apply_command(index, proposed.queue, proposed.command, batch.now_ms, outcomes);
+            let result = match proposed.sequence {
+                0 => self.apply_command(index, proposed.queue, proposed.command, batch.now_ms, outcomes),
+                sequence => {
+                    let last = self.last_sequences.entry(proposed.proposer).or_insert(0);
+                    if sequence <= *last {
+                        CommandResult::Duplicate
+                    } else {
+                        *last = sequence;
+                        self.apply_command(index, proposed.queue, proposed.command, batch.now_ms, outcomes)
+                    }
+                }
+            };
             outcomes.push(Outcome::Committed { index, proposer: proposed.proposer, sequence: proposed.sequence, result });
         }
         self.applied_index = index;

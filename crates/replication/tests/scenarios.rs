@@ -191,11 +191,11 @@ fn a_group_of_one_commits_on_its_own_fsync() {
         let mut commands = vec![ProposedCommand {
             queue: QUEUE,
             proposer: 1,
-            sequence,
+            sequence: sequence + 1,
             command: QueueCommand::Enqueue { persistent: true, own_ttl_ms: None, body },
         }];
         if sequence == 0 {
-            commands.insert(0, ProposedCommand { queue: QUEUE, proposer: 1, sequence: 100, command: QueueCommand::Declare });
+            commands.insert(0, ProposedCommand { queue: QUEUE, proposer: 1, sequence: 0, command: QueueCommand::Declare });
         }
         node.propose(&Batch { now_ms: 1, commands }).expect("the leader proposes");
         node.process_ready().expect("persists");
