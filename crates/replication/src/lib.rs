@@ -10,6 +10,7 @@
 //! The driver owns time and I/O order, so `tests/simulation.rs` runs three nodes over a seeded
 //! in-memory network and replays a failing seed exactly.
 
+pub mod batcher;
 pub mod codec;
 pub mod command;
 pub mod log_store;
