@@ -139,6 +139,7 @@ fn random_runs_lose_no_committed_command_and_end_equal() {
         total.partitions += coverage.partitions;
         total.commands_committed += coverage.commands_committed;
         total.disk_failures += coverage.disk_failures;
+        total.client_retries += coverage.client_retries;
     }
     assert!(failures.is_empty(), "{} failures, replay one with SIMULATION_SEED:\n{}", failures.len(), failures.join("\n"));
     if seeds.len() > 1 {
@@ -149,6 +150,7 @@ fn random_runs_lose_no_committed_command_and_end_equal() {
         assert!(total.elections >= 600, "{total:?}");
         assert!(total.commands_committed >= 300 * 150, "{total:?}");
         assert!(total.disk_failures >= 300, "{total:?}");
+        assert!(total.client_retries >= 300, "{total:?}");
     }
     eprintln!("{} seeds: {total:?}", seeds.len());
 }

@@ -11,7 +11,8 @@
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use replication::command::{Batch, ProposedCommand, QueueCommand};
+use replication::batcher::Batcher;
+use replication::command::QueueCommand;
 use replication::node::{NodeConfig, ReplicaNode};
 use replication::state_machine::{CommandResult, Outcome};
 use replication::transport::{ShardId, Transport};
@@ -46,6 +47,7 @@ pub struct Coverage {
     pub partitions: u64,
     pub commands_committed: u64,
     pub disk_failures: u64,
+    pub client_retries: u64,
 }
 
 /// What one command is, for the checks.
@@ -71,7 +73,12 @@ pub struct Cluster {
     /// Percent of messages dropped.
     pub drop_percent: u32,
     pub tick: u64,
-    next_sequence: u64,
+    next_body: u64,
+    /// The client: one proposer whose commands go to whichever node leads, retried under the same
+    /// numbers after a change of leader.
+    pub client: Batcher,
+    client_leader: (Option<u64>, Option<u64>),
+    client_retried_tick: u64,
     /// Every command proposed, by sequence.
     pub proposed: BTreeMap<u64, Kind>,
     /// Every commit seen, by (proposer, sequence): the index it was committed at.
@@ -109,7 +116,10 @@ impl Cluster {
             cut_links: BTreeSet::new(),
             drop_percent: 0,
             tick: 0,
-            next_sequence: 1,
+            next_body: 1,
+            client: Batcher::new(CLIENT, 1 << 20, 1_000_000),
+            client_leader: (None, None),
+            client_retried_tick: 0,
             proposed: BTreeMap::new(),
             committed: BTreeMap::new(),
             confirmed: BTreeSet::new(),
@@ -196,28 +206,44 @@ impl Cluster {
 
     /// Proposes commands on the leader as one batch; false when there is no leader.
     pub fn propose(&mut self, commands: Vec<(u64, QueueCommand)>) -> bool {
-        let Some(leader) = self.leader() else { return false };
-        let mut proposed = Vec::new();
         for (queue, command) in commands {
-            let sequence = self.next_sequence;
-            self.next_sequence += 1;
             let kind = match &command {
                 QueueCommand::Enqueue { body, .. } => Kind::Enqueue(body.clone()),
                 QueueCommand::Settle { position } => Kind::Settle(*position),
                 QueueCommand::Requeue { position } => Kind::Requeue(*position),
                 _ => Kind::Other,
             };
+            let sequence = self.client.push(queue, command).expect("the client's bound is far");
             self.proposed.insert(sequence, kind);
-            proposed.push(ProposedCommand { queue, proposer: leader, sequence, command });
         }
-        let batch = Batch { now_ms: 1_000_000 + self.tick * 10, commands: proposed };
-        let node = self.nodes[leader as usize - 1].as_mut().expect("the leader is up");
-        node.propose(&batch).is_ok()
+        self.flush_client();
+        true
     }
 
-    /// Proposes `count` enqueues whose bodies name their sequence numbers.
+    /// Cuts the client's window and proposes it on the leader; after a change of leader or term
+    /// (the entries of the old one may be lost), and every 100 ticks, everything unconfirmed again.
+    pub fn flush_client(&mut self) {
+        let now_ms = 1_000_000 + self.tick * 10;
+        let mut batches = self.client.cut(now_ms);
+        let Some(leader) = self.leader() else { return };
+        let term = self.node(leader).map(|node| node.term());
+        if self.client_leader != (Some(leader), term) || self.tick >= self.client_retried_tick + 100 {
+            self.client_leader = (Some(leader), term);
+            self.client_retried_tick = self.tick;
+            batches = self.client.retry(now_ms);
+            self.coverage.client_retries += 1;
+        }
+        let node = self.nodes[leader as usize - 1].as_mut().expect("the leader is up");
+        for batch in batches {
+            // A refusal leaves the commands unconfirmed: the next retry proposes them again.
+            let _ = node.propose(&batch);
+        }
+    }
+
+    /// Proposes `count` enqueues whose bodies are unique.
     pub fn publish(&mut self, count: usize) -> bool {
-        let first = self.next_sequence;
+        let first = self.next_body;
+        self.next_body += count as u64;
         let commands = (0..count as u64)
             .map(|offset| {
                 let body = Bytes::from(format!("message-{}", first + offset));
@@ -255,6 +281,9 @@ impl Cluster {
         }
         self.deliver_due();
         self.process_all();
+        if self.client.unconfirmed_count() > 0 {
+            self.flush_client();
+        }
         let leader = self.leader();
         if leader.is_some() && leader != self.last_leader {
             self.coverage.elections += 1;
@@ -340,9 +369,15 @@ impl Transport for Cluster {
 
 impl Cluster {
     fn record_outcomes(&mut self, node: u64, outcomes: Vec<Outcome>) {
+        for (sequence, _) in self.client.confirm(&outcomes) {
+            self.confirmed.insert(sequence);
+        }
         for outcome in outcomes {
             match outcome {
                 Outcome::Committed { index, proposer, sequence, result } => {
+                    if result == CommandResult::Duplicate {
+                        continue;
+                    }
                     if let Some(earlier) = self.committed.insert((proposer, sequence), index) {
                         if earlier != index {
                             self.violations.push(format!(
@@ -350,9 +385,6 @@ impl Cluster {
                                 self.seed
                             ));
                         }
-                    }
-                    if proposer == node {
-                        self.confirmed.insert(sequence);
                     }
                     let kind = self.proposed.get(&sequence).cloned().unwrap_or(Kind::Other);
                     if let (Kind::Settle(position) | Kind::Requeue(position), CommandResult::Core(_)) = (&kind, result) {
@@ -401,6 +433,9 @@ impl Cluster {
 
     fn converged(&self) -> bool {
         let Some(leader) = self.leader().and_then(|id| self.node(id)) else { return false };
+        if self.client.unconfirmed_count() > 0 {
+            return false;
+        }
         let commit = leader.commit_index();
         // A new leader learns what is committed only once an entry of its own term is: until its
         // whole log is committed, its commit index may trail what an earlier leader committed.
@@ -455,12 +490,11 @@ impl Cluster {
         if stats.acked != settled as u64 {
             failures.push(format!("seed {seed}: {settled} committed messages are not in the queue, {} were acked", stats.acked));
         }
-        for sequence in &self.confirmed {
-            if let Some(Kind::Enqueue(body)) = self.proposed.get(sequence) {
-                if !committed_enqueues.contains(body) {
-                    failures.push(format!("seed {seed}: confirmed message {body:?} is not committed"));
-                }
-            }
+        // The client retried until every command was confirmed: each enqueue it pushed is applied
+        // exactly once.
+        let pushed_enqueues = self.proposed.values().filter(|kind| matches!(kind, Kind::Enqueue(_))).count() as u64;
+        if stats.published != pushed_enqueues {
+            failures.push(format!("seed {seed}: {pushed_enqueues} enqueues proposed and confirmed, {} applied", stats.published));
         }
         failures
     }
