@@ -6,9 +6,11 @@
 //! Effects go into a buffer the caller owns and reuses, so a publish or a delivery allocates
 //! nothing here beyond the queue's own containers.
 
+pub mod core_image;
 pub mod state;
 
-pub use state::{ConsumerId, Payload, QueueState, QueuedMessage};
+pub use core_image::{ConsumerImage, CoreImage};
+pub use state::{ConsumerId, MessagesImage, Payload, QueueState, QueuedMessage};
 
 /// What a full queue does with one more message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

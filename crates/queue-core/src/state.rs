@@ -8,6 +8,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
+mod image;
+pub use image::MessagesImage;
+
 /// What a queue needs to know about the messages it holds: only their size.
 pub trait Payload: Clone {
     /// Body bytes, for the queue's byte counts.
@@ -24,7 +27,7 @@ impl<T: Payload> Payload for Arc<T> {
 pub type ConsumerId = u64;
 
 /// A message in a queue.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueuedMessage<M> {
     /// The message.
     pub message: M,

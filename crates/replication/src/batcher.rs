@@ -1,0 +1,121 @@
+//! The proposing side of one shard on one node: commands are numbered and collected during a
+//! group-commit window, cut into batches (one Raft entry each), and kept until their confirm
+//! arrives, so that after a leader change the unconfirmed ones are proposed again under the same
+//! numbers (the state machine applies each number once: see `CommandResult::Duplicate`).
+
+use crate::command::{Batch, ProposedCommand, QueueCommand, QueueId, BATCH_COMMANDS_MAX};
+use crate::state_machine::{CommandResult, Outcome};
+use std::collections::BTreeMap;
+
+/// Why a command was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BatcherError {
+    /// `unconfirmed_commands_max` commands wait for their confirm: the caller holds the
+    /// publisher back (channel flow) until confirms come.
+    #[error("{0} commands wait for their confirm")]
+    Full(usize),
+}
+
+/// Numbers, batches and remembers one proposer's commands to one shard.
+#[derive(Debug)]
+pub struct Batcher {
+    proposer: u64,
+    next_sequence: u64,
+    /// Commands of the open window, in order.
+    open: Vec<ProposedCommand>,
+    open_bytes: usize,
+    batch_bytes_max: usize,
+    /// Every command proposed and not confirmed, by sequence number.
+    unconfirmed: BTreeMap<u64, ProposedCommand>,
+    unconfirmed_commands_max: usize,
+}
+
+fn command_bytes(command: &QueueCommand) -> usize {
+    match command {
+        QueueCommand::Enqueue { body, .. } => body.len() + 48,
+        _ => 48,
+    }
+}
+
+impl Batcher {
+    /// A batcher for `proposer` (unique per node incarnation); batches hold at most
+    /// `batch_bytes_max` bytes of commands (and [`BATCH_COMMANDS_MAX`] commands).
+    pub fn new(proposer: u64, batch_bytes_max: usize, unconfirmed_commands_max: usize) -> Batcher {
+        Batcher {
+            proposer,
+            next_sequence: 1,
+            open: Vec::new(),
+            open_bytes: 0,
+            batch_bytes_max,
+            unconfirmed: BTreeMap::new(),
+            unconfirmed_commands_max,
+        }
+    }
+
+    /// Numbers a command and adds it to the open window; the number is the key of its confirm.
+    pub fn push(&mut self, queue: QueueId, command: QueueCommand) -> Result<u64, BatcherError> {
+        if self.unconfirmed.len() + self.open.len() >= self.unconfirmed_commands_max {
+            return Err(BatcherError::Full(self.unconfirmed_commands_max));
+        }
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        self.open_bytes += command_bytes(&command);
+        self.open.push(ProposedCommand { queue, proposer: self.proposer, sequence, command });
+        Ok(sequence)
+    }
+
+    /// Ends the window: the batches to propose now, stamped with the leader's clock.
+    pub fn cut(&mut self, now_ms: u64) -> Vec<Batch> {
+        let commands = std::mem::take(&mut self.open);
+        self.open_bytes = 0;
+        for command in &commands {
+            self.unconfirmed.insert(command.sequence, command.clone());
+        }
+        self.split(commands, now_ms)
+    }
+
+    /// Every unconfirmed command again, in number order, for a new leader (or after a
+    /// proposal timed out). Those already committed come back `Duplicate` and count as confirmed.
+    pub fn retry(&mut self, now_ms: u64) -> Vec<Batch> {
+        let commands: Vec<ProposedCommand> = self.unconfirmed.values().cloned().collect();
+        self.split(commands, now_ms)
+    }
+
+    fn split(&self, commands: Vec<ProposedCommand>, now_ms: u64) -> Vec<Batch> {
+        let mut batches = Vec::new();
+        let mut current = Vec::new();
+        let mut current_bytes = 0;
+        for command in commands {
+            let bytes = command_bytes(&command.command);
+            if !current.is_empty() && (current.len() == BATCH_COMMANDS_MAX || current_bytes + bytes > self.batch_bytes_max) {
+                batches.push(Batch { now_ms, commands: std::mem::take(&mut current) });
+                current_bytes = 0;
+            }
+            current_bytes += bytes;
+            current.push(command);
+        }
+        if !current.is_empty() {
+            batches.push(Batch { now_ms, commands: current });
+        }
+        batches
+    }
+
+    /// Takes the confirms among applied outcomes: returns this proposer's confirmed numbers with
+    /// their results (a `Duplicate` is the retry of a command applied before: confirmed).
+    pub fn confirm(&mut self, outcomes: &[Outcome]) -> Vec<(u64, CommandResult)> {
+        let mut confirmed = Vec::new();
+        for outcome in outcomes {
+            if let Outcome::Committed { proposer, sequence, result, .. } = outcome {
+                if *proposer == self.proposer && self.unconfirmed.remove(sequence).is_some() {
+                    confirmed.push((*sequence, result.clone()));
+                }
+            }
+        }
+        confirmed
+    }
+
+    /// Commands proposed and not confirmed.
+    pub fn unconfirmed_count(&self) -> usize {
+        self.unconfirmed.len()
+    }
+}

@@ -1,0 +1,148 @@
+//! Writing a group's state: appends (no sync), the one sync per `Ready`, the hard state, and
+//! snapshots with the compaction they allow.
+
+use super::{encode_record, LogStore, HARD_STATE_FILE, LOG_FILE, SNAPSHOT_FILE};
+use crate::codec::{append_checksum, Writer};
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+use std::io;
+use storage::file_system::OpenMode;
+
+fn encode_voters(writer: &mut Writer, conf_state: &ConfState) {
+    writer.u32(conf_state.voters.len() as u32);
+    for voter in &conf_state.voters {
+        writer.u64(*voter);
+    }
+}
+
+impl LogStore {
+    /// Appends entries from raft-rs (not synced: see [`LogStore::sync`]). Entries at or below the
+    /// last index replace the log from there on: a new leader overwrote an unacknowledged suffix.
+    pub fn append(&mut self, entries: &[Entry]) -> io::Result<()> {
+        let Some(first) = entries.first() else { return Ok(()) };
+        let snapshot_index = self.snapshot.get_metadata().index;
+        assert!(first.index > snapshot_index, "append of entry {} at or below the snapshot {snapshot_index}", first.index);
+        assert!(first.index <= self.last_index_now() + 1, "append of entry {} leaves a gap after {}", first.index, self.last_index_now());
+        let keep = (first.index - snapshot_index - 1) as usize;
+        if keep < self.entries.len() {
+            self.log_end = self.offsets[keep];
+            self.entries.truncate(keep);
+            self.offsets.truncate(keep);
+            self.log.set_len(self.log_end)?;
+        }
+        let mut buffer = Vec::new();
+        for entry in entries {
+            self.offsets.push(self.log_end + buffer.len() as u64);
+            encode_record(&mut buffer, entry, self.checksum_seed);
+            self.entries.push(entry.clone());
+        }
+        self.log.write_all_at(&buffer, self.log_end)?;
+        self.log_end += buffer.len() as u64;
+        Ok(())
+    }
+
+    /// fdatasyncs the log: everything appended is durable when this returns.
+    pub fn sync(&self) -> io::Result<()> {
+        self.log.sync_data()
+    }
+
+    /// Records raft-rs's hard state. A change of term or vote is made durable before this
+    /// returns (a vote must survive a crash before it is sent); a commit index alone is kept in
+    /// memory and written with the next durable change (a lower one after a crash is safe).
+    pub fn set_hard_state(&mut self, hard_state: &HardState) -> io::Result<()> {
+        let durable_change = hard_state.term != self.hard_state.term || hard_state.vote != self.hard_state.vote;
+        self.hard_state = hard_state.clone();
+        if durable_change {
+            self.write_hard_state()?;
+        }
+        Ok(())
+    }
+
+    /// Raises the commit index (raft-rs's `LightReady::commit_index`).
+    pub fn set_commit(&mut self, commit: u64) {
+        self.hard_state.commit = commit;
+    }
+
+    /// Writes `bytes` to `name` through a temporary file, a rename and a directory sync.
+    fn replace_file(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let temporary = self.directory.join(format!("{name}.tmp"));
+        let _ = self.file_system.remove_file(&temporary);
+        let file = self.file_system.open(&temporary, OpenMode::CreateReadWrite)?;
+        file.write_all_at(bytes, 0)?;
+        file.sync_data()?;
+        self.file_system.rename(&temporary, &self.directory.join(name))?;
+        self.file_system.sync_directory(&self.directory)
+    }
+
+    pub(super) fn write_hard_state(&self) -> io::Result<()> {
+        let mut buffer = Vec::new();
+        let mut writer = Writer(&mut buffer);
+        writer.u64(self.hard_state.term);
+        writer.u64(self.hard_state.vote);
+        writer.u64(self.hard_state.commit);
+        encode_voters(&mut writer, &self.conf_state);
+        append_checksum(&mut buffer, 0, self.checksum_seed);
+        self.replace_file(HARD_STATE_FILE, &buffer)
+    }
+
+    fn write_snapshot(&self) -> io::Result<()> {
+        let metadata = self.snapshot.get_metadata();
+        let mut buffer = Vec::new();
+        let mut writer = Writer(&mut buffer);
+        writer.u64(metadata.index);
+        writer.u64(metadata.term);
+        encode_voters(&mut writer, metadata.get_conf_state());
+        writer.bytes(&self.snapshot.data);
+        append_checksum(&mut buffer, 0, self.checksum_seed);
+        self.replace_file(SNAPSHOT_FILE, &buffer)
+    }
+
+    /// Installs a snapshot received from the leader: it replaces the whole log.
+    pub fn apply_snapshot(&mut self, snapshot: Snapshot) -> io::Result<()> {
+        let metadata = snapshot.get_metadata();
+        self.hard_state.term = self.hard_state.term.max(metadata.term);
+        self.hard_state.commit = metadata.index;
+        self.conf_state = metadata.get_conf_state().clone();
+        self.snapshot = snapshot;
+        self.write_snapshot()?;
+        self.entries.clear();
+        self.offsets.clear();
+        self.rewrite_log()?;
+        self.write_hard_state()
+    }
+
+    /// Takes a snapshot of the state machine at `applied_index` (`image`) and drops the log up to
+    /// there. The snapshot is durable before the log shrinks, so a crash in between only leaves
+    /// records the next recovery skips.
+    pub fn compact(&mut self, applied_index: u64, image: Vec<u8>) -> io::Result<()> {
+        let snapshot_index = self.snapshot.get_metadata().index;
+        if applied_index <= snapshot_index {
+            return Ok(());
+        }
+        assert!(applied_index <= self.hard_state.commit, "snapshot at {applied_index} past the commit index {}", self.hard_state.commit);
+        let drop = (applied_index - snapshot_index) as usize;
+        let term = self.entries[drop - 1].term;
+        let mut snapshot = Snapshot { data: image.into(), ..Default::default() };
+        let metadata = snapshot.mut_metadata();
+        metadata.index = applied_index;
+        metadata.term = term;
+        metadata.set_conf_state(self.conf_state.clone());
+        self.snapshot = snapshot;
+        self.write_snapshot()?;
+        self.entries.drain(..drop);
+        self.rewrite_log()
+    }
+
+    /// Writes the entries kept in memory as the new log file.
+    fn rewrite_log(&mut self) -> io::Result<()> {
+        let mut buffer = Vec::new();
+        self.offsets.clear();
+        for entry in &self.entries {
+            self.offsets.push(buffer.len() as u64);
+            encode_record(&mut buffer, entry, self.checksum_seed);
+        }
+        self.replace_file(LOG_FILE, &buffer)?;
+        self.log = self.file_system.open(&self.directory.join(LOG_FILE), OpenMode::ReadWrite)?;
+        self.log_end = buffer.len() as u64;
+        Ok(())
+    }
+}

@@ -1,0 +1,164 @@
+//! The state machine as snapshot bytes and back: every queue's `CoreImage` in a checksummed
+//! binary encoding. Equal machines encode to equal bytes (queues in id order, unacked messages in
+//! position order), which is also how the tests compare replicas.
+
+use crate::codec::{append_checksum, verify_checksum, DecodeError, Reader, Writer};
+use crate::command::Body;
+use crate::state_machine::QueueStateMachine;
+use bytes::Bytes;
+use queue_core::{ConsumerImage, CoreImage, Limits, MessagesImage, Overflow, QueueCore, QueueStats, QueuedMessage};
+
+/// Marks a snapshot image (and its format version).
+const IMAGE_MAGIC: u32 = u32::from_le_bytes(*b"LQS1");
+
+/// Seeds the image checksum, so a log record is never taken for an image.
+const IMAGE_CHECKSUM_SEED: u32 = 0x5EED_1A6E;
+
+impl QueueStateMachine {
+    /// The machine as bytes.
+    pub fn encode_image(&self) -> Vec<u8> {
+        let mut buffer = Vec::new();
+        let mut writer = Writer(&mut buffer);
+        writer.u32(IMAGE_MAGIC);
+        writer.u64(self.applied_index);
+        writer.u64(self.last_sequences.len() as u64);
+        for (proposer, sequence) in &self.last_sequences {
+            writer.u64(*proposer);
+            writer.u64(*sequence);
+        }
+        writer.u64(self.queues.len() as u64);
+        for (queue, core) in &self.queues {
+            writer.u64(*queue);
+            encode_core(&mut writer, &core.image());
+        }
+        append_checksum(&mut buffer, 0, IMAGE_CHECKSUM_SEED);
+        buffer
+    }
+
+    /// The machine an image was taken of.
+    pub fn decode_image(bytes: Bytes) -> Result<QueueStateMachine, DecodeError> {
+        let mut reader = Reader::new(verify_checksum(&bytes, IMAGE_CHECKSUM_SEED)?);
+        let magic = reader.u32()?;
+        if magic != IMAGE_MAGIC {
+            return Err(DecodeError::Invalid { field: "image magic", value: magic.into() });
+        }
+        let mut machine = QueueStateMachine::new();
+        machine.applied_index = reader.u64()?;
+        for _ in 0..count(&mut reader, "proposer count")? {
+            let proposer = reader.u64()?;
+            machine.last_sequences.insert(proposer, reader.u64()?);
+        }
+        let count = reader.u64()?;
+        for _ in 0..count {
+            let queue = reader.u64()?;
+            machine.queues.insert(queue, QueueCore::from_image(decode_core(&mut reader)?, None));
+        }
+        if !reader.is_at_end() {
+            return Err(DecodeError::Invalid { field: "bytes after the image", value: 0 });
+        }
+        Ok(machine)
+    }
+}
+
+fn encode_queued(writer: &mut Writer, queued: &QueuedMessage<Body>) {
+    writer.bytes(&queued.message.0);
+    writer.u8(u8::from(queued.redelivered));
+    writer.optional_u64(queued.expires_at_ms);
+    writer.u8(u8::from(queued.logged));
+}
+
+fn decode_queued(reader: &mut Reader) -> Result<QueuedMessage<Body>, DecodeError> {
+    Ok(QueuedMessage {
+        message: Body(reader.bytes()?),
+        redelivered: reader.bool("redelivered")?,
+        expires_at_ms: reader.optional_u64("expires at")?,
+        logged: reader.bool("logged")?,
+    })
+}
+
+fn encode_core(writer: &mut Writer, image: &CoreImage<Body>) {
+    let messages = &image.messages;
+    writer.u64(messages.next_position);
+    writer.u64(messages.paged);
+    writer.u64(messages.ready.len() as u64);
+    for (position, queued) in &messages.ready {
+        writer.u64(*position);
+        encode_queued(writer, queued);
+    }
+    writer.u64(messages.unacked.len() as u64);
+    for (position, queued, consumer) in &messages.unacked {
+        writer.u64(*position);
+        encode_queued(writer, queued);
+        writer.optional_u64(*consumer);
+    }
+    writer.u64(image.consumers.len() as u64);
+    for consumer in &image.consumers {
+        writer.u64(consumer.id);
+        writer.i64(consumer.priority);
+        writer.u32(consumer.prefetch);
+        writer.u8(u8::from(consumer.no_ack));
+        writer.u32(consumer.unacked);
+    }
+    writer.u64(image.next_consumer as u64);
+    writer.u8(u8::from(image.has_exclusive_consumer));
+    match image.limits.length_limit {
+        None => writer.u8(0),
+        Some((limit, overflow)) => {
+            writer.u8(match overflow {
+                Overflow::DropHead => 1,
+                Overflow::RejectPublish => 2,
+            });
+            writer.u64(limit);
+        }
+    }
+    writer.optional_u64(image.limits.message_ttl_ms);
+    let stats = image.stats;
+    for total in [stats.published, stats.delivered, stats.acked, stats.requeued] {
+        writer.u64(total);
+    }
+}
+
+/// Counts read from disk bound the allocations they cause only by the input's length: each element
+/// takes at least one byte, so a count above the bytes left is refused before allocating.
+fn count(reader: &mut Reader, field: &'static str) -> Result<usize, DecodeError> {
+    let value = reader.u64()?;
+    if value > reader.remaining() as u64 {
+        return Err(DecodeError::Invalid { field, value });
+    }
+    Ok(value as usize)
+}
+
+fn decode_core(reader: &mut Reader) -> Result<CoreImage<Body>, DecodeError> {
+    let next_position = reader.u64()?;
+    let paged = reader.u64()?;
+    let mut ready = Vec::new();
+    for _ in 0..count(reader, "ready count")? {
+        ready.push((reader.u64()?, decode_queued(reader)?));
+    }
+    let mut unacked = Vec::new();
+    for _ in 0..count(reader, "unacked count")? {
+        unacked.push((reader.u64()?, decode_queued(reader)?, reader.optional_u64("holder")?));
+    }
+    let mut consumers = Vec::new();
+    for _ in 0..count(reader, "consumer count")? {
+        consumers.push(ConsumerImage {
+            id: reader.u64()?,
+            priority: reader.i64()?,
+            prefetch: reader.u32()?,
+            no_ack: reader.bool("no ack")?,
+            unacked: reader.u32()?,
+        });
+    }
+    let next_consumer = reader.u64()? as usize;
+    let has_exclusive_consumer = reader.bool("exclusive")?;
+    let length_limit = match reader.u8()? {
+        0 => None,
+        1 => Some((reader.u64()?, Overflow::DropHead)),
+        2 => Some((reader.u64()?, Overflow::RejectPublish)),
+        value => return Err(DecodeError::Invalid { field: "overflow", value: value.into() }),
+    };
+    let limits = Limits { length_limit, message_ttl_ms: reader.optional_u64("message ttl")? };
+    let stats = QueueStats { published: reader.u64()?, delivered: reader.u64()?, acked: reader.u64()?, requeued: reader.u64()? };
+    let messages = MessagesImage { next_position, ready, unacked, paged };
+    Ok(CoreImage { messages, consumers, next_consumer, has_exclusive_consumer, limits, stats })
+}
