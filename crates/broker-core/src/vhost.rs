@@ -217,6 +217,18 @@ impl<Q: Clone> Vhost<Q> {
         vhost
     }
 
+    /// A copy of the topology without the runtime's handles: the same exchanges, bindings and
+    /// queue definitions, on which a change can be tried (a definitions import checks its whole
+    /// file this way) without touching a queue. Costs one copy of the vhost's definitions.
+    pub fn shape(&self) -> Vhost<()> {
+        let queues = self
+            .queues
+            .iter()
+            .map(|(name, entry)| (name.clone(), QueueEntry { definition: entry.definition.clone(), handle: () }))
+            .collect();
+        Vhost { name: self.name.clone(), exchanges: self.exchanges.clone(), queues }
+    }
+
     /// An exchange by name.
     pub fn exchange(&self, name: &ShortStr) -> Option<&Exchange> {
         self.exchanges.get(name)

@@ -880,8 +880,8 @@ fn binding_is_durable(vhost: &Vhost<QueueHandle>, source: &ShortStr, record: &Bi
 
 /// Refuses a queue.declare that would create a queue in a vhost holding its `max-queues` (406),
 /// checked where RabbitMQ checks it: after the reserved-name check and before the arguments.
-fn check_queue_limit(
-    vhost: &Vhost<QueueHandle>,
+pub(crate) fn check_queue_limit<Q: Clone>(
+    vhost: &Vhost<Q>,
     definition: &QueueDefinition,
     passive: bool,
     server_named: bool,

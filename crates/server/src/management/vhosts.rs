@@ -183,7 +183,7 @@ pub async fn vhost_limits(State(api): State<Api>, Path(vhost): Path<String>) -> 
 
 /// RabbitMQ's 404 for a limit of a vhost that does not exist.
 fn vhost_not_found() -> ApiError {
-    ApiError { status: StatusCode::NOT_FOUND, error: "not_found", reason: "vhost_not_found".to_string() }
+    ApiError { status: StatusCode::NOT_FOUND, error: "not_found", reason: "vhost_not_found".to_string(), problems: Vec::new() }
 }
 
 /// PUT /api/vhost-limits/{vhost}/{name} with `{"value": N}`: sets one limit (administrators only).
