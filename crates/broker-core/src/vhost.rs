@@ -326,6 +326,21 @@ impl<Q: Clone> Vhost<Q> {
         Ok(true)
     }
 
+    /// Gives each exchange but the default one (which has no alternate exchange in RabbitMQ) the
+    /// `alternate-exchange` its policy sets, after a policy changed or an exchange was declared.
+    pub fn set_policy_alternate_exchanges(&mut self, mut alternate_of: impl FnMut(&ShortStr) -> Option<ShortStr>) {
+        for exchange in self.exchanges.values_mut().filter(|exchange| !exchange.name.is_empty()) {
+            exchange.policy_alternate_exchange = alternate_of(&exchange.name);
+        }
+    }
+
+    /// Sets one exchange's policy `alternate-exchange` (a new exchange's).
+    pub fn set_policy_alternate_exchange(&mut self, name: &ShortStr, alternate: Option<ShortStr>) {
+        if let Some(exchange) = self.exchanges.get_mut(name).filter(|exchange| !exchange.name.is_empty()) {
+            exchange.policy_alternate_exchange = alternate;
+        }
+    }
+
     /// Inserts an exchange as recovered from disk, bypassing the client-facing checks.
     pub fn restore_exchange(&mut self, exchange: Exchange) {
         self.exchanges.insert(exchange.name.clone(), exchange);
@@ -511,7 +526,7 @@ impl<Q: Clone> Vhost<Q> {
                 // The alternate exchange takes what this exchange could not route anywhere.
                 if !routed_somewhere && matched_names.len() == before {
                     if let Some(alternate) = source.alternate_exchange() {
-                        pending.push(ShortStr::truncating(alternate));
+                        pending.push(alternate);
                     }
                 }
             }

@@ -255,6 +255,9 @@ impl Broker {
                 tracing::warn!(%error, "a stored binding could not be restored");
             }
         }
+        for (vhost, topology) in self.topologies() {
+            self.reapply_exchange_policies(&vhost, &topology);
+        }
         tracing::info!(
             exchanges = definitions.exchanges.len(),
             queues = definitions.queues.len(),
@@ -563,8 +566,8 @@ impl Broker {
         crate::policy::select(&self.policies.read(), vhost, queue.as_bytes(), crate::policy::Target::Queue)
     }
 
-    /// The policy that applies to an exchange (Lepus implements no exchange settings yet; the
-    /// name is listed so operators see which policy matches).
+    /// The policy that applies to an exchange (its `alternate-exchange` is the one exchange
+    /// setting Lepus implements).
     pub fn policy_for_exchange(&self, vhost: &str, exchange: &ShortStr) -> Option<Arc<Policy>> {
         crate::policy::select(&self.policies.read(), vhost, exchange.as_bytes(), crate::policy::Target::Exchange)
     }
@@ -618,6 +621,17 @@ impl Broker {
         for queue in queues {
             queue.apply_policy(self.policy_for_queue(vhost, queue.name()));
         }
+        self.reapply_exchange_policies(vhost, &topology);
+    }
+
+    /// Gives the vhost's exchanges their policies' alternate exchanges. The policies are copied
+    /// first, so the policies' lock is never held with a topology's.
+    fn reapply_exchange_policies(&self, vhost: &str, topology: &VhostTopology) {
+        let policies = self.policies.read().clone();
+        topology.write().set_policy_alternate_exchanges(|name| {
+            let policy = crate::policy::select(&policies, vhost, name.as_bytes(), crate::policy::Target::Exchange)?;
+            policy.alternate_exchange.as_deref().map(ShortStr::truncating)
+        });
     }
 
     /// Writes the control plane: users, permissions, vhosts with their limits, and policies (after
@@ -681,10 +695,15 @@ impl Broker {
 
     /// exchange.declare.
     pub fn declare_exchange(&self, vhost: &str, declaration: &ExchangeDeclaration) -> Result<(), AmqpError> {
+        let policy = self.policy_for_exchange(vhost, &declaration.name);
+        let alternate = policy.and_then(|policy| policy.alternate_exchange.as_deref().map(ShortStr::truncating));
         let ticket = {
             let topology = self.topology(vhost)?;
             let mut topology = topology.write();
             let created = topology.declare_exchange(declaration)?;
+            if created {
+                topology.set_policy_alternate_exchange(&declaration.name, alternate);
+            }
             let exchange = topology.exchange(&declaration.name).filter(|exchange| created && exchange.durable);
             exchange.map(|exchange| self.submit_definition(DefinitionChange::PutExchange(exchange_record(vhost, exchange))))
         };

@@ -3,7 +3,8 @@
 //! exchanges or both), a priority and a definition; among the policies that match a queue, the one
 //! of highest priority applies, alone, as in RabbitMQ.
 //!
-//! Lepus applies the queue settings it implements (`max-length`, `overflow`, `message-ttl`).
+//! Lepus applies the queue settings it implements (`max-length`, `overflow`, `message-ttl`) and
+//! the exchange setting `alternate-exchange` (an exchange's own argument wins over it).
 //! Settings RabbitMQ knows and Lepus does not implement are refused with a message that says so,
 //! never accepted and ignored; unknown settings are refused as RabbitMQ refuses them.
 
@@ -14,7 +15,6 @@ use storage::definitions::PolicyRecord;
 
 /// RabbitMQ policy settings that Lepus does not implement; a policy naming one is refused.
 const NOT_IMPLEMENTED_KEYS: &[&str] = &[
-    "alternate-exchange",
     "consumer-timeout",
     "dead-letter-exchange",
     "dead-letter-routing-key",
@@ -139,6 +139,8 @@ pub struct Policy {
     pub definition: Map<String, Value>,
     /// The queue settings in the definition.
     pub queue_settings: QueueSettings,
+    /// `alternate-exchange`: where the exchanges it applies to send what they cannot route.
+    pub alternate_exchange: Option<String>,
 }
 
 impl Policy {
@@ -154,7 +156,9 @@ impl Policy {
         let compiled = regex::Regex::new(pattern).map_err(|error| PolicyError::Pattern(pattern.to_string(), error.to_string()))?;
         let apply_to = ApplyTo::parse(apply_to).ok_or_else(|| PolicyError::ApplyTo(apply_to.to_string()))?;
         let queue_settings = queue_settings(&definition)?;
+        let alternate_exchange = definition.get("alternate-exchange").and_then(Value::as_str).map(String::from);
         Ok(Policy {
+            alternate_exchange,
             vhost: vhost.to_string(),
             name: name.to_string(),
             pattern: pattern.to_string(),
@@ -223,6 +227,11 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
                     _ => return Err(PolicyError::BadValue(key.clone(), "must be drop-head, reject-publish or reject-publish-dlx")),
                 })
             }
+            "alternate-exchange" => {
+                if !value.is_string() {
+                    return Err(PolicyError::BadValue(value.to_string(), "is not a valid alternate exchange name"));
+                }
+            }
             // Lepus's durable queues always keep a bounded window in memory and the rest on disk,
             // which is what `lazy` asks for (RabbitMQ 3.12 ignores the setting for the same reason).
             "queue-mode" => match value.as_str() {
@@ -264,6 +273,15 @@ mod tests {
         assert_eq!(chosen("invoices"), None, "the exchange-only and other-vhost policies do not apply");
         assert_eq!(high.queue_settings.message_ttl_ms, Some(60_000));
         assert_eq!(low.queue_settings.max_length, Some(10));
+    }
+
+    #[test]
+    fn an_alternate_exchange_policy_names_an_exchange() {
+        let policy = Policy::new("/", "ae", ".*", "exchanges", 0, definition(json!({"alternate-exchange": "unrouted"}))).expect("valid");
+        assert_eq!(policy.alternate_exchange.as_deref(), Some("unrouted"));
+        let refused = Policy::new("/", "ae", ".*", "exchanges", 0, definition(json!({"alternate-exchange": 5}))).err();
+        let text = refused.map(|error| error.to_string());
+        assert_eq!(text.as_deref(), Some("Validation failed\n\n5 is not a valid alternate exchange name\n"));
     }
 
     #[test]

@@ -81,17 +81,23 @@ pub struct Exchange {
     pub arguments: FieldTable,
     /// Outgoing bindings, in creation order.
     pub bindings: Vec<Binding>,
+    /// The `alternate-exchange` of the policy that applies to it, if any; its own argument wins
+    /// over it, as in RabbitMQ.
+    pub policy_alternate_exchange: Option<ShortStr>,
 }
 
 impl Exchange {
     /// A new exchange with no bindings.
     pub fn new(name: ShortStr, kind: ExchangeKind, durable: bool, auto_delete: bool, internal: bool, arguments: FieldTable) -> Exchange {
-        Exchange { name, kind, durable, auto_delete, internal, arguments, bindings: Vec::new() }
+        Exchange { name, kind, durable, auto_delete, internal, arguments, bindings: Vec::new(), policy_alternate_exchange: None }
     }
 
-    /// The `alternate-exchange` argument, if any.
-    pub fn alternate_exchange(&self) -> Option<String> {
-        self.arguments.get("alternate-exchange").and_then(|value| value.as_text())
+    /// Where what it cannot route goes: its `alternate-exchange` argument, else its policy's.
+    pub fn alternate_exchange(&self) -> Option<ShortStr> {
+        match self.arguments.get("alternate-exchange").and_then(|value| value.as_text()) {
+            Some(name) => Some(ShortStr::truncating(name)),
+            None => self.policy_alternate_exchange.clone(),
+        }
     }
 
     /// Calls `found` with each destination whose binding matches.
