@@ -85,6 +85,8 @@ pub struct Broker {
     vhosts: RwLock<BTreeMap<String, VhostSlot>>,
     /// Policies of every vhost, in no particular order (see `policy.rs`).
     policies: RwLock<Vec<Arc<Policy>>>,
+    /// Operator policies: limits merged into whatever policy applies, the stricter value winning.
+    operator_policies: RwLock<Vec<Arc<Policy>>>,
     definitions: DefinitionsStore,
     /// Serialises writes of the control plane (users, permissions, vhosts, policies), each read
     /// whole, so the newest is the one on disk.
@@ -163,6 +165,7 @@ impl Broker {
             login_throttle: Default::default(),
             vhosts: RwLock::new(BTreeMap::new()),
             policies: RwLock::new(Vec::new()),
+            operator_policies: RwLock::new(Vec::new()),
             definitions,
             definitions_write: Mutex::new(()),
             next_connection_id: AtomicU64::new(1),
@@ -204,6 +207,22 @@ impl Broker {
             match Policy::from_record(record) {
                 Ok(policy) => self.policies.write().push(Arc::new(policy)),
                 Err(error) => tracing::error!(%error, policy = %record.name, vhost = %record.vhost, "a stored policy is invalid; skipped"),
+            }
+        }
+        for record in &definitions.operator_policies {
+            let policy = Policy::new_operator(
+                &record.vhost,
+                &record.name,
+                &record.pattern,
+                &record.apply_to,
+                record.priority,
+                record.definition.clone(),
+            );
+            match policy {
+                Ok(policy) => self.operator_policies.write().push(Arc::new(policy)),
+                Err(error) => {
+                    tracing::error!(%error, policy = %record.name, vhost = %record.vhost, "a stored operator policy is invalid; skipped")
+                }
             }
         }
         if let Some(users) = &definitions.users {
@@ -555,15 +574,36 @@ impl Broker {
         }
         self.permissions.remove_vhost(name);
         self.policies.write().retain(|policy| policy.vhost != name);
+        self.operator_policies.write().retain(|policy| policy.vhost != name);
         self.await_definitions(Some(ticket))?;
         self.persist()?;
         tracing::info!(vhost = name, "vhost deleted");
         Ok(true)
     }
 
-    /// The policy that applies to a queue: the matching one of highest priority (ties: by name).
+    /// The policy that applies to a queue: the matching one of highest priority (ties: by name),
+    /// with the limits of the matching operator policy of highest priority merged in.
     pub fn policy_for_queue(&self, vhost: &str, queue: &ShortStr) -> Option<Arc<Policy>> {
-        crate::policy::select(&self.policies.read(), vhost, queue.as_bytes(), crate::policy::Target::Queue)
+        let policy = crate::policy::select(&self.policies.read(), vhost, queue.as_bytes(), crate::policy::Target::Queue);
+        let operator = crate::policy::select(&self.operator_policies.read(), vhost, queue.as_bytes(), crate::policy::Target::Queue);
+        crate::policy::merge_operator_policy(policy, operator)
+    }
+
+    /// Every operator policy, sorted by vhost and name.
+    pub fn operator_policies(&self) -> Vec<Arc<Policy>> {
+        let mut policies = self.operator_policies.read().clone();
+        policies.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
+        policies
+    }
+
+    /// Adds or replaces an operator policy and applies it. Returns whether it was new.
+    pub fn put_operator_policy(&self, policy: Policy) -> Result<bool, AmqpError> {
+        self.put_policy_in(&self.operator_policies, policy)
+    }
+
+    /// Deletes an operator policy and re-applies what remains. Returns whether it existed.
+    pub fn delete_operator_policy(&self, vhost: &str, name: &str) -> Result<bool, AmqpError> {
+        self.delete_policy_in(&self.operator_policies, vhost, name)
     }
 
     /// The policy that applies to an exchange (its `alternate-exchange` is the one exchange
@@ -581,10 +621,14 @@ impl Broker {
 
     /// Adds or replaces a policy and applies it to the vhost's queues. Returns whether it was new.
     pub fn put_policy(&self, policy: Policy) -> Result<bool, AmqpError> {
+        self.put_policy_in(&self.policies, policy)
+    }
+
+    fn put_policy_in(&self, list: &RwLock<Vec<Arc<Policy>>>, policy: Policy) -> Result<bool, AmqpError> {
         let vhost = policy.vhost.clone();
         self.topology(&vhost)?;
         let created = {
-            let mut policies = self.policies.write();
+            let mut policies = list.write();
             let existed = policies.iter().position(|old| old.vhost == policy.vhost && old.name == policy.name);
             match existed {
                 Some(index) => policies[index] = Arc::new(policy),
@@ -602,8 +646,12 @@ impl Broker {
 
     /// Deletes a policy and re-applies what remains. Returns whether it existed.
     pub fn delete_policy(&self, vhost: &str, name: &str) -> Result<bool, AmqpError> {
+        self.delete_policy_in(&self.policies, vhost, name)
+    }
+
+    fn delete_policy_in(&self, list: &RwLock<Vec<Arc<Policy>>>, vhost: &str, name: &str) -> Result<bool, AmqpError> {
         let removed = {
-            let mut policies = self.policies.write();
+            let mut policies = list.write();
             let before = policies.len();
             policies.retain(|policy| !(policy.vhost == vhost && policy.name == name));
             policies.len() != before
@@ -672,6 +720,7 @@ impl Broker {
             permissions: Some(permissions),
             vhosts: Some(vhosts),
             policies: self.policies().iter().map(|policy| policy.to_record()).collect(),
+            operator_policies: self.operator_policies().iter().map(|policy| policy.to_record()).collect(),
         };
         let ticket = self.definitions.submit(DefinitionChange::ControlPlane(record));
         self.await_definitions(Some(ticket))
