@@ -17,7 +17,7 @@ import collections
 
 import pika
 import pytest
-from pika.exceptions import ChannelClosedByBroker
+from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 from conftest import connect, safe_close, unique, wait_until
 
@@ -38,7 +38,8 @@ def hash_exchange(amqp_url):
         channel = ch or conn.channel()
         try:
             channel.exchange_declare(name, "x-consistent-hash", arguments=arguments)
-        except ChannelClosedByBroker as error:
+        except (ChannelClosedByBroker, ConnectionClosedByBroker) as error:
+            # An unknown exchange type closes the connection (503 COMMAND_INVALID).
             if error.reply_code == 503:
                 pytest.skip("the broker has no x-consistent-hash exchange type (rabbitmq_consistent_hash_exchange plugin)")
             raise
@@ -46,6 +47,11 @@ def hash_exchange(amqp_url):
         return name
 
     yield declare
+    if not made:
+        safe_close(conn)
+        return
+    if not conn.is_open:
+        conn = connect(amqp_url)
     try:
         ch = conn.channel()
         for name in made:
