@@ -3,8 +3,9 @@
 //! routing hands the runtime its queues directly without a second lookup.
 
 use crate::error::AmqpError;
+use crate::exchange::consistent_hash::{binding_weight, HashOn};
 use crate::exchange::{Binding, Destination, Exchange, ExchangeKind};
-use amqp_codec::{FieldTable, FieldValue, ShortStr};
+use amqp_codec::{BasicProperties, FieldTable, FieldValue, ShortStr};
 use std::collections::HashMap;
 
 /// How many exchange-to-exchange hops a message may take; guards against binding cycles and
@@ -217,6 +218,18 @@ impl<Q: Clone> Vhost<Q> {
         vhost
     }
 
+    /// A copy of the topology without the runtime's handles: the same exchanges, bindings and
+    /// queue definitions, on which a change can be tried (a definitions import checks its whole
+    /// file this way) without touching a queue. Costs one copy of the vhost's definitions.
+    pub fn shape(&self) -> Vhost<()> {
+        let queues = self
+            .queues
+            .iter()
+            .map(|(name, entry)| (name.clone(), QueueEntry { definition: entry.definition.clone(), handle: () }))
+            .collect();
+        Vhost { name: self.name.clone(), exchanges: self.exchanges.clone(), queues }
+    }
+
     /// An exchange by name.
     pub fn exchange(&self, name: &ShortStr) -> Option<&Exchange> {
         self.exchanges.get(name)
@@ -302,6 +315,9 @@ impl<Q: Clone> Vhost<Q> {
         if declaration.name.as_bytes().starts_with(b"amq.") {
             return Err(AmqpError::access_refused(format!("exchange name '{}' contains reserved prefix 'amq.*'", declaration.name)));
         }
+        if kind == ExchangeKind::ConsistentHash {
+            HashOn::from_arguments(&declaration.arguments).map_err(AmqpError::precondition)?;
+        }
         let exchange = Exchange::new(
             declaration.name.clone(),
             kind,
@@ -312,6 +328,21 @@ impl<Q: Clone> Vhost<Q> {
         );
         self.exchanges.insert(declaration.name.clone(), exchange);
         Ok(true)
+    }
+
+    /// Gives each exchange but the default one (which has no alternate exchange in RabbitMQ) the
+    /// `alternate-exchange` its policy sets, after a policy changed or an exchange was declared.
+    pub fn set_policy_alternate_exchanges(&mut self, mut alternate_of: impl FnMut(&ShortStr) -> Option<ShortStr>) {
+        for exchange in self.exchanges.values_mut().filter(|exchange| !exchange.name.is_empty()) {
+            exchange.policy_alternate_exchange = alternate_of(&exchange.name);
+        }
+    }
+
+    /// Sets one exchange's policy `alternate-exchange` (a new exchange's).
+    pub fn set_policy_alternate_exchange(&mut self, name: &ShortStr, alternate: Option<ShortStr>) {
+        if let Some(exchange) = self.exchanges.get_mut(name).filter(|exchange| !exchange.name.is_empty()) {
+            exchange.policy_alternate_exchange = alternate;
+        }
     }
 
     /// Inserts an exchange as recovered from disk, bypassing the client-facing checks.
@@ -428,6 +459,9 @@ impl<Q: Clone> Vhost<Q> {
         }
         let vhost = self.name.clone();
         let exchange = self.exchanges.get_mut(source).ok_or_else(|| AmqpError::no_exchange(&source.to_string_lossy(), &vhost))?;
+        if exchange.kind == ExchangeKind::ConsistentHash {
+            binding_weight(binding.routing_key.as_bytes()).map_err(AmqpError::precondition)?;
+        }
         Ok(exchange.bind(binding))
     }
 
@@ -452,8 +486,14 @@ impl<Q: Clone> Vhost<Q> {
 
     /// Routes a message published to `exchange` with `routing_key`: follows exchange-to-exchange
     /// bindings and alternate exchanges, and pushes each matched queue's handle once into `out`.
-    /// `headers` is called at most once, and only when a headers exchange is on the way.
-    pub fn route(&self, exchange: &ShortStr, routing_key: &ShortStr, headers: &mut dyn FnMut() -> Option<FieldTable>, out: &mut Vec<Q>) {
+    /// `properties` is called at most once, and only when an exchange on the way needs them.
+    pub fn route(
+        &self,
+        exchange: &ShortStr,
+        routing_key: &ShortStr,
+        properties: &mut dyn FnMut() -> Option<BasicProperties>,
+        out: &mut Vec<Q>,
+    ) {
         // The default exchange routes to the queue named by the key and nowhere else: no walk,
         // and none of the walk's allocations, for the most common publish.
         if exchange.is_empty() && self.exchanges.contains_key(exchange) {
@@ -463,7 +503,7 @@ impl<Q: Clone> Vhost<Q> {
             return;
         }
         let mut matched_names: Vec<ShortStr> = Vec::new();
-        let mut decoded_headers: Option<Option<FieldTable>> = None;
+        let mut decoded_properties: Option<Option<BasicProperties>> = None;
         let mut visited: Vec<ShortStr> = Vec::new();
         let mut pending: Vec<ShortStr> = vec![exchange.clone()];
         while let Some(current) = pending.pop() {
@@ -480,12 +520,12 @@ impl<Q: Clone> Vhost<Q> {
                     matched_names.push(routing_key.clone());
                 }
             } else {
-                if source.kind == ExchangeKind::Headers && decoded_headers.is_none() {
-                    decoded_headers = Some(headers());
+                if source.needs_properties() && decoded_properties.is_none() {
+                    decoded_properties = Some(properties());
                 }
-                let header_table = decoded_headers.as_ref().and_then(|table| table.as_ref());
+                let properties = decoded_properties.as_ref().and_then(|properties| properties.as_ref());
                 let mut routed_somewhere = false;
-                source.route(routing_key.as_bytes(), header_table, |destination| {
+                source.route(routing_key.as_bytes(), properties, |destination| {
                     routed_somewhere = true;
                     match destination {
                         Destination::Queue(name) => {
@@ -499,7 +539,7 @@ impl<Q: Clone> Vhost<Q> {
                 // The alternate exchange takes what this exchange could not route anywhere.
                 if !routed_somewhere && matched_names.len() == before {
                     if let Some(alternate) = source.alternate_exchange() {
-                        pending.push(ShortStr::truncating(alternate));
+                        pending.push(alternate);
                     }
                 }
             }

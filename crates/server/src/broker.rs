@@ -86,6 +86,8 @@ pub struct Broker {
     vhosts: RwLock<BTreeMap<String, VhostSlot>>,
     /// Policies of every vhost, in no particular order (see `policy.rs`).
     policies: RwLock<Vec<Arc<Policy>>>,
+    /// Operator policies: limits merged into whatever policy applies, the stricter value winning.
+    operator_policies: RwLock<Vec<Arc<Policy>>>,
     definitions: DefinitionsStore,
     /// Serialises writes of the control plane (users, permissions, vhosts, policies), each read
     /// whole, so the newest is the one on disk.
@@ -168,6 +170,7 @@ impl Broker {
             login_throttle: Default::default(),
             vhosts: RwLock::new(BTreeMap::new()),
             policies: RwLock::new(Vec::new()),
+            operator_policies: RwLock::new(Vec::new()),
             definitions,
             definitions_write: Mutex::new(()),
             next_connection_id: AtomicU64::new(1),
@@ -211,6 +214,22 @@ impl Broker {
             match Policy::from_record(record) {
                 Ok(policy) => self.policies.write().push(Arc::new(policy)),
                 Err(error) => tracing::error!(%error, policy = %record.name, vhost = %record.vhost, "a stored policy is invalid; skipped"),
+            }
+        }
+        for record in &definitions.operator_policies {
+            let policy = Policy::new_operator(
+                &record.vhost,
+                &record.name,
+                &record.pattern,
+                &record.apply_to,
+                record.priority,
+                record.definition.clone(),
+            );
+            match policy {
+                Ok(policy) => self.operator_policies.write().push(Arc::new(policy)),
+                Err(error) => {
+                    tracing::error!(%error, policy = %record.name, vhost = %record.vhost, "a stored operator policy is invalid; skipped")
+                }
             }
         }
         if let Some(users) = &definitions.users {
@@ -261,6 +280,9 @@ impl Broker {
             if let Err(error) = bound {
                 tracing::warn!(%error, "a stored binding could not be restored");
             }
+        }
+        for (vhost, topology) in self.topologies() {
+            self.reapply_exchange_policies(&vhost, &topology);
         }
         tracing::info!(
             exchanges = definitions.exchanges.len(),
@@ -562,19 +584,40 @@ impl Broker {
         }
         self.permissions.remove_vhost(name);
         self.policies.write().retain(|policy| policy.vhost != name);
+        self.operator_policies.write().retain(|policy| policy.vhost != name);
         self.await_definitions(Some(ticket))?;
         self.persist()?;
         tracing::info!(vhost = name, "vhost deleted");
         Ok(true)
     }
 
-    /// The policy that applies to a queue: the matching one of highest priority (ties: by name).
+    /// The policy that applies to a queue: the matching one of highest priority (ties: by name),
+    /// with the limits of the matching operator policy of highest priority merged in.
     pub fn policy_for_queue(&self, vhost: &str, queue: &ShortStr) -> Option<Arc<Policy>> {
-        crate::policy::select(&self.policies.read(), vhost, queue.as_bytes(), crate::policy::Target::Queue)
+        let policy = crate::policy::select(&self.policies.read(), vhost, queue.as_bytes(), crate::policy::Target::Queue);
+        let operator = crate::policy::select(&self.operator_policies.read(), vhost, queue.as_bytes(), crate::policy::Target::Queue);
+        crate::policy::merge_operator_policy(policy, operator)
     }
 
-    /// The policy that applies to an exchange (Lepus implements no exchange settings yet; the
-    /// name is listed so operators see which policy matches).
+    /// Every operator policy, sorted by vhost and name.
+    pub fn operator_policies(&self) -> Vec<Arc<Policy>> {
+        let mut policies = self.operator_policies.read().clone();
+        policies.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
+        policies
+    }
+
+    /// Adds or replaces an operator policy and applies it. Returns whether it was new.
+    pub fn put_operator_policy(&self, policy: Policy) -> Result<bool, AmqpError> {
+        self.put_policy_in(&self.operator_policies, policy)
+    }
+
+    /// Deletes an operator policy and re-applies what remains. Returns whether it existed.
+    pub fn delete_operator_policy(&self, vhost: &str, name: &str) -> Result<bool, AmqpError> {
+        self.delete_policy_in(&self.operator_policies, vhost, name)
+    }
+
+    /// The policy that applies to an exchange (its `alternate-exchange` is the one exchange
+    /// setting Lepus implements).
     pub fn policy_for_exchange(&self, vhost: &str, exchange: &ShortStr) -> Option<Arc<Policy>> {
         crate::policy::select(&self.policies.read(), vhost, exchange.as_bytes(), crate::policy::Target::Exchange)
     }
@@ -588,10 +631,14 @@ impl Broker {
 
     /// Adds or replaces a policy and applies it to the vhost's queues. Returns whether it was new.
     pub fn put_policy(&self, policy: Policy) -> Result<bool, AmqpError> {
+        self.put_policy_in(&self.policies, policy)
+    }
+
+    fn put_policy_in(&self, list: &RwLock<Vec<Arc<Policy>>>, policy: Policy) -> Result<bool, AmqpError> {
         let vhost = policy.vhost.clone();
         self.topology(&vhost)?;
         let created = {
-            let mut policies = self.policies.write();
+            let mut policies = list.write();
             let existed = policies.iter().position(|old| old.vhost == policy.vhost && old.name == policy.name);
             match existed {
                 Some(index) => policies[index] = Arc::new(policy),
@@ -609,8 +656,12 @@ impl Broker {
 
     /// Deletes a policy and re-applies what remains. Returns whether it existed.
     pub fn delete_policy(&self, vhost: &str, name: &str) -> Result<bool, AmqpError> {
+        self.delete_policy_in(&self.policies, vhost, name)
+    }
+
+    fn delete_policy_in(&self, list: &RwLock<Vec<Arc<Policy>>>, vhost: &str, name: &str) -> Result<bool, AmqpError> {
         let removed = {
-            let mut policies = self.policies.write();
+            let mut policies = list.write();
             let before = policies.len();
             policies.retain(|policy| !(policy.vhost == vhost && policy.name == name));
             policies.len() != before
@@ -628,6 +679,17 @@ impl Broker {
         for queue in queues {
             queue.apply_policy(self.policy_for_queue(vhost, queue.name()));
         }
+        self.reapply_exchange_policies(vhost, &topology);
+    }
+
+    /// Gives the vhost's exchanges their policies' alternate exchanges. The policies are copied
+    /// first, so the policies' lock is never held with a topology's.
+    fn reapply_exchange_policies(&self, vhost: &str, topology: &VhostTopology) {
+        let policies = self.policies.read().clone();
+        topology.write().set_policy_alternate_exchanges(|name| {
+            let policy = crate::policy::select(&policies, vhost, name.as_bytes(), crate::policy::Target::Exchange)?;
+            policy.alternate_exchange.as_deref().map(ShortStr::truncating)
+        });
     }
 
     /// Writes the control plane: users, permissions, vhosts with their limits, and policies (after
@@ -668,6 +730,7 @@ impl Broker {
             permissions: Some(permissions),
             vhosts: Some(vhosts),
             policies: self.policies().iter().map(|policy| policy.to_record()).collect(),
+            operator_policies: self.operator_policies().iter().map(|policy| policy.to_record()).collect(),
         };
         let ticket = self.definitions.submit(DefinitionChange::ControlPlane(record));
         self.await_definitions(Some(ticket))
@@ -691,10 +754,15 @@ impl Broker {
 
     /// exchange.declare.
     pub fn declare_exchange(&self, vhost: &str, declaration: &ExchangeDeclaration) -> Result<(), AmqpError> {
+        let policy = self.policy_for_exchange(vhost, &declaration.name);
+        let alternate = policy.and_then(|policy| policy.alternate_exchange.as_deref().map(ShortStr::truncating));
         let ticket = {
             let topology = self.topology(vhost)?;
             let mut topology = topology.write();
             let created = topology.declare_exchange(declaration)?;
+            if created {
+                topology.set_policy_alternate_exchange(&declaration.name, alternate);
+            }
             let exchange = topology.exchange(&declaration.name).filter(|exchange| created && exchange.durable);
             exchange.map(|exchange| self.submit_definition(DefinitionChange::PutExchange(exchange_record(vhost, exchange))))
         };
@@ -893,8 +961,8 @@ fn binding_is_durable(vhost: &Vhost<QueueHandle>, source: &ShortStr, record: &Bi
 
 /// Refuses a queue.declare that would create a queue in a vhost holding its `max-queues` (406),
 /// checked where RabbitMQ checks it: after the reserved-name check and before the arguments.
-fn check_queue_limit(
-    vhost: &Vhost<QueueHandle>,
+pub(crate) fn check_queue_limit<Q: Clone>(
+    vhost: &Vhost<Q>,
     definition: &QueueDefinition,
     passive: bool,
     server_named: bool,

@@ -37,8 +37,8 @@ impl Broker {
         {
             let topology = topology.read();
             topology.require_exchange(&message.exchange)?;
-            let mut headers = || message.header.properties().ok().and_then(|properties| properties.headers);
-            topology.route(&message.exchange, &message.routing_key, &mut headers, &mut queues);
+            let mut properties = || message.header.properties().ok();
+            topology.route(&message.exchange, &message.routing_key, &mut properties, &mut queues);
         }
         let mut published = Published { routed: false, tickets: ConfirmTickets::default() };
         for queue in &queues {

@@ -3,7 +3,8 @@
 //! exchanges or both), a priority and a definition; among the policies that match a queue, the one
 //! of highest priority applies, alone, as in RabbitMQ.
 //!
-//! Lepus applies the queue settings it implements (`max-length`, `overflow`, `message-ttl`).
+//! Lepus applies the queue settings it implements (`max-length`, `overflow`, `message-ttl`) and
+//! the exchange setting `alternate-exchange` (an exchange's own argument wins over it).
 //! Settings RabbitMQ knows and Lepus does not implement are refused with a message that says so,
 //! never accepted and ignored; unknown settings are refused as RabbitMQ refuses them.
 
@@ -14,7 +15,6 @@ use storage::definitions::PolicyRecord;
 
 /// RabbitMQ policy settings that Lepus does not implement; a policy naming one is refused.
 const NOT_IMPLEMENTED_KEYS: &[&str] = &[
-    "alternate-exchange",
     "consumer-timeout",
     "dead-letter-exchange",
     "dead-letter-routing-key",
@@ -39,6 +39,11 @@ const NOT_IMPLEMENTED_KEYS: &[&str] = &[
     "queue-version",
     "stream-max-segment-size-bytes",
 ];
+
+/// The keys an operator policy may set (RabbitMQ 3.10.8's): limits only, each merged with the
+/// queue's policy so that the stricter value wins.
+const OPERATOR_POLICY_KEYS: &[&str] =
+    &["delivery-limit", "expires", "max-in-memory-bytes", "max-in-memory-length", "max-length", "max-length-bytes", "message-ttl"];
 
 /// The most policies a broker holds; each is matched against queue names on declaration.
 pub const POLICIES_MAX: usize = 1024;
@@ -139,6 +144,10 @@ pub struct Policy {
     pub definition: Map<String, Value>,
     /// The queue settings in the definition.
     pub queue_settings: QueueSettings,
+    /// `alternate-exchange`: where the exchanges it applies to send what they cannot route.
+    pub alternate_exchange: Option<String>,
+    /// The operator policy merged into this one ([`merge_operator_policy`]), if any.
+    pub operator_policy: Option<String>,
 }
 
 impl Policy {
@@ -154,7 +163,10 @@ impl Policy {
         let compiled = regex::Regex::new(pattern).map_err(|error| PolicyError::Pattern(pattern.to_string(), error.to_string()))?;
         let apply_to = ApplyTo::parse(apply_to).ok_or_else(|| PolicyError::ApplyTo(apply_to.to_string()))?;
         let queue_settings = queue_settings(&definition)?;
+        let alternate_exchange = definition.get("alternate-exchange").and_then(Value::as_str).map(String::from);
         Ok(Policy {
+            alternate_exchange,
+            operator_policy: None,
             vhost: vhost.to_string(),
             name: name.to_string(),
             pattern: pattern.to_string(),
@@ -164,6 +176,29 @@ impl Policy {
             definition,
             queue_settings,
         })
+    }
+
+    /// Validates an operator policy: only limits, as RabbitMQ allows (others are refused as
+    /// settings it does not recognise), and of those the ones Lepus implements.
+    pub fn new_operator(
+        vhost: &str,
+        name: &str,
+        pattern: &str,
+        apply_to: &str,
+        priority: i64,
+        definition: Map<String, Value>,
+    ) -> Result<Policy, PolicyError> {
+        let unrecognised: Vec<String> = definition.keys().filter(|key| !OPERATOR_POLICY_KEYS.contains(&key.as_str())).cloned().collect();
+        if !unrecognised.is_empty() {
+            return Err(PolicyError::Unrecognised(unrecognised));
+        }
+        Policy::new(vhost, name, pattern, apply_to, priority, definition)
+    }
+
+    /// The name of the (user) policy that applies, for listings: none when only an operator
+    /// policy does.
+    pub fn user_policy_name(&self) -> Option<&str> {
+        (!self.name.is_empty()).then_some(self.name.as_str())
     }
 
     /// A stored policy.
@@ -203,6 +238,34 @@ pub fn select(policies: &[Arc<Policy>], vhost: &str, name: &[u8], target: Target
         .cloned()
 }
 
+/// What applies to a queue when an operator policy matches it too: the user policy's settings with
+/// each of the operator policy's limits merged in, the lower value winning, as RabbitMQ merges
+/// them. Without a user policy the result carries an empty name ([`Policy::user_policy_name`]).
+pub fn merge_operator_policy(policy: Option<Arc<Policy>>, operator: Option<Arc<Policy>>) -> Option<Arc<Policy>> {
+    let Some(operator) = operator else { return policy };
+    let mut merged = match &policy {
+        Some(policy) => Policy::clone(policy),
+        None => {
+            Policy { name: String::new(), definition: Map::new(), queue_settings: QueueSettings::default(), ..Policy::clone(&operator) }
+        }
+    };
+    let lower = |mine: Option<u64>, theirs: Option<u64>| match (mine, theirs) {
+        (Some(mine), Some(theirs)) => Some(mine.min(theirs)),
+        (mine, theirs) => mine.or(theirs),
+    };
+    merged.queue_settings.max_length = lower(merged.queue_settings.max_length, operator.queue_settings.max_length);
+    merged.queue_settings.message_ttl_ms = lower(merged.queue_settings.message_ttl_ms, operator.queue_settings.message_ttl_ms);
+    for (key, value) in &operator.definition {
+        let stricter = match (merged.definition.get(key).and_then(Value::as_u64), value.as_u64()) {
+            (Some(mine), Some(theirs)) => Value::from(mine.min(theirs)),
+            _ => value.clone(),
+        };
+        merged.definition.insert(key.clone(), stricter);
+    }
+    merged.operator_policy = Some(operator.name.clone());
+    Some(Arc::new(merged))
+}
+
 fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, PolicyError> {
     if definition.is_empty() {
         return Err(PolicyError::Empty);
@@ -222,6 +285,11 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
                     Some("reject-publish") | Some("reject-publish-dlx") => Overflow::RejectPublish,
                     _ => return Err(PolicyError::BadValue(key.clone(), "must be drop-head, reject-publish or reject-publish-dlx")),
                 })
+            }
+            "alternate-exchange" => {
+                if !value.is_string() {
+                    return Err(PolicyError::BadValue(value.to_string(), "is not a valid alternate exchange name"));
+                }
             }
             // Lepus's durable queues always keep a bounded window in memory and the rest on disk,
             // which is what `lazy` asks for (RabbitMQ 3.12 ignores the setting for the same reason).
@@ -264,6 +332,31 @@ mod tests {
         assert_eq!(chosen("invoices"), None, "the exchange-only and other-vhost policies do not apply");
         assert_eq!(high.queue_settings.message_ttl_ms, Some(60_000));
         assert_eq!(low.queue_settings.max_length, Some(10));
+    }
+
+    #[test]
+    fn an_operator_policy_sets_limits_only_and_the_stricter_value_wins() {
+        let operator = |value: Value| Policy::new_operator("/", "op", ".*", "queues", 0, definition(value));
+        assert_eq!(operator(json!({"overflow": "drop-head"})).err(), Some(PolicyError::Unrecognised(vec!["overflow".to_string()])));
+        let user =
+            Arc::new(Policy::new("/", "user", ".*", "queues", 0, definition(json!({"max-length": 5, "message-ttl": 100}))).expect("valid"));
+        let strict = Arc::new(operator(json!({"max-length": 2, "message-ttl": 1000})).expect("valid"));
+        let merged = merge_operator_policy(Some(user.clone()), Some(strict.clone())).expect("merged");
+        assert_eq!((merged.queue_settings.max_length, merged.queue_settings.message_ttl_ms), (Some(2), Some(100)));
+        assert_eq!(Value::Object(merged.definition.clone()), json!({"max-length": 2, "message-ttl": 100}));
+        assert_eq!((merged.user_policy_name(), merged.operator_policy.as_deref()), (Some("user"), Some("op")));
+        let alone = merge_operator_policy(None, Some(strict)).expect("merged");
+        assert_eq!((alone.user_policy_name(), alone.queue_settings.max_length), (None, Some(2)));
+        assert!(merge_operator_policy(Some(user), None).is_some_and(|policy| policy.operator_policy.is_none()));
+    }
+
+    #[test]
+    fn an_alternate_exchange_policy_names_an_exchange() {
+        let policy = Policy::new("/", "ae", ".*", "exchanges", 0, definition(json!({"alternate-exchange": "unrouted"}))).expect("valid");
+        assert_eq!(policy.alternate_exchange.as_deref(), Some("unrouted"));
+        let refused = Policy::new("/", "ae", ".*", "exchanges", 0, definition(json!({"alternate-exchange": 5}))).err();
+        let text = refused.map(|error| error.to_string());
+        assert_eq!(text.as_deref(), Some("Validation failed\n\n5 is not a valid alternate exchange name\n"));
     }
 
     #[test]

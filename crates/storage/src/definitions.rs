@@ -128,6 +128,9 @@ pub struct Definitions {
     /// Policies (RabbitMQ's: a pattern, what it applies to, a priority and a definition).
     #[serde(default)]
     pub policies: Vec<PolicyRecord>,
+    /// Operator policies, in the same form; absent from files written before they existed.
+    #[serde(default)]
+    pub operator_policies: Vec<PolicyRecord>,
 }
 
 /// A vhost.
@@ -180,6 +183,7 @@ impl Default for Definitions {
             permissions: None,
             vhosts: None,
             policies: Vec::new(),
+            operator_policies: Vec::new(),
         }
     }
 }
@@ -678,6 +682,7 @@ mod tests {
             }]),
             vhosts: Some(vec![vhost("/"), vhost("other")]),
             policies: Vec::new(),
+            operator_policies: Vec::new(),
         };
         vec![
             DefinitionChange::ControlPlane(control_plane),

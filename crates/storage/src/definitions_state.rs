@@ -25,6 +25,9 @@ pub struct ControlPlaneRecord {
     pub vhosts: Option<Vec<VhostRecord>>,
     /// Policies.
     pub policies: Vec<PolicyRecord>,
+    /// Operator policies (absent from files written before they existed).
+    #[serde(default)]
+    pub operator_policies: Vec<PolicyRecord>,
 }
 
 /// One change to the durable definitions, as one record of the change log.
@@ -107,6 +110,7 @@ impl DefinitionState {
                 permissions: definitions.permissions.clone(),
                 vhosts: definitions.vhosts.clone(),
                 policies: definitions.policies.clone(),
+                operator_policies: definitions.operator_policies.clone(),
             },
             ..DefinitionState::default()
         };
@@ -134,6 +138,7 @@ impl DefinitionState {
             permissions: self.control_plane.permissions.clone(),
             vhosts: self.control_plane.vhosts.clone(),
             policies: self.control_plane.policies.clone(),
+            operator_policies: self.control_plane.operator_policies.clone(),
         }
     }
 
@@ -224,5 +229,6 @@ impl DefinitionState {
             permissions.retain(|record| record.vhost != vhost);
         }
         control_plane.policies.retain(|record| record.vhost != vhost);
+        control_plane.operator_policies.retain(|record| record.vhost != vhost);
     }
 }

@@ -1,12 +1,13 @@
 //! Exchanges and their bindings: where a message goes, given its routing key and headers.
 
+pub mod consistent_hash;
 mod headers;
 mod topic;
 
 pub use headers::headers_match;
 pub use topic::topic_matches;
 
-use amqp_codec::{FieldTable, ShortStr};
+use amqp_codec::{BasicProperties, FieldTable, ShortStr};
 
 /// The exchange types RabbitMQ ships.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +20,9 @@ pub enum ExchangeKind {
     Topic,
     /// Header values against binding arguments (`x-match`).
     Headers,
+    /// One binding per message, by a hash of its routing key (or a header or property), each
+    /// binding weighted by the integer of its key (RabbitMQ's rabbitmq_consistent_hash_exchange).
+    ConsistentHash,
 }
 
 impl ExchangeKind {
@@ -29,6 +33,7 @@ impl ExchangeKind {
             b"fanout" => Some(ExchangeKind::Fanout),
             b"topic" => Some(ExchangeKind::Topic),
             b"headers" => Some(ExchangeKind::Headers),
+            b"x-consistent-hash" => Some(ExchangeKind::ConsistentHash),
             _ => None,
         }
     }
@@ -40,6 +45,7 @@ impl ExchangeKind {
             ExchangeKind::Fanout => "fanout",
             ExchangeKind::Topic => "topic",
             ExchangeKind::Headers => "headers",
+            ExchangeKind::ConsistentHash => "x-consistent-hash",
         }
     }
 }
@@ -81,27 +87,58 @@ pub struct Exchange {
     pub arguments: FieldTable,
     /// Outgoing bindings, in creation order.
     pub bindings: Vec<Binding>,
+    /// The `alternate-exchange` of the policy that applies to it, if any; its own argument wins
+    /// over it, as in RabbitMQ.
+    pub policy_alternate_exchange: Option<ShortStr>,
 }
 
 impl Exchange {
     /// A new exchange with no bindings.
     pub fn new(name: ShortStr, kind: ExchangeKind, durable: bool, auto_delete: bool, internal: bool, arguments: FieldTable) -> Exchange {
-        Exchange { name, kind, durable, auto_delete, internal, arguments, bindings: Vec::new() }
+        Exchange { name, kind, durable, auto_delete, internal, arguments, bindings: Vec::new(), policy_alternate_exchange: None }
     }
 
-    /// The `alternate-exchange` argument, if any.
-    pub fn alternate_exchange(&self) -> Option<String> {
-        self.arguments.get("alternate-exchange").and_then(|value| value.as_text())
+    /// Where what it cannot route goes: its `alternate-exchange` argument, else its policy's.
+    pub fn alternate_exchange(&self) -> Option<ShortStr> {
+        match self.arguments.get("alternate-exchange").and_then(|value| value.as_text()) {
+            Some(name) => Some(ShortStr::truncating(name)),
+            None => self.policy_alternate_exchange.clone(),
+        }
+    }
+
+    /// Whether routing needs the message's properties (its headers, or what a consistent-hash
+    /// exchange hashes), which cost a decode.
+    pub fn needs_properties(&self) -> bool {
+        match self.kind {
+            ExchangeKind::Headers => true,
+            ExchangeKind::ConsistentHash => {
+                self.arguments.get(consistent_hash::HASH_HEADER_ARGUMENT).is_some()
+                    || self.arguments.get(consistent_hash::HASH_PROPERTY_ARGUMENT).is_some()
+            }
+            _ => false,
+        }
     }
 
     /// Calls `found` with each destination whose binding matches.
-    pub fn route(&self, routing_key: &[u8], headers: Option<&FieldTable>, mut found: impl FnMut(&Destination)) {
+    pub fn route(&self, routing_key: &[u8], properties: Option<&BasicProperties>, mut found: impl FnMut(&Destination)) {
+        if self.kind == ExchangeKind::ConsistentHash {
+            // Checked at declaration; an exchange restored from disk with bad arguments routes
+            // by its routing key.
+            let hash_on = consistent_hash::HashOn::from_arguments(&self.arguments).unwrap_or(consistent_hash::HashOn::RoutingKey);
+            let hash = consistent_hash::message_hash(&hash_on, routing_key, properties);
+            if let Some(binding) = consistent_hash::choose(&self.bindings, hash) {
+                found(&binding.destination);
+            }
+            return;
+        }
+        let headers = properties.and_then(|properties| properties.headers.as_ref());
         for binding in &self.bindings {
             let matches = match self.kind {
                 ExchangeKind::Direct => binding.routing_key.as_bytes() == routing_key,
                 ExchangeKind::Fanout => true,
                 ExchangeKind::Topic => topic_matches(binding.routing_key.as_bytes(), routing_key),
                 ExchangeKind::Headers => headers_match(&binding.arguments, headers),
+                ExchangeKind::ConsistentHash => false,
             };
             if matches {
                 found(&binding.destination);

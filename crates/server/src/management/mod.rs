@@ -8,6 +8,7 @@
 mod access;
 mod console;
 mod definitions;
+mod definitions_import;
 mod json;
 mod rates;
 mod router;
@@ -145,7 +146,8 @@ async fn authenticate(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<Soc
                 tokio::time::sleep(api.broker.login_throttle.record_failure(peer.ip(), now)).await;
             }
             // RabbitMQ spells this one error "not_authorized", unlike its other 401s.
-            ApiError { status: StatusCode::UNAUTHORIZED, error: "not_authorized", reason: "Login failed".to_string() }.into_response()
+            ApiError { status: StatusCode::UNAUTHORIZED, error: "not_authorized", reason: "Login failed".to_string(), problems: Vec::new() }
+                .into_response()
         }
     }
 }
@@ -169,27 +171,34 @@ pub struct ApiError {
     status: StatusCode,
     error: &'static str,
     reason: String,
+    /// Each problem found, when there were several (a definitions import lists them all).
+    problems: Vec<String>,
 }
 
 impl ApiError {
+    /// The same error, listing its problems one by one in a `problems` field.
+    fn with_problems(self, problems: Vec<String>) -> ApiError {
+        ApiError { problems, ..self }
+    }
+
     /// 404 for a path or object that does not exist, worded as RabbitMQ words it.
     fn object_not_found() -> ApiError {
-        ApiError { status: StatusCode::NOT_FOUND, error: "Object Not Found", reason: "Not Found".to_string() }
+        ApiError { status: StatusCode::NOT_FOUND, error: "Object Not Found", reason: "Not Found".to_string(), problems: Vec::new() }
     }
 
     /// 400 with a reason.
     fn bad_request(reason: impl Into<String>) -> ApiError {
-        ApiError { status: StatusCode::BAD_REQUEST, error: "bad_request", reason: reason.into() }
+        ApiError { status: StatusCode::BAD_REQUEST, error: "bad_request", reason: reason.into(), problems: Vec::new() }
     }
 
     /// 401.
     fn unauthorised(reason: impl Into<String>) -> ApiError {
-        ApiError { status: StatusCode::UNAUTHORIZED, error: "not_authorised", reason: reason.into() }
+        ApiError { status: StatusCode::UNAUTHORIZED, error: "not_authorised", reason: reason.into(), problems: Vec::new() }
     }
 
     /// 500.
     fn internal(reason: impl Into<String>) -> ApiError {
-        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, error: "internal_server_error", reason: reason.into() }
+        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, error: "internal_server_error", reason: reason.into(), problems: Vec::new() }
     }
 }
 
@@ -198,7 +207,7 @@ impl From<AmqpError> for ApiError {
     /// not found, 403 becomes 401 not_authorised, anything else is 400 with "CODE TEXT".
     fn from(error: AmqpError) -> ApiError {
         match error.code {
-            404 => ApiError { status: StatusCode::NOT_FOUND, error: "not_found", reason: error.text },
+            404 => ApiError { status: StatusCode::NOT_FOUND, error: "not_found", reason: error.text, problems: Vec::new() },
             403 => ApiError::unauthorised(error.text),
             541 => ApiError::internal(error.text),
             code => ApiError::bad_request(format!("{code} {}", error.text)),
@@ -208,7 +217,11 @@ impl From<AmqpError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, Json(json!({"error": self.error, "reason": self.reason}))).into_response();
+        let mut body = json!({"error": self.error, "reason": self.reason});
+        if !self.problems.is_empty() {
+            body["problems"] = json!(self.problems);
+        }
+        let mut response = (self.status, Json(body)).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"RabbitMQ Management\""));
         }

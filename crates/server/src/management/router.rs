@@ -37,7 +37,12 @@ pub(super) fn router() -> Router<Api> {
         .route("/api/vhost-limits", get(vhosts::all_vhost_limits))
         .route("/api/vhost-limits/{vhost}", get(vhosts::vhost_limits))
         .route("/api/vhost-limits/{vhost}/{name}", axum::routing::put(vhosts::put_vhost_limit).delete(vhosts::delete_vhost_limit))
-        .route("/api/operator-policies", get(|| async { Json(json!([])) }))
+        .route("/api/operator-policies", get(vhosts::operator_policies))
+        .route("/api/operator-policies/{vhost}", get(vhosts::vhost_operator_policies))
+        .route(
+            "/api/operator-policies/{vhost}/{name}",
+            get(vhosts::operator_policy).put(vhosts::put_operator_policy).delete(vhosts::delete_operator_policy),
+        )
         .route("/api/vhosts/{vhost}/permissions", get(vhost_permissions))
         .route("/api/aliveness-test/{vhost}", get(aliveness_test))
         .route("/api/healthchecks/node", get(|| async { Json(json!({"status": "ok"})) }))

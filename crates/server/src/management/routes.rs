@@ -78,6 +78,7 @@ pub(super) async fn overview(State(api): State<Api>) -> Json<Value> {
             {"name": "fanout", "description": "AMQP fanout exchange, as per the AMQP specification", "enabled": true},
             {"name": "headers", "description": "AMQP headers exchange, as per the AMQP specification", "enabled": true},
             {"name": "topic", "description": "AMQP topic exchange, as per the AMQP specification", "enabled": true},
+            {"name": "x-consistent-hash", "description": "Consistent Hashing Exchange", "enabled": true},
         ],
         "disk_free_alarm": overview.disk_alarm,
         "mem_alarm": api.broker.memory_alarm.load(std::sync::atomic::Ordering::Acquire),

@@ -112,6 +112,61 @@ pub async fn policy(State(api): State<Api>, Path((vhost, name)): Path<(String, S
     Ok(Json(policy_json(policy)).into_response())
 }
 
+fn operator_policy_list(api: &Api, vhost: Option<&str>) -> Vec<Value> {
+    let policies = api.broker.operator_policies();
+    policies.iter().filter(|policy| vhost.is_none_or(|vhost| policy.vhost == vhost)).map(|policy| policy_json(policy)).collect()
+}
+
+/// GET /api/operator-policies (administrators, as in RabbitMQ).
+pub async fn operator_policies(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
+    caller.require_administrator()?;
+    list_response(operator_policy_list(&api, None), &query)
+}
+
+/// GET /api/operator-policies/{vhost}.
+pub async fn vhost_operator_policies(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(vhost): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Answer {
+    caller.require_administrator()?;
+    require_vhost(&api, &vhost)?;
+    list_response(operator_policy_list(&api, Some(&vhost)), &query)
+}
+
+/// GET /api/operator-policies/{vhost}/{name}.
+pub async fn operator_policy(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>) -> Answer {
+    caller.require_administrator()?;
+    let policies = api.broker.operator_policies();
+    let policy = policies.iter().find(|policy| policy.vhost == vhost && policy.name == name).ok_or_else(ApiError::object_not_found)?;
+    Ok(Json(policy_json(policy)).into_response())
+}
+
+/// PUT /api/operator-policies/{vhost}/{name}: limits merged into every matching queue's policy,
+/// the stricter value winning (`max-length`, `message-ttl`; RabbitMQ's other operator policy keys
+/// are refused as not implemented, any other key as not recognised).
+pub async fn put_operator_policy(
+    State(api): State<Api>,
+    caller: Caller,
+    Path((vhost, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Answer {
+    caller.require_administrator()?;
+    require_vhost(&api, &vhost)?;
+    let policy = operator_policy_from_body(&vhost, &name, &body_json(&body)?)?;
+    Ok(created_or_existing(!api.broker.put_operator_policy(policy)?))
+}
+
+/// DELETE /api/operator-policies/{vhost}/{name}.
+pub async fn delete_operator_policy(State(api): State<Api>, caller: Caller, Path((vhost, name)): Path<(String, String)>) -> Answer {
+    caller.require_administrator()?;
+    if !api.broker.delete_operator_policy(&vhost, &name)? {
+        return Err(ApiError::object_not_found());
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
 /// 401 unless the caller may change policies (RabbitMQ: the policymaker or administrator tag).
 fn require_policymaker(caller: &Caller) -> Result<(), ApiError> {
     if caller.administrator || caller.policymaker {
@@ -123,6 +178,21 @@ fn require_policymaker(caller: &Caller) -> Result<(), ApiError> {
 
 /// Builds a policy from a PUT body (RabbitMQ's: `pattern`, `definition`, `priority`, `apply-to`).
 pub fn policy_from_body(vhost: &str, name: &str, body: &Value) -> Result<Policy, ApiError> {
+    let (pattern, apply_to, priority, definition) = policy_parts(body)?;
+    Policy::new(vhost, name, pattern, apply_to, priority, definition).map_err(|error| ApiError::bad_request(error.to_string()))
+}
+
+/// An operator policy from a PUT body, in the same form.
+fn operator_policy_from_body(vhost: &str, name: &str, body: &Value) -> Result<Policy, ApiError> {
+    let (pattern, apply_to, priority, definition) = policy_parts(body)?;
+    Policy::new_operator(vhost, name, pattern, apply_to, priority, definition).map_err(|error| ApiError::bad_request(error.to_string()))
+}
+
+/// A policy body's pattern, apply-to, priority and definition.
+type PolicyParts<'a> = (&'a str, &'a str, i64, serde_json::Map<String, Value>);
+
+/// The parts of a policy body: apply-to is `all` and priority 0 when absent.
+fn policy_parts(body: &Value) -> Result<PolicyParts<'_>, ApiError> {
     let pattern = body.get("pattern").and_then(Value::as_str).ok_or_else(|| ApiError::bad_request("policy needs a pattern"))?;
     let definition =
         body.get("definition").and_then(Value::as_object).ok_or_else(|| ApiError::bad_request("policy needs a definition object"))?;
@@ -134,7 +204,7 @@ pub fn policy_from_body(vhost: &str, name: &str, body: &Value) -> Result<Policy,
             .ok_or_else(|| ApiError::bad_request("priority must be an integer"))?,
     };
     let apply_to = body.get("apply-to").and_then(Value::as_str).unwrap_or("all");
-    Policy::new(vhost, name, pattern, apply_to, priority, definition.clone()).map_err(|error| ApiError::bad_request(error.to_string()))
+    Ok((pattern, apply_to, priority, definition.clone()))
 }
 
 /// PUT /api/policies/{vhost}/{name}: sets a policy and applies it to the vhost's queues at once.
@@ -183,7 +253,7 @@ pub async fn vhost_limits(State(api): State<Api>, Path(vhost): Path<String>) -> 
 
 /// RabbitMQ's 404 for a limit of a vhost that does not exist.
 fn vhost_not_found() -> ApiError {
-    ApiError { status: StatusCode::NOT_FOUND, error: "not_found", reason: "vhost_not_found".to_string() }
+    ApiError { status: StatusCode::NOT_FOUND, error: "not_found", reason: "vhost_not_found".to_string(), problems: Vec::new() }
 }
 
 /// PUT /api/vhost-limits/{vhost}/{name} with `{"value": N}`: sets one limit (administrators only).

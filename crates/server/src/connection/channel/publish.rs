@@ -209,8 +209,8 @@ fn count_routing(channel: &ChannelShared, publish: &Publish, queues: &[Queue]) {
 
 /// The queues the message's exchange and routing key lead to.
 fn route_to_queues(vhost: &Vhost<Queue>, message: &Message, queues: &mut Vec<Queue>) {
-    let mut headers = || message.header.properties().ok().and_then(|properties| properties.headers);
-    vhost.route(&message.exchange, &message.routing_key, &mut headers, queues);
+    let mut properties = || message.header.properties().ok();
+    vhost.route(&message.exchange, &message.routing_key, &mut properties, queues);
 }
 
 /// Sends basic.ack (or basic.nack when the message could not be made durable) to a publisher.
