@@ -2,7 +2,7 @@
 //! totals): the unit of a replicated queue's snapshot.
 
 use crate::state::MessagesImage;
-use crate::{ConsumerId, ConsumerSlot, Limits, Payload, QueueCore, QueueState, QueueStats, Window};
+use crate::{ConsumerId, ConsumerSlot, Limits, PageIn, Payload, QueueCore, QueueState, QueueStats, Window};
 
 /// A consumer as a snapshot holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +81,8 @@ impl<M: Payload> QueueCore<M> {
             has_exclusive_consumer: image.has_exclusive_consumer,
             limits: image.limits,
             window,
+            // A restored queue has no read under way: its messages are all in the image.
+            page_in: PageIn::default(),
             stats: image.stats,
         }
     }
