@@ -1,8 +1,8 @@
 """The `x-consistent-hash` exchange type (RabbitMQ's rabbitmq_consistent_hash_exchange plugin).
 
-The reference node the suites start has no plugins but the management one, so these tests skip
-there, with that reason. Against a RabbitMQ 3.10.8 node with the plugin enabled they pass too
-(run by hand while writing them); the texts below are what that node answered:
+The reference node scripts/rabbitmq-reference.sh starts enables the plugin (Debian's package ships
+it), so these tests run against RabbitMQ 3.10.8 too; against a broker without the plugin they skip,
+with that reason. The texts below are what RabbitMQ answered:
   binding key "abc"  -> 406 PRECONDITION_FAILED - The binding key must be an integer: <<"abc">>
   binding key "0"    -> 406 PRECONDITION_FAILED - The binding key must be greater than 0
   hash-property app_id -> 406 PRECONDITION_FAILED - Unsupported property: app_id
