@@ -61,6 +61,18 @@ impl<M: Payload> QueueCore<M> {
                 }
                 Reply::Ok
             }
+            Command::Reject { position } => {
+                if let Some((queued, holder)) = self.messages.settle_held(position) {
+                    self.release(holder);
+                    effects.push(Effect::Drop {
+                        position,
+                        message: queued.message,
+                        reason: DeadLetterReason::Rejected,
+                        logged: queued.logged,
+                    });
+                }
+                Reply::Ok
+            }
             Command::Requeue { position } => {
                 if let Some(holder) = self.messages.requeue_held(position) {
                     self.stats.requeued += 1;
@@ -84,34 +96,32 @@ impl<M: Payload> QueueCore<M> {
             }
             Command::SetLimits(limits) => {
                 self.limits = limits;
-                match limits.length_limit {
-                    Some((limit, Overflow::DropHead)) => self.drop_head_to(limit, effects),
-                    _ => Reply::Ok,
+                match limits.overflow {
+                    Overflow::DropHead => self.drop_head_while_over(0, effects),
+                    Overflow::RejectPublish => Reply::Ok,
                 }
             }
         }
     }
 
     fn enqueue(&mut self, message: M, persistent: bool, own_ttl_ms: Option<u64>, now_ms: u64, effects: &mut Vec<Effect<M>>) -> Reply {
-        if let Some((limit, overflow)) = self.limits.length_limit {
-            if self.messages.ready_count() as u64 >= limit {
-                match overflow {
-                    Overflow::RejectPublish => return Reply::Rejected,
-                    Overflow::DropHead => {
-                        // Room for the new message.
-                        if self.drop_head_to(limit.max(1) - 1, effects) == Reply::PageInFirst {
-                            return Reply::PageInFirst;
-                        }
-                        if limit == 0 {
-                            return Reply::Ok;
-                        }
+        let size_bytes = message.size_bytes();
+        let bounded = self.limits.max_length.is_some() || self.limits.max_length_bytes.is_some();
+        if bounded {
+            match self.limits.overflow {
+                Overflow::RejectPublish if self.would_overflow(size_bytes) => return Reply::Rejected,
+                Overflow::RejectPublish => {}
+                // Room for the new message: the same drops as RabbitMQ's enqueue-then-drop-head.
+                Overflow::DropHead => {
+                    if self.drop_head_while_over(size_bytes, effects) == Reply::PageInFirst {
+                        return Reply::PageInFirst;
                     }
                 }
             }
         }
         self.stats.published += 1;
         if self.should_page() {
-            let position = self.messages.push_paged();
+            let position = self.messages.push_paged(size_bytes);
             effects.push(Effect::LogAppend { position, persistent, paged: true });
             return Reply::Ok;
         }
@@ -121,7 +131,30 @@ impl<M: Payload> QueueCore<M> {
         if logged {
             effects.push(Effect::LogAppend { position, persistent, paged: false });
         }
+        // A message over the limit on its own (x-max-length 0, or a body above x-max-length-bytes)
+        // goes at once, as RabbitMQ drops it from the head right after enqueueing it.
+        if bounded && self.limits.overflow == Overflow::DropHead {
+            self.drop_head_while_over(0, effects);
+        }
         Reply::Ok
+    }
+
+    /// Whether one more message of `size_bytes` would take the queue past a limit.
+    fn would_overflow(&self, size_bytes: u64) -> bool {
+        let ready = self.messages.ready_count() as u64;
+        self.limits.max_length.is_some_and(|max| ready + 1 > max)
+            || self.limits.max_length_bytes.is_some_and(|max| self.messages.ready_bytes() + size_bytes > max)
+    }
+
+    /// Whether the queue is past a limit, counting `incoming_bytes` more bytes and, when that is
+    /// not zero, one more message.
+    fn over_limit(&self, incoming_bytes: u64) -> bool {
+        if incoming_bytes > 0 {
+            return self.would_overflow(incoming_bytes);
+        }
+        let ready = self.messages.ready_count() as u64;
+        self.limits.max_length.is_some_and(|max| ready > max)
+            || self.limits.max_length_bytes.is_some_and(|max| self.messages.ready_bytes() > max)
     }
 
     /// When a message enqueued (or paged in) now expires: the sooner of its own TTL and the queue's.
@@ -157,9 +190,10 @@ impl<M: Payload> QueueCore<M> {
         Some(Effect::NeedPageIn { messages_max, bytes_max })
     }
 
-    /// Drops the oldest ready messages until at most `count` are ready.
-    fn drop_head_to(&mut self, count: u64, effects: &mut Vec<Effect<M>>) -> Reply {
-        while self.messages.ready_count() as u64 > count {
+    /// Drops the oldest ready messages while the queue is past a limit (with room for a message
+    /// of `incoming_bytes` when that is not zero).
+    fn drop_head_while_over(&mut self, incoming_bytes: u64, effects: &mut Vec<Effect<M>>) -> Reply {
+        while self.messages.ready_count() > 0 && self.over_limit(incoming_bytes) {
             if self.messages.ready_in_memory() == 0 {
                 // Only paged ones are left: they must be read to be dropped in order.
                 if let Some(request) = self.page_in_request() {
@@ -170,10 +204,7 @@ impl<M: Payload> QueueCore<M> {
             let Some((position, dropped)) = self.messages.pop(false) else {
                 break;
             };
-            if dropped.logged {
-                effects.push(Effect::LogSettle { position });
-            }
-            effects.push(Effect::Drop { position, message: dropped.message, reason: DeadLetterReason::MaxLength });
+            effects.push(Effect::Drop { position, message: dropped.message, reason: DeadLetterReason::MaxLength, logged: dropped.logged });
         }
         Reply::Ok
     }
@@ -181,10 +212,7 @@ impl<M: Payload> QueueCore<M> {
     /// Drops expired messages at the head.
     fn expire_head(&mut self, now_ms: u64, effects: &mut Vec<Effect<M>>) {
         while let Some((position, expired)) = self.messages.pop_expired_head(now_ms) {
-            if expired.logged {
-                effects.push(Effect::LogSettle { position });
-            }
-            effects.push(Effect::Drop { position, message: expired.message, reason: DeadLetterReason::Expired });
+            effects.push(Effect::Drop { position, message: expired.message, reason: DeadLetterReason::Expired, logged: expired.logged });
         }
     }
 
@@ -312,5 +340,5 @@ impl<M: Payload> QueueCore<M> {
 /// Limits without any length limit or TTL.
 impl Limits {
     /// No limits.
-    pub const NONE: Limits = Limits { length_limit: None, message_ttl_ms: None };
+    pub const NONE: Limits = Limits { max_length: None, max_length_bytes: None, overflow: Overflow::DropHead, message_ttl_ms: None };
 }

@@ -81,6 +81,9 @@ pub struct QueueState<M> {
     ready: BTreeMap<u64, QueuedMessage<M>>,
     ready_bytes: u64,
     paged: u64,
+    /// Body bytes of the paged messages. Unknown for messages recovered from disk (counted as 0
+    /// until they are paged in, so a byte limit may let a recovered queue grow past it once).
+    paged_bytes: u64,
     unacked: PositionMap<Unacked<M>>,
 }
 
@@ -98,7 +101,7 @@ impl<M: Payload> QueueState<M> {
 
     /// A queue recovered from disk: `paged` ready messages, all still on disk.
     pub fn with_paged(next_position: u64, paged: u64) -> QueueState<M> {
-        QueueState { next_position, ready: BTreeMap::new(), ready_bytes: 0, paged, unacked: PositionMap::default() }
+        QueueState { next_position, ready: BTreeMap::new(), ready_bytes: 0, paged, paged_bytes: 0, unacked: PositionMap::default() }
     }
 
     fn insert_ready(&mut self, position: u64, queued: QueuedMessage<M>) {
@@ -126,11 +129,12 @@ impl<M: Payload> QueueState<M> {
         position
     }
 
-    /// Appends a message that stays on disk (the caller writes it); returns its position.
-    pub fn push_paged(&mut self) -> u64 {
+    /// Appends a message of `size_bytes` that stays on disk (the caller writes it); returns its position.
+    pub fn push_paged(&mut self, size_bytes: u64) -> u64 {
         let position = self.next_position;
         self.next_position += 1;
         self.paged += 1;
+        self.paged_bytes += size_bytes;
         position
     }
 
@@ -139,11 +143,13 @@ impl<M: Payload> QueueState<M> {
         assert!(self.paged > 0, "page-in with nothing paged");
         assert!(position < self.next_position, "paged-in position {position} was never pushed");
         self.paged -= 1;
+        self.paged_bytes = self.paged_bytes.saturating_sub(message.size_bytes());
         self.insert_ready(position, QueuedMessage { message, redelivered, expires_at_ms, logged: true });
     }
 
     /// Forgets the paged messages (purged, or lost to a disk error); returns how many there were.
     pub fn take_paged(&mut self) -> u64 {
+        self.paged_bytes = 0;
         std::mem::take(&mut self.paged)
     }
 
@@ -160,6 +166,11 @@ impl<M: Payload> QueueState<M> {
     /// Body bytes of the ready messages in memory.
     pub fn ready_bytes_in_memory(&self) -> u64 {
         self.ready_bytes
+    }
+
+    /// Body bytes of every ready message, paged ones included (see `paged_bytes`).
+    pub fn ready_bytes(&self) -> u64 {
+        self.ready_bytes + self.paged_bytes
     }
 
     /// Removes the first ready message in memory if it expired by `now_ms`, as RabbitMQ does: a

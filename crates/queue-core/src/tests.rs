@@ -184,7 +184,7 @@ fn cancel_requeues_nothing_by_itself() {
 
 #[test]
 fn ttl_expires_at_the_deadline_not_before() {
-    let mut queue = Harness::new(Limits { length_limit: None, message_ttl_ms: Some(100) });
+    let mut queue = Harness::new(Limits { message_ttl_ms: Some(100), ..Limits::NONE });
     queue.publish(1_000);
     assert_eq!(queue.apply(Command::Expire, 1_099), Reply::Ok);
     assert!(queue.dropped().is_empty(), "not before its time");
@@ -199,7 +199,7 @@ fn ttl_expires_at_the_deadline_not_before() {
 
 #[test]
 fn max_length_drop_head_drops_the_oldest() {
-    let mut queue = Harness::new(Limits { length_limit: Some((2, Overflow::DropHead)), message_ttl_ms: None });
+    let mut queue = Harness::new(Limits { max_length: Some(2), ..Limits::NONE });
     queue.publish(0);
     queue.publish(0);
     let (_, reply) = queue.publish(0);
@@ -207,18 +207,74 @@ fn max_length_drop_head_drops_the_oldest() {
     assert_eq!(queue.dropped(), vec![(0, DeadLetterReason::MaxLength)]);
     assert_eq!(queue.core.messages().ready_count(), 2);
     // A lower limit from a policy drops at once.
-    queue.apply(Command::SetLimits(Limits { length_limit: Some((1, Overflow::DropHead)), message_ttl_ms: None }), 0);
+    queue.apply(Command::SetLimits(Limits { max_length: Some(1), ..Limits::NONE }), 0);
     assert_eq!(queue.dropped(), vec![(1, DeadLetterReason::MaxLength)]);
 }
 
 #[test]
 fn max_length_reject_publish_refuses_the_new_one() {
-    let mut queue = Harness::new(Limits { length_limit: Some((1, Overflow::RejectPublish)), message_ttl_ms: None });
+    let mut queue = Harness::new(Limits { max_length: Some(1), overflow: Overflow::RejectPublish, ..Limits::NONE });
     assert_eq!(queue.publish(0).1, Reply::Ok);
     assert_eq!(queue.publish(0).1, Reply::Rejected);
     assert!(queue.dropped().is_empty());
     assert_eq!(queue.core.messages().ready_count(), 1);
     assert_eq!(queue.core.stats().published, 1);
+}
+
+#[test]
+fn max_length_bytes_drop_head_drops_the_oldest_until_the_bytes_fit() {
+    // Test messages are 16 bytes: 40 bytes hold two.
+    let mut queue = Harness::new(Limits { max_length_bytes: Some(40), ..Limits::NONE });
+    queue.publish(0);
+    queue.publish(0);
+    assert!(queue.dropped().is_empty());
+    queue.publish(0);
+    assert_eq!(queue.dropped(), vec![(0, DeadLetterReason::MaxLength)]);
+    assert_eq!(queue.core.messages().ready_count(), 2);
+    assert_eq!(queue.core.messages().ready_bytes(), 32);
+    // A lower byte limit from a policy drops at once.
+    queue.apply(Command::SetLimits(Limits { max_length_bytes: Some(20), ..Limits::NONE }), 0);
+    assert_eq!(queue.dropped(), vec![(1, DeadLetterReason::MaxLength)]);
+}
+
+#[test]
+fn a_message_over_the_limit_on_its_own_is_dropped_at_once() {
+    let mut queue = Harness::new(Limits { max_length_bytes: Some(10), ..Limits::NONE });
+    queue.publish(0);
+    queue.publish(0);
+    assert_eq!(queue.publish(0).1, Reply::Ok, "drop-head takes the message, then drops it");
+    assert_eq!(queue.dropped(), vec![(2, DeadLetterReason::MaxLength)]);
+    assert_eq!(queue.core.messages().ready_count(), 0);
+    let mut zero = Harness::new(Limits { max_length: Some(0), ..Limits::NONE });
+    assert_eq!(zero.publish(0).1, Reply::Ok);
+    assert_eq!(zero.dropped(), vec![(0, DeadLetterReason::MaxLength)], "x-max-length 0 dead-letters every message");
+}
+
+#[test]
+fn max_length_bytes_reject_publish_refuses_what_does_not_fit() {
+    let mut queue = Harness::new(Limits { max_length_bytes: Some(40), overflow: Overflow::RejectPublish, ..Limits::NONE });
+    assert_eq!(queue.publish(0).1, Reply::Ok);
+    assert_eq!(queue.publish(0).1, Reply::Ok);
+    assert_eq!(queue.publish(0).1, Reply::Rejected);
+    assert!(queue.dropped().is_empty());
+    // Either limit refuses: the length one here, with bytes to spare.
+    let mut both =
+        Harness::new(Limits { max_length: Some(1), max_length_bytes: Some(1000), overflow: Overflow::RejectPublish, ..Limits::NONE });
+    assert_eq!(both.publish(0).1, Reply::Ok);
+    assert_eq!(both.publish(0).1, Reply::Rejected);
+}
+
+#[test]
+fn reject_without_requeue_drops_with_reason_rejected() {
+    let mut queue = Harness::new(Limits::NONE);
+    queue.publish(0);
+    queue.apply(Command::Get { no_ack: false }, 0);
+    let position = queue.deliveries()[0].1;
+    queue.apply(Command::Reject { position }, 0);
+    assert_eq!(queue.dropped(), vec![(0, DeadLetterReason::Rejected)]);
+    assert!(queue.core.messages().is_empty());
+    queue.apply(Command::Reject { position }, 0);
+    assert!(queue.dropped().is_empty(), "a second reject of the same position finds nothing");
 }
 
 #[test]
@@ -310,7 +366,7 @@ proptest! {
     /// (dispatch, get, expire) the head is not expired.
     #[test]
     fn conservation_order_prefetch_and_ttl(steps in proptest::collection::vec(step(), 0..150), queue_ttl_ms in proptest::option::of(0u64..60)) {
-        let mut queue = Harness::new(Limits { length_limit: Some((20, Overflow::DropHead)), message_ttl_ms: queue_ttl_ms });
+        let mut queue = Harness::new(Limits { max_length: Some(20), message_ttl_ms: queue_ttl_ms, ..Limits::NONE });
         let mut now_ms = 0u64;
         let mut whereabouts: HashMap<u64, Whereabouts> = HashMap::new();
         let mut deadline_of_position: HashMap<u64, u64> = HashMap::new();
@@ -397,7 +453,7 @@ proptest! {
                             }
                         }
                     }
-                    Effect::Drop { position, message, reason } => {
+                    Effect::Drop { position, message, reason, .. } => {
                         prop_assert_eq!(whereabouts.get(&message.0), Some(&Whereabouts::Ready));
                         prop_assert!(ready_positions.remove(position), "dropped a message that was not ready");
                         if *reason == DeadLetterReason::Expired {

@@ -2,6 +2,7 @@
 //! the effects it returns (log records, deliveries, page-in reads), in order.
 
 use super::{QueueInner, QueueRuntime};
+use crate::dead_letter::DeadLetter;
 use crate::shared::{ChannelShared, ConsumerHandle, Outbound, Readiness, Unacked};
 use broker_core::queue::QueuedMessage;
 use broker_core::Message;
@@ -80,6 +81,9 @@ impl QueueRuntime {
             }
         }
         inner.effects = effects;
+        if !inner.dead_letters.is_empty() {
+            self.hand_over_dead_letters(inner);
+        }
         outcome
     }
 
@@ -139,8 +143,17 @@ impl QueueRuntime {
                 }
                 Effect::NeedPageIn { messages_max, bytes_max } => self.read_page(inner, messages_max, bytes_max),
                 Effect::SettlePaged { count } => self.settle_paged(inner, count),
-                // Dead-lettering (issue 12) hooks in here; today a dropped message is only settled.
-                Effect::Drop { .. } | Effect::LogSettle { .. } | Effect::LogDelivered { .. } => {}
+                Effect::Drop { position, message, reason, logged } => match &inner.limits.dead_letter {
+                    // Settled in the log once its new queues hold it (the dead-letter worker).
+                    Some(target) => inner.dead_letters.push(DeadLetter { position, logged, message, reason, target: target.clone() }),
+                    None if logged => {
+                        if let Some(log) = &self.log {
+                            log.lock().append_settled(position);
+                        }
+                    }
+                    None => {}
+                },
+                Effect::LogSettle { .. } | Effect::LogDelivered { .. } => {}
             }
         }
         undelivered.is_some()
