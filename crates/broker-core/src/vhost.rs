@@ -573,7 +573,7 @@ pub fn check_queue_argument(key: &str, value: &FieldValue, queue: &ShortStr, vho
             FieldValue::LongStr(_) => Ok(()),
             other => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(other)))),
         },
-        "x-max-length" => match value.as_i64() {
+        "x-max-length" | "x-delivery-limit" => match value.as_i64() {
             Some(limit) if limit >= 0 => Ok(()),
             Some(limit) => Err(invalid_argument(key, queue, vhost, format!("{{value_negative,{limit}}}"))),
             None => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),

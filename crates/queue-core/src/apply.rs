@@ -77,6 +77,9 @@ impl<M: Payload> QueueCore<M> {
                 if let Some(holder) = self.messages.requeue_held(position) {
                     self.stats.requeued += 1;
                     self.release(holder);
+                    if let Some(limit) = self.limits.delivery_limit {
+                        self.drop_past_delivery_limit(position, limit, effects);
+                    }
                 }
                 Reply::Ok
             }
@@ -207,6 +210,21 @@ impl<M: Payload> QueueCore<M> {
             effects.push(Effect::Drop { position, message: dropped.message, reason: DeadLetterReason::MaxLength, logged: dropped.logged });
         }
         Reply::Ok
+    }
+
+    /// Drops a requeued message that came back more often than `limit` allows, as RabbitMQ's
+    /// quorum queues do (a limit of 1 delivers a message twice).
+    fn drop_past_delivery_limit(&mut self, position: u64, limit: u32, effects: &mut Vec<Effect<M>>) {
+        if self.messages.ready_delivery_count(position).is_some_and(|count| count > limit) {
+            if let Some(queued) = self.messages.take_ready(position) {
+                effects.push(Effect::Drop {
+                    position,
+                    message: queued.message,
+                    reason: DeadLetterReason::DeliveryLimit,
+                    logged: queued.logged,
+                });
+            }
+        }
     }
 
     /// Drops expired messages at the head.
@@ -340,5 +358,6 @@ impl<M: Payload> QueueCore<M> {
 /// Limits without any length limit or TTL.
 impl Limits {
     /// No limits.
-    pub const NONE: Limits = Limits { max_length: None, max_length_bytes: None, overflow: Overflow::DropHead, message_ttl_ms: None };
+    pub const NONE: Limits =
+        Limits { max_length: None, max_length_bytes: None, overflow: Overflow::DropHead, message_ttl_ms: None, delivery_limit: None };
 }

@@ -32,6 +32,8 @@ pub struct Limits {
     pub overflow: Overflow,
     /// x-message-ttl, applied to messages enqueued from now on.
     pub message_ttl_ms: Option<u64>,
+    /// x-delivery-limit: a message requeued more often than this leaves (reason delivery_limit).
+    pub delivery_limit: Option<u32>,
 }
 
 /// How many ready messages a queue with a log keeps in memory; past that, new ones are paged.
@@ -59,6 +61,8 @@ pub enum DeadLetterReason {
     Expired,
     /// basic.reject or basic.nack without requeue.
     Rejected,
+    /// Requeued more often than x-delivery-limit allows.
+    DeliveryLimit,
 }
 
 impl DeadLetterReason {
@@ -68,6 +72,7 @@ impl DeadLetterReason {
             DeadLetterReason::MaxLength => "maxlen",
             DeadLetterReason::Expired => "expired",
             DeadLetterReason::Rejected => "rejected",
+            DeadLetterReason::DeliveryLimit => "delivery_limit",
         }
     }
 }

@@ -35,6 +35,9 @@ pub struct QueuedMessage<M> {
     pub expires_at_ms: Option<u64>,
     /// Whether the message has a record in the queue's log (to settle there too).
     pub logged: bool,
+    /// How many times it came back unsettled (requeued): quorum queues' delivery count, which
+    /// `x-delivery-limit` bounds. Kept in memory only: a restart starts it again at 0.
+    pub delivery_count: u32,
 }
 
 /// An unacked message and the consumer holding it (none for basic.get).
@@ -125,7 +128,7 @@ impl<M: Payload> QueueState<M> {
         assert_eq!(self.paged, 0, "a queue that pages takes new messages on disk");
         let position = self.next_position;
         self.next_position += 1;
-        self.insert_ready(position, QueuedMessage { message, redelivered: false, expires_at_ms, logged });
+        self.insert_ready(position, QueuedMessage { message, redelivered: false, expires_at_ms, logged, delivery_count: 0 });
         position
     }
 
@@ -144,7 +147,7 @@ impl<M: Payload> QueueState<M> {
         assert!(position < self.next_position, "paged-in position {position} was never pushed");
         self.paged -= 1;
         self.paged_bytes = self.paged_bytes.saturating_sub(message.size_bytes());
-        self.insert_ready(position, QueuedMessage { message, redelivered, expires_at_ms, logged: true });
+        self.insert_ready(position, QueuedMessage { message, redelivered, expires_at_ms, logged: true, delivery_count: 0 });
     }
 
     /// Forgets the paged messages (purged, or lost to a disk error); returns how many there were.
@@ -238,8 +241,21 @@ impl<M: Payload> QueueState<M> {
     pub fn requeue_held(&mut self, position: u64) -> Option<Option<ConsumerId>> {
         let Unacked { mut queued, consumer } = self.unacked.remove(&position)?;
         queued.redelivered = true;
+        queued.delivery_count = queued.delivery_count.saturating_add(1);
         self.insert_ready(position, queued);
         Some(consumer)
+    }
+
+    /// Removes a ready message in memory by position (one requeued past its delivery limit).
+    pub fn take_ready(&mut self, position: u64) -> Option<QueuedMessage<M>> {
+        let queued = self.ready.remove(&position)?;
+        self.ready_bytes -= queued.message.size_bytes();
+        Some(queued)
+    }
+
+    /// The delivery count of a ready message in memory.
+    pub fn ready_delivery_count(&self, position: u64) -> Option<u32> {
+        self.ready.get(&position).map(|queued| queued.delivery_count)
     }
 
     /// Drops every ready message in memory; returns them (unacked ones stay, as in RabbitMQ).

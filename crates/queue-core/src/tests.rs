@@ -278,6 +278,36 @@ fn reject_without_requeue_drops_with_reason_rejected() {
 }
 
 #[test]
+fn a_message_requeued_past_the_delivery_limit_leaves_with_reason_delivery_limit() {
+    let mut queue = Harness::new(Limits { delivery_limit: Some(1), ..Limits::NONE });
+    queue.publish(0);
+    for round in 0..2 {
+        queue.apply(Command::Get { no_ack: false }, 0);
+        let delivered = queue.deliveries();
+        assert_eq!(delivered.len(), 1, "delivery {round}");
+        assert_eq!(
+            queue.effects.iter().find_map(|effect| match effect {
+                Effect::Deliver { queued, .. } => Some(queued.delivery_count),
+                _ => None,
+            }),
+            Some(round)
+        );
+        queue.apply(Command::Requeue { position: delivered[0].1 }, 0);
+    }
+    assert_eq!(queue.dropped(), vec![(0, DeadLetterReason::DeliveryLimit)], "a limit of 1 delivers twice");
+    assert!(queue.core.messages().is_empty());
+    // Without a limit the count only grows.
+    let mut unlimited = Harness::new(Limits::NONE);
+    unlimited.publish(0);
+    for _ in 0..5 {
+        unlimited.apply(Command::Get { no_ack: false }, 0);
+        let position = unlimited.deliveries()[0].1;
+        unlimited.apply(Command::Requeue { position }, 0);
+        assert!(unlimited.dropped().is_empty());
+    }
+}
+
+#[test]
 fn purge_drops_ready_and_keeps_unacked() {
     let mut queue = Harness::new(Limits::NONE);
     for _ in 0..3 {

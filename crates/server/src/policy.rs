@@ -4,7 +4,7 @@
 //! of highest priority applies, alone, as in RabbitMQ.
 //!
 //! Lepus applies the queue settings it implements (`max-length`, `max-length-bytes`, `overflow`,
-//! `message-ttl`, `dead-letter-exchange`, `dead-letter-routing-key`).
+//! `message-ttl`, `dead-letter-exchange`, `dead-letter-routing-key`, `delivery-limit`).
 //! Settings RabbitMQ knows and Lepus does not implement are refused with a message that says so,
 //! never accepted and ignored; unknown settings are refused as RabbitMQ refuses them.
 
@@ -18,7 +18,6 @@ const NOT_IMPLEMENTED_KEYS: &[&str] = &[
     "alternate-exchange",
     "consumer-timeout",
     "dead-letter-strategy",
-    "delivery-limit",
     "expires",
     "federation-upstream",
     "federation-upstream-set",
@@ -89,6 +88,8 @@ pub struct QueueSettings {
     pub max_length: Option<u64>,
     /// `max-length-bytes`: the most body bytes of ready messages.
     pub max_length_bytes: Option<u64>,
+    /// `delivery-limit`: how often a message may be requeued before it is dead-lettered.
+    pub delivery_limit: Option<u64>,
     /// `dead-letter-exchange`: where rejected, expired and dropped messages go.
     pub dead_letter_exchange: Option<String>,
     /// `dead-letter-routing-key`: the routing key they get there.
@@ -235,6 +236,9 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
                 settings.max_length_bytes =
                     Some(value.as_u64().ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "maximum length in bytes"))?)
             }
+            "delivery-limit" => {
+                settings.delivery_limit = Some(value.as_u64().ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "delivery limit"))?)
+            }
             "dead-letter-exchange" => {
                 let name = value.as_str().filter(|name| name.len() <= 255);
                 settings.dead_letter_exchange =
@@ -307,7 +311,11 @@ mod tests {
             Some(PolicyError::Invalid("<<\"a\">>".to_string(), "maximum length in bytes"))
         );
         assert_eq!(refused(json!({"max-length-bytes": -1})), Some(PolicyError::Invalid("-1".to_string(), "maximum length in bytes")));
-        assert!(refused(json!({"dead-letter-exchange": "dlx", "dead-letter-routing-key": "k", "max-length-bytes": 10})).is_none());
+        assert_eq!(refused(json!({"delivery-limit": -1})), Some(PolicyError::Invalid("-1".to_string(), "delivery limit")));
+        assert!(refused(
+            json!({"dead-letter-exchange": "dlx", "dead-letter-routing-key": "k", "max-length-bytes": 10, "delivery-limit": 3})
+        )
+        .is_none());
         assert!(matches!(refused(json!({"max-length": -1})), Some(PolicyError::BadValue(..))));
         assert_eq!(refused(json!({"overflow": "explode"})), Some(PolicyError::Invalid("<<\"explode\">>".to_string(), "overflow value")));
         assert_eq!(refused(json!({})), Some(PolicyError::Empty));

@@ -81,11 +81,11 @@ def dead_letter_queue(channel, cleanup):
     return cleanup.queue(channel.queue_declare(unique("dead")).method.queue)
 
 
-def get_one(channel, queue, timeout=5):
+def get_one(channel, queue, timeout=5, auto_ack=True):
     """The one message of `queue`, waiting for the dead-letter hop."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        method, properties, body = channel.basic_get(queue, auto_ack=True)
+        method, properties, body = channel.basic_get(queue, auto_ack=auto_ack)
         if method is not None:
             return method, properties, body
         time.sleep(0.02)
@@ -283,7 +283,7 @@ def test_policy_sets_the_dead_letter_exchange_and_the_argument_wins(channel, cle
 
 def test_bad_policy_values_are_refused_with_400(policies):
     for definition in ({"dead-letter-exchange": 5}, {"dead-letter-routing-key": 5}, {"max-length-bytes": -1},
-                       {"max-length-bytes": "a"}, {"overflow": "sideways"}):
+                       {"max-length-bytes": "a"}, {"overflow": "sideways"}, {"delivery-limit": -1}):
         status, body = policies(unique("bad"), "^never-matches$", definition)
         assert status == 400, (definition, status, body)
         assert "Validation failed" in body
@@ -307,6 +307,40 @@ def test_bad_dead_letter_arguments_are_refused_with_rabbitmq_texts(connection, a
     with pytest.raises(ChannelClosedByBroker) as missing:
         check.queue_declare(queue, passive=True)
     assert missing.value.reply_code == 404, "nothing half-made"
+
+
+def test_delivery_limit_dead_letters_after_the_limit_with_x_delivery_count(channel, cleanup):
+    """x-delivery-limit with quorum semantics. RabbitMQ 3.10.8 has it on quorum queues only (a
+    classic queue is refused, 406, checked below); Lepus has it on classic queues as an extension,
+    so the same behaviour is checked on a quorum queue on RabbitMQ and a classic queue on Lepus."""
+    dead = dead_letter_queue(channel, cleanup)
+    source = cleanup.queue(unique("limited"))
+    arguments = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead, "x-delivery-limit": 1}
+    if broker_is_lepus():
+        channel.queue_declare(source, arguments=arguments)
+    else:
+        refused_on_classic = unique("classic")
+        probe = channel.connection.channel()
+        with pytest.raises(ChannelClosedByBroker) as refused:
+            probe.queue_declare(refused_on_classic, arguments=arguments)
+        assert (refused.value.reply_code, refused.value.reply_text) == (
+            406, "PRECONDITION_FAILED - invalid arg 'x-delivery-limit' for queue '%s' in vhost '/' "
+                 "of queue type rabbit_classic_queue" % refused_on_classic)
+        channel.queue_declare(source, durable=True, arguments=dict(arguments, **{"x-queue-type": "quorum"}))
+    channel.basic_publish("", source, b"fragile", pika.BasicProperties(headers={"keep": "me"}))
+    assert wait_for_count(source, 1, channel) == 1
+    counts = []
+    for _ in range(2):
+        method, properties, _ = get_one(channel, source, auto_ack=False)
+        counts.append(properties.headers["x-delivery-count"])
+        channel.basic_nack(method.delivery_tag, requeue=True)
+    assert counts == [0, 1], "a limit of 1 delivers twice, telling each delivery its count"
+    _, properties, body = get_one(channel, dead)
+    assert body == b"fragile"
+    assert properties.headers["keep"] == "me"
+    assert properties.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert "x-delivery-count" not in properties.headers, "the dead letter is the message as published"
+    assert message_count(source, channel) == 0
 
 
 # ---------------------------------------------------------------------------------------------

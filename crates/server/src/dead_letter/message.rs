@@ -81,6 +81,19 @@ pub fn dead_lettered(
     Some(DeadLettered { message, deaths })
 }
 
+/// The message with its `x-delivery-count` header (a long, as RabbitMQ's quorum queues write it)
+/// set to `count`: a copy, made only for queues with a delivery limit.
+pub fn with_delivery_count(message: &std::sync::Arc<Message>, count: u32) -> std::sync::Arc<Message> {
+    let Ok(mut properties) = message.header.properties() else {
+        return message.clone();
+    };
+    let mut headers = properties.headers.take().unwrap_or_default();
+    set(&mut headers, "x-delivery-count", FieldValue::I64(i64::from(count)));
+    properties.headers = Some(headers);
+    let header = ContentHeader::from_properties(message.header.class_id, message.header.body_size, &properties);
+    std::sync::Arc::new(Message { header, ..(**message).clone() })
+}
+
 /// Adds `entry` to the `x-death` header: the first death also names itself in `x-first-death-*`;
 /// a later death of the same queue and reason counts one more on that entry (which keeps its
 /// first time, exchange and keys, as RabbitMQ's does) and moves it to the front. Returns the array.

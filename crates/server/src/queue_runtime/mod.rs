@@ -73,6 +73,8 @@ struct QueueLimits {
     max_length_bytes: Option<u64>,
     overflow: Option<Overflow>,
     message_ttl_ms: Option<u64>,
+    /// x-delivery-limit (a Lepus extension on classic queues, as quorum queues have it).
+    delivery_limit: Option<u64>,
     /// Where dropped messages go; none drops them (no per-message work beyond this branch).
     dead_letter: Option<DeadLetterTarget>,
     policy: Option<Arc<Policy>>,
@@ -102,6 +104,7 @@ impl QueueLimits {
             max_length_bytes: lower(non_negative_argument(arguments, "x-max-length-bytes"), settings.max_length_bytes),
             overflow: argument_overflow.or(settings.overflow),
             message_ttl_ms: lower(non_negative_argument(arguments, "x-message-ttl"), settings.message_ttl_ms),
+            delivery_limit: lower(non_negative_argument(arguments, "x-delivery-limit"), settings.delivery_limit),
             dead_letter: exchange.map(|exchange| DeadLetterTarget { exchange, routing_key }),
             policy,
         }
@@ -113,7 +116,13 @@ impl QueueLimits {
             Overflow::DropHead => queue_core::Overflow::DropHead,
             Overflow::RejectPublish | Overflow::RejectPublishDeadLetter => queue_core::Overflow::RejectPublish,
         };
-        Limits { max_length: self.max_length, max_length_bytes: self.max_length_bytes, overflow, message_ttl_ms: self.message_ttl_ms }
+        Limits {
+            max_length: self.max_length,
+            max_length_bytes: self.max_length_bytes,
+            overflow,
+            message_ttl_ms: self.message_ttl_ms,
+            delivery_limit: self.delivery_limit.map(|limit| limit.min(u64::from(u32::MAX)) as u32),
+        }
     }
 
     /// Where a message refused by reject-publish-dlx goes.

@@ -96,7 +96,14 @@ impl QueueRuntime {
         outcome: &mut Outcome,
     ) -> bool {
         let mut undelivered = None;
-        for effect in effects.drain(..) {
+        let counts_deliveries = inner.limits.delivery_limit.is_some();
+        for mut effect in effects.drain(..) {
+            if counts_deliveries {
+                // A queue with a delivery limit tells each delivery its count, as quorum queues do.
+                if let Effect::Deliver { queued, .. } = &mut effect {
+                    queued.message = crate::dead_letter::message::with_delivery_count(&queued.message, queued.delivery_count);
+                }
+            }
             match effect {
                 Effect::Deliver { consumer: Some(consumer), position, queued, no_ack } => {
                     let queue = context.queue.expect("only commands with the queue's Arc deliver");

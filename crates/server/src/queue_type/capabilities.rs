@@ -69,6 +69,8 @@ const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
         "x-max-length-bytes",
         "x-dead-letter-exchange",
         "x-dead-letter-routing-key",
+        // A Lepus extension: RabbitMQ 3.10.8 refuses it on classic queues (406).
+        "x-delivery-limit",
     ],
     exclusive: true,
     non_durable: true,

@@ -124,9 +124,14 @@ fn dead_letter_and_byte_limit_arguments_are_checked_with_rabbitmq_texts() {
             ("x-dead-letter-routing-key", text("k")),
             ("x-max-length-bytes", FieldValue::I64(10)),
             ("x-overflow", text("reject-publish-dlx")),
+            ("x-delivery-limit", FieldValue::I32(3)),
         ],
     );
     assert_eq!(classic.check_declare(&accepted, VHOST), Ok(()));
+    assert_eq!(
+        refused(&[("x-delivery-limit", FieldValue::I32(-1))]),
+        (406, format!("{prefix} 'x-delivery-limit' for queue 'q' in vhost '/': {{value_negative,-1}}"))
+    );
 }
 
 #[test]
