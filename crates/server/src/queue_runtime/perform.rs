@@ -6,7 +6,7 @@ use crate::dead_letter::DeadLetter;
 use crate::shared::{ChannelShared, ConsumerHandle, Outbound, Readiness, Unacked};
 use broker_core::queue::QueuedMessage;
 use broker_core::Message;
-use queue_core::{Command, ConsumerRef, Effect, Reply};
+use queue_core::{Command, ConsumerRef, DeadLetterReason, Effect, Reply};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -150,20 +150,27 @@ impl QueueRuntime {
                 }
                 Effect::NeedPageIn { messages_max, bytes_max } => self.read_page(inner, messages_max, bytes_max),
                 Effect::SettlePaged { count } => self.settle_paged(inner, count),
-                Effect::Drop { position, message, reason, logged } => match &inner.limits.dead_letter {
-                    // Settled in the log once its new queues hold it (the dead-letter worker).
-                    Some(target) => inner.dead_letters.push(DeadLetter { position, logged, message, reason, target: target.clone() }),
-                    None if logged => {
-                        if let Some(log) = &self.log {
-                            log.lock().append_settled(position);
-                        }
-                    }
-                    None => {}
-                },
+                Effect::Drop { position, message, reason, logged } => self.drop_message(inner, position, message, reason, logged),
                 Effect::LogSettle { .. } | Effect::LogDelivered { .. } => {}
             }
         }
         undelivered.is_some()
+    }
+}
+
+impl QueueRuntime {
+    /// A message that left unconsumed: dead-lettered when the queue has a dead-letter exchange
+    /// (settled in the log by the dead-letter worker once its new queues hold it), else dropped.
+    fn drop_message(&self, inner: &mut QueueInner, position: u64, message: Arc<Message>, reason: DeadLetterReason, logged: bool) {
+        match &inner.limits.dead_letter {
+            Some(target) => inner.dead_letters.push(DeadLetter { position, logged, message, reason, target: target.clone() }),
+            None if logged => {
+                if let Some(log) = &self.log {
+                    log.lock().append_settled(position);
+                }
+            }
+            None => {}
+        }
     }
 }
 
