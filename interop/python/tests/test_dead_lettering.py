@@ -437,3 +437,28 @@ def test_kill_9_while_dead_lettering_loses_no_message(tmp_path):
         safe_close(conn)
     finally:
         broker.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# Permissions: a queue with a dead-letter exchange needs read on itself and write on the exchange
+# ---------------------------------------------------------------------------------------------
+
+from test_permissions import user, user_connection  # noqa: E402,F401 (fixtures)
+
+
+def test_declaring_a_dead_letter_exchange_needs_write_on_it_and_read_on_the_queue(connection, cleanup, user,  # noqa: F811
+                                                                                  user_connection):  # noqa: F811
+    writable = user.resource("w", "x")
+    unwritable = user.resource("r", "x")
+    readable_queue = cleanup.queue(user.resource("cr", "q"))
+    unreadable_queue = cleanup.queue(user.resource("c", "q"))
+    for queue, exchange, refused in ((readable_queue, unwritable, ("exchange", unwritable)),
+                                     (unreadable_queue, writable, ("queue", unreadable_queue))):
+        channel = user_connection.channel()
+        with pytest.raises(ChannelClosedByBroker) as error:
+            channel.queue_declare(queue, arguments={"x-dead-letter-exchange": exchange})
+        assert (error.value.reply_code, error.value.reply_text) == (403, user.refusal(*refused))
+    channel = user_connection.channel()
+    channel.queue_declare(readable_queue, arguments={"x-dead-letter-exchange": writable})
+    # A redeclaration of the existing queue is not checked again.
+    channel.queue_declare(readable_queue, arguments={"x-dead-letter-exchange": writable})
