@@ -361,6 +361,7 @@ enum Step {
     Get { no_ack: bool },
     Settle(usize),
     Requeue(usize),
+    Reject(usize),
     Purge,
     Advance(u64),
 }
@@ -375,6 +376,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => any::<bool>().prop_map(|no_ack| Step::Get { no_ack }),
         2 => any::<usize>().prop_map(Step::Settle),
         2 => any::<usize>().prop_map(Step::Requeue),
+        1 => any::<usize>().prop_map(Step::Reject),
         1 => Just(Step::Purge),
         2 => (0u64..40).prop_map(Step::Advance),
     ]
@@ -396,7 +398,9 @@ proptest! {
     /// (dispatch, get, expire) the head is not expired.
     #[test]
     fn conservation_order_prefetch_and_ttl(steps in proptest::collection::vec(step(), 0..150), queue_ttl_ms in proptest::option::of(0u64..60)) {
-        let mut queue = Harness::new(Limits { max_length: Some(20), message_ttl_ms: queue_ttl_ms, ..Limits::NONE });
+        // Test messages are 16 bytes: the byte limit (15 messages) bites before the length limit.
+        let limits = Limits { max_length: Some(20), max_length_bytes: Some(16 * 15), message_ttl_ms: queue_ttl_ms, delivery_limit: Some(3), ..Limits::NONE };
+        let mut queue = Harness::new(limits);
         let mut now_ms = 0u64;
         let mut whereabouts: HashMap<u64, Whereabouts> = HashMap::new();
         let mut deadline_of_position: HashMap<u64, u64> = HashMap::new();
@@ -433,12 +437,15 @@ proptest! {
                 }
                 Step::Dispatch => Command::Dispatch,
                 Step::Get { no_ack } => Command::Get { no_ack },
-                Step::Settle(index) | Step::Requeue(index) if !unacked.is_empty() => {
+                Step::Settle(index) | Step::Requeue(index) | Step::Reject(index) if !unacked.is_empty() => {
                     let (position, id) = unacked.remove(index % unacked.len());
                     if let Some(consumer) = holder_of.remove(&position) { *held.entry(consumer).or_default() -= 1; }
                     if matches!(step, Step::Settle(_)) {
                         whereabouts.insert(id, Whereabouts::Settled);
                         Command::Settle { position }
+                    } else if matches!(step, Step::Reject(_)) {
+                        whereabouts.insert(id, Whereabouts::Dropped);
+                        Command::Reject { position }
                     } else {
                         whereabouts.insert(id, Whereabouts::Ready);
                         ready_positions.insert(position);
@@ -483,6 +490,9 @@ proptest! {
                             }
                         }
                     }
+                    Effect::Drop { message, reason: DeadLetterReason::Rejected, .. } => {
+                        prop_assert_eq!(whereabouts.get(&message.0), Some(&Whereabouts::Dropped), "only a rejected unacked message drops as rejected");
+                    }
                     Effect::Drop { position, message, reason, .. } => {
                         prop_assert_eq!(whereabouts.get(&message.0), Some(&Whereabouts::Ready));
                         prop_assert!(ready_positions.remove(position), "dropped a message that was not ready");
@@ -500,6 +510,12 @@ proptest! {
                 whereabouts.insert(id, Whereabouts::Ready);
                 ready_positions.insert(position);
                 if let Some(deadline) = deadline { deadline_of_position.insert(position, deadline); }
+            }
+            // Drop-head makes room before it enqueues: after a publish both limits hold (requeues
+            // may go past them in between, as in RabbitMQ).
+            if published.is_some() {
+                prop_assert!(queue.core.messages().ready_count() <= 20, "x-max-length passed after a publish");
+                prop_assert!(queue.core.messages().ready_bytes() <= 16 * 15, "x-max-length-bytes passed after a publish");
             }
             // Conservation: the core's counts match the model's.
             let ready = whereabouts.values().filter(|state| **state == Whereabouts::Ready).count();
