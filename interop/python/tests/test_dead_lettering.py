@@ -160,6 +160,21 @@ def test_queue_ttl_expires_into_the_dead_letter_exchange_without_a_consumer(chan
     assert "original-expiration" not in death, "a queue TTL is not the message's expiration"
 
 
+def test_expired_messages_reach_a_consumer_of_the_dead_letter_queue_in_order(connection, channel, cleanup):
+    dead = dead_letter_queue(channel, cleanup)
+    source = cleanup.queue(unique("src"))
+    channel.queue_declare(source, durable=True, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead,
+                                                           "x-message-ttl": 30})
+    got = []
+    channel.basic_consume(dead, lambda _channel, _method, _properties, body: got.append(body), auto_ack=True)
+    for index in range(100):
+        channel.basic_publish("", source, b"%d" % index, pika.BasicProperties(delivery_mode=2))
+    deadline = time.monotonic() + 5
+    while len(got) < 100 and time.monotonic() < deadline:
+        connection.process_data_events(0.05)
+    assert got == [b"%d" % index for index in range(100)]
+
+
 def test_message_expiration_is_recorded_as_original_expiration(channel, cleanup):
     dead = dead_letter_queue(channel, cleanup)
     source = cleanup.queue(unique("src"))
