@@ -16,7 +16,7 @@
 
 pub mod message;
 
-use crate::broker::Broker;
+use crate::broker::{Broker, VhostTopology};
 use crate::queue_type::{ConfirmTickets, PublishOutcome, Queue};
 use amqp_codec::ShortStr;
 use broker_core::Message;
@@ -24,7 +24,7 @@ use queue_core::DeadLetterReason;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
-use storage::syncer::SharedLog;
+use storage::syncer::{SharedLog, Syncer};
 
 /// How many batches of dead letters wait for the worker at most. When the backlog is full, a
 /// queue keeps its dead letters and hands them over with its next command or the next sweep.
@@ -124,7 +124,7 @@ fn run(broker: Weak<Broker>, receiver: Receiver<DeadLetterBatch>) {
             return;
         };
         match received {
-            Ok(batch) => publish_batch(&broker, batch),
+            Ok(batch) => publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, batch),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
@@ -142,7 +142,7 @@ fn sweep(broker: &Broker) {
             topology.read().queues().filter(|entry| entry.handle.dead_letters()).map(|entry| entry.handle.clone()).collect();
         for queue in queues {
             if let Some(batch) = queue.take_dead_letters() {
-                publish_batch(broker, batch);
+                publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, batch);
             }
         }
     }
@@ -152,11 +152,11 @@ fn now_s() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_secs()).unwrap_or(0)
 }
 
-/// Routes and publishes a batch, then settles the logged letters in their source once the new
-/// queues hold them safely.
-fn publish_batch(broker: &Broker, batch: DeadLetterBatch) {
+/// Routes and publishes a batch in its vhost's `topology` (none: the vhost is gone, the letters
+/// are dropped), then settles the logged letters in their source once the new queues hold them
+/// safely.
+fn publish_batch(topology: Option<VhostTopology>, syncer: &Syncer, batch: DeadLetterBatch) {
     let DeadLetterBatch { source, letters } = batch;
-    let topology = broker.vhost(&source.vhost);
     let now_s = now_s();
     let mut tickets = ConfirmTickets::default();
     let mut settled_positions: Vec<u64> = Vec::new();
@@ -190,12 +190,12 @@ fn publish_batch(broker: &Broker, batch: DeadLetterBatch) {
             }
         }
     }
-    settle_when_held(broker, &source, tickets, settled_positions);
+    settle_when_held(syncer, &source, tickets, settled_positions);
 }
 
 /// Settles `positions` in the source's log once `tickets` are settled; not at all when they
 /// failed (the messages stay in the source's log: a restart brings them back, a duplicate).
-fn settle_when_held(broker: &Broker, source: &Arc<DeadLetterSource>, tickets: ConfirmTickets, positions: Vec<u64>) {
+fn settle_when_held(syncer: &Syncer, source: &Arc<DeadLetterSource>, tickets: ConfirmTickets, positions: Vec<u64>) {
     let Some(log) = source.log.clone() else {
         return;
     };
@@ -215,6 +215,9 @@ fn settle_when_held(broker: &Broker, source: &Arc<DeadLetterSource>, tickets: Co
     if tickets.is_empty() {
         settle(true);
     } else {
-        tickets.when_settled(&broker.syncer, Box::new(settle));
+        tickets.when_settled(syncer, Box::new(settle));
     }
 }
+
+#[cfg(test)]
+mod tests;
