@@ -175,6 +175,23 @@ def test_expired_messages_reach_a_consumer_of_the_dead_letter_queue_in_order(con
     assert got == [b"%d" % index for index in range(100)]
 
 
+def test_a_backlog_paged_to_disk_expires_into_the_dead_letter_exchange_too(channel, cleanup):
+    """12 messages of 4 MiB: past Lepus's 32 MiB in memory per queue, 4 are paged to disk (the TTL
+    is long enough for all to be published first). Every one expires and is dead-lettered with no
+    consumer, paged ones included."""
+    dead = dead_letter_queue(channel, cleanup)
+    source = cleanup.queue(unique("src"))
+    channel.queue_declare(source, durable=True, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead,
+                                                           "x-message-ttl": 3000})
+    channel.confirm_delivery()
+    body = b"x" * (4 * 1024 * 1024)
+    for _ in range(12):
+        channel.basic_publish("", source, body, pika.BasicProperties(delivery_mode=2))
+    assert wait_for_count(dead, 12, channel, timeout=20) == 12
+    assert message_count(source, channel) == 0
+    channel.queue_purge(dead)
+
+
 def test_message_expiration_is_recorded_as_original_expiration(channel, cleanup):
     dead = dead_letter_queue(channel, cleanup)
     source = cleanup.queue(unique("src"))

@@ -459,10 +459,12 @@ impl QueueRuntime {
         self.dead_lettering.load(Ordering::Acquire)
     }
 
-    /// Expires the head and takes every dead letter the queue holds (the expiry sweep).
-    pub fn take_dead_letters(&self) -> Option<DeadLetterBatch> {
+    /// Expires the head and takes every dead letter the queue still holds (the expiry sweep).
+    /// It dispatches rather than only expiring, so a backlog paged to disk is paged in and
+    /// expires too, one page-in batch per sweep, with no consumer asking.
+    pub fn take_dead_letters(self: &Arc<Self>) -> Option<DeadLetterBatch> {
         let mut inner = self.inner.lock();
-        self.run(&mut inner, || Command::Expire, perform::Context::default());
+        self.dispatch_locked(&mut inner);
         self.take_batch(&mut inner)
     }
 
