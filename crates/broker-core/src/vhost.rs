@@ -540,13 +540,6 @@ impl Overflow {
     }
 }
 
-/// The length limit a queue was declared with, if any.
-pub fn queue_length_limit(arguments: &FieldTable) -> Option<(u64, Overflow)> {
-    let limit = arguments.get("x-max-length")?.as_i64()?;
-    let overflow = arguments.get("x-overflow").and_then(FieldValue::as_text).and_then(|name| Overflow::from_name(&name));
-    Some((limit.max(0) as u64, overflow.unwrap_or(Overflow::DropHead)))
-}
-
 fn invalid_argument(key: &str, queue: &ShortStr, vhost: &str, problem: String) -> AmqpError {
     AmqpError::precondition(format!("invalid arg '{key}' for queue '{queue}' in vhost '{vhost}': {problem}"))
 }
