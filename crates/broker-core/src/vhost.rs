@@ -557,23 +557,27 @@ impl<Q: Clone> Vhost<Q> {
     }
 }
 
-/// The overflow behaviour of a queue with `x-max-length`.
+/// The overflow behaviour of a queue with `x-max-length` or `x-max-length-bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Overflow {
     /// Drop the oldest ready message to make room (RabbitMQ's default).
     DropHead,
     /// Refuse the new message: the publisher gets basic.nack in confirm mode.
     RejectPublish,
+    /// Refuse the new message and dead-letter it (reason `maxlen`).
+    RejectPublishDeadLetter,
 }
 
-/// The length limit a queue was declared with, if any.
-pub fn queue_length_limit(arguments: &FieldTable) -> Option<(u64, Overflow)> {
-    let limit = arguments.get("x-max-length")?.as_i64()?;
-    let overflow = match arguments.get("x-overflow").and_then(FieldValue::as_text).as_deref() {
-        Some("reject-publish") | Some("reject-publish-dlx") => Overflow::RejectPublish,
-        _ => Overflow::DropHead,
-    };
-    Some((limit.max(0) as u64, overflow))
+impl Overflow {
+    /// The mode of that `x-overflow` (or policy `overflow`) name.
+    pub fn from_name(name: &str) -> Option<Overflow> {
+        match name {
+            "drop-head" => Some(Overflow::DropHead),
+            "reject-publish" => Some(Overflow::RejectPublish),
+            "reject-publish-dlx" => Some(Overflow::RejectPublishDeadLetter),
+            _ => None,
+        }
+    }
 }
 
 fn invalid_argument(key: &str, queue: &ShortStr, vhost: &str, problem: String) -> AmqpError {
@@ -584,7 +588,25 @@ fn invalid_argument(key: &str, queue: &ShortStr, vhost: &str, problem: String) -
 /// type, with RabbitMQ's 406 texts. Which arguments a type takes at all is the server's to decide.
 pub fn check_queue_argument(key: &str, value: &FieldValue, queue: &ShortStr, vhost: &str) -> Result<(), AmqpError> {
     match key {
-        "x-max-length" => match value.as_i64() {
+        "x-max-length-bytes" => match value.as_i64() {
+            Some(limit) if limit >= 0 => Ok(()),
+            Some(limit) => Err(invalid_argument(key, queue, vhost, format!("{{value_negative,{limit}}}"))),
+            None => Err(invalid_argument(key, queue, vhost, format!("\"expected integer, got {}\"", type_name(value)))),
+        },
+        "x-dead-letter-exchange" => match value {
+            FieldValue::LongStr(_) => Ok(()),
+            other => Err(AmqpError::precondition(format!(
+                "invalid type '{}' for arg '{key}' in queue '{queue}' in vhost '{vhost}'",
+                type_name(other)
+            ))),
+        },
+        "x-dead-letter-routing-key" => match value {
+            // Without x-dead-letter-exchange beside it, the declaration is refused too: see
+            // `check_dead_letter_routing_key`.
+            FieldValue::LongStr(_) => Ok(()),
+            other => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(other)))),
+        },
+        "x-max-length" | "x-delivery-limit" => match value.as_i64() {
             Some(limit) if limit >= 0 => Ok(()),
             Some(limit) => Err(invalid_argument(key, queue, vhost, format!("{{value_negative,{limit}}}"))),
             None => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
@@ -601,6 +623,15 @@ pub fn check_queue_argument(key: &str, value: &FieldValue, queue: &ShortStr, vho
         },
         _ => Ok(()),
     }
+}
+
+/// RabbitMQ refuses a dead-letter routing key without a dead-letter exchange.
+pub fn check_dead_letter_routing_key(arguments: &FieldTable, queue: &ShortStr, vhost: &str) -> Result<(), AmqpError> {
+    let key = "x-dead-letter-routing-key";
+    if arguments.get(key).is_some() && arguments.get("x-dead-letter-exchange").is_none() {
+        return Err(invalid_argument(key, queue, vhost, "routing_key_but_no_dlx_defined".to_string()));
+    }
+    Ok(())
 }
 
 /// The AMQP type name RabbitMQ reports for a value of the wrong type.

@@ -65,10 +65,25 @@ impl<M: Payload> QueueCore<M> {
                 }
                 Reply::Ok
             }
+            Command::Reject { position } => {
+                if let Some((queued, holder)) = self.messages.settle_held(position) {
+                    self.release(holder);
+                    effects.push(Effect::Drop {
+                        position,
+                        message: queued.message,
+                        reason: DeadLetterReason::Rejected,
+                        logged: queued.logged,
+                    });
+                }
+                Reply::Ok
+            }
             Command::Requeue { position } => {
                 if let Some(holder) = self.messages.requeue_held(position) {
                     self.stats.requeued += 1;
                     self.release(holder);
+                    if let Some(limit) = self.limits.delivery_limit {
+                        self.drop_past_delivery_limit(position, limit, effects);
+                    }
                 }
                 Reply::Ok
             }
@@ -88,9 +103,9 @@ impl<M: Payload> QueueCore<M> {
             }
             Command::SetLimits(limits) => {
                 self.limits = limits;
-                match limits.length_limit {
-                    Some((limit, Overflow::DropHead)) => self.drop_head_to(limit, effects),
-                    _ => Reply::Ok,
+                match limits.overflow {
+                    Overflow::DropHead => self.drop_head_while_over(0, effects),
+                    Overflow::RejectPublish => Reply::Ok,
                 }
             }
         }
@@ -104,38 +119,46 @@ impl<M: Payload> QueueCore<M> {
         effects: &mut Vec<Effect<M>>,
     ) -> Reply {
         let Enqueue { persistent, own_ttl_ms, now_ms } = enqueue;
+        let size_bytes = message.size_bytes();
+        let bounded = self.limits.max_length.is_some() || self.limits.max_length_bytes.is_some();
         let mut kept_only_if_delivered = false;
-        if let Some((limit, overflow)) = self.limits.length_limit {
-            if self.messages.ready_count() as u64 >= limit {
-                match overflow {
-                    Overflow::RejectPublish => return Reply::Rejected,
-                    Overflow::DropHead if limit == 0 => kept_only_if_delivered = true,
-                    // Room for the new message.
-                    Overflow::DropHead => drop(self.drop_head_to(limit - 1, effects)),
+        if bounded {
+            match self.limits.overflow {
+                Overflow::RejectPublish if self.would_overflow(size_bytes) => return Reply::Rejected,
+                Overflow::RejectPublish => {}
+                // Over the limit on its own (x-max-length 0, a body above x-max-length-bytes):
+                // RabbitMQ enqueues it and drops from the head while over, so everything before
+                // it goes, then it, unless a consumer takes it at once.
+                Overflow::DropHead if self.over_limit_alone(size_bytes) => {
+                    while self.drop_oldest(true, effects) {}
+                    effects.extend(self.page_in_request());
+                    kept_only_if_delivered = true;
                 }
+                // Room for the new message: the same drops as RabbitMQ's enqueue-then-drop-head.
+                Overflow::DropHead => drop(self.drop_head_while_over(size_bytes, effects)),
             }
         }
         let expires_at_ms = self.expiry(own_ttl_ms, now_ms);
-        if kept_only_if_delivered || expires_at_ms.is_some_and(|expires_at_ms| expires_at_ms <= now_ms) {
+        let expired_at_once = expires_at_ms.is_some_and(|expires_at_ms| expires_at_ms <= now_ms);
+        if kept_only_if_delivered || expired_at_once {
             // As RabbitMQ does (`rabbit_amqqueue_process:deliver_or_enqueue`): a consumer that can
             // take it now gets it; otherwise it is dropped at once, with nothing written.
-            return match self.deliverable_at_once(can_take) {
-                Some(index) => {
-                    self.stats.published += 1;
-                    let logged = persistent && self.window.is_some();
-                    let position = self.messages.push_expiring(message, expires_at_ms, logged);
-                    if logged {
-                        effects.push(Effect::LogAppend { position, persistent, paged: false });
-                    }
-                    self.deliver(Some(index), effects);
-                    Reply::Ok
-                }
-                None => Reply::Dropped,
+            let Some(index) = self.deliverable_at_once(can_take) else {
+                let reason = if kept_only_if_delivered { DeadLetterReason::MaxLength } else { DeadLetterReason::Expired };
+                return self.drop_at_once(message, persistent, reason, effects);
             };
+            self.stats.published += 1;
+            let logged = persistent && self.window.is_some();
+            let position = self.messages.push_expiring(message, expires_at_ms, logged);
+            if logged {
+                effects.push(Effect::LogAppend { position, persistent, paged: false });
+            }
+            self.deliver(Some(index), effects);
+            return Reply::Ok;
         }
         self.stats.published += 1;
         if self.should_page() {
-            let position = self.messages.push_paged();
+            let position = self.messages.push_paged(size_bytes);
             effects.push(Effect::LogAppend { position, persistent, paged: true });
             return Reply::Ok;
         }
@@ -145,6 +168,53 @@ impl<M: Payload> QueueCore<M> {
             effects.push(Effect::LogAppend { position, persistent, paged: false });
         }
         Reply::Ok
+    }
+
+    /// A message the queue does not keep: it takes a position (so a dead letter can name one)
+    /// and leaves at once through a `Drop` effect. Dead-lettered, it is first logged as any message
+    /// is (the publish waits for that, and its source record is settled once the dead letter is
+    /// safe); otherwise nothing is written and the publish is answered `Dropped`.
+    fn drop_at_once(&mut self, message: M, persistent: bool, reason: DeadLetterReason, effects: &mut Vec<Effect<M>>) -> Reply {
+        let logged = self.limits.dead_letters && persistent && self.window.is_some();
+        let position = self.messages.push_expiring(message, None, logged);
+        if logged {
+            self.stats.published += 1;
+            effects.push(Effect::LogAppend { position, persistent, paged: false });
+        }
+        if let Some(queued) = self.messages.take_ready(position) {
+            effects.push(Effect::Drop { position, message: queued.message, reason, logged });
+        }
+        if logged {
+            Reply::Ok
+        } else {
+            Reply::Dropped
+        }
+    }
+
+    /// Whether a message of `size_bytes` is over a limit even in an empty queue.
+    fn over_limit_alone(&self, size_bytes: u64) -> bool {
+        self.limits.max_length == Some(0) || self.limits.max_length_bytes.is_some_and(|max| size_bytes > max)
+    }
+
+    /// Whether one more message of `size_bytes` would take the queue past a limit.
+    fn would_overflow(&self, size_bytes: u64) -> bool {
+        let ready = self.messages.ready_count() as u64;
+        self.limits.max_length.is_some_and(|max| ready + 1 > max)
+            || self.limits.max_length_bytes.is_some_and(|max| self.messages.ready_bytes() + size_bytes > max)
+    }
+
+    /// Whether the queue is past a limit, counting `incoming_bytes` more bytes and, when that is
+    /// not zero, one more message.
+    fn over_limit(&self, incoming_bytes: u64) -> bool {
+        if incoming_bytes > 0 {
+            return self.would_overflow(incoming_bytes);
+        }
+        self.over_length_limit(0) || self.limits.max_length_bytes.is_some_and(|max| self.messages.ready_bytes() > max)
+    }
+
+    /// Whether the queue is past x-max-length, counting `incoming` more messages.
+    fn over_length_limit(&self, incoming: u64) -> bool {
+        self.limits.max_length.is_some_and(|max| self.messages.ready_count() as u64 + incoming > max)
     }
 
     /// When a message enqueued (or paged in) now expires: the sooner of its own TTL and the queue's.
@@ -166,36 +236,53 @@ impl<M: Payload> QueueCore<M> {
         })
     }
 
-    /// Drops the oldest ready messages until at most `count` are ready.
-    fn drop_head_to(&mut self, count: u64, effects: &mut Vec<Effect<M>>) -> Reply {
-        while self.messages.ready_count() as u64 > count {
-            if self.messages.ready_in_memory() == 0 {
-                // Only paged ones are left (the newest are paged, so these are the oldest): they
-                // stop counting now, and the page-in that reads them settles and drops them.
-                if !self.messages.drop_paged_head() {
-                    break;
-                }
-                continue;
-            }
-            let Some((position, dropped)) = self.messages.pop(false) else {
-                break;
-            };
-            if dropped.logged {
-                effects.push(Effect::LogSettle { position });
-            }
-            effects.push(Effect::Drop { position, message: dropped.message, reason: DeadLetterReason::MaxLength });
-        }
+    /// Drops the oldest ready messages while the queue is past a limit (with room for a message
+    /// of `incoming_bytes` when that is not zero).
+    fn drop_head_while_over(&mut self, incoming_bytes: u64, effects: &mut Vec<Effect<M>>) -> Reply {
+        let incoming = u64::from(incoming_bytes > 0);
+        // Past only the byte limit, paged messages' sizes are unknown until read: the queue stays
+        // over it until the page-in asked for below brings them.
+        while self.over_limit(incoming_bytes) && self.drop_oldest(self.over_length_limit(incoming), effects) {}
         effects.extend(self.page_in_request());
         Reply::Ok
+    }
+
+    /// Drops the oldest ready message (reason maxlen); false when there is none to drop. When only
+    /// paged ones are left (the newest are paged, so these are the oldest) one is dropped only if
+    /// `paged_too`: it stops counting now, and the page-in that reads it drops it.
+    fn drop_oldest(&mut self, paged_too: bool, effects: &mut Vec<Effect<M>>) -> bool {
+        if self.messages.ready_count() == 0 {
+            return false;
+        }
+        if self.messages.ready_in_memory() == 0 {
+            return paged_too && self.messages.drop_paged_head();
+        }
+        let Some((position, dropped)) = self.messages.pop(false) else {
+            return false;
+        };
+        effects.push(Effect::Drop { position, message: dropped.message, reason: DeadLetterReason::MaxLength, logged: dropped.logged });
+        true
+    }
+
+    /// Drops a requeued message that came back more often than `limit` allows, as RabbitMQ's
+    /// quorum queues do (a limit of 1 delivers a message twice).
+    fn drop_past_delivery_limit(&mut self, position: u64, limit: u32, effects: &mut Vec<Effect<M>>) {
+        if self.messages.ready_delivery_count(position).is_some_and(|count| count > limit) {
+            if let Some(queued) = self.messages.take_ready(position) {
+                effects.push(Effect::Drop {
+                    position,
+                    message: queued.message,
+                    reason: DeadLetterReason::DeliveryLimit,
+                    logged: queued.logged,
+                });
+            }
+        }
     }
 
     /// Drops expired messages at the head.
     fn expire_head(&mut self, now_ms: u64, effects: &mut Vec<Effect<M>>) {
         while let Some((position, expired)) = self.messages.pop_expired_head(now_ms) {
-            if expired.logged {
-                effects.push(Effect::LogSettle { position });
-            }
-            effects.push(Effect::Drop { position, message: expired.message, reason: DeadLetterReason::Expired });
+            effects.push(Effect::Drop { position, message: expired.message, reason: DeadLetterReason::Expired, logged: expired.logged });
         }
     }
 
@@ -334,5 +421,12 @@ impl<M: Payload> QueueCore<M> {
 /// Limits without any length limit or TTL.
 impl Limits {
     /// No limits.
-    pub const NONE: Limits = Limits { length_limit: None, message_ttl_ms: None };
+    pub const NONE: Limits = Limits {
+        max_length: None,
+        max_length_bytes: None,
+        overflow: Overflow::DropHead,
+        message_ttl_ms: None,
+        delivery_limit: None,
+        dead_letters: false,
+    };
 }

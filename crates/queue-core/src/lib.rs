@@ -13,21 +13,34 @@ pub use core_image::{ConsumerImage, CoreImage};
 pub use state::{ConsumerId, MessagesImage, Payload, QueueState, QueuedMessage};
 
 /// What a full queue does with one more message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Overflow {
     /// Drop the oldest ready message to make room (RabbitMQ's default).
+    #[default]
     DropHead,
-    /// Refuse the new message.
+    /// Refuse the new message. RabbitMQ's `reject-publish-dlx` is this too: the core refuses, and
+    /// the caller dead-letters the refused message.
     RejectPublish,
 }
 
 /// A queue's effective limits (arguments merged with its policy by the caller).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Limits {
-    /// x-max-length and what happens past it.
-    pub length_limit: Option<(u64, Overflow)>,
+    /// x-max-length: the most ready messages.
+    pub max_length: Option<u64>,
+    /// x-max-length-bytes: the most body bytes of ready messages.
+    pub max_length_bytes: Option<u64>,
+    /// What happens past either limit.
+    pub overflow: Overflow,
     /// x-message-ttl, applied to messages enqueued from now on.
     pub message_ttl_ms: Option<u64>,
+    /// x-delivery-limit: a message requeued more often than this leaves (reason delivery_limit).
+    pub delivery_limit: Option<u32>,
+    /// Whether the caller dead-letters what leaves (the queue has a dead-letter exchange). A
+    /// message the queue does not keep (x-max-length 0, TTL 0, no consumer ready) is then enqueued
+    /// and logged like any other before it leaves, so its dead-lettering is at least once;
+    /// without, it is dropped at once with nothing written.
+    pub dead_letters: bool,
 }
 
 /// How many ready messages a queue with a log keeps in memory; past that, new ones are paged.
@@ -45,14 +58,30 @@ pub struct Window {
     pub page_in_batch_bytes_max: u64,
 }
 
-/// Why a message left the queue without being consumed: the dead-letter reason of issue 12.
-/// Today such messages are only dropped.
+/// Why a message left the queue without being consumed: the reason its dead-lettering records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeadLetterReason {
-    /// Dropped at the head by x-max-length with drop-head.
+    /// Dropped at the head by x-max-length or x-max-length-bytes with drop-head (or refused by
+    /// reject-publish-dlx, which the caller dead-letters).
     MaxLength,
     /// Its TTL passed.
     Expired,
+    /// basic.reject or basic.nack without requeue.
+    Rejected,
+    /// Requeued more often than x-delivery-limit allows.
+    DeliveryLimit,
+}
+
+impl DeadLetterReason {
+    /// The name RabbitMQ writes in the `reason` of an `x-death` entry.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeadLetterReason::MaxLength => "maxlen",
+            DeadLetterReason::Expired => "expired",
+            DeadLetterReason::Rejected => "rejected",
+            DeadLetterReason::DeliveryLimit => "delivery_limit",
+        }
+    }
 }
 
 /// Message totals of a queue (RabbitMQ's message_stats).
@@ -106,8 +135,10 @@ pub enum Command<M> {
     DispatchOne,
     /// basic.get.
     Get { no_ack: bool },
-    /// Ack (or reject without requeue) of an unacked message.
+    /// Ack of an unacked message.
     Settle { position: u64 },
+    /// Reject or nack without requeue: the message leaves as [`Effect::Drop`] (reason rejected).
+    Reject { position: u64 },
     /// Reject, nack or recover with requeue: back to its place, marked redelivered.
     Requeue { position: u64 },
     /// A delivery the caller could not hand over (its channel had closed): back, unchanged.
@@ -132,8 +163,9 @@ pub enum Effect<M> {
     LogSettle { position: u64 },
     /// Record in the log that the message was handed out (a restart marks it redelivered).
     LogDelivered { position: u64 },
-    /// A message left the queue unconsumed; the dead-letter hook.
-    Drop { position: u64, message: M, reason: DeadLetterReason },
+    /// A message left the queue unconsumed: the caller dead-letters it or only drops it, and when
+    /// `logged` settles it in the log (a dead-lettered one once its new queues hold it safely).
+    Drop { position: u64, message: M, reason: DeadLetterReason, logged: bool },
     /// Read up to this many paged messages (and bytes) from the log and apply them with
     /// [`Command::PagedIn`] (or [`Command::PageInFailed`]) naming `generation`. The queue counts
     /// the read as in flight until then: it keeps serving what is in memory and asks for no

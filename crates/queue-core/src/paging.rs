@@ -44,9 +44,9 @@ impl<M: Payload> QueueCore<M> {
         }
         self.page_in.in_flight = false;
         for PagedMessage { position, message, redelivered, own_ttl_ms } in messages {
-            if self.messages.settle_dropped_paged() {
-                effects.push(Effect::LogSettle { position });
-                effects.push(Effect::Drop { position, message, reason: DeadLetterReason::MaxLength });
+            if self.messages.settle_dropped_paged(message.size_bytes()) {
+                // Logged: the caller settles its record (once dead-lettered, when it is).
+                effects.push(Effect::Drop { position, message, reason: DeadLetterReason::MaxLength, logged: true });
                 continue;
             }
             if self.messages.paged_count() == 0 {

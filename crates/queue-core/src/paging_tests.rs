@@ -177,7 +177,7 @@ fn basic_get_on_an_all_paged_queue_waits_for_the_read_and_gets_the_oldest() {
 
 #[test]
 fn drop_head_during_a_read_drops_the_oldest_paged_when_they_are_read() {
-    let limits = Limits { length_limit: Some((3, Overflow::DropHead)), message_ttl_ms: None };
+    let limits = Limits { max_length: Some(3), overflow: Overflow::DropHead, ..Limits::NONE };
     let mut queue =
         Queue { core: QueueCore::new(QueueState::with_paged(100, 3), limits, Some(WINDOW)), effects: Vec::new(), log: (97..100).collect() };
     assert_eq!(queue.apply(Command::Get { no_ack: false }), Reply::PageInFirst);
@@ -190,7 +190,7 @@ fn drop_head_during_a_read_drops_the_oldest_paged_when_they_are_read() {
     let messages = queue.read(messages_max, &[]);
     assert_eq!(queue.apply(Command::PagedIn { generation, messages }), Reply::Ok);
     assert_eq!(queue.dropped(), vec![97, 98]);
-    assert!(queue.effects.iter().any(|effect| matches!(effect, Effect::LogSettle { position: 97 })));
+    assert!(queue.effects.iter().any(|effect| matches!(effect, Effect::Drop { position: 97, logged: true, .. })), "settled once dropped");
     let mut got = Vec::new();
     let mut asked = None;
     loop {
@@ -224,19 +224,19 @@ fn a_failed_read_forgets_the_paged_messages() {
 
 #[test]
 fn a_zero_length_queue_drops_a_publish_without_writing_it() {
-    let limits = Limits { length_limit: Some((0, Overflow::DropHead)), message_ttl_ms: None };
+    let limits = Limits { max_length: Some(0), overflow: Overflow::DropHead, ..Limits::NONE };
     let mut queue = Queue::with_messages(0, limits);
     assert_eq!(queue.publish(), Reply::Dropped);
-    assert!(queue.effects.is_empty(), "nothing to write or settle: {:?}", queue.effects);
+    // Nothing to write or settle: only the dead-letter hook, unlogged.
+    assert!(matches!(queue.effects[..], [Effect::Drop { logged: false, reason: DeadLetterReason::MaxLength, .. }]), "{:?}", queue.effects);
     assert_eq!(queue.core.messages().ready_count(), 0);
 }
 
 #[test]
 fn a_message_the_queue_would_not_keep_goes_to_a_ready_consumer_or_is_dropped() {
-    for limits in [
-        Limits { length_limit: Some((0, Overflow::DropHead)), message_ttl_ms: None },
-        Limits { length_limit: None, message_ttl_ms: Some(0) },
-    ] {
+    for limits in
+        [Limits { max_length: Some(0), overflow: Overflow::DropHead, ..Limits::NONE }, Limits { message_ttl_ms: Some(0), ..Limits::NONE }]
+    {
         let mut queue = Queue::with_messages(0, limits);
         queue.consume(1);
         assert_eq!(queue.publish(), Reply::Ok, "{limits:?}");
@@ -244,7 +244,7 @@ fn a_message_the_queue_would_not_keep_goes_to_a_ready_consumer_or_is_dropped() {
         assert!(matches!(queue.effects[0], Effect::LogAppend { position: 0, paged: false, .. }), "written before it is delivered");
         // The consumer's prefetch of one is now full: the next one is dropped, nothing written.
         assert_eq!(queue.publish(), Reply::Dropped, "{limits:?}");
-        assert!(queue.effects.is_empty(), "{:?}", queue.effects);
+        assert!(matches!(queue.effects[..], [Effect::Drop { logged: false, .. }]), "{:?}", queue.effects);
         assert_eq!(queue.core.messages().ready_count(), 0);
     }
 }

@@ -38,6 +38,9 @@ pub struct QueuedMessage<M> {
     pub expires_at_ms: Option<u64>,
     /// Whether the message has a record in the queue's log (to settle there too).
     pub logged: bool,
+    /// How many times it came back unsettled (requeued): quorum queues' delivery count, which
+    /// `x-delivery-limit` bounds. Kept in memory only: a restart starts it again at 0.
+    pub delivery_count: u32,
 }
 
 /// An unacked message and the consumer holding it (none for basic.get).
@@ -87,6 +90,10 @@ pub struct QueueState<M> {
     /// The oldest paged messages, dropped at the head (x-max-length) before they were read: not
     /// ready any more, but their records are settled only once a page-in reads their positions.
     paged_dropped: u64,
+    /// Body bytes of the paged messages, dropped ones included until a page-in reads them.
+    /// Unknown for messages recovered from disk (counted as 0 until they are paged in, so a byte
+    /// limit may let a recovered queue grow past it once).
+    paged_bytes: u64,
     unacked: PositionMap<Unacked<M>>,
 }
 
@@ -104,7 +111,15 @@ impl<M: Payload> QueueState<M> {
 
     /// A queue recovered from disk: `paged` ready messages, all still on disk.
     pub fn with_paged(next_position: u64, paged: u64) -> QueueState<M> {
-        QueueState { next_position, ready: BTreeMap::new(), ready_bytes: 0, paged, paged_dropped: 0, unacked: PositionMap::default() }
+        QueueState {
+            next_position,
+            ready: BTreeMap::new(),
+            ready_bytes: 0,
+            paged,
+            paged_dropped: 0,
+            paged_bytes: 0,
+            unacked: PositionMap::default(),
+        }
     }
 
     fn insert_ready(&mut self, position: u64, queued: QueuedMessage<M>) {
@@ -128,15 +143,16 @@ impl<M: Payload> QueueState<M> {
         assert_eq!(self.paged, 0, "a queue that pages takes new messages on disk");
         let position = self.next_position;
         self.next_position += 1;
-        self.insert_ready(position, QueuedMessage { message, redelivered: false, expires_at_ms, logged });
+        self.insert_ready(position, QueuedMessage { message, redelivered: false, expires_at_ms, logged, delivery_count: 0 });
         position
     }
 
-    /// Appends a message that stays on disk (the caller writes it); returns its position.
-    pub fn push_paged(&mut self) -> u64 {
+    /// Appends a message of `size_bytes` that stays on disk (the caller writes it); returns its position.
+    pub fn push_paged(&mut self, size_bytes: u64) -> u64 {
         let position = self.next_position;
         self.next_position += 1;
         self.paged += 1;
+        self.paged_bytes += size_bytes;
         position
     }
 
@@ -145,17 +161,19 @@ impl<M: Payload> QueueState<M> {
         assert!(self.paged > 0, "page-in with nothing paged");
         assert!(position < self.next_position, "paged-in position {position} was never pushed");
         self.paged -= 1;
-        self.insert_ready(position, QueuedMessage { message, redelivered, expires_at_ms, logged: true });
+        self.paged_bytes = self.paged_bytes.saturating_sub(message.size_bytes());
+        self.insert_ready(position, QueuedMessage { message, redelivered, expires_at_ms, logged: true, delivery_count: 0 });
     }
 
     /// Forgets the paged messages, dropped ones included (purged, or lost to a disk error);
     /// returns how many there were.
     pub fn take_paged(&mut self) -> u64 {
+        self.paged_bytes = 0;
         std::mem::take(&mut self.paged) + std::mem::take(&mut self.paged_dropped)
     }
 
     /// Drops the oldest paged message before it is read (see [`QueueState::paged_dropped_count`]);
-    /// false when none is paged.
+    /// false when none is paged. Its bytes stay counted until the page-in reads it.
     pub fn drop_paged_head(&mut self) -> bool {
         if self.paged == 0 {
             return false;
@@ -165,13 +183,14 @@ impl<M: Payload> QueueState<M> {
         true
     }
 
-    /// Takes one dropped paged message off the count, now that a page-in read it; false when
-    /// none is owed (the message read is a ready one).
-    pub fn settle_dropped_paged(&mut self) -> bool {
+    /// Takes one dropped paged message of `size_bytes` off the count, now that a page-in read it;
+    /// false when none is owed (the message read is a ready one).
+    pub fn settle_dropped_paged(&mut self, size_bytes: u64) -> bool {
         if self.paged_dropped == 0 {
             return false;
         }
         self.paged_dropped -= 1;
+        self.paged_bytes = self.paged_bytes.saturating_sub(size_bytes);
         true
     }
 
@@ -194,6 +213,11 @@ impl<M: Payload> QueueState<M> {
     /// Body bytes of the ready messages in memory.
     pub fn ready_bytes_in_memory(&self) -> u64 {
         self.ready_bytes
+    }
+
+    /// Body bytes of every ready message, paged ones included (see `paged_bytes`).
+    pub fn ready_bytes(&self) -> u64 {
+        self.ready_bytes + self.paged_bytes
     }
 
     /// Removes the first ready message in memory if it expired by `now_ms`, as RabbitMQ does: a
@@ -261,8 +285,21 @@ impl<M: Payload> QueueState<M> {
     pub fn requeue_held(&mut self, position: u64) -> Option<Option<ConsumerId>> {
         let Unacked { mut queued, consumer } = self.unacked.remove(&position)?;
         queued.redelivered = true;
+        queued.delivery_count = queued.delivery_count.saturating_add(1);
         self.insert_ready(position, queued);
         Some(consumer)
+    }
+
+    /// Removes a ready message in memory by position (one requeued past its delivery limit).
+    pub fn take_ready(&mut self, position: u64) -> Option<QueuedMessage<M>> {
+        let queued = self.ready.remove(&position)?;
+        self.ready_bytes -= queued.message.size_bytes();
+        Some(queued)
+    }
+
+    /// The delivery count of a ready message in memory.
+    pub fn ready_delivery_count(&self, position: u64) -> Option<u32> {
+        self.ready.get(&position).map(|queued| queued.delivery_count)
     }
 
     /// Drops every ready message in memory; returns them (unacked ones stay, as in RabbitMQ).

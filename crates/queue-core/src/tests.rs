@@ -184,7 +184,7 @@ fn cancel_requeues_nothing_by_itself() {
 
 #[test]
 fn ttl_expires_at_the_deadline_not_before() {
-    let mut queue = Harness::new(Limits { length_limit: None, message_ttl_ms: Some(100) });
+    let mut queue = Harness::new(Limits { message_ttl_ms: Some(100), ..Limits::NONE });
     queue.publish(1_000);
     assert_eq!(queue.apply(Command::Expire, 1_099), Reply::Ok);
     assert!(queue.dropped().is_empty(), "not before its time");
@@ -199,7 +199,7 @@ fn ttl_expires_at_the_deadline_not_before() {
 
 #[test]
 fn max_length_drop_head_drops_the_oldest() {
-    let mut queue = Harness::new(Limits { length_limit: Some((2, Overflow::DropHead)), message_ttl_ms: None });
+    let mut queue = Harness::new(Limits { max_length: Some(2), ..Limits::NONE });
     queue.publish(0);
     queue.publish(0);
     let (_, reply) = queue.publish(0);
@@ -207,18 +207,105 @@ fn max_length_drop_head_drops_the_oldest() {
     assert_eq!(queue.dropped(), vec![(0, DeadLetterReason::MaxLength)]);
     assert_eq!(queue.core.messages().ready_count(), 2);
     // A lower limit from a policy drops at once.
-    queue.apply(Command::SetLimits(Limits { length_limit: Some((1, Overflow::DropHead)), message_ttl_ms: None }), 0);
+    queue.apply(Command::SetLimits(Limits { max_length: Some(1), ..Limits::NONE }), 0);
     assert_eq!(queue.dropped(), vec![(1, DeadLetterReason::MaxLength)]);
 }
 
 #[test]
 fn max_length_reject_publish_refuses_the_new_one() {
-    let mut queue = Harness::new(Limits { length_limit: Some((1, Overflow::RejectPublish)), message_ttl_ms: None });
+    let mut queue = Harness::new(Limits { max_length: Some(1), overflow: Overflow::RejectPublish, ..Limits::NONE });
     assert_eq!(queue.publish(0).1, Reply::Ok);
     assert_eq!(queue.publish(0).1, Reply::Rejected);
     assert!(queue.dropped().is_empty());
     assert_eq!(queue.core.messages().ready_count(), 1);
     assert_eq!(queue.core.stats().published, 1);
+}
+
+#[test]
+fn max_length_bytes_drop_head_drops_the_oldest_until_the_bytes_fit() {
+    // Test messages are 16 bytes: 40 bytes hold two.
+    let mut queue = Harness::new(Limits { max_length_bytes: Some(40), ..Limits::NONE });
+    queue.publish(0);
+    queue.publish(0);
+    assert!(queue.dropped().is_empty());
+    queue.publish(0);
+    assert_eq!(queue.dropped(), vec![(0, DeadLetterReason::MaxLength)]);
+    assert_eq!(queue.core.messages().ready_count(), 2);
+    assert_eq!(queue.core.messages().ready_bytes(), 32);
+    // A lower byte limit from a policy drops at once.
+    queue.apply(Command::SetLimits(Limits { max_length_bytes: Some(20), ..Limits::NONE }), 0);
+    assert_eq!(queue.dropped(), vec![(1, DeadLetterReason::MaxLength)]);
+}
+
+#[test]
+fn a_message_over_the_limit_on_its_own_is_dropped_at_once() {
+    let mut queue = Harness::new(Limits { max_length_bytes: Some(10), ..Limits::NONE });
+    queue.publish(0);
+    queue.publish(0);
+    // Without a consumer to take it at once, it leaves at once through the dead-letter hook.
+    assert_eq!(queue.publish(0).1, Reply::Dropped, "the message takes a position, then is dropped");
+    assert_eq!(queue.dropped(), vec![(2, DeadLetterReason::MaxLength)]);
+    assert_eq!(queue.core.messages().ready_count(), 0);
+    let mut zero = Harness::new(Limits { max_length: Some(0), ..Limits::NONE });
+    assert_eq!(zero.publish(0).1, Reply::Dropped);
+    assert_eq!(zero.dropped(), vec![(0, DeadLetterReason::MaxLength)], "x-max-length 0 dead-letters every message");
+}
+
+#[test]
+fn max_length_bytes_reject_publish_refuses_what_does_not_fit() {
+    let mut queue = Harness::new(Limits { max_length_bytes: Some(40), overflow: Overflow::RejectPublish, ..Limits::NONE });
+    assert_eq!(queue.publish(0).1, Reply::Ok);
+    assert_eq!(queue.publish(0).1, Reply::Ok);
+    assert_eq!(queue.publish(0).1, Reply::Rejected);
+    assert!(queue.dropped().is_empty());
+    // Either limit refuses: the length one here, with bytes to spare.
+    let mut both =
+        Harness::new(Limits { max_length: Some(1), max_length_bytes: Some(1000), overflow: Overflow::RejectPublish, ..Limits::NONE });
+    assert_eq!(both.publish(0).1, Reply::Ok);
+    assert_eq!(both.publish(0).1, Reply::Rejected);
+}
+
+#[test]
+fn reject_without_requeue_drops_with_reason_rejected() {
+    let mut queue = Harness::new(Limits::NONE);
+    queue.publish(0);
+    queue.apply(Command::Get { no_ack: false }, 0);
+    let position = queue.deliveries()[0].1;
+    queue.apply(Command::Reject { position }, 0);
+    assert_eq!(queue.dropped(), vec![(0, DeadLetterReason::Rejected)]);
+    assert!(queue.core.messages().is_empty());
+    queue.apply(Command::Reject { position }, 0);
+    assert!(queue.dropped().is_empty(), "a second reject of the same position finds nothing");
+}
+
+#[test]
+fn a_message_requeued_past_the_delivery_limit_leaves_with_reason_delivery_limit() {
+    let mut queue = Harness::new(Limits { delivery_limit: Some(1), ..Limits::NONE });
+    queue.publish(0);
+    for round in 0..2 {
+        queue.apply(Command::Get { no_ack: false }, 0);
+        let delivered = queue.deliveries();
+        assert_eq!(delivered.len(), 1, "delivery {round}");
+        assert_eq!(
+            queue.effects.iter().find_map(|effect| match effect {
+                Effect::Deliver { queued, .. } => Some(queued.delivery_count),
+                _ => None,
+            }),
+            Some(round)
+        );
+        queue.apply(Command::Requeue { position: delivered[0].1 }, 0);
+    }
+    assert_eq!(queue.dropped(), vec![(0, DeadLetterReason::DeliveryLimit)], "a limit of 1 delivers twice");
+    assert!(queue.core.messages().is_empty());
+    // Without a limit the count only grows.
+    let mut unlimited = Harness::new(Limits::NONE);
+    unlimited.publish(0);
+    for _ in 0..5 {
+        unlimited.apply(Command::Get { no_ack: false }, 0);
+        let position = unlimited.deliveries()[0].1;
+        unlimited.apply(Command::Requeue { position }, 0);
+        assert!(unlimited.dropped().is_empty());
+    }
 }
 
 #[test]
@@ -270,6 +357,7 @@ enum Step {
     Get { no_ack: bool },
     Settle(usize),
     Requeue(usize),
+    Reject(usize),
     Purge,
     Advance(u64),
 }
@@ -284,6 +372,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => any::<bool>().prop_map(|no_ack| Step::Get { no_ack }),
         2 => any::<usize>().prop_map(Step::Settle),
         2 => any::<usize>().prop_map(Step::Requeue),
+        1 => any::<usize>().prop_map(Step::Reject),
         1 => Just(Step::Purge),
         2 => (0u64..40).prop_map(Step::Advance),
     ]
@@ -305,7 +394,9 @@ proptest! {
     /// (dispatch, get, expire) the head is not expired.
     #[test]
     fn conservation_order_prefetch_and_ttl(steps in proptest::collection::vec(step(), 0..150), queue_ttl_ms in proptest::option::of(0u64..60)) {
-        let mut queue = Harness::new(Limits { length_limit: Some((20, Overflow::DropHead)), message_ttl_ms: queue_ttl_ms });
+        // Test messages are 16 bytes: the byte limit (15 messages) bites before the length limit.
+        let limits = Limits { max_length: Some(20), max_length_bytes: Some(16 * 15), message_ttl_ms: queue_ttl_ms, delivery_limit: Some(3), ..Limits::NONE };
+        let mut queue = Harness::new(limits);
         let mut now_ms = 0u64;
         let mut whereabouts: HashMap<u64, Whereabouts> = HashMap::new();
         let mut deadline_of_position: HashMap<u64, u64> = HashMap::new();
@@ -342,12 +433,15 @@ proptest! {
                 }
                 Step::Dispatch => Command::Dispatch,
                 Step::Get { no_ack } => Command::Get { no_ack },
-                Step::Settle(index) | Step::Requeue(index) if !unacked.is_empty() => {
+                Step::Settle(index) | Step::Requeue(index) | Step::Reject(index) if !unacked.is_empty() => {
                     let (position, id) = unacked.remove(index % unacked.len());
                     if let Some(consumer) = holder_of.remove(&position) { *held.entry(consumer).or_default() -= 1; }
                     if matches!(step, Step::Settle(_)) {
                         whereabouts.insert(id, Whereabouts::Settled);
                         Command::Settle { position }
+                    } else if matches!(step, Step::Reject(_)) {
+                        whereabouts.insert(id, Whereabouts::Dropped);
+                        Command::Reject { position }
                     } else {
                         whereabouts.insert(id, Whereabouts::Ready);
                         ready_positions.insert(position);
@@ -371,7 +465,9 @@ proptest! {
             // A publish a consumer took at once is delivered by the enqueue itself (RabbitMQ hands
             // a message that would not be kept, TTL 0 or x-max-length 0, to a ready consumer).
             let delivered_at_once = published.is_some();
-            if let (Some((id, deadline)), Reply::Ok) = (published, &reply) {
+            // A message dropped at once (TTL 0, no consumer ready) still took a position: its Drop
+            // effect names it.
+            if let (Some((id, deadline)), Reply::Ok | Reply::Dropped) = (published, &reply) {
                 let position = queue.core.messages().next_position() - 1;
                 whereabouts.insert(id, Whereabouts::Ready);
                 ready_positions.insert(position);
@@ -401,7 +497,10 @@ proptest! {
                             }
                         }
                     }
-                    Effect::Drop { position, message, reason } => {
+                    Effect::Drop { message, reason: DeadLetterReason::Rejected, .. } => {
+                        prop_assert_eq!(whereabouts.get(&message.0), Some(&Whereabouts::Dropped), "only a rejected unacked message drops as rejected");
+                    }
+                    Effect::Drop { position, message, reason, .. } => {
                         prop_assert_eq!(whereabouts.get(&message.0), Some(&Whereabouts::Ready));
                         prop_assert!(ready_positions.remove(position), "dropped a message that was not ready");
                         if *reason == DeadLetterReason::Expired {
@@ -412,6 +511,12 @@ proptest! {
                     }
                     _ => {}
                 }
+            }
+            // Drop-head makes room before it enqueues: after a publish both limits hold (requeues
+            // may go past them in between, as in RabbitMQ).
+            if published.is_some() {
+                prop_assert!(queue.core.messages().ready_count() <= 20, "x-max-length passed after a publish");
+                prop_assert!(queue.core.messages().ready_bytes() <= 16 * 15, "x-max-length-bytes passed after a publish");
             }
             // Conservation: the core's counts match the model's.
             let ready = whereabouts.values().filter(|state| **state == Whereabouts::Ready).count();

@@ -65,6 +65,7 @@ fn encode_queued(writer: &mut Writer, queued: &QueuedMessage<Body>) {
     writer.u8(u8::from(queued.redelivered));
     writer.optional_u64(queued.expires_at_ms);
     writer.u8(u8::from(queued.logged));
+    writer.u32(queued.delivery_count);
 }
 
 fn decode_queued(reader: &mut Reader) -> Result<QueuedMessage<Body>, DecodeError> {
@@ -73,6 +74,7 @@ fn decode_queued(reader: &mut Reader) -> Result<QueuedMessage<Body>, DecodeError
         redelivered: reader.bool("redelivered")?,
         expires_at_ms: reader.optional_u64("expires at")?,
         logged: reader.bool("logged")?,
+        delivery_count: reader.u32()?,
     })
 }
 
@@ -101,17 +103,16 @@ fn encode_core(writer: &mut Writer, image: &CoreImage<Body>) {
     }
     writer.u64(image.next_consumer as u64);
     writer.u8(u8::from(image.has_exclusive_consumer));
-    match image.limits.length_limit {
-        None => writer.u8(0),
-        Some((limit, overflow)) => {
-            writer.u8(match overflow {
-                Overflow::DropHead => 1,
-                Overflow::RejectPublish => 2,
-            });
-            writer.u64(limit);
-        }
-    }
-    writer.optional_u64(image.limits.message_ttl_ms);
+    let limits = image.limits;
+    writer.optional_u64(limits.max_length);
+    writer.optional_u64(limits.max_length_bytes);
+    writer.u8(match limits.overflow {
+        Overflow::DropHead => 1,
+        Overflow::RejectPublish => 2,
+    });
+    writer.optional_u64(limits.message_ttl_ms);
+    writer.optional_u64(limits.delivery_limit.map(u64::from));
+    writer.u8(u8::from(limits.dead_letters));
     let stats = image.stats;
     for total in [stats.published, stats.delivered, stats.acked, stats.requeued] {
         writer.u64(total);
@@ -151,13 +152,20 @@ fn decode_core(reader: &mut Reader) -> Result<CoreImage<Body>, DecodeError> {
     }
     let next_consumer = reader.u64()? as usize;
     let has_exclusive_consumer = reader.bool("exclusive")?;
-    let length_limit = match reader.u8()? {
-        0 => None,
-        1 => Some((reader.u64()?, Overflow::DropHead)),
-        2 => Some((reader.u64()?, Overflow::RejectPublish)),
+    let max_length = reader.optional_u64("max length")?;
+    let max_length_bytes = reader.optional_u64("max length bytes")?;
+    let overflow = match reader.u8()? {
+        1 => Overflow::DropHead,
+        2 => Overflow::RejectPublish,
         value => return Err(DecodeError::Invalid { field: "overflow", value: value.into() }),
     };
-    let limits = Limits { length_limit, message_ttl_ms: reader.optional_u64("message ttl")? };
+    let message_ttl_ms = reader.optional_u64("message ttl")?;
+    let delivery_limit = match reader.optional_u64("delivery limit")? {
+        Some(limit) => Some(u32::try_from(limit).map_err(|_| DecodeError::Invalid { field: "delivery limit", value: limit })?),
+        None => None,
+    };
+    let dead_letters = reader.bool("dead letters")?;
+    let limits = Limits { max_length, max_length_bytes, overflow, message_ttl_ms, delivery_limit, dead_letters };
     let stats = QueueStats { published: reader.u64()?, delivered: reader.u64()?, acked: reader.u64()?, requeued: reader.u64()? };
     let messages = MessagesImage { next_position, ready, unacked, paged };
     Ok(CoreImage { messages, consumers, next_consumer, has_exclusive_consumer, limits, stats })

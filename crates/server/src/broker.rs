@@ -107,6 +107,8 @@ pub struct Broker {
     pub churn: crate::metrics::counters::ChurnCounters,
     /// The message counters of closed channels (see `metrics::counters::RetiredTotals`).
     pub retired_channels: crate::metrics::counters::RetiredTotals,
+    /// Where queues hand their dead letters over (see `dead_letter`).
+    dead_letters: crate::dead_letter::DeadLetterSender,
 }
 
 /// Why the broker could not open its data directory or recover from it. Each names the file or
@@ -162,7 +164,9 @@ impl Broker {
         let journal = replay_journal(&config.data_dir)?;
         // Only `--sync always` syncs before confirms; the other policies write segments directly.
         let journaled = config.sync_policy == storage::syncer::SyncPolicy::Always;
+        let (dead_letters, dead_letter_receiver) = crate::dead_letter::channel();
         let mut broker = Broker {
+            dead_letters,
             journaled,
             users: Users::default(),
             permissions: Permissions::default_for_guest(),
@@ -184,7 +188,9 @@ impl Broker {
             config,
         };
         broker.recover(recovered)?;
-        Ok(Arc::new(broker))
+        let broker = Arc::new(broker);
+        crate::dead_letter::start(Arc::downgrade(&broker), dead_letter_receiver);
+        Ok(broker)
     }
 
     fn recover(&mut self, definitions: Definitions) -> Result<(), RecoveryError> {
@@ -336,6 +342,7 @@ impl Broker {
             segment_bytes_max: self.config.segment_bytes_max,
             journaled: self.journaled,
             syncer: &self.syncer,
+            dead_letters: Some(&self.dead_letters),
         }
     }
 

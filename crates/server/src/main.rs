@@ -6,6 +6,7 @@ mod broker;
 mod config;
 mod connection;
 mod ctl;
+mod dead_letter;
 mod introspect;
 mod listener;
 mod login_throttle;

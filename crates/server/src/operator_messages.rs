@@ -95,7 +95,7 @@ impl Broker {
         let positions: Vec<u64> =
             std::mem::take(&mut channel.ledger.lock().unacked).into_values().map(|unacked| unacked.position).collect();
         if !positions.is_empty() {
-            handle.settle(&positions, requeue);
+            handle.settle(&positions, if requeue { crate::queue_type::Settlement::Requeue } else { crate::queue_type::Settlement::Ack });
         }
         Ok(got)
     }

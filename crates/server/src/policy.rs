@@ -3,8 +3,9 @@
 //! exchanges or both), a priority and a definition; among the policies that match a queue, the one
 //! of highest priority applies, alone, as in RabbitMQ.
 //!
-//! Lepus applies the queue settings it implements (`max-length`, `overflow`, `message-ttl`) and
-//! the exchange setting `alternate-exchange` (an exchange's own argument wins over it).
+//! Lepus applies the queue settings it implements (`max-length`, `max-length-bytes`, `overflow`,
+//! `message-ttl`, `dead-letter-exchange`, `dead-letter-routing-key`, `delivery-limit`) and the
+//! exchange setting `alternate-exchange` (an exchange's own argument wins over it).
 //! Settings RabbitMQ knows and Lepus does not implement are refused with a message that says so,
 //! never accepted and ignored; unknown settings are refused as RabbitMQ refuses them.
 
@@ -16,10 +17,7 @@ use storage::definitions::PolicyRecord;
 /// RabbitMQ policy settings that Lepus does not implement; a policy naming one is refused.
 const NOT_IMPLEMENTED_KEYS: &[&str] = &[
     "consumer-timeout",
-    "dead-letter-exchange",
-    "dead-letter-routing-key",
     "dead-letter-strategy",
-    "delivery-limit",
     "expires",
     "federation-upstream",
     "federation-upstream-set",
@@ -33,7 +31,6 @@ const NOT_IMPLEMENTED_KEYS: &[&str] = &[
     "max-age",
     "max-in-memory-bytes",
     "max-in-memory-length",
-    "max-length-bytes",
     "queue-leader-locator",
     "queue-master-locator",
     "queue-version",
@@ -90,10 +87,18 @@ pub enum Target {
 }
 
 /// The queue settings a policy carries (each `None` when the policy does not set it).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueueSettings {
     /// `max-length`: the most ready messages.
     pub max_length: Option<u64>,
+    /// `max-length-bytes`: the most body bytes of ready messages.
+    pub max_length_bytes: Option<u64>,
+    /// `delivery-limit`: how often a message may be requeued before it is dead-lettered.
+    pub delivery_limit: Option<u64>,
+    /// `dead-letter-exchange`: where rejected, expired and dropped messages go.
+    pub dead_letter_exchange: Option<String>,
+    /// `dead-letter-routing-key`: the routing key they get there.
+    pub dead_letter_routing_key: Option<String>,
     /// `overflow`: what happens at `max-length`.
     pub overflow: Option<Overflow>,
     /// `message-ttl`: how long a message may wait, in milliseconds.
@@ -121,6 +126,10 @@ pub enum PolicyError {
     /// A setting with a value of the wrong kind.
     #[error("Validation failed\n\n{0} {1}\n")]
     BadValue(String, &'static str),
+    /// A setting with a value RabbitMQ refuses: its own text ("5 is not a valid dead letter
+    /// exchange name").
+    #[error("Validation failed\n\n{0} is not a valid {1}\n")]
+    Invalid(String, &'static str),
     /// Too many policies.
     #[error("the broker holds {POLICIES_MAX} policies, its limit")]
     TooMany,
@@ -253,8 +262,11 @@ pub fn merge_operator_policy(policy: Option<Arc<Policy>>, operator: Option<Arc<P
         (Some(mine), Some(theirs)) => Some(mine.min(theirs)),
         (mine, theirs) => mine.or(theirs),
     };
-    merged.queue_settings.max_length = lower(merged.queue_settings.max_length, operator.queue_settings.max_length);
-    merged.queue_settings.message_ttl_ms = lower(merged.queue_settings.message_ttl_ms, operator.queue_settings.message_ttl_ms);
+    let (settings, limits) = (&mut merged.queue_settings, &operator.queue_settings);
+    settings.max_length = lower(settings.max_length, limits.max_length);
+    settings.max_length_bytes = lower(settings.max_length_bytes, limits.max_length_bytes);
+    settings.message_ttl_ms = lower(settings.message_ttl_ms, limits.message_ttl_ms);
+    settings.delivery_limit = lower(settings.delivery_limit, limits.delivery_limit);
     for (key, value) in &operator.definition {
         let stricter = match (merged.definition.get(key).and_then(Value::as_u64), value.as_u64()) {
             (Some(mine), Some(theirs)) => Value::from(mine.min(theirs)),
@@ -264,6 +276,15 @@ pub fn merge_operator_policy(policy: Option<Arc<Policy>>, operator: Option<Arc<P
     }
     merged.operator_policy = Some(operator.name.clone());
     Some(Arc::new(merged))
+}
+
+/// A JSON value as RabbitMQ prints it in a validation message: numbers bare, strings as Erlang
+/// binaries (`<<"x">>`).
+fn rabbit_value(value: &Value) -> String {
+    match value {
+        Value::String(text) => format!("<<\"{text}\">>"),
+        other => other.to_string(),
+    }
 }
 
 fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, PolicyError> {
@@ -277,14 +298,27 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
         let non_negative = || value.as_u64().ok_or_else(|| PolicyError::BadValue(key.clone(), "must be a non-negative integer"));
         match key.as_str() {
             "max-length" => settings.max_length = Some(non_negative()?),
+            "max-length-bytes" => {
+                settings.max_length_bytes =
+                    Some(value.as_u64().ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "maximum length in bytes"))?)
+            }
+            "delivery-limit" => {
+                settings.delivery_limit = Some(value.as_u64().ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "delivery limit"))?)
+            }
+            "dead-letter-exchange" => {
+                let name = value.as_str().filter(|name| name.len() <= 255);
+                settings.dead_letter_exchange =
+                    Some(name.ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "dead letter exchange name"))?.to_string())
+            }
+            "dead-letter-routing-key" => {
+                let key = value.as_str().filter(|key| key.len() <= 255);
+                settings.dead_letter_routing_key =
+                    Some(key.ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "dead letter routing key"))?.to_string())
+            }
             "message-ttl" => settings.message_ttl_ms = Some(non_negative()?),
             "overflow" => {
-                settings.overflow = Some(match value.as_str() {
-                    Some("drop-head") => Overflow::DropHead,
-                    // Without dead-lettering, reject-publish-dlx behaves as reject-publish.
-                    Some("reject-publish") | Some("reject-publish-dlx") => Overflow::RejectPublish,
-                    _ => return Err(PolicyError::BadValue(key.clone(), "must be drop-head, reject-publish or reject-publish-dlx")),
-                })
+                let overflow = value.as_str().and_then(Overflow::from_name);
+                settings.overflow = Some(overflow.ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "overflow value"))?);
             }
             "alternate-exchange" => {
                 if !value.is_string() {
@@ -364,11 +398,22 @@ mod tests {
         let refused = |value: Value| Policy::new("/", "p", ".*", "queues", 0, definition(value)).err();
         assert_eq!(refused(json!({"colour": "blue"})), Some(PolicyError::Unrecognised(vec!["colour".to_string()])));
         assert_eq!(
-            refused(json!({"dead-letter-exchange": "dlx"})),
-            Some(PolicyError::NotImplemented(vec!["dead-letter-exchange".to_string()]))
+            refused(json!({"dead-letter-strategy": "at-least-once"})),
+            Some(PolicyError::NotImplemented(vec!["dead-letter-strategy".to_string()]))
         );
+        assert_eq!(refused(json!({"dead-letter-exchange": 5})), Some(PolicyError::Invalid("5".to_string(), "dead letter exchange name")));
+        assert_eq!(
+            refused(json!({"max-length-bytes": "a"})),
+            Some(PolicyError::Invalid("<<\"a\">>".to_string(), "maximum length in bytes"))
+        );
+        assert_eq!(refused(json!({"max-length-bytes": -1})), Some(PolicyError::Invalid("-1".to_string(), "maximum length in bytes")));
+        assert_eq!(refused(json!({"delivery-limit": -1})), Some(PolicyError::Invalid("-1".to_string(), "delivery limit")));
+        assert!(refused(
+            json!({"dead-letter-exchange": "dlx", "dead-letter-routing-key": "k", "max-length-bytes": 10, "delivery-limit": 3})
+        )
+        .is_none());
         assert!(matches!(refused(json!({"max-length": -1})), Some(PolicyError::BadValue(..))));
-        assert!(matches!(refused(json!({"overflow": "explode"})), Some(PolicyError::BadValue(..))));
+        assert_eq!(refused(json!({"overflow": "explode"})), Some(PolicyError::Invalid("<<\"explode\">>".to_string(), "overflow value")));
         assert_eq!(refused(json!({})), Some(PolicyError::Empty));
         assert!(matches!(Policy::new("/", "p", "(", "queues", 0, definition(json!({"max-length": 1}))), Err(PolicyError::Pattern(..))));
         assert!(matches!(Policy::new("/", "p", ".*", "streams", 0, definition(json!({"max-length": 1}))), Err(PolicyError::ApplyTo(..))));

@@ -580,10 +580,10 @@ test('policies: add one, see it on the matching queue, edit it, refuse bad defin
   assert.deepEqual(puts, [], 'nothing was sent');
 
   // A setting Lepus does not implement: the API's 400 reason is on the page.
-  await page.fill('#policy-form [name=definition]', '{"dead-letter-exchange": "x"}');
+  await page.fill('#policy-form [name=definition]', '{"dead-letter-strategy": "at-least-once"}');
   await page.click('#policy-form button[type=submit]');
   await waitFor('the form to show the API reason', async () =>
-    /dead-letter-exchange.*not implemented by Lepus/.test(await formError('#policy-form')));
+    /dead-letter-strategy.*not implemented by Lepus/.test(await formError('#policy-form')));
   assert.equal(await apiGet(`/policies/%2F/${policy}-bad`), null);
   await shot('policies-refused');
 

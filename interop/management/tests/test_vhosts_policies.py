@@ -138,13 +138,15 @@ def test_invalid_policies_are_refused_loudly(fresh_lepus):
     broker = fresh_lepus
     unknown = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"colour": "blue"}})
     assert unknown.status_code == 400 and "colour" in unknown.json()["reason"] and "not recognised" in unknown.json()["reason"]
-    dead_lettering = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"dead-letter-exchange": "dlx"}})
+    strategy = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"dead-letter-strategy": "at-least-once"}})
     if broker.is_lepus:
-        # Lepus has no dead-lettering yet: it refuses the key rather than ignore it.
-        assert dead_lettering.status_code == 400 and "not implemented" in dead_lettering.json()["reason"]
+        # Lepus has no dead-letter-strategy (a quorum-queue setting): it refuses the key rather than ignore it.
+        assert strategy.status_code == 400 and "not implemented" in strategy.json()["reason"]
     else:
-        assert dead_lettering.status_code == 201
+        assert strategy.status_code == 201
         assert broker.delete("/policies/%2F/p").status_code == 204
+    bad_exchange = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"dead-letter-exchange": 5}})
+    assert bad_exchange.status_code == 400 and "5 is not a valid dead letter exchange name" in bad_exchange.json()["reason"]
     assert broker.put("/policies/%2F/p", {"pattern": "(", "definition": {"max-length": 1}}).status_code == 400
     assert broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"max-length": "many"}}).status_code == 400
     assert broker.put("/policies/%2F/p", {"definition": {"max-length": 1}}).status_code == 400

@@ -4,7 +4,7 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from conftest import (broker_is_lepus, connect, consume_n, get_all, safe_close, unique,
+from conftest import (connect, consume_n, get_all, safe_close, unique,
                       wait_for_count, wait_until)
 
 
@@ -389,13 +389,7 @@ def test_reject_without_requeue_discards(connection, channel, queue_with):
     assert [b for _, _, b in get_all(channel, q)] == [b"m1"]
 
 
-def test_rejected_message_goes_to_dead_letter_exchange(connection, channel, cleanup, request):
-    if broker_is_lepus():
-        request.applymarker(pytest.mark.xfail(
-            reason="Lepus has no dead-lettering yet: declaring x-dead-letter-exchange answers 540 NOT_IMPLEMENTED",
-            raises=pika.exceptions.ConnectionClosedByBroker,
-            strict=True,
-        ))
+def test_rejected_message_goes_to_dead_letter_exchange(connection, channel, cleanup):
     dlx = cleanup.exchange(unique("dlx"))
     channel.exchange_declare(dlx, "fanout")
     dead = channel.queue_declare("", exclusive=True).method.queue

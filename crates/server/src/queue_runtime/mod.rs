@@ -5,11 +5,13 @@
 //! writer that drained) calls [`QueueRuntime::dispatch`] right there, so no extra task hop is paid.
 //! Lock order: queue, then a channel's ledger; never the other way round.
 
+use crate::dead_letter::{DeadLetter, DeadLetterBatch, DeadLetterSender, DeadLetterSource, DeadLetterTarget};
 use crate::policy::Policy;
+use crate::queue_type::Settlement;
 use crate::shared::{ConsumerHandle, Outbound};
 use amqp_codec::ShortStr;
 use broker_core::queue::QueueState;
-use broker_core::vhost::{queue_length_limit, Overflow, QueueDefinition};
+use broker_core::vhost::{Overflow, QueueDefinition};
 use broker_core::{AmqpError, Message};
 use parking_lot::Mutex;
 use queue_core::{Command, ConsumerId, Effect, Limits, QueueCore, Reply};
@@ -38,6 +40,12 @@ pub struct QueueRuntime {
     self_reference: Weak<QueueRuntime>,
     /// Woken when a page-in result was applied (a basic.get waits on it).
     page_in_done: tokio::sync::Notify,
+    /// Whether the queue has a dead-letter exchange (the expiry sweep looks at it).
+    dead_lettering: AtomicBool,
+    /// Where its dead letters are handed over (none in tests that do not dead-letter).
+    dead_letter_sender: Option<DeadLetterSender>,
+    /// The queue as its dead letters name it.
+    dead_letter_source: Arc<DeadLetterSource>,
 }
 
 #[derive(Debug)]
@@ -54,42 +62,80 @@ struct QueueInner {
     limits: QueueLimits,
     /// The effects buffer, reused by every command.
     effects: Vec<Effect<Arc<Message>>>,
+    /// Dead letters not yet handed to the dead-letter worker (only while its backlog is full do
+    /// they stay past the command that made them).
+    dead_letters: Vec<DeadLetter>,
 }
 
 /// A queue's effective limits: its arguments merged with the policy that applies to it, the way
-/// RabbitMQ merges them (the lower `max-length` and `message-ttl` win; an `x-overflow` argument wins
-/// over the policy's).
+/// RabbitMQ merges them (the lower `max-length`, `max-length-bytes` and `message-ttl` win; an
+/// `x-overflow`, `x-dead-letter-exchange` or `x-dead-letter-routing-key` argument wins over the
+/// policy's).
 #[derive(Debug, Clone, Default)]
 struct QueueLimits {
-    length_limit: Option<(u64, Overflow)>,
+    max_length: Option<u64>,
+    max_length_bytes: Option<u64>,
+    overflow: Option<Overflow>,
     message_ttl_ms: Option<u64>,
+    /// x-delivery-limit (a Lepus extension on classic queues, as quorum queues have it).
+    delivery_limit: Option<u64>,
+    /// Where dropped messages go; none drops them (no per-message work beyond this branch).
+    dead_letter: Option<DeadLetterTarget>,
     policy: Option<Arc<Policy>>,
 }
 
-impl QueueLimits {
-    fn new(arguments: &amqp_codec::FieldTable, policy: Option<Arc<Policy>>) -> QueueLimits {
-        let settings = policy.as_ref().map(|policy| policy.queue_settings).unwrap_or_default();
-        let argument_limit = queue_length_limit(arguments);
-        let argument_overflow = arguments.get("x-overflow").and(argument_limit.map(|(_, overflow)| overflow));
-        let length = lower(argument_limit.map(|(limit, _)| limit), settings.max_length);
-        let overflow = argument_overflow.or(settings.overflow).unwrap_or(Overflow::DropHead);
-        let argument_ttl = arguments.get("x-message-ttl").and_then(|value| value.as_i64()).map(|ttl| ttl.max(0) as u64);
-        QueueLimits {
-            length_limit: length.map(|limit| (limit, overflow)),
-            message_ttl_ms: lower(argument_ttl, settings.message_ttl_ms),
-            policy,
-        }
+fn non_negative_argument(arguments: &amqp_codec::FieldTable, key: &str) -> Option<u64> {
+    arguments.get(key).and_then(|value| value.as_i64()).map(|value| value.max(0) as u64)
+}
+
+fn text_argument(arguments: &amqp_codec::FieldTable, key: &str) -> Option<ShortStr> {
+    match arguments.get(key) {
+        Some(amqp_codec::FieldValue::LongStr(text)) => Some(ShortStr::from_bytes(text.clone())),
+        _ => None,
     }
 }
 
 impl QueueLimits {
+    fn new(arguments: &amqp_codec::FieldTable, policy: Option<Arc<Policy>>) -> QueueLimits {
+        let settings = policy.as_ref().map(|policy| policy.queue_settings.clone()).unwrap_or_default();
+        let argument_overflow = arguments.get("x-overflow").and_then(|value| value.as_text()).and_then(|name| Overflow::from_name(&name));
+        let exchange =
+            text_argument(arguments, "x-dead-letter-exchange").or_else(|| settings.dead_letter_exchange.map(ShortStr::truncating));
+        let routing_key =
+            text_argument(arguments, "x-dead-letter-routing-key").or_else(|| settings.dead_letter_routing_key.map(ShortStr::truncating));
+        QueueLimits {
+            max_length: lower(non_negative_argument(arguments, "x-max-length"), settings.max_length),
+            max_length_bytes: lower(non_negative_argument(arguments, "x-max-length-bytes"), settings.max_length_bytes),
+            overflow: argument_overflow.or(settings.overflow),
+            message_ttl_ms: lower(non_negative_argument(arguments, "x-message-ttl"), settings.message_ttl_ms),
+            delivery_limit: lower(non_negative_argument(arguments, "x-delivery-limit"), settings.delivery_limit),
+            dead_letter: exchange.map(|exchange| DeadLetterTarget { exchange, routing_key }),
+            policy,
+        }
+    }
+
     /// The limits as the core applies them.
     fn core_limits(&self) -> Limits {
-        let overflow = |overflow: Overflow| match overflow {
+        let overflow = match self.overflow.unwrap_or(Overflow::DropHead) {
             Overflow::DropHead => queue_core::Overflow::DropHead,
-            Overflow::RejectPublish => queue_core::Overflow::RejectPublish,
+            Overflow::RejectPublish | Overflow::RejectPublishDeadLetter => queue_core::Overflow::RejectPublish,
         };
-        Limits { length_limit: self.length_limit.map(|(limit, mode)| (limit, overflow(mode))), message_ttl_ms: self.message_ttl_ms }
+        Limits {
+            max_length: self.max_length,
+            max_length_bytes: self.max_length_bytes,
+            overflow,
+            message_ttl_ms: self.message_ttl_ms,
+            delivery_limit: self.delivery_limit.map(|limit| limit.min(u64::from(u32::MAX)) as u32),
+            dead_letters: self.dead_letter.is_some(),
+        }
+    }
+
+    /// Where a message refused by reject-publish-dlx goes.
+    fn refused_dead_letter(&self) -> Option<&DeadLetterTarget> {
+        match self.overflow {
+            Some(Overflow::RejectPublishDeadLetter) => self.dead_letter.as_ref(),
+            _ => None,
+        }
     }
 }
 
@@ -180,12 +226,17 @@ impl QueueRuntime {
         log: Option<SharedLog>,
         messages: QueueState,
         pager: Option<Pager>,
+        dead_letter_sender: Option<DeadLetterSender>,
     ) -> Arc<QueueRuntime> {
         let limits = QueueLimits::new(&definition.arguments, None);
         let window = log.is_some().then_some(paging::WINDOW);
+        let dead_letter_source = Arc::new(DeadLetterSource { vhost: vhost.to_string(), queue: definition.name.clone(), log: log.clone() });
         Arc::new_cyclic(|self_reference| QueueRuntime {
             self_reference: self_reference.clone(),
             page_in_done: tokio::sync::Notify::new(),
+            dead_lettering: AtomicBool::new(limits.dead_letter.is_some()),
+            dead_letter_sender,
+            dead_letter_source,
             inner: Mutex::new(QueueInner {
                 core: QueueCore::new(messages, limits.core_limits(), window),
                 consumers: Vec::new(),
@@ -193,6 +244,7 @@ impl QueueRuntime {
                 pager,
                 limits,
                 effects: Vec::new(),
+                dead_letters: Vec::new(),
             }),
             definition,
             vhost: vhost.to_string(),
@@ -218,7 +270,15 @@ impl QueueRuntime {
         let now_ms = now_ms();
         let outcome = self.run_at(&mut inner, enqueue, perform::Context::publishing(self, &message), now_ms);
         match outcome.reply {
-            Reply::Rejected => return Enqueued::Rejected,
+            Reply::Rejected => {
+                if let Some(target) = inner.limits.refused_dead_letter().cloned() {
+                    let reason = queue_core::DeadLetterReason::MaxLength;
+                    inner.dead_letters.push(DeadLetter { position: 0, logged: false, message, reason, target });
+                    self.hand_over_dead_letters(&mut inner);
+                }
+                return Enqueued::Rejected;
+            }
+            // Not kept (and, with a dead-letter exchange, already handed to its worker).
             Reply::Dropped => return Enqueued::Dropped,
             _ => {}
         }
@@ -254,6 +314,7 @@ impl QueueRuntime {
     pub fn apply_policy(&self, policy: Option<Arc<Policy>>) {
         let mut inner = self.inner.lock();
         inner.limits = QueueLimits::new(&self.definition.arguments, policy);
+        self.dead_lettering.store(inner.limits.dead_letter.is_some(), Ordering::Release);
         let limits = inner.limits.core_limits();
         self.run(&mut inner, || Command::SetLimits(limits), perform::Context::default());
     }
@@ -278,11 +339,15 @@ impl QueueRuntime {
     }
 
     /// Settles or requeues deliveries, then delivers again (prefetch was freed).
-    pub fn finish_deliveries(self: &Arc<Self>, positions: &[u64], requeue: bool) {
+    pub fn finish_deliveries(self: &Arc<Self>, positions: &[u64], settlement: Settlement) {
         let mut inner = self.inner.lock();
         let now_ms = now_ms();
         for &position in positions {
-            let command = || if requeue { Command::Requeue { position } } else { Command::Settle { position } };
+            let command = || match settlement {
+                Settlement::Ack => Command::Settle { position },
+                Settlement::Requeue => Command::Requeue { position },
+                Settlement::Reject => Command::Reject { position },
+            };
             self.run_at(&mut inner, command, perform::Context::default(), now_ms);
         }
         self.dispatch_locked_at(&mut inner, now_ms);
@@ -417,6 +482,43 @@ impl QueueRuntime {
             }
         }
         (count, consumers)
+    }
+}
+
+impl QueueRuntime {
+    /// Whether the queue dead-letters (the expiry sweep looks only at those).
+    pub fn dead_letters(&self) -> bool {
+        self.dead_lettering.load(Ordering::Acquire)
+    }
+
+    /// Expires the head and takes every dead letter the queue still holds (the expiry sweep).
+    /// It dispatches rather than only expiring, so a backlog paged to disk is paged in and
+    /// expires too, one page-in batch per sweep, with no consumer asking.
+    pub fn take_dead_letters(self: &Arc<Self>) -> Option<DeadLetterBatch> {
+        let mut inner = self.inner.lock();
+        self.dispatch_locked(&mut inner);
+        self.take_batch(&mut inner)
+    }
+
+    fn take_batch(&self, inner: &mut QueueInner) -> Option<DeadLetterBatch> {
+        if inner.dead_letters.is_empty() {
+            return None;
+        }
+        Some(DeadLetterBatch { source: self.dead_letter_source.clone(), letters: std::mem::take(&mut inner.dead_letters) })
+    }
+
+    /// Hands the dead letters a command made to the worker; while its backlog is full they stay
+    /// here, for the next command or sweep.
+    fn hand_over_dead_letters(&self, inner: &mut QueueInner) {
+        let Some(sender) = &self.dead_letter_sender else {
+            inner.dead_letters.clear();
+            return;
+        };
+        if let Some(batch) = self.take_batch(inner) {
+            if let Err(batch) = sender.try_send(batch) {
+                inner.dead_letters = batch.letters;
+            }
+        }
     }
 }
 

@@ -2,10 +2,11 @@
 //! the effects it returns (log records, deliveries, page-in reads), in order.
 
 use super::{QueueInner, QueueRuntime};
+use crate::dead_letter::DeadLetter;
 use crate::shared::{ChannelShared, ConsumerHandle, Outbound, Readiness, Unacked};
 use broker_core::queue::QueuedMessage;
 use broker_core::Message;
-use queue_core::{Command, ConsumerRef, Effect, Reply};
+use queue_core::{Command, ConsumerRef, DeadLetterReason, Effect, Reply};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -80,6 +81,9 @@ impl QueueRuntime {
             }
         }
         inner.effects = effects;
+        if !inner.dead_letters.is_empty() {
+            self.hand_over_dead_letters(inner);
+        }
         outcome
     }
 
@@ -97,6 +101,10 @@ impl QueueRuntime {
         outcome.reply = core.apply(command, super::now_ms(), &mut can_take, &mut effects);
         self.perform(inner, &mut effects, &context, &mut outcome);
         inner.effects = effects;
+        // A page-in's result drops (and may dead-letter) messages dropped at the head before it.
+        if !inner.dead_letters.is_empty() {
+            self.hand_over_dead_letters(inner);
+        }
         outcome.reply
     }
 
@@ -109,7 +117,14 @@ impl QueueRuntime {
         outcome: &mut Outcome,
     ) -> bool {
         let mut undelivered = None;
-        for effect in effects.drain(..) {
+        let counts_deliveries = inner.limits.delivery_limit.is_some();
+        for mut effect in effects.drain(..) {
+            if counts_deliveries {
+                // A queue with a delivery limit tells each delivery its count, as quorum queues do.
+                if let Effect::Deliver { queued, .. } = &mut effect {
+                    queued.message = crate::dead_letter::message::with_delivery_count(&queued.message, queued.delivery_count);
+                }
+            }
             match effect {
                 Effect::Deliver { consumer: Some(consumer), position, queued, no_ack } => {
                     let queue = context.queue.expect("only commands with the queue's Arc deliver");
@@ -159,11 +174,27 @@ impl QueueRuntime {
                     self.start_page_in(inner, messages_max, bytes_max, generation)
                 }
                 Effect::SettlePaged { count } => self.settle_paged(inner, count),
-                // Dead-lettering (issue 12) hooks in here; today a dropped message is only settled.
-                Effect::Drop { .. } | Effect::LogSettle { .. } | Effect::LogDelivered { .. } => {}
+                Effect::Drop { position, message, reason, logged } => self.drop_message(inner, position, message, reason, logged),
+                Effect::LogSettle { .. } | Effect::LogDelivered { .. } => {}
             }
         }
         undelivered.is_some()
+    }
+}
+
+impl QueueRuntime {
+    /// A message that left unconsumed: dead-lettered when the queue has a dead-letter exchange
+    /// (settled in the log by the dead-letter worker once its new queues hold it), else dropped.
+    fn drop_message(&self, inner: &mut QueueInner, position: u64, message: Arc<Message>, reason: DeadLetterReason, logged: bool) {
+        match &inner.limits.dead_letter {
+            Some(target) => inner.dead_letters.push(DeadLetter { position, logged, message, reason, target: target.clone() }),
+            None if logged => {
+                if let Some(log) = &self.log {
+                    log.lock().append_settled(position);
+                }
+            }
+            None => {}
+        }
     }
 }
 

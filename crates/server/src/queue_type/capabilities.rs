@@ -4,7 +4,7 @@
 //! `capabilities()`, except where Lepus does not implement an argument yet.
 
 use amqp_codec::ShortStr;
-use broker_core::vhost::{check_queue_argument, QueueDefinition, QueueType};
+use broker_core::vhost::{check_dead_letter_routing_key, check_queue_argument, QueueDefinition, QueueType};
 use broker_core::AmqpError;
 
 /// What a queue type allows.
@@ -59,9 +59,19 @@ pub const GATED_QUEUE_ARGUMENTS: &[&str] = &[
 const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
     queue_type: QueueType::Classic,
     implemented: true,
-    // RabbitMQ's classic queues also take x-expires, x-max-length-bytes, x-dead-letter-*,
-    // x-max-priority and x-single-active-consumer; Lepus does not implement them yet.
-    accepted_arguments: &["x-queue-type", "x-max-length", "x-message-ttl", "x-overflow"],
+    // RabbitMQ's classic queues also take x-expires, x-max-priority and
+    // x-single-active-consumer; Lepus does not implement them yet.
+    accepted_arguments: &[
+        "x-queue-type",
+        "x-max-length",
+        "x-message-ttl",
+        "x-overflow",
+        "x-max-length-bytes",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        // A Lepus extension: RabbitMQ 3.10.8 refuses it on classic queues (406).
+        "x-delivery-limit",
+    ],
     exclusive: true,
     non_durable: true,
     auto_delete: true,
@@ -146,6 +156,9 @@ impl QueueTypeCapabilities {
         for (key, value) in definition.arguments.iter() {
             let key_text = key.to_string_lossy();
             check_queue_argument(&key_text, value, &definition.name, vhost)?;
+            if key_text == "x-dead-letter-routing-key" {
+                check_dead_letter_routing_key(&definition.arguments, &definition.name, vhost)?;
+            }
             let key_text = key_text.as_str();
             if GATED_QUEUE_ARGUMENTS.contains(&key_text) && !self.accepted_arguments.contains(&key_text) {
                 return Err(AmqpError::not_implemented(format!("queue argument '{key_text}' is not supported by Lepus yet")));

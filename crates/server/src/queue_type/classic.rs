@@ -2,6 +2,7 @@
 //! makes and recovers them with their logs, and turns what they report into the seam's terms.
 
 use super::{ConfirmTicket, PublishOutcome, Queue};
+use crate::dead_letter::DeadLetterSender;
 use crate::queue_runtime::{Enqueued, Pager, QueueRuntime};
 use amqp_codec::ShortStr;
 use broker_core::queue::QueueState;
@@ -24,6 +25,8 @@ pub struct ClassicStorage<'a> {
     pub journaled: bool,
     /// The group commit every log is synced by.
     pub syncer: &'a Syncer,
+    /// Where queues hand their dead letters over (none: they drop them, in tests).
+    pub dead_letters: Option<&'a DeadLetterSender>,
 }
 
 /// Why a classic queue's log could not be made or recovered.
@@ -63,7 +66,7 @@ impl ClassicStorage<'_> {
         } else {
             None
         };
-        Ok(Queue::Classic(QueueRuntime::new(definition.clone(), vhost, log, QueueState::new(0), None)))
+        Ok(Queue::Classic(QueueRuntime::new(definition.clone(), vhost, log, QueueState::new(0), None, self.dead_letters.cloned())))
     }
 
     /// Recovers a durable classic queue from its log; returns it and how many messages it holds.
@@ -78,7 +81,7 @@ impl ClassicStorage<'_> {
         // delivered: the pager flags them all, as at-least-once allows.
         let pager = Pager::recovered(&log.lock(), &recovery, clean_shutdown);
         let messages = QueueState::with_paged(recovery.next_position, recovery.live_count);
-        let queue = QueueRuntime::new(definition.clone(), vhost, Some(log), messages, pager);
+        let queue = QueueRuntime::new(definition.clone(), vhost, Some(log), messages, pager, self.dead_letters.cloned());
         Ok((Queue::Classic(queue), recovery.live_count))
     }
 }

@@ -66,6 +66,29 @@ pub enum PublishOutcome {
     Dropped,
 }
 
+/// How a consumer (or basic.get) finished with a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// basic.ack (or no-ack): the message is done.
+    Ack,
+    /// basic.reject, basic.nack or basic.recover with requeue: back to its place, redelivered.
+    Requeue,
+    /// basic.reject or basic.nack without requeue: the message is dead-lettered (reason
+    /// `rejected`) when its queue has a dead-letter exchange, else dropped.
+    Reject,
+}
+
+impl Settlement {
+    /// The settlement a `requeue` flag asks for: none is an ack.
+    pub fn from_requeue(requeue: Option<bool>) -> Settlement {
+        match requeue {
+            None => Settlement::Ack,
+            Some(true) => Settlement::Requeue,
+            Some(false) => Settlement::Reject,
+        }
+    }
+}
+
 /// The tickets of many publishes, waited for together: one group commit for a socket read's
 /// worth of publishes, or for a transaction. Adding a ticket allocates only when it names a log
 /// the batch has not seen (a batch holds each log once).
@@ -188,13 +211,13 @@ impl Queue {
         }
     }
 
-    /// Settles deliveries of this queue: acked (`requeue` false, or rejected without requeue) or
-    /// put back to be delivered again. `deliveries` are the ids the queue gave them (the
-    /// `position` of a [`crate::shared::Unacked`]).
+    /// Settles deliveries of this queue: acked, put back to be delivered again, or rejected
+    /// (dead-lettered). `deliveries` are the ids the queue gave them (the `position` of a
+    /// [`crate::shared::Unacked`]).
     #[inline]
-    pub fn settle(&self, deliveries: &[u64], requeue: bool) {
+    pub fn settle(&self, deliveries: &[u64], settlement: Settlement) {
         match self {
-            Queue::Classic(queue) => queue.finish_deliveries(deliveries, requeue),
+            Queue::Classic(queue) => queue.finish_deliveries(deliveries, settlement),
         }
     }
 
@@ -277,6 +300,20 @@ impl Queue {
     pub fn consumer_views(&self) -> Vec<ConsumerView> {
         match self {
             Queue::Classic(queue) => queue.consumer_views(),
+        }
+    }
+
+    /// Whether it dead-letters (has a dead-letter exchange): the expiry sweep looks at those.
+    pub fn dead_letters(&self) -> bool {
+        match self {
+            Queue::Classic(queue) => queue.dead_letters(),
+        }
+    }
+
+    /// Expires its head and takes the dead letters it holds (the expiry sweep).
+    pub fn take_dead_letters(&self) -> Option<crate::dead_letter::DeadLetterBatch> {
+        match self {
+            Queue::Classic(queue) => queue.take_dead_letters(),
         }
     }
 

@@ -69,8 +69,7 @@ fn classic_queues_take_every_property_and_their_implemented_arguments() {
 #[test]
 fn classic_queues_refuse_arguments_lepus_does_not_implement_with_540_and_bad_values_with_406() {
     let classic = capabilities(QueueType::Classic);
-    for argument in ["x-expires", "x-max-length-bytes", "x-dead-letter-exchange", "x-max-priority", "x-single-active-consumer", "x-max-age"]
-    {
+    for argument in ["x-expires", "x-max-priority", "x-single-active-consumer", "x-max-age"] {
         let declared = definition("q", &[(argument, FieldValue::I32(1))]);
         assert_eq!(
             refusal(classic.check_declare(&declared, VHOST)),
@@ -90,6 +89,48 @@ fn classic_queues_refuse_arguments_lepus_does_not_implement_with_540_and_bad_val
             406,
             "PRECONDITION_FAILED - invalid arg 'x-overflow' for queue 'q' in vhost '/': {unacceptable_value,<<\"sideways\">>}".to_string()
         )
+    );
+}
+
+#[test]
+fn dead_letter_and_byte_limit_arguments_are_checked_with_rabbitmq_texts() {
+    let classic = capabilities(QueueType::Classic);
+    let refused = |arguments: &[(&str, FieldValue)]| refusal(classic.check_declare(&definition("q", arguments), VHOST));
+    let prefix = "PRECONDITION_FAILED - invalid arg";
+    assert_eq!(
+        refused(&[("x-dead-letter-exchange", FieldValue::I32(1))]),
+        (406, "PRECONDITION_FAILED - invalid type 'signedint' for arg 'x-dead-letter-exchange' in queue 'q' in vhost '/'".to_string())
+    );
+    assert_eq!(
+        refused(&[("x-dead-letter-routing-key", text("k"))]),
+        (406, format!("{prefix} 'x-dead-letter-routing-key' for queue 'q' in vhost '/': routing_key_but_no_dlx_defined"))
+    );
+    assert_eq!(
+        refused(&[("x-dead-letter-exchange", text("x")), ("x-dead-letter-routing-key", FieldValue::I32(5))]),
+        (406, format!("{prefix} 'x-dead-letter-routing-key' for queue 'q' in vhost '/': {{unacceptable_type,signedint}}"))
+    );
+    assert_eq!(
+        refused(&[("x-max-length-bytes", FieldValue::I32(-1))]),
+        (406, format!("{prefix} 'x-max-length-bytes' for queue 'q' in vhost '/': {{value_negative,-1}}"))
+    );
+    assert_eq!(
+        refused(&[("x-max-length-bytes", text("a"))]),
+        (406, format!("{prefix} 'x-max-length-bytes' for queue 'q' in vhost '/': \"expected integer, got longstr\""))
+    );
+    let accepted = definition(
+        "q",
+        &[
+            ("x-dead-letter-exchange", text("")),
+            ("x-dead-letter-routing-key", text("k")),
+            ("x-max-length-bytes", FieldValue::I64(10)),
+            ("x-overflow", text("reject-publish-dlx")),
+            ("x-delivery-limit", FieldValue::I32(3)),
+        ],
+    );
+    assert_eq!(classic.check_declare(&accepted, VHOST), Ok(()));
+    assert_eq!(
+        refused(&[("x-delivery-limit", FieldValue::I32(-1))]),
+        (406, format!("{prefix} 'x-delivery-limit' for queue 'q' in vhost '/': {{value_negative,-1}}"))
     );
 }
 
@@ -220,7 +261,8 @@ fn a_publish_outcome_carries_the_ticket_its_confirm_waits_for() {
     journal_file_system.create_durable_directory(&data_dir.0);
     let (journal, _) = Journal::open_in(journal_file_system.shared(), &journal_directory).expect("journal");
     let syncer = Syncer::start(SyncPolicy::Always, Some(journal));
-    let storage = ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: true, syncer: &syncer };
+    let storage =
+        ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: true, syncer: &syncer, dead_letters: None };
     let durable = storage.create(&definition("durable", &[]), VHOST).expect("create");
     let mut transient_definition = definition("transient", &[]);
     transient_definition.durable = false;
@@ -296,7 +338,8 @@ fn deliveries(receiver: &mut mpsc::UnboundedReceiver<Outbound>) -> Vec<(u64, Byt
 fn deliveries_are_settled_by_the_id_their_queue_gave_them() {
     let data_dir = DataDir::new("settle");
     let syncer = Syncer::start(SyncPolicy::Always, None);
-    let storage = ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: false, syncer: &syncer };
+    let storage =
+        ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: false, syncer: &syncer, dead_letters: None };
     let mut transient = definition("q", &[]);
     transient.durable = false;
     let queue = storage.create(&transient, VHOST).expect("create");
@@ -330,15 +373,15 @@ fn deliveries_are_settled_by_the_id_their_queue_gave_them() {
     for _ in &unacked {
         consumer.release_delivery();
     }
-    queue.settle(&[unacked[0].position], false);
-    queue.settle(&[unacked[1].position], true);
+    queue.settle(&[unacked[0].position], Settlement::Ack);
+    queue.settle(&[unacked[1].position], Settlement::Requeue);
     let redelivered = deliveries(&mut receiver);
     assert_eq!(redelivered, vec![(4, Bytes::from("b"), true)]);
     let snapshot = queue.snapshot();
     assert_eq!((snapshot.ready, snapshot.unacked, snapshot.stats.acked, snapshot.stats.requeued), (0, 2, 1, 1));
 
     // A reject without requeue settles as an ack does; the queue then holds only the redelivery.
-    queue.settle(&[unacked[2].position], false);
+    queue.settle(&[unacked[2].position], Settlement::Ack);
     let snapshot = queue.snapshot();
     assert_eq!((snapshot.ready, snapshot.unacked, snapshot.stats.acked), (0, 1, 2));
     assert_eq!(queue.cancel(&consumer), ConsumerRemoval::Removed);
@@ -349,7 +392,8 @@ fn deliveries_are_settled_by_the_id_their_queue_gave_them() {
 fn a_queue_that_found_the_writer_full_is_remembered_once_and_not_kept_alive() {
     let data_dir = DataDir::new("stalled");
     let syncer = Syncer::start(SyncPolicy::Always, None);
-    let storage = ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: false, syncer: &syncer };
+    let storage =
+        ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: false, syncer: &syncer, dead_letters: None };
     let mut transient = definition("q", &[]);
     transient.durable = false;
     let queue = storage.create(&transient, VHOST).expect("create");
@@ -385,7 +429,8 @@ fn a_queue_that_found_the_writer_full_is_remembered_once_and_not_kept_alive() {
 fn a_message_a_queue_drops_at_once_is_dropped_without_a_log_record() {
     let data_dir = DataDir::new("dropped");
     let syncer = Syncer::start(SyncPolicy::Always, None);
-    let storage = ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: false, syncer: &syncer };
+    let storage =
+        ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: false, syncer: &syncer, dead_letters: None };
     // x-max-length 0 with the default overflow, drop-head: RabbitMQ acks the confirm and returns
     // nothing (the message was routed), and keeps nothing.
     let zero_length = storage.create(&definition("zero", &[("x-max-length", FieldValue::I32(0))]), VHOST).expect("create");

@@ -1,7 +1,7 @@
 //! Consumers, acknowledgements, recovery and transactions: what happens after a delivery.
 
 use super::{random_name, Channel, Context, PendingSettle, Transaction};
-use crate::queue_type::{ConfirmTickets, Queue};
+use crate::queue_type::{ConfirmTickets, Queue, Settlement};
 use crate::shared::{ChannelShared, ConsumerHandle, Outbound, Unacked};
 use amqp_codec::{constants, encode_method_frame, BasicConsumeOk, ChannelClose, ShortStr, TxCommitOk};
 use broker_core::AmqpError;
@@ -119,7 +119,7 @@ impl Channel {
             return Ok(());
         }
         self.flush_acks();
-        finish_grouped(taken.into_iter(), requeue.unwrap_or(false));
+        finish_grouped(taken.into_iter(), Settlement::from_requeue(requeue));
         if self.shared.prefetch_global.load(Ordering::Acquire) != 0 {
             self.dispatch_consumed_queues();
         }
@@ -136,7 +136,7 @@ impl Channel {
         if self.pending_acks.is_empty() {
             return;
         }
-        finish_grouped(self.pending_acks.drain(..), false);
+        finish_grouped(self.pending_acks.drain(..), Settlement::Ack);
         if self.shared.prefetch_global.load(Ordering::Acquire) != 0 {
             self.dispatch_consumed_queues();
         }
@@ -147,7 +147,7 @@ impl Channel {
             return Err(AmqpError::not_implemented("requeue=false"));
         }
         let taken = std::mem::take(&mut self.shared.ledger.lock().unacked);
-        finish_grouped(taken.into_values(), true);
+        finish_grouped(taken.into_values(), Settlement::Requeue);
         Ok(())
     }
 
@@ -163,7 +163,7 @@ impl Channel {
         for settle in settles {
             // A tag settled twice in one transaction is already gone; RabbitMQ ignores it too.
             if let Ok(taken) = self.take_deliveries(settle.delivery_tag, settle.multiple, settle.requeue.is_none()) {
-                finish_grouped(taken.into_iter(), settle.requeue.unwrap_or(false));
+                finish_grouped(taken.into_iter(), Settlement::from_requeue(settle.requeue));
             }
         }
         self.dispatch_consumed_queues();
@@ -221,7 +221,7 @@ fn answer_commit(channel: &ChannelShared, durable: bool) {
 }
 
 /// Settles (or requeues) deliveries in their queues, grouped per queue so each is locked once.
-pub(super) fn finish_grouped(deliveries: impl Iterator<Item = Unacked>, requeue: bool) {
+pub(super) fn finish_grouped(deliveries: impl Iterator<Item = Unacked>, settlement: Settlement) {
     let mut groups: Vec<(Queue, Vec<u64>)> = Vec::new();
     for delivery in deliveries {
         if let Some(consumer) = &delivery.consumer {
@@ -233,6 +233,6 @@ pub(super) fn finish_grouped(deliveries: impl Iterator<Item = Unacked>, requeue:
         }
     }
     for (queue, positions) in groups {
-        queue.settle(&positions, requeue);
+        queue.settle(&positions, settlement);
     }
 }

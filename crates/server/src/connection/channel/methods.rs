@@ -6,8 +6,8 @@ use crate::auth::Access;
 use crate::queue_type::ConsumerRemoval;
 use amqp_codec::{
     class_id, BasicCancelOk, BasicQosOk, BasicRecoverOk, ChannelCloseOk, ChannelFlowOk, ConfirmSelectOk, ExchangeBindOk, ExchangeDeclareOk,
-    ExchangeDeleteOk, ExchangeUnbindOk, Method, QueueBindOk, QueueDeclare, QueueDeclareOk, QueueDelete, QueueDeleteOk, QueuePurgeOk,
-    QueueUnbindOk, TxRollbackOk, TxSelectOk,
+    ExchangeDeleteOk, ExchangeUnbindOk, FieldTable, FieldValue, Method, QueueBindOk, QueueDeclare, QueueDeclareOk, QueueDelete,
+    QueueDeleteOk, QueuePurgeOk, QueueUnbindOk, ShortStr, TxRollbackOk, TxSelectOk,
 };
 use broker_core::exchange::{Binding, Destination};
 use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType};
@@ -288,6 +288,7 @@ impl Channel {
         let name = if declare.passive && name.is_empty() { self.queue_name(&name)? } else { name };
         if !declare.passive {
             context.check(Access::Configure, "queue", name.as_bytes())?;
+            check_dead_letter_permissions(context, &name, &declare.arguments)?;
         }
         let exclusive_owner = declare.exclusive.then_some(context.connection.id);
         let definition = QueueDefinition {
@@ -338,4 +339,19 @@ impl Channel {
         crate::broker::notify_cancelled(&consumers);
         Ok(())
     }
+}
+
+/// RabbitMQ's check when a queue with a dead-letter exchange is created: its declarer must be
+/// able to read the queue and write to the exchange, or dead-lettering would publish where the
+/// declarer may not (`rabbit_channel`, queue.declare). A redeclaration of an existing queue is
+/// not checked, as in RabbitMQ.
+fn check_dead_letter_permissions(context: &Context, queue: &ShortStr, arguments: &FieldTable) -> Result<(), AmqpError> {
+    let Some(FieldValue::LongStr(exchange)) = arguments.get("x-dead-letter-exchange") else {
+        return Ok(());
+    };
+    if context.topology()?.read().queue(queue).is_some() {
+        return Ok(());
+    }
+    context.check(Access::Read, "queue", queue.as_bytes())?;
+    context.check(Access::Write, "exchange", exchange)
 }

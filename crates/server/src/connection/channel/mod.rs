@@ -254,6 +254,6 @@ impl Channel {
                 context.broker.remove_queue(&context.vhost, queue.name());
             }
         }
-        finish_grouped(unacked.into_values(), true);
+        finish_grouped(unacked.into_values(), crate::queue_type::Settlement::Requeue);
     }
 }

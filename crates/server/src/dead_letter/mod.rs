@@ -1,0 +1,223 @@
+//! Dead-lettering: a message a queue rejects, expires or drops for its length is published again,
+//! by the broker, through the queue's dead-letter exchange, as RabbitMQ 3.10 does
+//! (`rabbit_dead_letter`), with the `x-death` header of `message.rs`.
+//!
+//! A queue never publishes while it holds its own lock (the target may be the queue itself, or a
+//! queue dead-lettering back to it): it hands its dead letters to one worker thread, which routes
+//! them in the vhost and publishes them into their new queues.
+//!
+//! At least once, where RabbitMQ's classic queues are at most once: a dead-lettered message that
+//! sits in its source queue's log is settled there only once every new queue holds it safely
+//! (the confirm tickets of its publish are settled, as a publisher confirm would wait). A crash in
+//! between leaves it in both queues (a duplicate), never in neither.
+//!
+//! The worker also sweeps, every [`EXPIRY_SWEEP_INTERVAL_MS`], the queues that dead-letter, so a
+//! message whose TTL passes is dead-lettered without waiting for a consumer or a publish.
+
+pub mod message;
+
+use crate::broker::{Broker, VhostTopology};
+use crate::queue_type::{ConfirmTickets, PublishOutcome, Queue};
+use amqp_codec::ShortStr;
+use broker_core::Message;
+use queue_core::DeadLetterReason;
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use storage::syncer::{SharedLog, Syncer};
+
+/// How many batches of dead letters wait for the worker at most. When the backlog is full, a
+/// queue keeps its dead letters and hands them over with its next command or the next sweep.
+pub const DEAD_LETTER_BATCHES_MAX: usize = 4096;
+
+/// How often the worker looks for expired messages in the queues that dead-letter.
+pub const EXPIRY_SWEEP_INTERVAL_MS: u64 = 100;
+
+/// Where a queue dead-letters: its `x-dead-letter-exchange` and `x-dead-letter-routing-key` (or
+/// the policy's `dead-letter-exchange` and `dead-letter-routing-key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterTarget {
+    /// The exchange dead letters are published to (may be the default exchange, "").
+    pub exchange: ShortStr,
+    /// The routing key they get; none keeps their own.
+    pub routing_key: Option<ShortStr>,
+}
+
+/// One message a queue dead-letters.
+#[derive(Debug)]
+pub struct DeadLetter {
+    /// Its position in the source queue (to settle in the source's log).
+    pub position: u64,
+    /// Whether the source's log holds it: settled there once its new queues hold it.
+    pub logged: bool,
+    /// The message as the source queue held it.
+    pub message: Arc<Message>,
+    /// Why it left.
+    pub reason: DeadLetterReason,
+    /// Where the source dead-lettered when it left.
+    pub target: DeadLetterTarget,
+}
+
+/// The queue dead letters come from: made once per queue, shared by its batches.
+#[derive(Debug)]
+pub struct DeadLetterSource {
+    /// Its vhost, where the dead-letter exchange is looked up.
+    pub vhost: String,
+    /// Its name, for `x-death`.
+    pub queue: ShortStr,
+    /// Its log, where logged dead letters are settled.
+    pub log: Option<SharedLog>,
+}
+
+/// Dead letters of one queue, handed over together.
+#[derive(Debug)]
+pub struct DeadLetterBatch {
+    /// The queue they come from.
+    pub source: Arc<DeadLetterSource>,
+    /// The messages.
+    pub letters: Vec<DeadLetter>,
+}
+
+/// Where queues hand their dead letters over.
+#[derive(Debug, Clone)]
+pub struct DeadLetterSender {
+    sender: SyncSender<DeadLetterBatch>,
+}
+
+/// The worker's end, until the broker starts it.
+pub struct DeadLetterReceiver {
+    receiver: Receiver<DeadLetterBatch>,
+}
+
+/// A sender and the receiver the worker will read.
+pub fn channel() -> (DeadLetterSender, DeadLetterReceiver) {
+    let (sender, receiver) = sync_channel(DEAD_LETTER_BATCHES_MAX);
+    (DeadLetterSender { sender }, DeadLetterReceiver { receiver })
+}
+
+impl DeadLetterSender {
+    /// Hands `batch` to the worker; gives it back when the backlog is full (to keep and retry).
+    /// When the worker is gone (the broker is stopping) the letters are dropped: their messages
+    /// stay in the source's log, so a restart finds them there.
+    pub fn try_send(&self, batch: DeadLetterBatch) -> Result<(), DeadLetterBatch> {
+        match self.sender.try_send(batch) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => Ok(()),
+            Err(TrySendError::Full(batch)) => Err(batch),
+        }
+    }
+}
+
+/// Starts the worker thread; it stops when the broker is dropped.
+pub fn start(broker: Weak<Broker>, receiver: DeadLetterReceiver) {
+    let spawned = std::thread::Builder::new().name("lepus-dead-letters".to_string()).spawn(move || run(broker, receiver.receiver));
+    if let Err(error) = spawned {
+        tracing::error!(%error, "the dead-letter thread could not start: dead letters stay in their queues' logs");
+    }
+}
+
+fn run(broker: Weak<Broker>, receiver: Receiver<DeadLetterBatch>) {
+    let interval = Duration::from_millis(EXPIRY_SWEEP_INTERVAL_MS);
+    let mut last_sweep = Instant::now();
+    loop {
+        let received = receiver.recv_timeout(interval);
+        let Some(broker) = broker.upgrade() else {
+            return;
+        };
+        match received {
+            Ok(batch) => publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, batch),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if last_sweep.elapsed() >= interval {
+            sweep(&broker);
+            last_sweep = Instant::now();
+        }
+    }
+}
+
+/// Expires the heads of the queues that dead-letter, and publishes what they give.
+fn sweep(broker: &Broker) {
+    for (_, topology) in broker.topologies() {
+        let queues: Vec<Queue> =
+            topology.read().queues().filter(|entry| entry.handle.dead_letters()).map(|entry| entry.handle.clone()).collect();
+        for queue in queues {
+            if let Some(batch) = queue.take_dead_letters() {
+                publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, batch);
+            }
+        }
+    }
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_secs()).unwrap_or(0)
+}
+
+/// Routes and publishes a batch in its vhost's `topology` (none: the vhost is gone, the letters
+/// are dropped), then settles the logged letters in their source once the new queues hold them
+/// safely.
+fn publish_batch(topology: Option<VhostTopology>, syncer: &Syncer, batch: DeadLetterBatch) {
+    let DeadLetterBatch { source, letters } = batch;
+    let now_s = now_s();
+    let mut tickets = ConfirmTickets::default();
+    let mut settled_positions: Vec<u64> = Vec::new();
+    let mut queues: Vec<Queue> = Vec::new();
+    for letter in letters {
+        if letter.logged {
+            settled_positions.push(letter.position);
+        }
+        let Some(topology) = &topology else {
+            continue;
+        };
+        let Some(dead) = message::dead_lettered(&letter.message, &source.queue, letter.reason, &letter.target, now_s) else {
+            continue;
+        };
+        let dead_message = Arc::new(dead.message);
+        queues.clear();
+        {
+            let vhost = topology.read();
+            let mut properties = || dead_message.header.properties().ok();
+            vhost.route(&dead_message.exchange, &dead_message.routing_key, &mut properties, &mut queues);
+        }
+        for queue in &queues {
+            let automatic = letter.reason != DeadLetterReason::Rejected;
+            if automatic && message::is_cycle(queue.name().as_bytes(), &dead.deaths) {
+                tracing::debug!(queue = %queue.name(), "a dead-letter cycle was cut");
+                continue;
+            }
+            // A refusal (the new queue is full with reject-publish) drops the letter, as RabbitMQ does.
+            if let PublishOutcome::Accepted(ticket) = queue.publish(dead_message.clone()) {
+                tickets.add(ticket);
+            }
+        }
+    }
+    settle_when_held(syncer, &source, tickets, settled_positions);
+}
+
+/// Settles `positions` in the source's log once `tickets` are settled; not at all when they
+/// failed (the messages stay in the source's log: a restart brings them back, a duplicate).
+fn settle_when_held(syncer: &Syncer, source: &Arc<DeadLetterSource>, tickets: ConfirmTickets, positions: Vec<u64>) {
+    let Some(log) = source.log.clone() else {
+        return;
+    };
+    if positions.is_empty() {
+        return;
+    }
+    let settle = move |durable: bool| {
+        if !durable {
+            tracing::warn!(count = positions.len(), "dead letters were not made durable in their new queues; kept in their source's log");
+            return;
+        }
+        let mut log = log.lock();
+        for position in positions {
+            log.append_settled(position);
+        }
+    };
+    if tickets.is_empty() {
+        settle(true);
+    } else {
+        tickets.when_settled(syncer, Box::new(settle));
+    }
+}
+
+#[cfg(test)]
+mod tests;
