@@ -720,7 +720,16 @@ pub(super) async fn vhost_queues(State(api): State<Api>, Path(vhost): Path<Strin
 
 pub(super) async fn queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
     let queue = find_queue(&api, &vhost, &name)?;
-    Ok(Json(json::queue_json(&queue, &api.rates.queue(&vhost, &name), &api.node)).into_response())
+    let mut answer = json::queue_json(&queue, &api.rates.queue(&vhost, &name), &api.node);
+    // RabbitMQ's single-queue answer lists the queue's consumers as /api/consumers shows them.
+    let consumer_details: Vec<Value> = consumer_list(&api, Some(&vhost))
+        .into_iter()
+        .filter(|consumer| consumer.pointer("/queue/name").and_then(Value::as_str) == Some(name.as_str()))
+        .collect();
+    if let Some(object) = answer.as_object_mut() {
+        object.insert("consumer_details".to_owned(), Value::Array(consumer_details));
+    }
+    Ok(Json(answer).into_response())
 }
 
 /// A queue.declare from the API's JSON (`durable`, `auto_delete`, `arguments`); absent flags take
