@@ -1,6 +1,7 @@
 """GET /api/queues/{vhost}/{name} lists the queue's consumers in `consumer_details`, as RabbitMQ's
 management API does (the console's queue page shows them): one entry per consumer of that queue,
-shaped like /api/consumers, and none of another queue's."""
+shaped like /api/consumers, and none of another queue's; GET /api/channels/{name} lists the
+channel's consumers the same way (the console's channel page)."""
 
 import urllib.parse
 
@@ -42,6 +43,16 @@ def test_queue_answer_lists_its_consumers(lepus, names):
         assert automatic["channel_details"]["number"] == second.channel_number
         assert manual["channel_details"]["name"].endswith("(%d)" % ch.channel_number)
         assert manual["arguments"] == {}
+        # The fields RabbitMQ 3.10.8 answers, no more and no fewer.
+        assert sorted(manual) == ["ack_required", "active", "activity_status", "arguments", "channel_details",
+                                  "consumer_tag", "exclusive", "prefetch_count", "queue"]
+        assert sorted(manual["channel_details"]) == ["connection_name", "name", "node", "number", "peer_host",
+                                                     "peer_port", "user"]
+        assert manual["channel_details"]["node"] == lepus.get("/overview").json()["node"]
+        # The channel's own answer lists its consumers the same way.
+        channel_path = "/channels/%s" % q(manual["channel_details"]["name"])
+        on_channel = wait_for(lambda: lepus.get(channel_path).json().get("consumer_details"))
+        assert on_channel == [manual]
         exclusive = wait_for(lambda: lepus.get("/queues/%%2F/%s" % q(other)).json().get("consumer_details"))
         assert [(c["consumer_tag"], c["exclusive"]) for c in exclusive] == [("elsewhere", True)]
         # A queue without consumers answers an empty list.

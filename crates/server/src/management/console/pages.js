@@ -267,10 +267,7 @@ function channelView(name) {
         ...fact('Consumers', fmtNumber(channel.consumer_count), 'consumer_count'),
         ...fact('Unacked', fmtNumber(channel.messages_unacknowledged), 'messages_unacknowledged'),
         ...fact('Unconfirmed', fmtNumber(channel.messages_unconfirmed), 'messages_unconfirmed'));
-      // RabbitMQ's channel answer carries consumer_details; take them from /api/consumers when it does not.
-      const list = channel.consumer_details
-        || (await api('GET', `/consumers/${enc(channel.vhost)}`)).filter((c) => (c.channel_details || {}).name === name);
-      consumers.update(list, (c) => c.consumer_tag);
+      consumers.update(channel.consumer_details || [], (c) => c.consumer_tag);
     },
   };
 }
