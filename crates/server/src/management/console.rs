@@ -12,6 +12,9 @@ use axum::Router;
 const INDEX_HTML: &str = include_str!("console/index.html");
 /// The application (hash routes `#/overview`, `#/queues`, ...).
 const APP_JS: &str = include_str!("console/app.js");
+/// The detail pages (exchange, connection, channel) and the queue page's consumers and chart,
+/// kept beside app.js so each script stays readable.
+const PAGES_JS: &str = include_str!("console/pages.js");
 /// The style sheet.
 const STYLE_CSS: &str = include_str!("console/style.css");
 /// The tab icon.
@@ -36,6 +39,7 @@ fn asset(file: &str) -> Response {
     let (body, content_type) = match file {
         "index.html" => (INDEX_HTML, "text/html; charset=utf-8"),
         "app.js" => (APP_JS, "text/javascript; charset=utf-8"),
+        "pages.js" => (PAGES_JS, "text/javascript; charset=utf-8"),
         "style.css" => (STYLE_CSS, "text/css; charset=utf-8"),
         "favicon.svg" => (FAVICON_SVG, "image/svg+xml"),
         _ => return (StatusCode::NOT_FOUND, "Not Found").into_response(),
@@ -64,5 +68,7 @@ mod tests {
         assert_eq!(asset("app.js").headers()[header::CONTENT_TYPE], "text/javascript; charset=utf-8");
         assert_eq!(asset("../mod.rs").status(), StatusCode::NOT_FOUND);
         assert!(INDEX_HTML.contains("/console/app.js"));
+        assert!(INDEX_HTML.contains("/console/pages.js"));
+        assert_eq!(asset("pages.js").headers()[header::CONTENT_TYPE], "text/javascript; charset=utf-8");
     }
 }

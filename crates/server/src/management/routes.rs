@@ -510,7 +510,17 @@ pub(super) async fn channel(State(api): State<Api>, caller: Caller, Path(name): 
         .visible(channel_list(&api, None, None), Visibility::OwnConnection)
         .into_iter()
         .find(|channel| channel.get("name").and_then(Value::as_str) == Some(name.as_str()));
-    Ok(Json(found.ok_or_else(ApiError::object_not_found)?).into_response())
+    let mut answer = found.ok_or_else(ApiError::object_not_found)?;
+    // RabbitMQ's single-channel answer lists the channel's consumers as /api/consumers shows them.
+    let vhost = answer.get("vhost").and_then(Value::as_str).map(str::to_owned);
+    let consumer_details: Vec<Value> = consumer_list(&api, vhost.as_deref())
+        .into_iter()
+        .filter(|consumer| consumer.pointer("/channel_details/name").and_then(Value::as_str) == Some(name.as_str()))
+        .collect();
+    if let Some(object) = answer.as_object_mut() {
+        object.insert("consumer_details".to_owned(), Value::Array(consumer_details));
+    }
+    Ok(Json(answer).into_response())
 }
 
 /// Consumers, shaped like RabbitMQ's `/api/consumers`.
@@ -531,7 +541,12 @@ fn consumer_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
         .filter(|consumer| only_vhost.is_none_or(|vhost| consumer.vhost == vhost))
         .map(|consumer| {
             let connection = connections.iter().find(|connection| connection.id == consumer.consumer.connection_id);
-            json::consumer_json(consumer, connection, amqp_address(api))
+            let mut answer = json::consumer_json(consumer, connection, amqp_address(api));
+            // RabbitMQ names the node in each consumer's channel_details.
+            if let Some(details) = answer.get_mut("channel_details").and_then(Value::as_object_mut) {
+                details.insert("node".to_owned(), Value::String(api.node.clone()));
+            }
+            answer
         })
         .collect()
 }
@@ -720,7 +735,16 @@ pub(super) async fn vhost_queues(State(api): State<Api>, Path(vhost): Path<Strin
 
 pub(super) async fn queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
     let queue = find_queue(&api, &vhost, &name)?;
-    Ok(Json(json::queue_json(&queue, &api.rates.queue(&vhost, &name), &api.node)).into_response())
+    let mut answer = json::queue_json(&queue, &api.rates.queue(&vhost, &name), &api.node);
+    // RabbitMQ's single-queue answer lists the queue's consumers as /api/consumers shows them.
+    let consumer_details: Vec<Value> = consumer_list(&api, Some(&vhost))
+        .into_iter()
+        .filter(|consumer| consumer.pointer("/queue/name").and_then(Value::as_str) == Some(name.as_str()))
+        .collect();
+    if let Some(object) = answer.as_object_mut() {
+        object.insert("consumer_details".to_owned(), Value::Array(consumer_details));
+    }
+    Ok(Json(answer).into_response())
 }
 
 /// A queue.declare from the API's JSON (`durable`, `auto_delete`, `arguments`); absent flags take

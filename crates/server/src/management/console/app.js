@@ -229,6 +229,9 @@ function route() {
   const page = parts[0] || 'overview';
   let view;
   if (page === 'queues' && parts.length >= 3) view = queueView(parts[1], parts.slice(2).join('/'));
+  else if (page === 'exchanges' && parts.length >= 3) view = exchangeView(parts[1], parts.slice(2).join('/'));
+  else if (page === 'connections' && parts.length >= 2) view = connectionView(parts.slice(1).join('/'));
+  else if (page === 'channels' && parts.length >= 2) view = channelView(parts.slice(1).join('/'));
   else view = (views[page] || views.overview)();
   stopView();
   // Notices belong to the page they were raised on; keep only one just raised (e.g. "deleted").
@@ -360,7 +363,7 @@ function stat(label, value, id) {
 const COLORS = {ready: '#d97706', unacked: '#2563eb', publish: '#059669', deliver: '#7c3aed'};
 
 /** Draws series [{label, key, color}] of `history` on a canvas: lines, grid, y labels. */
-function drawChart(canvas, series, unit) {
+function drawChart(canvas, series, unit, samples = history) {
   const ratio = window.devicePixelRatio || 1;
   const width = canvas.clientWidth || 480;
   const height = canvas.clientHeight || 180;
@@ -372,7 +375,7 @@ function drawChart(canvas, series, unit) {
   const left = 56, right = 10, top = 10, bottom = 22;
   const plotW = width - left - right, plotH = height - top - bottom;
   let max = 0;
-  for (const sample of history) for (const s of series) max = Math.max(max, sample[s.key]);
+  for (const sample of samples) for (const s of series) max = Math.max(max, sample[s.key]);
   const niceMax = niceCeiling(max);
   ctx.font = '11px system-ui, sans-serif';
   ctx.fillStyle = '#6b7280';
@@ -387,7 +390,7 @@ function drawChart(canvas, series, unit) {
     ctx.fillText(value.toLocaleString('en-US', {maximumFractionDigits: 2}) + unit, left - 6, y);
   }
   // x axis: the kept history (10 minutes at the default period), "now" at the right.
-  const now = history.length ? history[history.length - 1].t : Date.now();
+  const now = samples.length ? samples[samples.length - 1].t : Date.now();
   const span = (HISTORY_MAX - 1) * REFRESH_MS;
   ctx.textAlign = 'center';
   ctx.textBaseline = 'top';
@@ -402,12 +405,12 @@ function drawChart(canvas, series, unit) {
     ctx.strokeStyle = s.color;
     ctx.lineWidth = 2;
     ctx.beginPath();
-    history.forEach((sample, index) => {
+    samples.forEach((sample, index) => {
       const x = left + plotW - (plotW * (now - sample.t)) / span;
       const y = top + plotH - (niceMax ? (plotH * sample[s.key]) / niceMax : 0);
       if (index === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
     });
-    if (history.length === 1) ctx.arc(left + plotW, top + plotH - (niceMax ? (plotH * history[0][s.key]) / niceMax : 0), 2, 0, 7);
+    if (samples.length === 1) ctx.arc(left + plotW, top + plotH - (niceMax ? (plotH * samples[0][s.key]) / niceMax : 0), 2, 0, 7);
     ctx.stroke();
   }
 }
@@ -419,14 +422,15 @@ function niceCeiling(value) {
   return 10 * magnitude;
 }
 
-function chart(title, series, unit) {
+/** A chart of `samples` (the overview's history unless given; a page may keep its own). */
+function chart(title, series, unit, samples = history) {
   const canvas = h('canvas', {class: 'chart', 'aria-label': title, role: 'img'});
   const legend = h('div', {class: 'legend'});
   return {
     element: h('div', {class: 'chart-box'}, h('h3', {}, title), canvas, legend),
     update() {
-      drawChart(canvas, series, unit);
-      const last = history[history.length - 1] || {};
+      drawChart(canvas, series, unit, samples);
+      const last = samples[samples.length - 1] || {};
       legend.replaceChildren(...series.map((s) => h('span', {class: 'legend-item', 'data-series': s.key},
         h('i', {class: `swatch swatch-${s.key}`}), `${s.label}: `,
         h('b', {}, (last[s.key] || 0).toLocaleString('en-US', {maximumFractionDigits: 1}) + unit))));
@@ -613,10 +617,13 @@ function queueView(vhost, name) {
   const actions = h('div', {class: 'actions'},
     h('button', {type: 'button', id: 'purge', class: 'warn', onclick: () => purge(path, name)}, 'Purge messages'),
     h('button', {type: 'button', id: 'delete-queue', class: 'danger', onclick: () => deleteQueue(path, name)}, 'Delete queue'));
+  const consumers = queueConsumersTable();
+  const charts = queueCharts();
   const element = h('div', {},
     h('p', {class: 'crumbs'}, h('a', {href: '#/queues'}, 'Queues'), ' in vhost ', h('code', {}, vhost)),
     h('h1', {}, 'Queue ', h('span', {class: 'name', id: 'queue-name'}, name)),
-    section('Messages', numbers),
+    section('Messages', numbers, charts.element),
+    section('Consumers', consumers.element),
     h('div', {class: 'columns'}, section('Details', facts), section('Bindings', bindings.element)),
     h('div', {class: 'columns'}, section('Publish a message', publishForm), section('Get messages', getForm, results)),
     section('Manage', actions));
@@ -634,6 +641,8 @@ function queueView(vhost, name) {
         throw error;
       }
       const s = queue.message_stats || {};
+      charts.update(queue);
+      consumers.update(queue.consumer_details || [], (c) => `${(c.channel_details || {}).name} ${c.consumer_tag}`);
       numbers.replaceChildren(
         stat('Ready', fmtNumber(queue.messages_ready), 'messages_ready'),
         stat('Unacked', fmtNumber(queue.messages_unacknowledged), 'messages_unacknowledged'),
@@ -732,7 +741,7 @@ async function deleteQueue(path, name) {
 
 function exchangesView() {
   const table = dataTable('exchanges', [
-    {id: 'name', title: 'Name', cell: (e) => e.name || '(AMQP default)'},
+    {id: 'name', title: 'Name', cell: (e) => exchangeLink(e.vhost, e.name)},
     {id: 'vhost', title: 'Vhost', cell: (e) => e.vhost},
     {id: 'type', title: 'Type', cell: (e) => e.type},
     {id: 'features', title: 'Features', cell: (e) => flags(e)},
@@ -772,9 +781,11 @@ async function declareExchange(event) {
 
 function connectionsView() {
   const table = dataTable('connections', [
-    {id: 'name', title: 'Name', cell: (c) => c.name},
+    {id: 'name', title: 'Name', cell: (c) => connectionLink(c.name)},
     {id: 'user', title: 'User', cell: (c) => c.user},
     {id: 'vhost', title: 'Vhost', cell: (c) => c.vhost},
+    {id: 'protocol', title: 'Protocol', cell: (c) => c.protocol},
+    {id: 'tls', title: 'TLS', cell: connectionTls},
     {id: 'client', title: 'Client', cell: (c) => [(c.client_properties || {}).product, (c.client_properties || {}).version].filter(Boolean).join(' ') || '–'},
     {id: 'state', title: 'State', cell: (c) => h('span', {class: 'badge ' + (c.state === 'running' ? 'ok' : 'alarm')}, c.state)},
     {id: 'channels', title: 'Channels', num: true, cell: (c) => fmtNumber(c.channels)},
@@ -803,9 +814,9 @@ async function closeConnection(name) {
 
 function channelsView() {
   const table = dataTable('channels', [
-    {id: 'name', title: 'Channel', cell: (c) => c.name},
+    {id: 'name', title: 'Channel', cell: (c) => channelLink(c.name)},
     {id: 'number', title: 'Number', num: true, cell: (c) => c.number},
-    {id: 'connection', title: 'Connection', cell: (c) => (c.connection_details || {}).name},
+    {id: 'connection', title: 'Connection', cell: (c) => connectionLink((c.connection_details || {}).name)},
     {id: 'user', title: 'User', cell: (c) => c.user},
     {id: 'vhost', title: 'Vhost', cell: (c) => c.vhost},
     {id: 'mode', title: 'Mode', cell: channelMode},

@@ -1,0 +1,383 @@
+// The console's detail pages (queue consumers and chart, exchange with bindings and publish,
+// connection, channel) in headless Chromium against a real broker this file starts itself; what the
+// pages show is compared with the management API, what they do is checked through the API and an
+// AMQP client (amqplib). Run through ../run.sh (node --test runs every file of tests/).
+import {test, before, after} from 'node:test';
+import assert from 'node:assert/strict';
+import {spawn} from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import {fileURLToPath} from 'node:url';
+import {chromium} from 'playwright-core';
+import amqp from 'amqplib';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const SCREENSHOTS = path.join(HERE, '..', 'screenshots');
+const WAIT_MS = 15000; // every wait is bounded by this
+const REFRESH_MS = 1000; // the console's refresh period in these tests (?refresh=)
+
+let broker; // {process, amqpPort, httpPort, dataDir, log}
+let context; // the browser context (fresh user-data-dir)
+let page;
+const cleanups = [];
+
+// ------------------------------------------------------------------ helpers
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const {port} = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Polls `check` (sync or async; truthy ends) until WAIT_MS; fails with `what` and the last value. */
+async function waitFor(what, check, timeoutMs = WAIT_MS) {
+  const deadline = Date.now() + timeoutMs;
+  let last;
+  for (;;) {
+    try {
+      last = await check();
+      if (last) return last;
+    } catch (error) {
+      last = error;
+    }
+    if (Date.now() > deadline) assert.fail(`timed out after ${timeoutMs} ms waiting for ${what} (last: ${last})`);
+    await sleep(100);
+  }
+}
+
+const basicAuth = (user, password) => 'Basic ' + Buffer.from(`${user}:${password}`).toString('base64');
+const AUTH = basicAuth('guest', 'guest');
+
+/** The management API as a test client: {status, body}; as guest unless `auth` says otherwise. */
+async function api(method, apiPath, body, auth = AUTH) {
+  const response = await fetch(`http://127.0.0.1:${broker.httpPort}/api${apiPath}`, {
+    method,
+    headers: {Authorization: auth, 'Content-Type': 'application/json'},
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal: AbortSignal.timeout(10000),
+  });
+  const text = await response.text();
+  return {status: response.status, body: text ? JSON.parse(text) : null};
+}
+
+async function apiQueue(name) {
+  const answer = await api('GET', `/queues/%2F/${encodeURIComponent(name)}`);
+  return answer.status === 200 ? answer.body : null;
+}
+
+async function amqpConnect() {
+  const connection = await amqp.connect(`amqp://guest:guest@127.0.0.1:${broker.amqpPort}/`, {timeout: 10000});
+  connection.on('error', () => {}); // a forced close is expected in one test
+  cleanups.push(() => connection.close().catch(() => {}));
+  return connection;
+}
+
+function unique(prefix) {
+  return `${prefix}-${Math.random().toString(16).slice(2, 10)}`;
+}
+
+async function shot(name) {
+  // Notices from earlier steps would cover the page: the screenshot shows the page itself.
+  await page.evaluate(() => document.querySelectorAll('#flash .notice').forEach((notice) => notice.remove()));
+  await page.screenshot({path: path.join(SCREENSHOTS, `${name}.png`), fullPage: true});
+}
+
+/** Opens a console route and waits for its first data refresh. */
+async function open(hash) {
+  await page.evaluate(() => { delete document.body.dataset.loaded; });
+  await page.goto(`http://127.0.0.1:${broker.httpPort}/?refresh=${REFRESH_MS}${hash}`);
+  await page.waitForSelector('body[data-loaded]', {timeout: WAIT_MS});
+}
+
+/** The text of one cell of a console table row. */
+async function cell(table, row, column) {
+  const locator = page.locator(`table[data-table="${table}"] tr[data-row="${row}"] td[data-col="${column}"]`);
+  // allTextContents does not wait: a row that is (or just went) missing reads as null.
+  const texts = await locator.allTextContents();
+  return texts.length ? texts[0].trim() : null;
+}
+
+// ------------------------------------------------------------------ broker and browser
+
+before(async () => {
+  const binary = process.env.LEPUS_BIN;
+  assert.ok(binary, 'LEPUS_BIN must be set (run.sh skips without it)');
+  fs.mkdirSync(SCREENSHOTS, {recursive: true});
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'lepus-console-'));
+  const [amqpPort, httpPort] = [await freePort(), await freePort()];
+  const log = fs.openSync(path.join(dataDir, '..', `${path.basename(dataDir)}.log`), 'w');
+  const child = spawn(binary, ['server', '--data-dir', path.join(dataDir, 'data'), '--amqp-port', String(amqpPort),
+    '--http-port', String(httpPort), '--metrics-port', '0', '--bind', '127.0.0.1'], {stdio: ['ignore', log, log]});
+  broker = {process: child, amqpPort, httpPort, dataDir};
+  await waitFor('the broker to serve its HTTP API', async () => {
+    if (child.exitCode !== null) throw new Error(`lepus exited with ${child.exitCode}`);
+    return (await api('GET', '/overview')).status === 200;
+  });
+
+  context = await chromium.launchPersistentContext(path.join(dataDir, 'chromium-profile'), {
+    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    viewport: {width: 1360, height: 900},
+    acceptDownloads: true,
+    timeout: 30000,
+  });
+  context.setDefaultTimeout(WAIT_MS);
+  page = context.pages()[0] || await context.newPage();
+  // The console confirms purge, delete and close: the tests answer as `dialogAnswer` says.
+  page.on('dialog', (dialog) => {
+    dialogs.push(dialog.message());
+    (dialogAnswer ? dialog.accept() : dialog.dismiss()).catch(() => {});
+  });
+  page.on('pageerror', (error) => { console.error('page error:', error); pageErrors.push(error); });
+});
+
+const pageErrors = [];
+const dialogs = []; // the messages of the console's confirm() dialogs, oldest first
+let dialogAnswer = true; // what the next confirm() answers
+
+after(async () => {
+  for (const cleanup of cleanups.reverse()) await cleanup();
+  if (context) await context.close().catch(() => {});
+  if (broker) {
+    broker.process.kill('SIGTERM');
+    await Promise.race([new Promise((resolve) => broker.process.once('exit', resolve)), sleep(10000)]);
+    if (broker.process.exitCode === null) broker.process.kill('SIGKILL');
+    fs.rmSync(broker.dataDir, {recursive: true, force: true});
+  }
+});
+
+// ------------------------------------------------------------------ tests (in order, one page)
+
+// ------------------------------------------------------------------ tests (in order, one page)
+
+async function loginAsGuest() {
+  await page.goto(`http://127.0.0.1:${broker.httpPort}/?refresh=${REFRESH_MS}#/overview`);
+  await page.waitForSelector('#login-form', {state: 'visible'});
+  await page.fill('#login-form [name=password]', 'guest');
+  await page.click('#login-form button[type=submit]');
+  await page.waitForSelector('#nav', {state: 'visible'});
+}
+
+/** The text of a `data-fact` entry of the current page. */
+async function factText(id) {
+  const texts = await page.locator(`[data-fact="${id}"]`).allTextContents();
+  return texts.length ? texts[0].trim() : null;
+}
+
+/** The keys (data-row) of a console table's rows, in page order. */
+async function rowKeys(table) {
+  return page.locator(`table[data-table="${table}"] tr[data-row]`).evaluateAll((rows) => rows.map((row) => row.dataset.row));
+}
+
+/** Painted pixels of the canvas `selector`. */
+function paintedPixels(selector) {
+  return page.evaluate((css) => {
+    const canvas = document.querySelector(css);
+    const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+    let coloured = 0;
+    for (let i = 0; i < pixels.length; i += 4) if (pixels[i + 3] > 0) coloured++;
+    return coloured;
+  }, selector);
+}
+
+test('the queue page lists each consumer as the API does and charts ready and unacked', async () => {
+  await loginAsGuest();
+  const queue = unique('consumed');
+  const connection = await amqpConnect();
+  const publisher = await connection.createConfirmChannel();
+  await publisher.assertQueue(queue, {durable: true});
+  for (let i = 0; i < 9; i++) publisher.sendToQueue(queue, Buffer.from(`m${i}`), {persistent: true});
+  await publisher.waitForConfirms();
+  const manual = await connection.createChannel();
+  await manual.prefetch(4);
+  await manual.consume(queue, () => {}, {noAck: false, consumerTag: 'manual-tag'}); // holds four unacked
+  const expected = await waitFor('the API to list the consumer with 4 unacked', async () => {
+    const q = await apiQueue(queue);
+    return q && q.messages_unacknowledged === 4 && (q.consumer_details || []).length === 1 ? q : null;
+  });
+  await open(`#/queues/%2F/${queue}`);
+  const consumer = expected.consumer_details[0];
+  const key = `${consumer.channel_details.name} ${consumer.consumer_tag}`;
+  await waitFor('the consumers table to show the consumer', async () => (await cell('consumers', key, 'tag')) === 'manual-tag');
+  assert.equal(await cell('consumers', key, 'channel'), consumer.channel_details.name);
+  assert.equal(await cell('consumers', key, 'ack'), consumer.ack_required ? 'manual ack' : 'auto ack (no ack)');
+  assert.equal(consumer.ack_required, true);
+  assert.equal(await cell('consumers', key, 'prefetch'), String(consumer.prefetch_count));
+  assert.equal(consumer.prefetch_count, 4);
+  assert.equal(await cell('consumers', key, 'exclusive'), consumer.exclusive ? 'yes' : 'no');
+  // A second consumer, auto-ack and exclusive on its own queue, shows on that queue's page only.
+  const other = unique('exclusive');
+  const automatic = await connection.createChannel();
+  await automatic.assertQueue(other, {durable: false});
+  await automatic.consume(other, () => {}, {noAck: true, exclusive: true, consumerTag: 'auto-tag'});
+  await open(`#/queues/%2F/${other}`);
+  const otherQueue = await waitFor('the API to list the exclusive consumer', async () => {
+    const q = await apiQueue(other);
+    return q && (q.consumer_details || []).length === 1 ? q : null;
+  });
+  const otherKey = `${otherQueue.consumer_details[0].channel_details.name} auto-tag`;
+  await waitFor('the exclusive consumer row', async () => (await cell('consumers', otherKey, 'exclusive')) === 'yes');
+  assert.equal(await cell('consumers', otherKey, 'ack'), 'auto ack (no ack)');
+  assert.deepEqual(await rowKeys('consumers'), [otherKey]);
+  // The chart of the first queue: ready and unacked as the API counts them, drawn from samples
+  // the page keeps; more publishes make the ready line move.
+  await open(`#/queues/%2F/${queue}`);
+  for (let i = 0; i < 4; i++) {
+    publisher.sendToQueue(queue, Buffer.from('more'), {persistent: true});
+    await sleep(REFRESH_MS);
+  }
+  await publisher.waitForConfirms();
+  const now = await waitFor('the API to count 9 ready', async () => {
+    const q = await apiQueue(queue);
+    return q && q.messages_ready === 9 ? q : null;
+  });
+  await waitFor('the chart legend to show the API counts', async () => {
+    const ready = await page.textContent('#queue-charts [data-series="ready"] b');
+    const unacked = await page.textContent('#queue-charts [data-series="unacked"] b');
+    return ready === String(now.messages_ready) && unacked === String(now.messages_unacknowledged);
+  });
+  const samples = await page.evaluate(() => document.querySelectorAll('#queue-charts canvas').length);
+  assert.equal(samples, 2);
+  assert.ok(await paintedPixels('#queue-charts canvas') > 500, 'the queue chart is drawn');
+  await shot('queue-consumers');
+  await connection.close();
+});
+
+test('the exchange list links to an exchange page with its details from the API', async () => {
+  const exchange = unique('events');
+  assert.equal((await api('PUT', `/exchanges/%2F/${exchange}`, {type: 'topic', durable: true, arguments: {'alternate-exchange': 'ae'}})).status, 201);
+  await open('#/exchanges');
+  await waitFor('the exchange row', async () => (await cell('exchanges', exchange, 'name')) === exchange);
+  await page.click(`table[data-table="exchanges"] tr[data-row="${exchange}"] td[data-col="name"] a`);
+  await page.waitForSelector('[data-fact="type"]');
+  assert.equal(page.url().split('#')[1], `/exchanges/%2F/${exchange}`);
+  const expected = (await api('GET', `/exchanges/%2F/${exchange}`)).body;
+  assert.equal((await page.textContent('#exchange-name')).trim(), exchange);
+  assert.equal(await factText('type'), expected.type);
+  assert.equal(await factText('durable'), expected.durable ? 'yes' : 'no');
+  assert.equal(await factText('internal'), expected.internal ? 'yes' : 'no');
+  assert.equal(await factText('arguments'), JSON.stringify(expected.arguments));
+  // The default exchange's page is reached by its API alias.
+  await open('#/exchanges');
+  await page.click('table[data-table="exchanges"] tr[data-row=""] td[data-col="name"] a');
+  await page.waitForSelector('[data-fact="type"]');
+  assert.equal(page.url().split('#')[1], '/exchanges/%2F/amq.default');
+  assert.equal(await factText('type'), 'direct');
+});
+
+test('the exchange page adds and removes a binding and publishes through it', async () => {
+  const exchange = unique('routing');
+  const queue = unique('bound');
+  assert.equal((await api('PUT', `/exchanges/%2F/${exchange}`, {type: 'direct', durable: false})).status, 201);
+  assert.equal((await api('PUT', `/queues/%2F/${queue}`, {durable: false})).status, 201);
+  await open(`#/exchanges/%2F/${exchange}`);
+  await page.waitForSelector('table[data-table="exchange-bindings"] td.empty');
+  await page.fill('#binding-form [name=queue]', queue);
+  await page.fill('#binding-form [name=routing_key]', 'orders.new');
+  await page.click('#binding-form button[type=submit]');
+  const binding = await waitFor('the API to list the binding', async () => {
+    const list = (await api('GET', `/exchanges/%2F/${exchange}/bindings/source`)).body;
+    return list.length === 1 ? list[0] : null;
+  });
+  assert.equal(binding.destination, queue);
+  assert.equal(binding.destination_type, 'queue');
+  assert.equal(binding.routing_key, 'orders.new');
+  const key = `queue ${queue} ${binding.properties_key}`;
+  await waitFor('the binding row', async () => (await cell('exchange-bindings', key, 'routing_key')) === 'orders.new');
+  assert.equal(await cell('exchange-bindings', key, 'destination'), queue);
+
+  // Publish through the binding: the queue gets the message, with the routing key and payload.
+  await page.fill('#exchange-publish-form [name=routing_key]', 'orders.new');
+  await page.fill('#exchange-publish-form [name=payload]', 'to the bound queue');
+  await page.click('#exchange-publish-form button[type=submit]');
+  await page.waitForSelector('.notice[data-kind="ok"]:has-text("Message published and routed.")');
+  const connection = await amqpConnect();
+  const channel = await connection.createChannel();
+  const message = await waitFor('the message in the queue', async () => channel.get(queue, {noAck: true}));
+  assert.equal(message.content.toString(), 'to the bound queue');
+  assert.equal(message.fields.exchange, exchange);
+  assert.equal(message.fields.routingKey, 'orders.new');
+  assert.equal(message.properties.deliveryMode, 2);
+  // A key no binding matches is reported as not routed, in the form.
+  await page.fill('#exchange-publish-form [name=routing_key]', 'nowhere');
+  await page.click('#exchange-publish-form button[type=submit]');
+  await page.waitForSelector('#exchange-publish-form .form-error:not([hidden])');
+  assert.match(await page.textContent('#exchange-publish-form .form-error'), /not routed/);
+  await shot('exchange-page');
+
+  // Unbind: the API lists no binding, and a publish no longer reaches the queue.
+  await page.click(`[data-unbind="${queue} orders.new"]`);
+  await waitFor('the API to list no binding', async () =>
+    (await api('GET', `/exchanges/%2F/${exchange}/bindings/source`)).body.length === 0);
+  await page.waitForSelector('table[data-table="exchange-bindings"] td.empty');
+  const answer = await api('POST', `/exchanges/%2F/${exchange}/publish`,
+    {routing_key: 'orders.new', payload: 'x', payload_encoding: 'string', properties: {}});
+  assert.equal(answer.body.routed, false);
+  await connection.close();
+});
+
+test('connection and channel pages show what the API answers, linked from the lists', async () => {
+  const connection = await amqpConnect();
+  const channel = await connection.createConfirmChannel();
+  const queue = unique('detail');
+  await channel.assertQueue(queue, {durable: false});
+  await channel.prefetch(7);
+  await channel.consume(queue, () => {}, {noAck: false, consumerTag: 'detail-tag'});
+  const localPort = connection.connection.stream.localPort;
+  const expected = await waitFor('the API to list the connection', async () =>
+    (await api('GET', '/connections')).body.find((c) => c.peer_port === localPort));
+  await open('#/connections');
+  await waitFor('the connection row', async () => (await cell('connections', expected.name, 'protocol')) === expected.protocol);
+  assert.equal(expected.protocol, 'AMQP 0-9-1');
+  assert.equal(await cell('connections', expected.name, 'tls'), 'no');
+  assert.equal(expected.ssl, false);
+  await page.click(`table[data-table="connections"] tr[data-row="${expected.name}"] td[data-col="name"] a`);
+  await page.waitForSelector('[data-fact="protocol"]');
+  const detail = (await api('GET', `/connections/${encodeURIComponent(expected.name)}`)).body;
+  assert.equal((await page.textContent('#connection-name')).trim(), detail.name);
+  assert.equal(await factText('protocol'), detail.protocol);
+  assert.equal(await factText('ssl'), 'no');
+  assert.equal(await factText('user'), detail.user);
+  assert.equal(await factText('peer'), `${detail.peer_host}:${detail.peer_port}`);
+  assert.equal(await factText('frame_max'), detail.frame_max.toLocaleString('en-US'));
+  assert.equal(await factText('client'), [detail.client_properties.product, detail.client_properties.version].filter(Boolean).join(' ') || '–');
+  const channels = (await api('GET', `/connections/${encodeURIComponent(expected.name)}/channels`)).body;
+  assert.equal(channels.length, 1);
+  await waitFor('the channel row', async () => (await cell('connection-channels', channels[0].name, 'prefetch')) === '7');
+  await shot('connection-page');
+
+  // The channel's page, from the connection page's link.
+  await page.click(`table[data-table="connection-channels"] tr[data-row="${channels[0].name}"] td[data-col="name"] a`);
+  await page.waitForSelector('[data-fact="number"]');
+  const channelDetail = (await api('GET', `/channels/${encodeURIComponent(channels[0].name)}`)).body;
+  assert.equal((await page.textContent('#channel-name')).trim(), channelDetail.name);
+  assert.equal(await factText('connection'), expected.name);
+  assert.equal(await factText('number'), String(channelDetail.number));
+  assert.equal(await factText('mode'), channelDetail.confirm ? 'C' : '–');
+  assert.equal(await factText('prefetch'), '7');
+  assert.equal(await factText('consumer_count'), String(channelDetail.consumer_count));
+  await waitFor('the consumer row', async () => (await cell('channel-consumers', 'detail-tag', 'queue')) === queue);
+  assert.equal(await cell('channel-consumers', 'detail-tag', 'ack'), 'yes');
+  await shot('channel-page');
+
+  // Closed: the pages say so instead of showing stale facts.
+  await connection.close();
+  await page.waitForSelector('[data-not-found]');
+  await open(`#/connections/${encodeURIComponent(expected.name)}`);
+  await page.waitForSelector('[data-not-found]');
+});
+
+test('the detail pages had no script errors', async () => {
+  assert.deepEqual(pageErrors, []);
+});
