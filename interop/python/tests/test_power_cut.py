@@ -39,6 +39,9 @@ SYNC_INTERVAL_MS = 200
 # flight, and the time a periodic fdatasync takes through FUSE on a loaded test machine.
 INTERVAL_LOSS_WINDOW_SECONDS = SYNC_INTERVAL_MS / 1000 + 1.0
 CONFIRMED_MIN = 400
+# Long enough that most of the run lies outside INTERVAL_LOSS_WINDOW_SECONDS, with 64 KiB
+# segments rolling many times in it.
+PUBLISH_SECONDS_MIN = 4.0
 QUEUE = "power-cut"
 
 pytestmark = pytest.mark.skipif(not os.environ.get("LEPUS_BIN"), reason="Lepus only: cuts the power under the broker's own data directory")
@@ -143,15 +146,16 @@ def publish(url, prefix, ledger, stop):
 
 
 def publish_then_kill(broker, rng, publishers=2):
-    """Publishes until CONFIRMED_MIN confirms and a random moment more, SIGKILLs the broker and
-    returns the ledger and the moment of the kill."""
+    """Publishes for PUBLISH_SECONDS_MIN and until CONFIRMED_MIN confirms, then a random moment
+    more, SIGKILLs the broker and returns the ledger and the moment of the kill."""
     ledger = TimedLedger()
     stop = threading.Event()
     threads = [threading.Thread(target=publish, args=(broker.url, "p%d" % index, ledger, stop)) for index in range(publishers)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 60
-    while ledger.confirmed_count() < CONFIRMED_MIN:
+    started = time.monotonic()
+    deadline = started + 60
+    while ledger.confirmed_count() < CONFIRMED_MIN or time.monotonic() < started + PUBLISH_SECONDS_MIN:
         assert time.monotonic() < deadline, "only %d confirms in 60 s:\n%s" % (ledger.confirmed_count(), broker.log_tail())
         time.sleep(0.01)
     time.sleep(rng.uniform(0.2, 0.8))
