@@ -193,3 +193,61 @@ impl State {
         Ok(format!("power cut: dropped unsynced writes to {unsynced_files} files; {torn}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::OpenOptions;
+    use std::os::unix::fs::FileExt;
+
+    fn scratch(name: &str) -> (PathBuf, PathBuf) {
+        let root = std::env::temp_dir().join(format!("lepus-powercut-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let (backing, state_dir) = (root.join("backing"), root.join("state"));
+        fs::create_dir_all(&backing).expect("backing");
+        fs::create_dir_all(&state_dir).expect("state");
+        fs::write(backing.join("old"), b"old").expect("old file");
+        (backing, state_dir)
+    }
+
+    /// Writes `data` at `offset` of `name` the way the FUSE write does: to the backing file, then
+    /// recorded as unsynced. Returns the inode and the handle.
+    fn write(state: &mut State, name: &str, offset: u64, data: &[u8]) -> (u64, u64) {
+        let inode = state.inode_of(PathBuf::from(name));
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(state.backing.join(name)).expect("open");
+        file.write_all_at(data, offset).expect("write");
+        state.wrote(inode, offset, offset + data.len() as u64);
+        (inode, state.add_handle(inode, file).expect("handle"))
+    }
+
+    fn cut_scenario(torn_last_write: bool) -> PathBuf {
+        let (backing, state_dir) = scratch(if torn_last_write { "torn" } else { "whole" });
+        let mut state = State::boot(backing.clone(), &state_dir).expect("boot");
+        let (inode, handle) = write(&mut state, "a", 0, b"synced");
+        state.sync_file(inode, handle).expect("fsync a");
+        state.sync_directory(ROOT_INODE).expect("fsync root");
+        write(&mut state, "a", 6, b"-lost");
+        let (inode, handle) = write(&mut state, "b", 0, b"data synced, name not");
+        state.sync_file(inode, handle).expect("fsync b");
+        fs::rename(backing.join("old"), backing.join("renamed")).expect("rename");
+        state.renamed(Path::new("old"), Path::new("renamed"));
+        state.cut(torn_last_write).expect("cut");
+        assert!(state.powered_off);
+        backing
+    }
+
+    #[test]
+    fn a_cut_keeps_exactly_what_was_synced() {
+        let backing = cut_scenario(false);
+        assert_eq!(fs::read(backing.join("a")).expect("a"), b"synced");
+        assert_eq!(fs::read(backing.join("old")).expect("old"), b"old", "the unsynced rename is undone");
+        assert!(!backing.join("b").exists(), "a name its directory never synced is lost");
+        assert!(!backing.join("renamed").exists());
+    }
+
+    #[test]
+    fn a_torn_cut_keeps_half_of_the_newest_unsynced_write() {
+        let backing = cut_scenario(true);
+        assert_eq!(fs::read(backing.join("a")).expect("a"), b"synced-l");
+    }
+}
