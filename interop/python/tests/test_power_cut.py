@@ -5,7 +5,8 @@ that passes writes through to a backing directory but remembers only what fsync 
 fsyncdir (names) made durable; on `cut` it rebuilds the backing directory from exactly that (see
 docs/storage.md, "The power-cut file system"). Publishers publish persistent messages with
 confirms into a durable queue, the broker is killed, the power is cut, the file system is mounted
-again on what survived, the broker restarts on it and a ledger checks what it recovered:
+again on what survived and the broker restarts on it, three times; then a ledger checks what
+the queue holds:
 - `--sync always`: every confirmed message is there (also when the last unsynced write is torn);
 - `--sync interval`: what is lost was confirmed in the last interval before the cut, and is, per
   publisher, a suffix of what it published (no gap in the middle);
@@ -42,6 +43,9 @@ CONFIRMED_MIN = 400
 # Long enough that most of the run lies outside INTERVAL_LOSS_WINDOW_SECONDS, with 64 KiB
 # segments rolling many times in it.
 PUBLISH_SECONDS_MIN = 4.0
+# Power cuts per test, each on what the previous one left: recovery, then new segments (whose
+# directory entries must be synced too) under load again.
+CUTS = 3
 QUEUE = "power-cut"
 
 pytestmark = pytest.mark.skipif(not os.environ.get("LEPUS_BIN"), reason="Lepus only: cuts the power under the broker's own data directory")
@@ -117,6 +121,7 @@ class TimedLedger:
         self.attempted = set()
         self.confirmed_at = {}
         self.order = {}
+        self.killed_at = {}
 
     def confirmed_count(self):
         with self.lock:
@@ -145,33 +150,34 @@ def publish(url, prefix, ledger, stop):
         safe_close(conn)
 
 
-def publish_then_kill(broker, rng, publishers=2):
-    """Publishes for PUBLISH_SECONDS_MIN and until CONFIRMED_MIN confirms, then a random moment
-    more, SIGKILLs the broker and returns the ledger and the moment of the kill."""
-    ledger = TimedLedger()
+def publish_then_kill(broker, rng, ledger, cut, publishers=2):
+    """Publishes for PUBLISH_SECONDS_MIN and until CONFIRMED_MIN more confirms, then a random
+    moment more, and SIGKILLs the broker; the ledger learns each publisher's moment of the kill."""
+    confirmed_before = ledger.confirmed_count()
+    prefixes = ["c%d-p%d" % (cut, index) for index in range(publishers)]
     stop = threading.Event()
-    threads = [threading.Thread(target=publish, args=(broker.url, "p%d" % index, ledger, stop)) for index in range(publishers)]
+    threads = [threading.Thread(target=publish, args=(broker.url, prefix, ledger, stop)) for prefix in prefixes]
     for thread in threads:
         thread.start()
     started = time.monotonic()
     deadline = started + 60
-    while ledger.confirmed_count() < CONFIRMED_MIN or time.monotonic() < started + PUBLISH_SECONDS_MIN:
+    while ledger.confirmed_count() < confirmed_before + CONFIRMED_MIN or time.monotonic() < started + PUBLISH_SECONDS_MIN:
         assert time.monotonic() < deadline, "only %d confirms in 60 s:\n%s" % (ledger.confirmed_count(), broker.log_tail())
         time.sleep(0.01)
     time.sleep(rng.uniform(0.2, 0.8))
-    killed_at = time.monotonic()
+    for prefix in prefixes:
+        ledger.killed_at[prefix] = time.monotonic()
     broker.proc.send_signal(signal.SIGKILL)
     broker.proc.wait(10)
     stop.set()
     for thread in threads:
         thread.join(15)
         assert not thread.is_alive(), "a publisher thread hung after the broker died"
-    return ledger, killed_at
 
 
 def cut_and_recover(tmp_path, monkeypatch, sync, torn_last_write=False):
-    """One power cut under `--sync SYNC`: returns the ledger, the kill's moment, the recovered
-    message ids and lepus-powercut's report."""
+    """CUTS power cuts under `--sync SYNC`, each after a restart on what the last one left:
+    returns the ledger, the recovered message ids and lepus-powercut's reports."""
     monkeypatch.setenv("LEPUS_SYNC", sync)
     monkeypatch.setenv("LEPUS_SYNC_INTERVAL_MS", str(SYNC_INTERVAL_MS))
     monkeypatch.setenv("LEPUS_SEGMENT_BYTES_MAX", str(SEGMENT_BYTES_MAX))
@@ -186,16 +192,21 @@ def cut_and_recover(tmp_path, monkeypatch, sync, torn_last_write=False):
         conn = broker.connect()
         conn.channel().queue_declare(QUEUE, durable=True)
         safe_close(conn)
-        ledger, killed_at = publish_then_kill(broker, random.Random(sync))
-        report = filesystem.command("cut")
-        filesystem.mount()
+        ledger, reports, rng = TimedLedger(), [], random.Random(sync)
+        for cut in range(CUTS):
+            if cut > 0:
+                broker.start()
+            publish_then_kill(broker, rng, ledger, cut)
+            reports.append(filesystem.command("cut").strip())
+            filesystem.mount()
         broker.start()
         recovered = [body.rstrip(b".").decode() for body in drain_bodies(broker, QUEUE)]
         broker.stop(signal.SIGTERM)
         filesystem.command("unmount")
-        print("--sync %s: %d confirmed, %d recovered, %d confirmed lost; %s" % (
-            sync, len(ledger.confirmed_at), len(recovered), len(set(ledger.confirmed_at) - set(recovered)), report.strip()))
-        return ledger, killed_at, recovered, report
+        report = " / ".join(reports)
+        print("--sync %s, %d cuts: %d confirmed, %d recovered, %d confirmed lost; %s" % (
+            sync, CUTS, len(ledger.confirmed_at), len(recovered), len(set(ledger.confirmed_at) - set(recovered)), report))
+        return ledger, recovered, report
     finally:
         if broker is not None:
             broker.kill()
@@ -215,7 +226,7 @@ def lost_confirmed(ledger, recovered):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("torn_last_write", [False, True], ids=["whole", "torn-last-write"])
 def test_sync_always_loses_nothing_confirmed(tmp_path, monkeypatch, torn_last_write):
-    ledger, _, recovered, report = cut_and_recover(tmp_path, monkeypatch, "always", torn_last_write)
+    ledger, recovered, report = cut_and_recover(tmp_path, monkeypatch, "always", torn_last_write)
     check_nothing_invented(ledger, recovered, report)
     lost = lost_confirmed(ledger, recovered)
     assert not lost, "--sync always lost %d of %d confirmed messages, e.g. %s (%s)" % (
@@ -224,10 +235,11 @@ def test_sync_always_loses_nothing_confirmed(tmp_path, monkeypatch, torn_last_wr
 
 @pytest.mark.timeout(240)
 def test_sync_interval_loses_only_the_last_interval(tmp_path, monkeypatch):
-    ledger, killed_at, recovered, report = cut_and_recover(tmp_path, monkeypatch, "interval")
+    ledger, recovered, report = cut_and_recover(tmp_path, monkeypatch, "interval")
     check_nothing_invented(ledger, recovered, report)
     lost = lost_confirmed(ledger, recovered)
-    too_old = sorted(message for message in lost if ledger.confirmed_at[message] < killed_at - INTERVAL_LOSS_WINDOW_SECONDS)
+    too_old = sorted(message for message in lost
+                     if ledger.confirmed_at[message] < ledger.killed_at[ledger.order[message][0]] - INTERVAL_LOSS_WINDOW_SECONDS)
     assert not too_old, "--sync interval lost %d messages confirmed more than %.1f s before the cut, e.g. %s (%s)" % (
         len(too_old), INTERVAL_LOSS_WINDOW_SECONDS, too_old[:5], report)
     recovered_set = set(recovered)
@@ -240,7 +252,7 @@ def test_sync_interval_loses_only_the_last_interval(tmp_path, monkeypatch):
 @pytest.mark.timeout(240)
 def test_sync_never_loses_confirmed_messages(tmp_path, monkeypatch):
     """The harness can fail: with nothing fsynced, a power cut must lose confirmed messages."""
-    ledger, _, recovered, report = cut_and_recover(tmp_path, monkeypatch, "never")
+    ledger, recovered, report = cut_and_recover(tmp_path, monkeypatch, "never")
     check_nothing_invented(ledger, recovered, report)
     lost = lost_confirmed(ledger, recovered)
     assert lost, "--sync never lost none of %d confirmed messages: the cut dropped no unsynced write (%s)" % (
