@@ -22,6 +22,7 @@ pub mod data_dir_lock;
 pub mod definitions;
 pub mod definitions_log;
 pub mod definitions_state;
+pub mod entropy;
 #[cfg(test)]
 mod fault_tests;
 pub mod file_cache;

@@ -225,15 +225,28 @@ impl CheckpointFile {
 
     /// Runs `sync` on the segment's file: the cached one, or else the file opened for the call
     /// and closed after it (fdatasync flushes the file's dirty pages whichever descriptor asks).
-    /// A segment that no longer exists was retired (all its messages settled) or its queue
-    /// deleted since it was written: its writes are not needed and there is nothing to sync.
+    ///
+    /// A segment that no longer exists was retired (all its messages settled: renamed to a spare
+    /// or deleted) or its queue deleted since it was written: its writes are not needed once
+    /// that is durable, so its directory is synced instead. Skipped, a power cut could undo the
+    /// rename after the checkpoint deleted the journal files holding the segment's last writes,
+    /// and bring it back with the content of its last fdatasync: the acked messages whose settle
+    /// records were in those writes came back (found by the simulator, issue 15).
     pub fn sync_with(&self, sync: impl FnOnce(&dyn StorageFile) -> std::io::Result<()>) -> std::io::Result<()> {
         if let Some(file) = self.cache.get(self.handle) {
             return sync(&*file);
         }
-        match self.cache.file_system().open(&self.path, OpenMode::Read) {
+        let file_system = self.cache.file_system();
+        match file_system.open(&self.path, OpenMode::Read) {
             Ok(file) => sync(&*file),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => match self.path.parent() {
+                // A deleted queue's whole directory is gone: nothing of it comes back as a queue.
+                Some(directory) => match file_system.sync_directory(directory) {
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    synced => synced,
+                },
+                None => Ok(()),
+            },
             Err(error) => Err(error),
         }
     }
@@ -1016,7 +1029,7 @@ impl QueueLog {
             pool.files.clear();
         }
         let mut doomed_name = self.directory.file_name().unwrap_or_default().to_os_string();
-        doomed_name.push(format!(".{:016x}.{DELETED_SUFFIX}", rand::random::<u64>()));
+        doomed_name.push(format!(".{:016x}.{DELETED_SUFFIX}", crate::entropy::random_u64()));
         let doomed = self.directory.with_file_name(doomed_name);
         match self.file_system.rename(&self.directory, &doomed) {
             Ok(()) => {
