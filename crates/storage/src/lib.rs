@@ -27,6 +27,8 @@ pub mod entropy;
 mod fault_tests;
 pub mod file_cache;
 pub mod file_system;
+#[cfg(any(test, feature = "test-support"))]
+pub mod fuzz_checks;
 pub mod janitor;
 pub mod journal;
 #[cfg(any(test, feature = "test-support"))]
