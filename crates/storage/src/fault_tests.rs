@@ -517,7 +517,7 @@ fn a_reused_spare_is_not_written_before_its_retirement_is_durable() {
     let ledger = Arc::new(Ledger::default());
     let mut node = start(&file_system, &setup, 0);
     let mut published = Vec::new();
-    let mut publish_until_segments = |node: &mut Node, published: &mut Vec<u64>, segments: usize| {
+    let publish_until_segments = |node: &mut Node, published: &mut Vec<u64>, segments: usize| {
         while node.logs[0].lock().segment_count() < segments {
             published.push(node.publish(0, &ledger));
             let count = published.len();
