@@ -52,6 +52,10 @@ enum Job {
 static JANITOR: OnceLock<std::sync::Mutex<Sender<Job>>> = OnceLock::new();
 
 fn submit(job: Job) {
+    #[cfg(any(test, feature = "test-support"))]
+    let Some(job) = deferred::hold(job) else {
+        return;
+    };
     let sender = JANITOR.get_or_init(|| {
         let (sender, receiver) = mpsc::channel::<Job>();
         let spawned = std::thread::Builder::new().name("lepus-janitor".to_string()).spawn(move || {
@@ -95,6 +99,55 @@ fn run(job: Job) {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
+pub use deferred::{defer_on_this_thread, run_deferred};
+
+/// Jobs a thread keeps for itself instead of the janitor thread (the simulator), so that when
+/// they run is a step it chooses, not a race.
+#[cfg(any(test, feature = "test-support"))]
+mod deferred {
+    use super::Job;
+    use std::cell::RefCell;
+    use std::collections::VecDeque;
+
+    thread_local! {
+        static JOBS: RefCell<Option<VecDeque<Job>>> = const { RefCell::new(None) };
+    }
+
+    /// From now on (`true`) jobs submitted on this thread wait for [`run_deferred`] on it;
+    /// `false` goes back to the janitor thread and forgets the jobs waiting (a power cut's).
+    pub fn defer_on_this_thread(defer: bool) {
+        JOBS.with(|jobs| *jobs.borrow_mut() = defer.then(VecDeque::new));
+    }
+
+    /// Runs up to `count` of this thread's waiting jobs, oldest first; returns how many ran.
+    pub fn run_deferred(count: usize) -> usize {
+        let mut ran = 0;
+        while ran < count {
+            let Some(job) = JOBS.with(|jobs| jobs.borrow_mut().as_mut().and_then(VecDeque::pop_front)) else { break };
+            super::run(job);
+            ran += 1;
+        }
+        ran
+    }
+
+    /// Keeps `job` when this thread defers (a barrier is passed at once: nothing runs
+    /// behind this thread's back); gives it back otherwise.
+    pub(super) fn hold(job: Job) -> Option<Job> {
+        JOBS.with(|jobs| match jobs.borrow_mut().as_mut() {
+            None => Some(job),
+            Some(_) if matches!(job, Job::Barrier(_)) => {
+                super::run(job);
+                None
+            }
+            Some(waiting) => {
+                waiting.push_back(job);
+                None
+            }
+        })
+    }
+}
+
 /// Deletes `path` of `file_system` in the background.
 pub fn unlink(file_system: SharedFileSystem, path: PathBuf) {
     submit(Job::Unlink(file_system, path));
@@ -131,7 +184,7 @@ fn prepare_spare(spares: &SharedSpares, file_system: &SharedFileSystem, director
         if spares.lock().closed {
             return Ok(None);
         }
-        let nonce: u64 = rand::random();
+        let nonce = crate::entropy::random_u64();
         let path = directory.join(format!("{nonce:016x}.{PREPARING_SUFFIX}"));
         let file = file_system.open(&path, OpenMode::CreateNew)?;
         let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES.min(bytes as usize)];

@@ -22,10 +22,13 @@ pub mod data_dir_lock;
 pub mod definitions;
 pub mod definitions_log;
 pub mod definitions_state;
+pub mod entropy;
 #[cfg(test)]
 mod fault_tests;
 pub mod file_cache;
 pub mod file_system;
+#[cfg(any(test, feature = "test-support"))]
+pub mod fuzz_checks;
 pub mod janitor;
 pub mod journal;
 #[cfg(any(test, feature = "test-support"))]

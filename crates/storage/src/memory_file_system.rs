@@ -30,6 +30,39 @@ pub enum FaultOperation {
     Sync,
 }
 
+/// A change a file system operation makes, as crash points name them: the machine can lose its
+/// power at any one of them (see [`MemoryFileSystem::crash_at_operation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Operation {
+    /// A file created by `open`.
+    Create,
+    /// `write_all_at`.
+    Write,
+    /// `set_len`.
+    SetLength,
+    /// A file's `sync_data`.
+    SyncFile,
+    /// `sync_directory`.
+    SyncDirectory,
+    /// `rename`.
+    Rename,
+    /// `remove_file`.
+    RemoveFile,
+    /// `remove_dir_all`.
+    RemoveDirectory,
+    /// `create_dir_all`.
+    CreateDirectory,
+}
+
+/// Where the power went: the operation that never happened, and its path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrashPoint {
+    /// The operation.
+    pub operation: Operation,
+    /// The file or directory it concerned.
+    pub path: PathBuf,
+}
+
 /// How a power cut treats the writes that were not synced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PowerCut {
@@ -88,6 +121,12 @@ struct State {
     /// (file, byte offset, mask): reads of that byte return it XORed with the mask.
     bit_flips: Vec<(u64, u64, u8)>,
     syncs: u64,
+    /// Changes made so far (see [`Operation`]), over every power cycle.
+    operations: u64,
+    /// The change at which the power goes (see [`MemoryFileSystem::crash_at_operation`]).
+    crash_at: Option<u64>,
+    /// Set when it went: from then on every operation fails, as after a power cut.
+    crashed: Option<CrashPoint>,
 }
 
 const ROOT: u64 = 0;
@@ -177,6 +216,20 @@ impl State {
         }
         Err(io::Error::from_raw_os_error(errno))
     }
+
+    /// Counts one change, unless it is the one at which the power goes (then it and every later
+    /// operation fail, and nothing of it lands).
+    fn operate(&mut self, operation: Operation, path: &Path) -> io::Result<()> {
+        if self.crashed.is_some() {
+            return Err(powered_off());
+        }
+        self.operations += 1;
+        if self.crash_at == Some(self.operations) {
+            self.crashed = Some(CrashPoint { operation, path: path.to_path_buf() });
+            return Err(powered_off());
+        }
+        Ok(())
+    }
 }
 
 impl MemoryFileSystem {
@@ -193,6 +246,9 @@ impl MemoryFileSystem {
             faults: Vec::new(),
             bit_flips: Vec::new(),
             syncs: 0,
+            operations: 0,
+            crash_at: None,
+            crashed: None,
         };
         MemoryFileSystem { state: Arc::new(Mutex::new(state)), holds: Arc::default(), generation: 0 }
     }
@@ -200,7 +256,7 @@ impl MemoryFileSystem {
     /// The state, if this view is still powered.
     fn powered(&self) -> io::Result<parking_lot::MutexGuard<'_, State>> {
         let state = self.state.lock();
-        if state.generation != self.generation {
+        if state.generation != self.generation || state.crashed.is_some() {
             return Err(powered_off());
         }
         Ok(state)
@@ -230,6 +286,8 @@ impl MemoryFileSystem {
         let restarted = MemoryFileSystem { state: self.state.clone(), holds: self.holds.clone(), generation: state.generation };
         // Injected errors belong to the run they were set for; flipped bits stay (they model the media).
         state.faults.clear();
+        state.crash_at = None;
+        state.crashed = None;
         for directory in state.directories.values_mut() {
             directory.entries = directory.durable.clone();
         }
@@ -297,6 +355,24 @@ impl MemoryFileSystem {
         }
     }
 
+    /// Makes the power go at the `count`-th change (see [`Operation`]) from now: that change and
+    /// every later operation fail with EIO until [`MemoryFileSystem::power_cut`], as on a machine
+    /// that lost its power in the middle of its work.
+    pub fn crash_at_operation(&self, count: u64) {
+        let mut state = self.state.lock();
+        state.crash_at = Some(state.operations + count.max(1));
+    }
+
+    /// Where the power went, if a [`MemoryFileSystem::crash_at_operation`] was reached.
+    pub fn crashed(&self) -> Option<CrashPoint> {
+        self.state.lock().crashed.clone()
+    }
+
+    /// Changes made so far (see [`Operation`]).
+    pub fn operations(&self) -> u64 {
+        self.state.lock().operations
+    }
+
     /// How many file and directory syncs returned `Ok` so far.
     pub fn syncs(&self) -> u64 {
         self.state.lock().syncs
@@ -326,7 +402,7 @@ pub struct MemoryFile {
 
 impl MemoryFile {
     fn check(&self, state: &State) -> io::Result<()> {
-        if state.generation != self.generation {
+        if state.generation != self.generation || state.crashed.is_some() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         Ok(())
@@ -341,6 +417,7 @@ impl StorageFile for MemoryFile {
             return Err(io::Error::from_raw_os_error(libc::EBADF));
         }
         state.fault(FaultOperation::Write, &self.path)?;
+        state.operate(Operation::Write, &self.path)?;
         let file = state.files.get_mut(&self.file).expect("an open file's node exists");
         write_into(&mut file.data, offset, bytes);
         // Rewritten bytes read back as written: a flip models a bad copy, not a stuck bit.
@@ -375,6 +452,7 @@ impl StorageFile for MemoryFile {
         let mut state = self.state.lock();
         self.check(&state)?;
         state.fault(FaultOperation::Write, &self.path)?;
+        state.operate(Operation::SetLength, &self.path)?;
         state.files.get_mut(&self.file).expect("an open file's node exists").data.resize(bytes as usize, 0);
         Ok(())
     }
@@ -393,6 +471,7 @@ impl StorageFile for MemoryFile {
         let mut state = self.state.lock();
         self.check(&state)?;
         state.fault(FaultOperation::Sync, &self.path)?;
+        state.operate(Operation::SyncFile, &self.path)?;
         let file = state.files.get_mut(&self.file).expect("an open file's node exists");
         file.durable = file.data.clone();
         state.syncs += 1;
@@ -410,6 +489,7 @@ impl FileSystem for MemoryFileSystem {
             (Err(error), OpenMode::Read | OpenMode::ReadWrite) => return Err(error),
             (Err(_), OpenMode::CreateReadWrite | OpenMode::CreateNew) => {
                 let (directory, name) = state.parent(path)?;
+                state.operate(Operation::Create, path)?;
                 let file = state.new_id();
                 state.files.insert(file, FileNode::default());
                 state.directories.get_mut(&directory).expect("a resolved directory exists").entries.insert(name, Node::File(file));
@@ -436,6 +516,7 @@ impl FileSystem for MemoryFileSystem {
                 return Err(io::Error::from_raw_os_error(libc::ENOTEMPTY));
             }
         }
+        state.operate(Operation::Rename, to)?;
         state.directories.get_mut(&from_directory).expect("resolved").entries.remove(&from_name);
         state.directories.get_mut(&to_directory).expect("resolved").entries.insert(to_name, node);
         Ok(())
@@ -445,6 +526,7 @@ impl FileSystem for MemoryFileSystem {
         let mut state = self.powered()?;
         let Node::Directory(node) = state.lookup(directory)? else { return Err(io::Error::from_raw_os_error(libc::ENOTDIR)) };
         state.fault(FaultOperation::Sync, directory)?;
+        state.operate(Operation::SyncDirectory, directory)?;
         let node = state.directories.get_mut(&node).expect("resolved");
         node.durable = node.entries.clone();
         state.syncs += 1;
@@ -454,6 +536,7 @@ impl FileSystem for MemoryFileSystem {
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         let mut state = self.powered()?;
         let (directory, name) = state.parent(path)?;
+        state.operate(Operation::RemoveFile, path)?;
         let entries = &mut state.directories.get_mut(&directory).expect("resolved").entries;
         match entries.get(&name) {
             Some(Node::File(_)) => {
@@ -468,6 +551,7 @@ impl FileSystem for MemoryFileSystem {
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
         let mut state = self.powered()?;
         let (directory, name) = state.parent(path)?;
+        state.operate(Operation::RemoveDirectory, path)?;
         match state.directories.get_mut(&directory).expect("resolved").entries.remove(&name) {
             Some(_) => Ok(()),
             None => Err(not_found(path)),
@@ -484,6 +568,7 @@ impl FileSystem for MemoryFileSystem {
 
     fn create_dir_all(&self, directory: &Path) -> io::Result<()> {
         let mut state = self.powered()?;
+        state.operate(Operation::CreateDirectory, directory)?;
         let mut node = ROOT;
         for name in components(directory)? {
             let existing = state.directories[&node].entries.get(&name).copied();

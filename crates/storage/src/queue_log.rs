@@ -266,6 +266,13 @@ pub struct QueueLog {
     /// Whether the directory must be fsynced (opened, synced, closed) with the next write, so a
     /// new segment's name is durable before any confirm that depends on its records.
     directory_unsynced: bool,
+    /// The active segment reuses a spare file (a retired segment's, or a prepared one): the
+    /// directory is synced before the first write into it. Until the renames that retired the
+    /// old segment and named the new one are durable, a power cut can give the file its old
+    /// name back, and a write into it that reached the disk first would have destroyed records
+    /// an older, also not durably retired segment still depends on (the settle records of its
+    /// messages, which then came back; found by the simulator, issue 15).
+    reused_file_unsynced: bool,
     /// The directory holding this log's directory, when `open` created the latter.
     parent_unsynced: Option<PathBuf>,
     segments: Vec<Segment>,
@@ -343,15 +350,28 @@ impl CheckpointFile {
 
     /// Runs `sync` on the segment's file: the cached one, or else the file opened for the call
     /// and closed after it (fdatasync flushes the file's dirty pages whichever descriptor asks).
-    /// A segment that no longer exists was retired (all its messages settled) or its queue
-    /// deleted since it was written: its writes are not needed and there is nothing to sync.
+    ///
+    /// A segment that no longer exists was retired (all its messages settled: renamed to a spare
+    /// or deleted) or its queue deleted since it was written: its writes are not needed once
+    /// that is durable, so its directory is synced instead. Skipped, a power cut could undo the
+    /// rename after the checkpoint deleted the journal files holding the segment's last writes,
+    /// and bring it back with the content of its last fdatasync: the acked messages whose settle
+    /// records were in those writes came back (found by the simulator, issue 15).
     pub fn sync_with(&self, sync: impl FnOnce(&dyn StorageFile) -> std::io::Result<()>) -> std::io::Result<()> {
         if let Some(file) = self.cache.get(self.handle) {
             return sync(&*file);
         }
-        match self.cache.file_system().open(&self.path, OpenMode::Read) {
+        let file_system = self.cache.file_system();
+        match file_system.open(&self.path, OpenMode::Read) {
             Ok(file) => sync(&*file),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => match self.path.parent() {
+                // A deleted queue's whole directory is gone: nothing of it comes back as a queue.
+                Some(directory) => match file_system.sync_directory(directory) {
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    synced => synced,
+                },
+                None => Ok(()),
+            },
             Err(error) => Err(error),
         }
     }
@@ -488,22 +508,27 @@ fn open_segment_file(file_system: &dyn FileSystem, path: &Path) -> Result<Arc<dy
 /// The file for a new segment starting at `first_position`, opened into the cache: a spare
 /// renamed, or else a new file (which grows by appends; the caller asks the janitor for a spare
 /// ahead of the next one).
+/// Also returns whether the file is a reused spare.
 fn acquire_segment_file(
     spares: &SharedSpares,
     cache: &FileCache,
     directory: &Path,
     first_position: u64,
-) -> Result<(PathBuf, FileHandle), StorageError> {
+) -> Result<(PathBuf, FileHandle, bool), StorageError> {
     let path = segment_path(directory, first_position);
+    let mut reused = false;
     loop {
         let Some(spare) = spares.lock().files.pop() else { break };
         match cache.file_system().rename(&spare, &path) {
-            Ok(()) => break,
+            Ok(()) => {
+                reused = true;
+                break;
+            }
             Err(error) => tracing::warn!(file = %spare.display(), %error, "reusing a spare segment failed"),
         }
     }
     let (handle, _) = cache.open(&path, SEGMENT_OPEN_MODE).map_err(|error| StorageError::io(&path, error))?;
-    Ok((path, handle))
+    Ok((path, handle, reused))
 }
 
 /// Takes a segment file out of the log: kept as a spare while the pool has room, else deleted
@@ -659,10 +684,11 @@ impl QueueLog {
         recovery.live_count = replayed.live.count_in(0, u64::MAX);
         recovery.live = replayed.live;
         recovery.delivered = replayed.delivered;
-        let (active_path, active) = acquire_segment_file(&spares, &cache, directory, next_position)?;
+        let (active_path, active, reused_file_unsynced) = acquire_segment_file(&spares, &cache, directory, next_position)?;
         let mut log = QueueLog {
             directory: directory.to_path_buf(),
             directory_unsynced: true,
+            reused_file_unsynced,
             parent_unsynced: if created { directory.parent().map(Path::to_path_buf) } else { None },
             segments,
             active,
@@ -868,7 +894,7 @@ impl QueueLog {
         let previous = self.active_segment();
         assert!(first_position > previous.first_position, "segment {first_position} after segment {}", previous.first_position);
         let previous_seed = previous.seed;
-        let (path, handle) = acquire_segment_file(&self.spares, &self.cache, &self.directory, first_position)?;
+        let (path, handle, reused) = acquire_segment_file(&self.spares, &self.cache, &self.directory, first_position)?;
         let unsealed = self.pending.len();
         let seal_at = self.active_bytes + unsealed as u64;
         record::encode_seal(&mut self.pending, previous_seed, self.term, first_position, seal_at);
@@ -884,6 +910,9 @@ impl QueueLog {
         };
         // The sealed segment leaves the cache: only page-ins and recovery read it again.
         self.cache.remove(std::mem::replace(&mut self.active, handle));
+        // Set after the seal's write (into the old file): the directory sync it asks for runs
+        // with the first write into the new file, in the syncer's batch, not on this publish.
+        self.reused_file_unsynced = reused;
         match self.journal.as_mut() {
             // The sealed segment's writes are in the journal and the file in the checkpoint list.
             Some(journal) => {
@@ -964,6 +993,12 @@ impl QueueLog {
             return Ok(None);
         }
         let file = self.active_file()?;
+        if self.reused_file_unsynced {
+            // It also makes the new segment's name durable: the batch need not sync it again.
+            self.file_system.sync_directory(&self.directory).map_err(|error| StorageError::io(&self.directory, error))?;
+            self.reused_file_unsynced = false;
+            self.directory_unsynced = false;
+        }
         let written = self.pending.len();
         self.pending.put_bytes(0, TERMINATOR_BYTES);
         let result = file.write_all_at(&self.pending, self.active_bytes);
@@ -1081,7 +1116,7 @@ impl QueueLog {
             pool.files.clear();
         }
         let mut doomed_name = self.directory.file_name().unwrap_or_default().to_os_string();
-        doomed_name.push(format!(".{:016x}.{DELETED_SUFFIX}", rand::random::<u64>()));
+        doomed_name.push(format!(".{:016x}.{DELETED_SUFFIX}", crate::entropy::random_u64()));
         let doomed = self.directory.with_file_name(doomed_name);
         match self.file_system.rename(&self.directory, &doomed) {
             Ok(()) => {

@@ -76,7 +76,7 @@ pub(crate) struct SegmentIdentity {
 impl SegmentIdentity {
     /// A new life for a segment starting at `first_position`.
     pub fn new(first_position: u64) -> SegmentIdentity {
-        SegmentIdentity { first_position, nonce: rand::random() }
+        SegmentIdentity { first_position, nonce: crate::entropy::random_u64() }
     }
 
     /// The CRC32C state after the identity bytes: the checksum prefix of the segment's records.

@@ -202,7 +202,7 @@ impl Syncer {
         let dirty = DirtyList::default();
         let shared = Arc::new(SyncerShared { sender, dirty: dirty.clone() });
         let stats = Arc::new(SyncStats::default());
-        let checkpoint = Checkpoint::start(stats.clone(), Arc::downgrade(&shared));
+        let checkpoint = Checkpoint::start(stats.clone(), Arc::downgrade(&shared), false);
         let worker = Worker {
             policy,
             journal,
@@ -212,6 +212,7 @@ impl Syncer {
             flush_due: None,
             unsynced: HashMap::new(),
             last_sync: Instant::now(),
+            stepped: false,
         };
         std::thread::Builder::new()
             .name("lepus-syncer".to_string())
@@ -248,6 +249,16 @@ impl Syncer {
         wait.recv().unwrap_or(false)
     }
 
+    /// As [`Syncer::checkpoint`], without waiting: `callback` gets whether everything was made
+    /// durable.
+    pub fn checkpoint_then(&self, logs: Vec<SharedLog>, callback: SyncCallback) {
+        if let Err(request) = self.send(SyncRequest { logs, callback: Some(callback), confirms: Vec::new(), checkpoint: true }) {
+            if let Some(callback) = request.callback {
+                callback(false);
+            }
+        }
+    }
+
     /// Makes the records buffered in `logs` durable, then calls `callback`.
     pub fn sync(&self, logs: Vec<SharedLog>, callback: Option<SyncCallback>) {
         if let Err(request) = self.send(SyncRequest { logs, callback, confirms: Vec::new(), checkpoint: false }) {
@@ -278,6 +289,64 @@ impl Syncer {
                 confirm.sink.confirm_batch(&[(confirm.delivery_tag, false)]);
             }
         }
+    }
+}
+
+/// A syncer without threads, for the simulator: the same batches, journal and checkpoints as
+/// [`Syncer::start`]'s, each run when the driver calls [`SteppedSyncer::step`] or
+/// [`SteppedSyncer::run_checkpoint`], on the driver's thread, so one seed gives one order of
+/// file system operations. Its timers never fire on their own: `step(true)` is the timer.
+#[cfg(any(test, feature = "test-support"))]
+pub struct SteppedSyncer {
+    handle: Syncer,
+    worker: Worker,
+    receiver: Receiver<Command>,
+}
+
+#[cfg(any(test, feature = "test-support"))]
+impl SteppedSyncer {
+    /// A stepped syncer with `journal` (see [`Syncer::start`]).
+    pub fn new(policy: SyncPolicy, journal: Option<Journal>) -> SteppedSyncer {
+        let (sender, receiver) = mpsc::channel();
+        let dirty = DirtyList::default();
+        let shared = Arc::new(SyncerShared { sender, dirty: dirty.clone() });
+        let stats = Arc::new(SyncStats::default());
+        let checkpoint = Checkpoint::start(stats.clone(), Arc::downgrade(&shared), true);
+        let worker = Worker {
+            policy,
+            journal,
+            checkpoint,
+            stats: stats.clone(),
+            dirty,
+            flush_due: None,
+            unsynced: HashMap::new(),
+            last_sync: Instant::now(),
+            stepped: true,
+        };
+        SteppedSyncer { handle: Syncer { shared, stats }, worker, receiver }
+    }
+
+    /// The handle queues and publishers use, as with a threaded syncer (except
+    /// [`Syncer::checkpoint`], which would wait forever: use [`Syncer::checkpoint_then`]).
+    pub fn handle(&self) -> &Syncer {
+        &self.handle
+    }
+
+    /// One wakeup of the syncer: takes the requests waiting and runs their batch; with
+    /// `timer_fired`, also flushes the dirty logs (the idle flush). Returns whether it had
+    /// anything to take.
+    pub fn step(&mut self, timer_fired: bool) -> bool {
+        let first = self.receiver.try_recv().ok();
+        if first.is_none() && !timer_fired {
+            return false;
+        }
+        self.worker.wake(first, timer_fired, &self.receiver);
+        true
+    }
+
+    /// Runs the background checkpoint started last, if one waits; returns whether one ran.
+    pub fn run_checkpoint(&mut self) -> bool {
+        self.worker.checkpoint.run_stepped_job()
     }
 }
 
@@ -319,6 +388,8 @@ struct Worker {
     /// one covers.
     unsynced: HashMap<usize, WeakLog>,
     last_sync: Instant,
+    /// Driven by [`SteppedSyncer`] rather than its own thread.
+    stepped: bool,
 }
 
 /// The address that identifies a log in the syncer's sets.
@@ -334,32 +405,39 @@ impl Worker {
                 Woken::Timer => None,
                 Woken::Command(command) => Some(command),
             };
-            self.stats.wakeups.fetch_add(1, Ordering::Relaxed);
             let timer_fired = first.is_none();
-            let (mut requests, mut dirty_woke, mut checkpoint_finished) = (Vec::new(), false, false);
-            let mut take = |command: Command| match command {
-                Command::Sync(request) => requests.push(request),
-                Command::Dirty => dirty_woke = true,
-                Command::CheckpointFinished => checkpoint_finished = true,
-            };
-            first.into_iter().for_each(&mut take);
-            let mut taken = 0;
-            while taken < SYNC_BATCH_REQUESTS_MAX {
-                match receiver.try_recv() {
-                    Ok(command) => take(command),
-                    Err(_) => break,
-                }
-                taken += 1;
+            self.wake(first, timer_fired, receiver);
+        }
+    }
+
+    /// One wakeup: takes `first` and every command waiting behind it, runs a batch when requests
+    /// came or a timer is due, and starts a checkpoint when one ended and another is due.
+    fn wake(&mut self, first: Option<Command>, timer_fired: bool, receiver: &Receiver<Command>) {
+        self.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+        let (mut requests, mut dirty_woke, mut checkpoint_finished) = (Vec::new(), false, false);
+        let mut take = |command: Command| match command {
+            Command::Sync(request) => requests.push(request),
+            Command::Dirty => dirty_woke = true,
+            Command::CheckpointFinished => checkpoint_finished = true,
+        };
+        first.into_iter().for_each(&mut take);
+        let mut taken = 0;
+        while taken < SYNC_BATCH_REQUESTS_MAX {
+            match receiver.try_recv() {
+                Ok(command) => take(command),
+                Err(_) => break,
             }
-            let timer_due = timer_fired || self.deadline().is_some_and(|deadline| deadline <= Instant::now());
-            if !requests.is_empty() || timer_due {
-                self.run_batch(requests);
-            } else if dirty_woke && self.flush_due.is_none() && !self.dirty.lock().is_empty() {
-                self.flush_due = Some(Instant::now() + Duration::from_millis(IDLE_FLUSH_INTERVAL_MS));
-            }
-            if checkpoint_finished {
-                self.start_checkpoint_if_due();
-            }
+            taken += 1;
+        }
+        // A stepped syncer's timers fire when its driver says so, never by the wall clock.
+        let timer_due = timer_fired || (!self.stepped && self.deadline().is_some_and(|deadline| deadline <= Instant::now()));
+        if !requests.is_empty() || timer_due {
+            self.run_batch(requests);
+        } else if dirty_woke && self.flush_due.is_none() && !self.dirty.lock().is_empty() {
+            self.flush_due = Some(Instant::now() + Duration::from_millis(IDLE_FLUSH_INTERVAL_MS));
+        }
+        if checkpoint_finished {
+            self.start_checkpoint_if_due();
         }
     }
 
@@ -554,11 +632,43 @@ impl InFlight {
 /// them and only then deletes the journal files of the period. One runs at a time; files that did
 /// not sync come back and join the next one, whose success deletes every older journal file.
 struct Checkpoint {
-    /// By address, so noting a log costs the same however many were noted.
-    logs: HashMap<usize, SharedLog>,
+    /// In the order they were first noted (so a checkpoint syncs its files in an order a
+    /// simulator's seed can replay), each once: `noted` holds their addresses, so noting a log
+    /// costs the same however many were noted.
+    logs: Vec<SharedLog>,
+    noted: HashSet<usize>,
     in_flight: Arc<InFlight>,
     failed_files: Arc<Mutex<Vec<CheckpointFile>>>,
     jobs: Sender<CheckpointJob>,
+    /// A stepped syncer's jobs, run when its driver says (or before a checkpoint it waits for).
+    stepped_jobs: Option<(Receiver<CheckpointJob>, CheckpointRunner)>,
+}
+
+/// What runs a checkpoint job and reports its end.
+struct CheckpointRunner {
+    stats: Arc<SyncStats>,
+    in_flight: Arc<InFlight>,
+    failed_files: Arc<Mutex<Vec<CheckpointFile>>>,
+    syncer: Weak<SyncerShared>,
+}
+
+impl CheckpointRunner {
+    /// Syncs the job's segment files, then deletes the journal files they make redundant; files
+    /// that did not sync wait for the next checkpoint. Tells the syncer it ended.
+    fn run(&self, job: CheckpointJob) {
+        let failed = sync_files(job.files, &self.stats);
+        if failed.is_empty() {
+            if let Err(error) = crate::journal::remove_files_before(&*job.file_system, &job.directory, job.sequence) {
+                tracing::error!(%error, "deleting checkpointed journal files failed; a later checkpoint deletes them");
+            }
+        } else {
+            self.failed_files.lock().extend(failed);
+        }
+        self.in_flight.set_running(false);
+        if let Some(syncer) = self.syncer.upgrade() {
+            let _ = syncer.sender.send(Command::CheckpointFinished);
+        }
+    }
 }
 
 /// Segment files to sync, then journal files older than `sequence` to delete.
@@ -572,41 +682,46 @@ struct CheckpointJob {
 impl Checkpoint {
     /// Starts the checkpoint thread, which tells the syncer (while it has handles) when a
     /// checkpoint ends, so a journal already past its size again gets the next one.
-    fn start(stats: Arc<SyncStats>, syncer: Weak<SyncerShared>) -> Checkpoint {
+    fn start(stats: Arc<SyncStats>, syncer: Weak<SyncerShared>, stepped: bool) -> Checkpoint {
         let (jobs, receiver) = mpsc::channel::<CheckpointJob>();
         let in_flight = Arc::new(InFlight::default());
         let failed_files = Arc::new(Mutex::new(Vec::new()));
-        let (thread_in_flight, thread_failed) = (in_flight.clone(), failed_files.clone());
-        std::thread::Builder::new()
-            .name("lepus-checkpoint".to_string())
-            .spawn(move || {
-                for job in receiver {
-                    let failed = sync_files(job.files, &stats);
-                    if failed.is_empty() {
-                        if let Err(error) = crate::journal::remove_files_before(&*job.file_system, &job.directory, job.sequence) {
-                            tracing::error!(%error, "deleting checkpointed journal files failed; a later checkpoint deletes them");
-                        }
-                    } else {
-                        thread_failed.lock().extend(failed);
-                    }
-                    thread_in_flight.set_running(false);
-                    if let Some(syncer) = syncer.upgrade() {
-                        let _ = syncer.sender.send(Command::CheckpointFinished);
-                    }
-                }
-            })
-            .expect("spawning the checkpoint thread");
-        Checkpoint { logs: HashMap::new(), in_flight, failed_files, jobs }
+        let runner = CheckpointRunner { stats, in_flight: in_flight.clone(), failed_files: failed_files.clone(), syncer };
+        let stepped_jobs = if stepped {
+            Some((receiver, runner))
+        } else {
+            std::thread::Builder::new()
+                .name("lepus-checkpoint".to_string())
+                .spawn(move || receiver.into_iter().for_each(|job| runner.run(job)))
+                .expect("spawning the checkpoint thread");
+            None
+        };
+        Checkpoint { logs: Vec::new(), noted: HashSet::new(), in_flight, failed_files, jobs, stepped_jobs }
     }
 
     fn note(&mut self, log: &SharedLog) {
-        self.logs.entry(log_key(log)).or_insert_with(|| log.clone());
+        if self.noted.insert(log_key(log)) {
+            self.logs.push(log.clone());
+        }
+    }
+
+    /// A stepped syncer's queued background checkpoint, run now; whether there was one.
+    fn run_stepped_job(&self) -> bool {
+        let Some((jobs, runner)) = self.stepped_jobs.as_ref() else { return false };
+        match jobs.try_recv() {
+            Ok(job) => {
+                runner.run(job);
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// The segment files written since the last checkpoint, and those a failed one left.
     fn take_files(&mut self) -> Vec<CheckpointFile> {
         let mut files = std::mem::take(&mut *self.failed_files.lock());
-        for (_, log) in self.logs.drain() {
+        self.noted.clear();
+        for log in self.logs.drain(..) {
             let taken = log.lock().take_checkpoint_files();
             files.extend(taken);
         }
@@ -643,6 +758,8 @@ impl Checkpoint {
     /// A checkpoint the caller waits for (graceful shutdown): after the running one, every
     /// segment synced and every older journal file deleted.
     fn run_now(&mut self, journal: &mut Journal, stats: &SyncStats) -> bool {
+        // A stepped syncer has no thread to end the running one: it runs here, first.
+        while self.run_stepped_job() {}
         self.in_flight.wait_until_finished();
         let files = self.take_files();
         let failed = sync_files(files, stats);

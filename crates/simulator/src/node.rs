@@ -1,0 +1,398 @@
+//! One life of the simulated node: storage opened and recovered as the broker opens it (journal
+//! replay, queue logs, a syncer with the journal), each queue's rules in the real queue core, and
+//! the effects performed the way the server's `queue_runtime` performs them.
+
+use crate::ledger::{violation, Ledger, Settlement, Violation};
+use crate::message::{parse_body, MessageId, Simulated};
+use crate::Sabotage;
+use parking_lot::Mutex;
+use queue_core::{Command, ConsumerId, Effect, Limits, QueueCore, QueueState, Reply, Window};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use storage::file_cache::FileCache;
+use storage::journal::{replay_in, Journal};
+use storage::memory_file_system::MemoryFileSystem;
+use storage::queue_log::{is_past_every_segment, QueueLog, RecordLocation, TailCursor};
+use storage::range_set::RangeSet;
+use storage::syncer::{Confirm, ConfirmSink, SharedLog, SteppedSyncer, SyncPolicy};
+use storage::StorageError;
+
+/// A queue keeps this many ready messages in memory before it pages: small, so paging, page-in
+/// and recovered tails are exercised all the time.
+const WINDOW: Window = Window {
+    messages_max: 6,
+    bytes_max: u64::MAX / 4,
+    low_watermark_messages: 3,
+    low_watermark_bytes: u64::MAX / 4,
+    page_in_batch_bytes_max: 64 * 1024,
+};
+/// The most deliveries one dispatch makes, so a step stays bounded.
+const DISPATCH_DELIVERIES_MAX: usize = 64;
+/// Open segment files the node's cache keeps.
+const OPEN_SEGMENT_FILES_MAX: usize = 8;
+
+/// The data directory's queues.
+pub fn queues_directory() -> PathBuf {
+    Path::new("/data").join("queues")
+}
+
+/// The node journal.
+pub fn journal_directory() -> PathBuf {
+    Path::new("/data").join("journal")
+}
+
+/// Why a step stopped before its end.
+#[derive(Debug)]
+pub enum Halt {
+    /// The power went in the middle of it (a crash point was reached).
+    Crashed,
+    /// An invariant broke.
+    Violation(Violation),
+}
+
+impl From<Violation> for Halt {
+    fn from(violation: Violation) -> Halt {
+        Halt::Violation(violation)
+    }
+}
+
+/// What syncer callbacks hand back to the simulator, read after each step.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    /// Publisher confirms: (message id, acked).
+    pub confirms: Vec<(MessageId, bool)>,
+    /// Flushes of settles: the settles they covered and whether they became durable.
+    pub flushes: Vec<(Vec<MessageId>, bool)>,
+}
+
+/// The confirm sink every simulated publisher shares.
+#[derive(Debug, Default)]
+pub struct SharedOutbox(pub Mutex<Outbox>);
+
+impl ConfirmSink for SharedOutbox {
+    fn confirm_batch(&self, confirms: &[(u64, bool)]) {
+        self.0.lock().confirms.extend_from_slice(confirms);
+    }
+}
+
+/// A message handed to a consumer and not settled yet.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery {
+    /// Its queue position.
+    pub position: u64,
+    /// Which publish it is.
+    pub id: MessageId,
+}
+
+/// A consumer (manual acks, a prefetch).
+#[derive(Debug)]
+pub struct Consumer {
+    /// Its id in the queue core.
+    pub id: ConsumerId,
+    /// What it holds.
+    pub unacked: Vec<Delivery>,
+}
+
+/// Where a paging queue's tail continues on disk (the server's `Pager`).
+struct Pager {
+    cursor: TailCursor,
+    delivered: RangeSet,
+    all_redelivered: bool,
+}
+
+/// One durable queue.
+pub struct Queue {
+    index: usize,
+    /// The node's view of the file system, to tell a power cut from a bug.
+    file_system: MemoryFileSystem,
+    /// Its log, shared with the syncer.
+    pub log: SharedLog,
+    /// Its rules.
+    pub core: QueueCore<Simulated>,
+    pager: Option<Pager>,
+    /// Every message in it (ready, paged or unacked), by position.
+    pub live: BTreeMap<u64, MessageId>,
+    /// Its consumers.
+    pub consumers: Vec<Consumer>,
+    /// Settles appended since the last flush request.
+    pub settles_unflushed: Vec<MessageId>,
+}
+
+/// The storage and queues of one run of the node.
+pub struct Node {
+    /// This life's view of the file system.
+    pub file_system: MemoryFileSystem,
+    /// The group commit.
+    pub syncer: SteppedSyncer,
+    /// The queues.
+    pub queues: Vec<Queue>,
+}
+
+/// What a start needs beyond the file system.
+pub struct StartOptions {
+    /// Queues to open.
+    pub queues: usize,
+    /// Segment size (small: they roll every few messages).
+    pub segment_bytes: u64,
+    /// Journal size that asks for a checkpoint.
+    pub checkpoint_bytes: u64,
+    /// The deliberate bug, if any.
+    pub sabotage: Sabotage,
+}
+
+/// Maps a storage error: the power going explains it, anything else is a bug.
+fn storage_failure(file_system: &MemoryFileSystem, what: &str, error: StorageError) -> Halt {
+    if file_system.crashed().is_some() {
+        return Halt::Crashed;
+    }
+    Halt::Violation(Violation(format!("{what} failed without a fault: {error}")))
+}
+
+impl Node {
+    /// Starts the node on `file_system` as the broker does after a crash: replays the journal,
+    /// opens every queue's log and checks what it recovered against the ledger.
+    pub fn start(file_system: MemoryFileSystem, options: &StartOptions, ledger: &mut Ledger) -> Result<Node, Halt> {
+        let shared = file_system.shared();
+        let failure = |what: &str, error| storage_failure(&file_system, what, error);
+        let (mut journal, entries) =
+            Journal::open_in(shared.clone(), &journal_directory()).map_err(|error| failure("opening the journal", error))?;
+        if options.sabotage != Sabotage::SkipJournalReplay {
+            replay_in(shared.clone(), &queues_directory(), &entries, is_past_every_segment)
+                .map_err(|error| failure("journal replay", error))?;
+        }
+        journal.start_new_file().map_err(|error| failure("retiring the replayed journal", error))?;
+        journal.set_checkpoint_bytes(options.checkpoint_bytes);
+        let syncer = SteppedSyncer::new(SyncPolicy::Always, Some(journal));
+        let cache = FileCache::with_file_system(OPEN_SEGMENT_FILES_MAX, shared);
+        let mut queues = Vec::with_capacity(options.queues);
+        for index in 0..options.queues {
+            let directory = queues_directory().join(format!("q{index}"));
+            let (mut log, recovery) = QueueLog::open_with_cache(&directory, options.segment_bytes, cache.clone())
+                .map_err(|error| failure("queue log recovery", error))?;
+            log.use_journal();
+            let mut cursor = log.recovered_tail(&recovery);
+            let recovered =
+                log.read_tail(&mut cursor, usize::MAX, usize::MAX).map_err(|error| failure("reading the recovered messages", error))?;
+            if recovered.len() as u64 != recovery.live_count {
+                violation!("queue {index}: recovery counted {} live messages, its tail holds {}", recovery.live_count, recovered.len());
+            }
+            let mut live = BTreeMap::new();
+            for (position, message) in &recovered {
+                let Some((id, _)) = parse_body(&message.body) else {
+                    violation!("queue {index}: position {position} recovered a body never published")
+                };
+                if ledger.get(id).is_none_or(|publish| publish.queue != index) {
+                    violation!("queue {index}: recovered {id:x}, never published to it");
+                }
+                if live.insert(*position, id).is_some() {
+                    violation!("queue {index}: position {position} recovered twice");
+                }
+            }
+            let mut ids: Vec<MessageId> = live.values().copied().collect();
+            ids.sort_unstable();
+            if ids.windows(2).any(|pair| pair[0] == pair[1]) {
+                violation!("queue {index}: a message recovered at two positions");
+            }
+            ledger.recovered(index, &ids)?;
+            let pager = (recovery.live_count > 0).then(|| Pager {
+                cursor: log.recovered_tail(&recovery),
+                delivered: recovery.delivered.clone(),
+                all_redelivered: true,
+            });
+            let core = QueueCore::new(QueueState::with_paged(recovery.next_position, recovery.live_count), Limits::NONE, Some(WINDOW));
+            let log: SharedLog = Arc::new(Mutex::new(log));
+            syncer.handle().watch(log.clone());
+            queues.push(Queue {
+                index,
+                file_system: file_system.clone(),
+                log,
+                core,
+                pager,
+                live,
+                consumers: Vec::new(),
+                settles_unflushed: Vec::new(),
+            });
+        }
+        Ok(Node { file_system, syncer, queues })
+    }
+}
+
+impl Queue {
+    /// Enqueues a publish and asks the syncer for its confirm, as a channel does.
+    pub fn publish(&mut self, message: Simulated, now_ms: u64, syncer: &SteppedSyncer, sink: Arc<SharedOutbox>) -> Result<(), Halt> {
+        let id = message.id;
+        let ttl_ms = message.ttl_ms;
+        let mut effects = Vec::new();
+        let enqueue = Command::Enqueue { message: message.clone(), persistent: true, own_ttl_ms: ttl_ms };
+        let reply = self.core.apply(enqueue, now_ms, &mut |_| true, &mut effects);
+        if reply != Reply::Ok {
+            violation!("queue {}: enqueue answered {reply:?} without limits", self.index);
+        }
+        for effect in effects {
+            match effect {
+                Effect::LogAppend { position, persistent: true, paged } => {
+                    let location: RecordLocation = self.log.lock().append_publish(position, &message.message, true);
+                    if paged && self.pager.is_none() {
+                        self.pager =
+                            Some(Pager { cursor: TailCursor::new(location, position), delivered: RangeSet::new(), all_redelivered: false });
+                    }
+                    self.live.insert(position, id);
+                }
+                other => violation!("queue {}: enqueue asked for {other:?}", self.index),
+            }
+        }
+        let confirm = Confirm { sink, delivery_tag: id, accepted: true };
+        syncer.handle().confirm(vec![self.log.clone()], vec![confirm]);
+        Ok(())
+    }
+
+    /// Delivers what the consumers can take.
+    pub fn dispatch(&mut self, now_ms: u64, ledger: &mut Ledger, sabotage: Sabotage) -> Result<(), Halt> {
+        let core_now_ms = now_ms + sabotage.expiry_shift_ms();
+        for _ in 0..DISPATCH_DELIVERIES_MAX {
+            let mut effects = Vec::new();
+            let reply = self.core.apply(Command::DispatchOne, core_now_ms, &mut |_| true, &mut effects);
+            self.perform(effects, now_ms, ledger, sabotage)?;
+            if !matches!(reply, Reply::Delivered | Reply::PageInFirst) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the expired messages at the head.
+    pub fn expire(&mut self, now_ms: u64, ledger: &mut Ledger, sabotage: Sabotage) -> Result<(), Halt> {
+        let mut effects = Vec::new();
+        self.core.apply(Command::Expire, now_ms + sabotage.expiry_shift_ms(), &mut |_| true, &mut effects);
+        self.perform(effects, now_ms, ledger, sabotage)
+    }
+
+    /// A consumer settles (`Some`: ack or reject) or requeues (`None`) the delivery at `index`.
+    pub fn settle(
+        &mut self,
+        consumer: usize,
+        index: usize,
+        how: Option<Settlement>,
+        now_ms: u64,
+        ledger: &mut Ledger,
+        sabotage: Sabotage,
+    ) -> Result<(), Halt> {
+        let delivery = self.consumers[consumer].unacked.remove(index);
+        let command = match how {
+            Some(how) => {
+                ledger.settle(delivery.id, how)?;
+                self.live.remove(&delivery.position);
+                self.settles_unflushed.push(delivery.id);
+                Command::Settle { position: delivery.position }
+            }
+            None => Command::Requeue { position: delivery.position },
+        };
+        let mut effects = Vec::new();
+        self.core.apply(command, now_ms, &mut |_| true, &mut effects);
+        self.perform(effects, now_ms, ledger, sabotage)
+    }
+
+    /// Adds a consumer with `prefetch`.
+    pub fn add_consumer(&mut self, id: ConsumerId, prefetch: u32) -> Result<(), Halt> {
+        let add = Command::AddConsumer { consumer: id, priority: 0, exclusive: false, prefetch, no_ack: false };
+        let reply = self.core.apply(add, 0, &mut |_| true, &mut Vec::new());
+        if reply != Reply::Ok {
+            violation!("queue {}: basic.consume answered {reply:?}", self.index);
+        }
+        self.consumers.push(Consumer { id, unacked: Vec::new() });
+        Ok(())
+    }
+
+    /// The cheap invariants, after every step: the core holds exactly the messages the
+    /// simulator knows to be in the queue, and so does the ledger.
+    pub fn check_counts(&self, ledger: &Ledger) -> Result<(), Violation> {
+        let messages = self.core.messages();
+        let held = (messages.ready_count() + messages.unacked_count()) as u64;
+        if held != self.live.len() as u64 || ledger.live_in(self.index) != held {
+            violation!(
+                "queue {}: the core holds {held} messages, the simulator knows {} in the queue and the ledger {} live",
+                self.index,
+                self.live.len(),
+                ledger.live_in(self.index)
+            );
+        }
+        let unacked: usize = self.consumers.iter().map(|consumer| consumer.unacked.len()).sum();
+        if unacked != messages.unacked_count() {
+            violation!("queue {}: consumers hold {unacked} deliveries, the core {} unacked", self.index, messages.unacked_count());
+        }
+        Ok(())
+    }
+
+    fn perform(&mut self, effects: Vec<Effect<Simulated>>, now_ms: u64, ledger: &mut Ledger, sabotage: Sabotage) -> Result<(), Halt> {
+        for effect in effects {
+            match effect {
+                Effect::Deliver { consumer: Some(consumer), position, queued, .. } => {
+                    let id = queued.message.id;
+                    if self.live.get(&position) != Some(&id) {
+                        violation!(
+                            "queue {}: delivered {id:x} at position {position}, which holds {:x?}",
+                            self.index,
+                            self.live.get(&position)
+                        );
+                    }
+                    if self.consumers.len() == 1 && !queued.redelivered {
+                        ledger.first_delivery_in_order(self.index, id)?;
+                    }
+                    let Some(holder) = self.consumers.iter_mut().find(|held| held.id == consumer.id) else {
+                        violation!("queue {}: delivered to unknown consumer {}", self.index, consumer.id)
+                    };
+                    holder.unacked.push(Delivery { position, id });
+                }
+                Effect::LogSettle { position } => {
+                    if sabotage != Sabotage::ForgetSettleRecords {
+                        self.log.lock().append_settled(position);
+                    }
+                }
+                Effect::LogDelivered { position } => self.log.lock().append_delivered(position),
+                Effect::Drop { position, message, reason: queue_core::DeadLetterReason::Expired } => {
+                    let published_at_ms = ledger.get(message.id).map_or(0, |publish| publish.published_at_ms);
+                    let ttl_ms = message.ttl_ms.unwrap_or(0);
+                    if now_ms < published_at_ms + ttl_ms {
+                        violation!(
+                            "queue {}: {:x} expired at {now_ms} ms, published at {published_at_ms} ms with a TTL of {ttl_ms} ms",
+                            self.index,
+                            message.id
+                        );
+                    }
+                    self.live.remove(&position);
+                    ledger.settle(message.id, Settlement::Expired)?;
+                    self.settles_unflushed.push(message.id);
+                }
+                Effect::NeedPageIn { messages_max, bytes_max } => self.page_in(messages_max, bytes_max, now_ms)?,
+                other => violation!("queue {}: unexpected effect {other:?}", self.index),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads paged messages back into the core, as the server's pager does.
+    fn page_in(&mut self, messages_max: usize, bytes_max: u64, now_ms: u64) -> Result<(), Halt> {
+        let Some(pager) = self.pager.as_mut() else { violation!("queue {}: paged messages without a pager", self.index) };
+        let batch = self.log.lock().read_tail(&mut pager.cursor, messages_max, bytes_max as usize);
+        let batch = match batch {
+            Ok(batch) if !batch.is_empty() => batch,
+            Ok(_) => violation!("queue {}: {} paged messages missing from the log", self.index, self.core.messages().paged_count()),
+            Err(error) => return Err(storage_failure(&self.file_system, "reading paged messages", error)),
+        };
+        for (position, message) in batch {
+            let Some((id, ttl_ms)) = parse_body(&message.body) else { violation!("queue {}: paged in a body never published", self.index) };
+            if self.live.get(&position) != Some(&id) {
+                violation!("queue {}: paged in {id:x} at position {position}, which holds {:x?}", self.index, self.live.get(&position));
+            }
+            let redelivered = pager.all_redelivered || pager.delivered.contains(position);
+            let simulated = Simulated { id, ttl_ms, message: Arc::new(message) };
+            let paged_in = Command::PagedIn { position, message: simulated, redelivered, own_ttl_ms: ttl_ms };
+            self.core.apply(paged_in, now_ms, &mut |_| false, &mut Vec::new());
+        }
+        if self.core.messages().paged_count() == 0 {
+            self.pager = None;
+        }
+        Ok(())
+    }
+}

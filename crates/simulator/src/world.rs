@@ -1,0 +1,381 @@
+//! The simulated world: the node, its clients and the power, stepped by one seed.
+
+use crate::ledger::{violation, Fate, Ledger, Settlement, Violation};
+use crate::message::{message, message_id, Simulated, FILLER_BYTES_MAX};
+use crate::node::{queues_directory, Halt, Node, SharedOutbox, StartOptions};
+use crate::random::Random;
+use crate::{Config, Failure, Report, Sabotage};
+use std::sync::Arc;
+use storage::memory_file_system::{CrashPoint, MemoryFileSystem, PowerCut};
+
+/// Percent of steps after which the power goes even without a crash point.
+const POWER_CUT_PERCENT_PER_STEP_TENTHS: u64 = 4;
+/// Starts in a row that a crash in recovery may interrupt before the run gives up.
+const RESTART_ATTEMPTS_MAX: u32 = 20;
+/// The most file system changes before an armed crash point (it is armed at 60 % of starts).
+const CRASH_POINT_OPERATIONS_MAX: u64 = 400;
+/// Rounds the final drain may take.
+const DRAIN_ROUNDS_MAX: u32 = 2_000;
+/// Steps between the full ledger checks (the cheap ones run after every step).
+const FULL_CHECK_INTERVAL_STEPS: u64 = 25;
+
+pub(crate) struct World {
+    seed: u64,
+    config: Config,
+    random: Random,
+    ledger: Ledger,
+    outbox: Arc<SharedOutbox>,
+    file_system: MemoryFileSystem,
+    node: Option<Node>,
+    now_ms: u64,
+    next_sequence: Vec<u64>,
+    next_consumer: u64,
+    step: u64,
+    report: Report,
+}
+
+impl World {
+    pub(crate) fn new(seed: u64, config: Config) -> World {
+        let file_system = MemoryFileSystem::new();
+        file_system.create_durable_directory(&queues_directory());
+        World {
+            seed,
+            config,
+            random: Random::new(seed),
+            ledger: Ledger::new(config.queues),
+            outbox: Arc::default(),
+            file_system,
+            node: None,
+            now_ms: 1_000_000,
+            next_sequence: vec![0; usize::from(config.publishers)],
+            next_consumer: 1,
+            step: 0,
+            report: Report { seed, ..Report::default() },
+        }
+    }
+
+    pub(crate) fn run(mut self) -> Result<Report, Failure> {
+        let result = self.run_steps();
+        result.map(|()| self.report.clone()).map_err(|violation| Failure { seed: self.seed, step: self.step, violation })
+    }
+
+    fn run_steps(&mut self) -> Result<(), Violation> {
+        self.restart(true)?;
+        for step in 0..self.config.steps {
+            self.step = step;
+            self.report.steps = step + 1;
+            let acted = self.act();
+            self.take_outbox()?;
+            match acted {
+                Err(Halt::Violation(violation)) => return Err(violation),
+                Err(Halt::Crashed) => {}
+                Ok(()) if self.file_system.crashed().is_some() => {}
+                Ok(()) => {
+                    self.check(step % FULL_CHECK_INTERVAL_STEPS == 0)?;
+                    if self.random.below(1000) >= POWER_CUT_PERCENT_PER_STEP_TENTHS {
+                        continue;
+                    }
+                }
+            }
+            self.power_cut(true)?;
+        }
+        self.step = self.config.steps;
+        // The end: a clean cut, then every queue drained, every settle synced, a last cut and
+        // drain; every confirmed message must have been settled.
+        self.power_cut(false)?;
+        self.drain()?;
+        self.power_cut(false)?;
+        self.drain()?;
+        self.ledger.all_confirmed_settled()
+    }
+
+    fn node(&mut self) -> &mut Node {
+        self.node.as_mut().expect("the node runs between restarts")
+    }
+
+    /// One step, chosen by the seed.
+    fn act(&mut self) -> Result<(), Halt> {
+        let roll = self.random.below(100);
+        match roll {
+            0..30 => self.publish(),
+            30..48 => {
+                let timer_fired = self.random.percent(30);
+                self.node().syncer.step(timer_fired);
+                Ok(())
+            }
+            48..73 => self.consume(),
+            73..81 => self.move_clock(),
+            81..86 => {
+                let queue = self.random.below(self.config.queues as u64) as usize;
+                self.flush(queue);
+                Ok(())
+            }
+            86..91 => {
+                storage::janitor::run_deferred(1);
+                Ok(())
+            }
+            91..96 => {
+                self.node().syncer.run_checkpoint();
+                Ok(())
+            }
+            96 => {
+                self.checkpoint();
+                Ok(())
+            }
+            _ => self.dispatch_all(),
+        }
+    }
+
+    fn publish(&mut self) -> Result<(), Halt> {
+        let publisher = self.random.below(u64::from(self.config.publishers)) as u16;
+        let queue = self.random.below(self.config.queues as u64) as usize;
+        let sequence = self.next_sequence[usize::from(publisher)];
+        self.next_sequence[usize::from(publisher)] += 1;
+        let id = message_id(publisher, sequence);
+        let ttl_ms = self.random.percent(15).then(|| self.random.between(100..=3_000));
+        let filler_bytes = self.random.below(FILLER_BYTES_MAX);
+        let simulated = Simulated { id, ttl_ms, message: Arc::new(message(id, ttl_ms, filler_bytes)) };
+        self.ledger.publish(id, queue, ttl_ms, self.now_ms);
+        self.report.publishes += 1;
+        let (now_ms, outbox, sabotage) = (self.now_ms, self.outbox.clone(), self.config.sabotage);
+        let node = self.node.as_mut().expect("the node runs");
+        node.queues[queue].publish(simulated, now_ms, &node.syncer, outbox)?;
+        if sabotage == Sabotage::ConfirmBeforeSync {
+            self.ledger.confirm(id, true)?;
+            self.report.confirmed += 1;
+        }
+        self.dispatch(queue)
+    }
+
+    fn dispatch(&mut self, queue: usize) -> Result<(), Halt> {
+        let (now_ms, sabotage) = (self.now_ms, self.config.sabotage);
+        let node = self.node.as_mut().expect("the node runs");
+        node.queues[queue].dispatch(now_ms, &mut self.ledger, sabotage)
+    }
+
+    fn dispatch_all(&mut self) -> Result<(), Halt> {
+        (0..self.config.queues).try_for_each(|queue| self.dispatch(queue))
+    }
+
+    /// A consumer acks (75 %), requeues (12 %) or rejects (13 %) one of its deliveries.
+    fn consume(&mut self) -> Result<(), Halt> {
+        let queue = self.random.below(self.config.queues as u64) as usize;
+        let holders: Vec<usize> = {
+            let consumers = &self.node().queues[queue].consumers;
+            (0..consumers.len()).filter(|index| !consumers[*index].unacked.is_empty()).collect()
+        };
+        if holders.is_empty() {
+            return self.dispatch(queue);
+        }
+        let consumer = holders[self.random.below(holders.len() as u64) as usize];
+        let held = self.node().queues[queue].consumers[consumer].unacked.len();
+        let index = self.random.below(held as u64) as usize;
+        let how = match self.random.below(100) {
+            0..75 => Some(Settlement::Acked),
+            75..87 => None,
+            _ => Some(Settlement::Rejected),
+        };
+        if how.is_some() {
+            self.report.settled += 1;
+        }
+        let (now_ms, sabotage) = (self.now_ms, self.config.sabotage);
+        let node = self.node.as_mut().expect("the node runs");
+        node.queues[queue].settle(consumer, index, how, now_ms, &mut self.ledger, sabotage)?;
+        self.dispatch(queue)
+    }
+
+    /// The clock moves a little, or jumps (TTLs pass); expired messages go.
+    fn move_clock(&mut self) -> Result<(), Halt> {
+        self.now_ms += if self.random.percent(10) { self.random.between(500..=5_000) } else { self.random.between(1..=50) };
+        let (now_ms, sabotage) = (self.now_ms, self.config.sabotage);
+        for queue in 0..self.config.queues {
+            let node = self.node.as_mut().expect("the node runs");
+            node.queues[queue].expire(now_ms, &mut self.ledger, sabotage)?;
+            self.dispatch(queue)?;
+        }
+        Ok(())
+    }
+
+    /// Asks the syncer to sync `queue`'s log: once it says so, the settles appended before are
+    /// durable.
+    fn flush(&mut self, queue: usize) {
+        let outbox = self.outbox.clone();
+        let node = self.node();
+        let settles = std::mem::take(&mut node.queues[queue].settles_unflushed);
+        let log = node.queues[queue].log.clone();
+        node.syncer.handle().sync(vec![log], Some(Box::new(move |durable| outbox.0.lock().flushes.push((settles, durable)))));
+    }
+
+    /// A checkpoint as a graceful shutdown runs it (without stopping).
+    fn checkpoint(&mut self) {
+        let outbox = self.outbox.clone();
+        let node = self.node();
+        let settles: Vec<u64> = node.queues.iter_mut().flat_map(|queue| std::mem::take(&mut queue.settles_unflushed)).collect();
+        let logs = node.queues.iter().map(|queue| queue.log.clone()).collect();
+        node.syncer.handle().checkpoint_then(logs, Box::new(move |durable| outbox.0.lock().flushes.push((settles, durable))));
+    }
+
+    /// Hands the confirms and flush outcomes the syncer produced to the ledger.
+    fn take_outbox(&mut self) -> Result<(), Violation> {
+        let outbox = std::mem::take(&mut *self.outbox.0.lock());
+        if self.config.sabotage != Sabotage::ConfirmBeforeSync {
+            for (id, acked) in outbox.confirms {
+                self.ledger.confirm(id, acked)?;
+                self.report.confirmed += u64::from(acked);
+            }
+        }
+        for (settles, durable) in outbox.flushes {
+            if durable {
+                self.ledger.settles_durable(&settles);
+            }
+        }
+        Ok(())
+    }
+
+    /// The invariants between steps: counts always, every live message's place at times.
+    fn check(&mut self, full: bool) -> Result<(), Violation> {
+        let node = self.node.as_ref().expect("the node runs");
+        for queue in &node.queues {
+            queue.check_counts(&self.ledger)?;
+        }
+        if full {
+            for (index, queue) in node.queues.iter().enumerate() {
+                for (position, id) in &queue.live {
+                    match self.ledger.get(*id) {
+                        Some(publish) if publish.queue == index && publish.fate == Fate::Live => {}
+                        other => violation!("queue {index}: position {position} holds {id:x}, which the ledger has as {other:?}"),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The power goes: unsynced writes are lost (or the last one torn), the node restarts.
+    fn power_cut(&mut self, arm_crash_points: bool) -> Result<(), Violation> {
+        self.node = None;
+        self.cut_power();
+        self.restart(arm_crash_points)
+    }
+
+    fn cut_power(&mut self) {
+        if let Some(point) = self.file_system.crashed() {
+            *self.report.crash_points.entry(crash_point_name(&point)).or_default() += 1;
+        }
+        let cut = if self.random.percent(30) {
+            self.report.torn_writes += 1;
+            PowerCut::TearLastWrite { bytes_kept: self.random.below(64) as usize }
+        } else {
+            PowerCut::LoseUnsynced
+        };
+        self.report.power_cuts += 1;
+        self.file_system = self.file_system.power_cut(cut);
+        // The dead node's pending janitor jobs die with it; its syncer's callbacks never run.
+        storage::janitor::defer_on_this_thread(true);
+        *self.outbox.0.lock() = Default::default();
+    }
+
+    /// Starts the node, again after every crash that interrupts recovery; adds the consumers.
+    fn restart(&mut self, arm_crash_points: bool) -> Result<(), Violation> {
+        let options = StartOptions {
+            queues: self.config.queues,
+            segment_bytes: self.random.between(512..=4096),
+            checkpoint_bytes: self.random.between(2_048..=65_536),
+            sabotage: self.config.sabotage,
+        };
+        for _ in 0..RESTART_ATTEMPTS_MAX {
+            if arm_crash_points && self.random.percent(60) {
+                self.file_system.crash_at_operation(self.random.between(1..=CRASH_POINT_OPERATIONS_MAX));
+            }
+            match Node::start(self.file_system.clone(), &options, &mut self.ledger) {
+                Ok(node) => {
+                    self.node = Some(node);
+                    return self.add_consumers();
+                }
+                Err(Halt::Crashed) => {
+                    self.report.crashes_in_recovery += 1;
+                    self.cut_power();
+                }
+                Err(Halt::Violation(violation)) => return Err(violation),
+            }
+        }
+        violation!("{RESTART_ATTEMPTS_MAX} restarts in a row crashed in recovery")
+    }
+
+    /// One consumer on the first queue (its order is checked), two on the others.
+    fn add_consumers(&mut self) -> Result<(), Violation> {
+        for queue in 0..self.config.queues {
+            let count = if queue == 0 { 1 } else { 2 };
+            for _ in 0..count {
+                let prefetch = self.random.between(1..=8) as u32;
+                let id = self.next_consumer;
+                self.next_consumer += 1;
+                match self.node().queues[queue].add_consumer(id, prefetch) {
+                    Ok(()) => {}
+                    Err(Halt::Violation(violation)) => return Err(violation),
+                    Err(Halt::Crashed) => unreachable!("adding a consumer does no I/O"),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Consumers ack everything, the clock runs TTLs out, until every queue is empty; then every
+    /// settle is synced.
+    fn drain(&mut self) -> Result<(), Violation> {
+        let halted = |halt: Halt| match halt {
+            Halt::Violation(violation) => violation,
+            Halt::Crashed => Violation("the power went during the final drain, with no crash point armed".to_string()),
+        };
+        for _ in 0..DRAIN_ROUNDS_MAX {
+            self.now_ms += 100;
+            self.node().syncer.step(true);
+            self.take_outbox()?;
+            let (now_ms, sabotage) = (self.now_ms, self.config.sabotage);
+            for queue in 0..self.config.queues {
+                let node = self.node.as_mut().expect("the node runs");
+                node.queues[queue].expire(now_ms, &mut self.ledger, sabotage).map_err(halted)?;
+                node.queues[queue].dispatch(now_ms, &mut self.ledger, sabotage).map_err(halted)?;
+                for consumer in 0..node.queues[queue].consumers.len() {
+                    while !node.queues[queue].consumers[consumer].unacked.is_empty() {
+                        self.report.settled += 1;
+                        node.queues[queue]
+                            .settle(consumer, 0, Some(Settlement::Acked), now_ms, &mut self.ledger, sabotage)
+                            .map_err(halted)?;
+                    }
+                }
+            }
+            self.check(true)?;
+            if self.node().queues.iter().all(|queue| queue.live.is_empty()) {
+                return self.flush_everything();
+            }
+        }
+        violation!("the queues did not drain in {DRAIN_ROUNDS_MAX} rounds")
+    }
+
+    /// Syncs every queue's settles and waits (in steps) for the outcome.
+    fn flush_everything(&mut self) -> Result<(), Violation> {
+        for queue in 0..self.config.queues {
+            self.flush(queue);
+        }
+        while self.node().syncer.step(false) {}
+        self.take_outbox()
+    }
+}
+
+/// A crash point's name in the report: the operation and what kind of file it was on.
+fn crash_point_name(point: &CrashPoint) -> String {
+    let path = point.path.to_string_lossy();
+    let file = if path.contains("/journal") {
+        "journal"
+    } else if path.ends_with(".seg") {
+        "segment"
+    } else if path.ends_with(".spare") || path.ends_with(".preparing") {
+        "spare segment"
+    } else if path.contains(".deleted") {
+        "retired segment"
+    } else {
+        "queue directory"
+    };
+    format!("{:?} {file}", point.operation)
+}
