@@ -6,7 +6,7 @@ use crate::ledger::{violation, Ledger, Settlement, Violation};
 use crate::message::{parse_body, MessageId, Simulated};
 use crate::Sabotage;
 use parking_lot::Mutex;
-use queue_core::{Command, ConsumerId, Effect, Limits, QueueCore, QueueState, Reply, Window};
+use queue_core::{Command, ConsumerId, Effect, Limits, PagedMessage, QueueCore, QueueState, Reply, Window};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -350,7 +350,11 @@ impl Queue {
                     }
                 }
                 Effect::LogDelivered { position } => self.log.lock().append_delivered(position),
-                Effect::Drop { position, message, reason: queue_core::DeadLetterReason::Expired } => {
+                Effect::Drop { position, message, reason: queue_core::DeadLetterReason::Expired, logged } => {
+                    // The core leaves a dropped message's settle record to its caller.
+                    if logged && sabotage != Sabotage::ForgetSettleRecords {
+                        self.log.lock().append_settled(position);
+                    }
                     let published_at_ms = ledger.get(message.id).map_or(0, |publish| publish.published_at_ms);
                     let ttl_ms = message.ttl_ms.unwrap_or(0);
                     if now_ms < published_at_ms + ttl_ms {
@@ -364,15 +368,26 @@ impl Queue {
                     ledger.settle(message.id, Settlement::Expired)?;
                     self.settles_unflushed.push(message.id);
                 }
-                Effect::NeedPageIn { messages_max, bytes_max } => self.page_in(messages_max, bytes_max, now_ms)?,
+                Effect::NeedPageIn { messages_max, bytes_max, generation } => {
+                    self.page_in(messages_max, bytes_max, generation, now_ms, ledger, sabotage)?
+                }
                 other => violation!("queue {}: unexpected effect {other:?}", self.index),
             }
         }
         Ok(())
     }
 
-    /// Reads paged messages back into the core, as the server's pager does.
-    fn page_in(&mut self, messages_max: usize, bytes_max: u64, now_ms: u64) -> Result<(), Halt> {
+    /// Reads paged messages back into the core, as the server's pager does (at once here: the
+    /// simulator is one thread, so the read the core counts as in flight ends before the next step).
+    fn page_in(
+        &mut self,
+        messages_max: usize,
+        bytes_max: u64,
+        generation: u64,
+        now_ms: u64,
+        ledger: &mut Ledger,
+        sabotage: Sabotage,
+    ) -> Result<(), Halt> {
         let Some(pager) = self.pager.as_mut() else { violation!("queue {}: paged messages without a pager", self.index) };
         let batch = self.log.lock().read_tail(&mut pager.cursor, messages_max, bytes_max as usize);
         let batch = match batch {
@@ -380,6 +395,7 @@ impl Queue {
             Ok(_) => violation!("queue {}: {} paged messages missing from the log", self.index, self.core.messages().paged_count()),
             Err(error) => return Err(storage_failure(&self.file_system, "reading paged messages", error)),
         };
+        let mut messages = Vec::with_capacity(batch.len());
         for (position, message) in batch {
             let Some((id, ttl_ms)) = parse_body(&message.body) else { violation!("queue {}: paged in a body never published", self.index) };
             if self.live.get(&position) != Some(&id) {
@@ -387,12 +403,13 @@ impl Queue {
             }
             let redelivered = pager.all_redelivered || pager.delivered.contains(position);
             let simulated = Simulated { id, ttl_ms, message: Arc::new(message) };
-            let paged_in = Command::PagedIn { position, message: simulated, redelivered, own_ttl_ms: ttl_ms };
-            self.core.apply(paged_in, now_ms, &mut |_| false, &mut Vec::new());
+            messages.push(PagedMessage { position, message: simulated, redelivered, own_ttl_ms: ttl_ms });
         }
+        let mut effects = Vec::new();
+        self.core.apply(Command::PagedIn { generation, messages }, now_ms, &mut |_| false, &mut effects);
         if self.core.messages().paged_count() == 0 {
             self.pager = None;
         }
-        Ok(())
+        self.perform(effects, now_ms, ledger, sabotage)
     }
 }
