@@ -100,6 +100,8 @@ pub struct Broker {
     pub disk_alarm_cleared: tokio::sync::Notify,
     /// Open connections, to close them at shutdown (and, later, to list them).
     connections: Mutex<HashMap<u64, Arc<ConnectionShared>>>,
+    /// Deadlines of unused queues with x-expires (see `queue_expiry.rs`).
+    pub expiry_timers: Arc<crate::queue_expiry::ExpiryTimers>,
 }
 
 /// Why the broker could not open its data directory or recover from it. Each names the file or
@@ -151,6 +153,8 @@ impl Broker {
     pub fn open(config: ServerConfig) -> Result<Arc<Broker>, RecoveryError> {
         std::fs::create_dir_all(config.data_dir.join("queues"))
             .map_err(|source| RecoveryError::Io { path: config.data_dir.clone(), source })?;
+        std::fs::create_dir_all(config.data_dir.join(crate::queue_type::EXPIRY_DIRECTORY))
+            .map_err(|source| RecoveryError::Io { path: config.data_dir.clone(), source })?;
         let (definitions, recovered) = DefinitionsStore::open(&config.data_dir)?;
         let journal = replay_journal(&config.data_dir)?;
         // Only `--sync always` syncs before confirms; the other policies write segments directly.
@@ -171,6 +175,7 @@ impl Broker {
             memory_alarm: std::sync::atomic::AtomicBool::new(false),
             disk_alarm_cleared: tokio::sync::Notify::new(),
             disk_alarm_raised: tokio::sync::Notify::new(),
+            expiry_timers: Arc::default(),
             config,
         };
         broker.recover(recovered)?;
@@ -307,6 +312,7 @@ impl Broker {
             segment_bytes_max: self.config.segment_bytes_max,
             journaled: self.journaled,
             syncer: &self.syncer,
+            expiry_timers: &self.expiry_timers,
         }
     }
 
@@ -744,6 +750,9 @@ impl Broker {
             queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
         }
         self.await_definitions(ticket)?;
+        if !created {
+            queue.mark_used();
+        }
         let (messages, consumers) = queue.counts();
         Ok((queue.name().clone(), messages, consumers))
     }

@@ -13,6 +13,7 @@ mod management;
 mod metrics;
 mod operator_messages;
 mod policy;
+mod queue_expiry;
 mod queue_runtime;
 mod queue_type;
 mod settings;

@@ -3,7 +3,7 @@
 //! exchanges or both), a priority and a definition; among the policies that match a queue, the one
 //! of highest priority applies, alone, as in RabbitMQ.
 //!
-//! Lepus applies the queue settings it implements (`max-length`, `overflow`, `message-ttl`).
+//! Lepus applies the queue settings it implements (`max-length`, `overflow`, `message-ttl`, `expires`).
 //! Settings RabbitMQ knows and Lepus does not implement are refused with a message that says so,
 //! never accepted and ignored; unknown settings are refused as RabbitMQ refuses them.
 
@@ -20,7 +20,6 @@ const NOT_IMPLEMENTED_KEYS: &[&str] = &[
     "dead-letter-routing-key",
     "dead-letter-strategy",
     "delivery-limit",
-    "expires",
     "federation-upstream",
     "federation-upstream-set",
     "ha-mode",
@@ -93,6 +92,8 @@ pub struct QueueSettings {
     pub overflow: Option<Overflow>,
     /// `message-ttl`: how long a message may wait, in milliseconds.
     pub message_ttl_ms: Option<u64>,
+    /// `expires`: how long the queue may stay unused before it is deleted, in milliseconds.
+    pub expires_ms: Option<u64>,
 }
 
 /// Why a policy is refused; the texts are what the management API answers with 400.
@@ -215,6 +216,14 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
         match key.as_str() {
             "max-length" => settings.max_length = Some(non_negative()?),
             "message-ttl" => settings.message_ttl_ms = Some(non_negative()?),
+            "expires" => {
+                settings.expires_ms = Some(
+                    value
+                        .as_u64()
+                        .filter(|expires| *expires >= 1)
+                        .ok_or(PolicyError::BadValue(key.clone(), "must be a positive integer"))?,
+                )
+            }
             "overflow" => {
                 settings.overflow = Some(match value.as_str() {
                     Some("drop-head") => Overflow::DropHead,

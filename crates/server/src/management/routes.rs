@@ -713,7 +713,12 @@ pub(super) async fn vhost_queues(State(api): State<Api>, Path(vhost): Path<Strin
 
 pub(super) async fn queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
     let queue = find_queue(&api, &vhost, &name)?;
-    Ok(Json(json::queue_json(&queue, &api.rates.queue(&vhost, &name), &api.node)).into_response())
+    let mut body = json::queue_json(&queue, &api.rates.queue(&vhost, &name), &api.node);
+    // As RabbitMQ, one queue's page also lists its consumers (which is active, with x-single-active-consumer).
+    let consumers: Vec<Value> =
+        consumer_list(&api, Some(&vhost)).into_iter().filter(|consumer| consumer["queue"]["name"] == name.as_str()).collect();
+    body["consumer_details"] = Value::Array(consumers);
+    Ok(Json(body).into_response())
 }
 
 /// A queue.declare from the API's JSON (`durable`, `auto_delete`, `arguments`); absent flags take

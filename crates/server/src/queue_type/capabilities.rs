@@ -59,9 +59,9 @@ pub const GATED_QUEUE_ARGUMENTS: &[&str] = &[
 const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
     queue_type: QueueType::Classic,
     implemented: true,
-    // RabbitMQ's classic queues also take x-expires, x-max-length-bytes, x-dead-letter-*,
-    // x-max-priority and x-single-active-consumer; Lepus does not implement them yet.
-    accepted_arguments: &["x-queue-type", "x-max-length", "x-message-ttl", "x-overflow"],
+    // RabbitMQ's classic queues also take x-max-length-bytes, x-dead-letter-* and x-max-priority;
+    // Lepus does not implement them yet.
+    accepted_arguments: &["x-queue-type", "x-max-length", "x-message-ttl", "x-overflow", "x-expires", "x-single-active-consumer"],
     exclusive: true,
     non_durable: true,
     auto_delete: true,
