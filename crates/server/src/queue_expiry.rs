@@ -102,7 +102,8 @@ pub async fn run(broker: Arc<Broker>) {
             let Some(queue) = queue.upgrade() else { continue };
             match queue.check_expiry(now_ms) {
                 ExpiryCheck::Expired => delete_expired(&broker, queue),
-                ExpiryCheck::Later(deadline_ms) => timers.schedule(deadline_ms, Arc::downgrade(&queue)),
+                // Never at or before now: an entry due again at once would spin this task.
+                ExpiryCheck::Later(deadline_ms) => timers.schedule(deadline_ms.max(now_ms + 1), Arc::downgrade(&queue)),
                 ExpiryCheck::InUse => {}
             }
         }
