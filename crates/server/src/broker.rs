@@ -100,6 +100,8 @@ pub struct Broker {
     pub disk_alarm_cleared: tokio::sync::Notify,
     /// Open connections, to close them at shutdown (and, later, to list them).
     connections: Mutex<HashMap<u64, Arc<ConnectionShared>>>,
+    /// Channels consuming `amq.rabbitmq.reply-to`, by token (see `direct_reply.rs`).
+    pub reply_consumers: crate::direct_reply::ReplyConsumers,
     /// Deadlines of unused queues with x-expires (see `queue_expiry.rs`).
     pub expiry_timers: Arc<crate::queue_expiry::ExpiryTimers>,
 }
@@ -176,6 +178,7 @@ impl Broker {
             disk_alarm_cleared: tokio::sync::Notify::new(),
             disk_alarm_raised: tokio::sync::Notify::new(),
             expiry_timers: Arc::default(),
+            reply_consumers: Default::default(),
             config,
         };
         broker.recover(recovered)?;

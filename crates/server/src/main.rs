@@ -6,6 +6,7 @@ mod broker;
 mod config;
 mod connection;
 mod ctl;
+mod direct_reply;
 mod introspect;
 mod listener;
 mod login_throttle;
