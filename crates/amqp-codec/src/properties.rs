@@ -73,6 +73,11 @@ impl ContentHeader {
         self.property_flags & FLAG_USER_ID != 0
     }
 
+    /// Whether the publisher set reply-to (direct reply-to rewrites it).
+    pub fn has_reply_to(&self) -> bool {
+        self.property_flags & FLAG_REPLY_TO != 0
+    }
+
     /// Whether the publisher set a per-message expiration.
     pub fn has_expiration(&self) -> bool {
         self.property_flags & FLAG_EXPIRATION != 0

@@ -621,6 +621,40 @@ pub fn check_queue_argument(key: &str, value: &FieldValue, queue: &ShortStr, vho
             Some(other) => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_value,<<\"{other}\">>}}"))),
             None => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
         },
+        _ => check_consumer_side_argument(key, value, queue, vhost),
+    }
+}
+
+/// The longest x-expires RabbitMQ 3.10.8 takes: ten years in milliseconds (measured: one more is
+/// refused with `value_too_large`).
+pub const QUEUE_EXPIRES_MS_MAX: i64 = 315_360_000_000;
+
+/// The highest x-max-priority RabbitMQ takes on a classic queue.
+pub const MAX_PRIORITY_MAX: i64 = 255;
+
+/// x-expires, x-max-priority and x-single-active-consumer, with the texts RabbitMQ 3.10.8 answers
+/// (measured against it). An integer argument of another type is refused with the text of
+/// RabbitMQ's `check_int_arg`, which its reply prints as a quoted string.
+fn check_consumer_side_argument(key: &str, value: &FieldValue, queue: &ShortStr, vhost: &str) -> Result<(), AmqpError> {
+    let expected_integer = || invalid_argument(key, queue, vhost, format!("\"expected integer, got {}\"", type_name(value)));
+    match key {
+        "x-expires" => match value.as_i64().ok_or_else(expected_integer)? {
+            0 => Err(invalid_argument(key, queue, vhost, "{value_zero,0}".to_string())),
+            expires if expires < 0 => Err(invalid_argument(key, queue, vhost, format!("{{value_negative,{expires}}}"))),
+            expires if expires > QUEUE_EXPIRES_MS_MAX => Err(invalid_argument(key, queue, vhost, format!("{{value_too_large,{expires}}}"))),
+            _ => Ok(()),
+        },
+        "x-max-priority" => match value.as_i64().ok_or_else(expected_integer)? {
+            priority if priority < 0 => Err(invalid_argument(key, queue, vhost, format!("{{value_negative,{priority}}}"))),
+            priority if priority > MAX_PRIORITY_MAX => {
+                Err(invalid_argument(key, queue, vhost, format!("{{max_value_exceeded,{priority}}}")))
+            }
+            _ => Ok(()),
+        },
+        "x-single-active-consumer" => match value {
+            FieldValue::Bool(_) => Ok(()),
+            _ => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
+        },
         _ => Ok(()),
     }
 }

@@ -30,7 +30,10 @@ impl<M: Payload> QueueCore<M> {
             Command::PagedIn { generation, messages } => self.paged_in(generation, messages, now_ms, effects),
             Command::PageInFailed { generation } => self.page_in_failed(generation),
             Command::AddConsumer { consumer, priority, exclusive, prefetch, no_ack } => {
-                if self.has_exclusive_consumer || (exclusive && !self.consumers.is_empty()) {
+                // RabbitMQ refuses an exclusive consumer on a single-active-consumer queue even
+                // when it has no consumer, with the same "in exclusive use".
+                let exclusive_refused = exclusive && (self.single_active_consumer || !self.consumers.is_empty());
+                if self.has_exclusive_consumer || exclusive_refused {
                     return Reply::ExclusiveInUse;
                 }
                 self.has_exclusive_consumer = exclusive;
@@ -319,7 +322,8 @@ impl<M: Payload> QueueCore<M> {
 
     /// The highest-priority consumer that can take a message, round robin among equals.
     fn pick_consumer<G: FnMut(ConsumerRef) -> bool>(&mut self, can_take: &mut G) -> Option<usize> {
-        let count = self.consumers.len();
+        // With a single active consumer, the others wait: only the first may take a message.
+        let count = if self.single_active_consumer { self.consumers.len().min(1) } else { self.consumers.len() };
         let mut best: Option<(usize, i64)> = None;
         for offset in 0..count {
             let index = (self.next_consumer + offset) % count;

@@ -31,6 +31,8 @@ pub struct CoreImage<M> {
     pub next_consumer: usize,
     /// Whether a consumer holds the queue exclusively.
     pub has_exclusive_consumer: bool,
+    /// x-single-active-consumer.
+    pub single_active_consumer: bool,
     /// The limits in force.
     pub limits: Limits,
     /// Totals.
@@ -56,6 +58,7 @@ impl<M: Payload> QueueCore<M> {
             consumers,
             next_consumer: self.next_consumer,
             has_exclusive_consumer: self.has_exclusive_consumer,
+            single_active_consumer: self.single_active_consumer,
             limits: self.limits,
             stats: self.stats,
         }
@@ -79,6 +82,7 @@ impl<M: Payload> QueueCore<M> {
             consumers,
             next_consumer: image.next_consumer,
             has_exclusive_consumer: image.has_exclusive_consumer,
+            single_active_consumer: image.single_active_consumer,
             limits: image.limits,
             window,
             // A restored queue has no read under way: its messages are all in the image.

@@ -246,6 +246,9 @@ pub struct QueueCore<M> {
     /// Where the round robin resumes among consumers of equal priority.
     next_consumer: usize,
     has_exclusive_consumer: bool,
+    /// x-single-active-consumer: only the first consumer in subscription order gets messages;
+    /// when it goes, the next one takes over.
+    single_active_consumer: bool,
     limits: Limits,
     /// Set for queues with a log: they page past the window.
     window: Option<Window>,
@@ -264,11 +267,33 @@ impl<M: Payload> QueueCore<M> {
             consumers: Vec::new(),
             next_consumer: 0,
             has_exclusive_consumer: false,
+            single_active_consumer: false,
             limits,
             window,
             page_in: PageIn::default(),
             stats: QueueStats::default(),
         }
+    }
+
+    /// The same queue with x-single-active-consumer on or off (an argument fixed at declaration).
+    pub fn with_single_active_consumer(mut self, single_active_consumer: bool) -> QueueCore<M> {
+        self.single_active_consumer = single_active_consumer;
+        self
+    }
+
+    /// With x-single-active-consumer, the consumer that gets the messages: the earliest
+    /// subscribed one still there (RabbitMQ 3.10's classic queues ignore consumer priorities
+    /// here). `None` without the argument, or without consumers.
+    pub fn single_active_consumer(&self) -> Option<ConsumerId> {
+        match self.single_active_consumer {
+            true => self.consumers.first().map(|slot| slot.id),
+            false => None,
+        }
+    }
+
+    /// Whether the queue has x-single-active-consumer.
+    pub fn is_single_active_consumer(&self) -> bool {
+        self.single_active_consumer
     }
 
     /// The messages.

@@ -346,6 +346,74 @@ fn paging_asks_for_page_in_before_dispatch() {
     assert_eq!(positions, vec![7, 8, 9]);
 }
 
+#[test]
+fn single_active_consumer_delivers_to_the_first_subscriber_only() {
+    let mut queue = Harness::new(Limits::NONE);
+    queue.core = QueueCore::new(QueueState::new(0), Limits::NONE, None).with_single_active_consumer(true);
+    assert_eq!(queue.core.single_active_consumer(), None);
+    let exclusive = Command::AddConsumer { consumer: 9, priority: 0, exclusive: true, prefetch: 0, no_ack: false };
+    assert_eq!(queue.apply(exclusive, 0), Reply::ExclusiveInUse, "RabbitMQ refuses exclusive consumers on a SAC queue");
+    // The second subscriber has the higher priority: RabbitMQ 3.10's classic queues still pick
+    // the first one.
+    queue.consume(1, 0, 0);
+    queue.consume(2, 5, 0);
+    assert_eq!(queue.core.single_active_consumer(), Some(1));
+    for _ in 0..3 {
+        queue.publish(0);
+    }
+    queue.apply(Command::Dispatch, 0);
+    assert_eq!(
+        queue.deliveries().iter().map(|(consumer, _, id)| (*consumer, *id)).collect::<Vec<_>>(),
+        vec![(Some(1), 0), (Some(1), 1), (Some(1), 2)]
+    );
+}
+
+#[test]
+fn single_active_consumer_waits_for_the_active_one_and_never_falls_back() {
+    let mut queue = Harness::new(Limits::NONE);
+    queue.core = QueueCore::new(QueueState::new(0), Limits::NONE, None).with_single_active_consumer(true);
+    queue.consume(1, 0, 1);
+    queue.consume(2, 0, 0);
+    queue.publish(0);
+    queue.publish(0);
+    queue.apply(Command::Dispatch, 0);
+    // The active consumer's prefetch is full: the waiting one gets nothing.
+    assert_eq!(queue.deliveries().iter().map(|(consumer, _, _)| *consumer).collect::<Vec<_>>(), vec![Some(1)]);
+    queue.blocked.insert(1);
+    queue.apply(Command::Settle { position: 0 }, 0);
+    queue.apply(Command::Dispatch, 0);
+    assert!(queue.deliveries().is_empty(), "a blocked active consumer passed its turn on");
+}
+
+#[test]
+fn single_active_consumer_fails_over_in_subscription_order_with_requeued_messages_first() {
+    let mut queue = Harness::new(Limits::NONE);
+    queue.core = QueueCore::new(QueueState::new(0), Limits::NONE, None).with_single_active_consumer(true);
+    queue.consume(1, 0, 0);
+    queue.consume(2, 0, 0);
+    queue.consume(3, 0, 0);
+    for _ in 0..4 {
+        queue.publish(0);
+    }
+    queue.apply(Command::Dispatch, 0);
+    assert_eq!(queue.deliveries().len(), 4);
+    // The active consumer's channel closes: it is cancelled and its unacked messages requeued.
+    assert_eq!(queue.apply(Command::CancelConsumer { consumer: 1 }, 0), Reply::Ok);
+    assert_eq!(queue.core.single_active_consumer(), Some(2));
+    for position in [2, 0, 3, 1] {
+        queue.apply(Command::Requeue { position }, 0);
+    }
+    queue.apply(Command::Dispatch, 0);
+    let delivered: Vec<_> = queue.deliveries().iter().map(|(consumer, position, _)| (*consumer, *position)).collect();
+    assert_eq!(delivered, vec![(Some(2), 0), (Some(2), 1), (Some(2), 2), (Some(2), 3)]);
+    // A waiting consumer that cancels changes nothing; the active one going hands over to 3.
+    queue.apply(Command::CancelConsumer { consumer: 3 }, 0);
+    assert_eq!(queue.core.single_active_consumer(), Some(2));
+    queue.consume(4, 0, 0);
+    queue.apply(Command::CancelConsumer { consumer: 2 }, 0);
+    assert_eq!(queue.core.single_active_consumer(), Some(4));
+}
+
 /// What a random run does.
 #[derive(Debug, Clone)]
 enum Step {
@@ -393,10 +461,15 @@ proptest! {
     /// consumer gets nothing; nothing expires early, and after a command that looks at the head
     /// (dispatch, get, expire) the head is not expired.
     #[test]
-    fn conservation_order_prefetch_and_ttl(steps in proptest::collection::vec(step(), 0..150), queue_ttl_ms in proptest::option::of(0u64..60)) {
+    fn conservation_order_prefetch_and_ttl(
+        steps in proptest::collection::vec(step(), 0..150),
+        queue_ttl_ms in proptest::option::of(0u64..60),
+        single_active_consumer in any::<bool>(),
+    ) {
         // Test messages are 16 bytes: the byte limit (15 messages) bites before the length limit.
         let limits = Limits { max_length: Some(20), max_length_bytes: Some(16 * 15), message_ttl_ms: queue_ttl_ms, delivery_limit: Some(3), ..Limits::NONE };
         let mut queue = Harness::new(limits);
+        queue.core = QueueCore::new(QueueState::new(0), limits, None).with_single_active_consumer(single_active_consumer);
         let mut now_ms = 0u64;
         let mut whereabouts: HashMap<u64, Whereabouts> = HashMap::new();
         let mut deadline_of_position: HashMap<u64, u64> = HashMap::new();
@@ -489,6 +562,9 @@ proptest! {
                         if let Some(consumer) = consumer {
                             let (_, prefetch, consumer_no_ack) = consumers.iter().find(|(c, _, _)| *c == consumer.id).copied().expect("delivered to a live consumer");
                             prop_assert!(!queue.blocked.contains(&consumer.id), "a blocked consumer got a message");
+                            if single_active_consumer {
+                                prop_assert_eq!(Some(consumer.id), consumers.first().map(|(c, _, _)| *c), "a waiting consumer got a message");
+                            }
                             if !consumer_no_ack {
                                 let count = held.entry(consumer.id).or_default();
                                 *count += 1;
@@ -524,6 +600,8 @@ proptest! {
             prop_assert_eq!(queue.core.messages().ready_count(), ready);
             prop_assert_eq!(queue.core.messages().unacked_count(), unacked_model);
             prop_assert_eq!(queue.core.messages().ready_positions().collect::<Vec<_>>(), ready_positions.iter().copied().collect::<Vec<_>>());
+            let expected_active = consumers.first().map(|(consumer, _, _)| *consumer).filter(|_| single_active_consumer);
+            prop_assert_eq!(queue.core.single_active_consumer(), expected_active, "the active consumer is not the earliest subscribed");
             // TTL never later than the next command that looks at the head: a head that had
             // expired before a dispatch or get is gone after it.
             if let (true, Some(head)) = (looks_at_head, expired_head) {

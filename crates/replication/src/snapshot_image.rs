@@ -103,6 +103,7 @@ fn encode_core(writer: &mut Writer, image: &CoreImage<Body>) {
     }
     writer.u64(image.next_consumer as u64);
     writer.u8(u8::from(image.has_exclusive_consumer));
+    writer.u8(u8::from(image.single_active_consumer));
     let limits = image.limits;
     writer.optional_u64(limits.max_length);
     writer.optional_u64(limits.max_length_bytes);
@@ -152,6 +153,7 @@ fn decode_core(reader: &mut Reader) -> Result<CoreImage<Body>, DecodeError> {
     }
     let next_consumer = reader.u64()? as usize;
     let has_exclusive_consumer = reader.bool("exclusive")?;
+    let single_active_consumer = reader.bool("single active consumer")?;
     let max_length = reader.optional_u64("max length")?;
     let max_length_bytes = reader.optional_u64("max length bytes")?;
     let overflow = match reader.u8()? {
@@ -168,5 +170,5 @@ fn decode_core(reader: &mut Reader) -> Result<CoreImage<Body>, DecodeError> {
     let limits = Limits { max_length, max_length_bytes, overflow, message_ttl_ms, delivery_limit, dead_letters };
     let stats = QueueStats { published: reader.u64()?, delivered: reader.u64()?, acked: reader.u64()?, requeued: reader.u64()? };
     let messages = MessagesImage { next_position, ready, unacked, paged };
-    Ok(CoreImage { messages, consumers, next_consumer, has_exclusive_consumer, limits, stats })
+    Ok(CoreImage { messages, consumers, next_consumer, has_exclusive_consumer, single_active_consumer, limits, stats })
 }

@@ -109,6 +109,10 @@ pub struct Broker {
     pub retired_channels: crate::metrics::counters::RetiredTotals,
     /// Where queues hand their dead letters over (see `dead_letter`).
     dead_letters: crate::dead_letter::DeadLetterSender,
+    /// Channels consuming `amq.rabbitmq.reply-to`, by token (see `direct_reply.rs`).
+    pub reply_consumers: crate::direct_reply::ReplyConsumers,
+    /// Deadlines of unused queues with x-expires (see `queue_expiry.rs`).
+    pub expiry_timers: Arc<crate::queue_expiry::ExpiryTimers>,
 }
 
 /// Why the broker could not open its data directory or recover from it. Each names the file or
@@ -160,6 +164,8 @@ impl Broker {
     pub fn open(config: ServerConfig) -> Result<Arc<Broker>, RecoveryError> {
         std::fs::create_dir_all(config.data_dir.join("queues"))
             .map_err(|source| RecoveryError::Io { path: config.data_dir.clone(), source })?;
+        std::fs::create_dir_all(config.data_dir.join(crate::queue_type::EXPIRY_DIRECTORY))
+            .map_err(|source| RecoveryError::Io { path: config.data_dir.clone(), source })?;
         let (definitions, recovered) = DefinitionsStore::open(&config.data_dir)?;
         let journal = replay_journal(&config.data_dir)?;
         // Only `--sync always` syncs before confirms; the other policies write segments directly.
@@ -185,6 +191,8 @@ impl Broker {
             memory_alarm: std::sync::atomic::AtomicBool::new(false),
             disk_alarm_cleared: tokio::sync::Notify::new(),
             disk_alarm_raised: tokio::sync::Notify::new(),
+            expiry_timers: Arc::default(),
+            reply_consumers: Default::default(),
             config,
         };
         broker.recover(recovered)?;
@@ -343,6 +351,7 @@ impl Broker {
             journaled: self.journaled,
             syncer: &self.syncer,
             dead_letters: Some(&self.dead_letters),
+            expiry_timers: &self.expiry_timers,
         }
     }
 
@@ -831,6 +840,9 @@ impl Broker {
             queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
         }
         self.await_definitions(ticket)?;
+        if !created {
+            queue.mark_used();
+        }
         let (messages, consumers) = queue.counts();
         Ok((queue.name().clone(), messages, consumers))
     }

@@ -147,6 +147,7 @@ async fn serve(broker: Arc<Broker>, listeners: Listeners) -> Result<(), StartErr
     let Listeners { amqp, amqps, http, https, metrics } = listeners;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(StartError::Signal)?;
     tokio::spawn(crate::alarms::monitor(broker.clone()));
+    tokio::spawn(crate::queue_expiry::run(broker.clone()));
     if http.is_some() || https.is_some() {
         let app = crate::management::app(broker.clone());
         if let Some(socket) = http {

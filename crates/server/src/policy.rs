@@ -4,8 +4,8 @@
 //! of highest priority applies, alone, as in RabbitMQ.
 //!
 //! Lepus applies the queue settings it implements (`max-length`, `max-length-bytes`, `overflow`,
-//! `message-ttl`, `dead-letter-exchange`, `dead-letter-routing-key`, `delivery-limit`) and the
-//! exchange setting `alternate-exchange` (an exchange's own argument wins over it).
+//! `message-ttl`, `expires`, `dead-letter-exchange`, `dead-letter-routing-key`, `delivery-limit`)
+//! and the exchange setting `alternate-exchange` (an exchange's own argument wins over it).
 //! Settings RabbitMQ knows and Lepus does not implement are refused with a message that says so,
 //! never accepted and ignored; unknown settings are refused as RabbitMQ refuses them.
 
@@ -18,7 +18,6 @@ use storage::definitions::PolicyRecord;
 const NOT_IMPLEMENTED_KEYS: &[&str] = &[
     "consumer-timeout",
     "dead-letter-strategy",
-    "expires",
     "federation-upstream",
     "federation-upstream-set",
     "ha-mode",
@@ -103,6 +102,8 @@ pub struct QueueSettings {
     pub overflow: Option<Overflow>,
     /// `message-ttl`: how long a message may wait, in milliseconds.
     pub message_ttl_ms: Option<u64>,
+    /// `expires`: how long the queue may stay unused before it is deleted, in milliseconds.
+    pub expires_ms: Option<u64>,
 }
 
 /// Why a policy is refused; the texts are what the management API answers with 400.
@@ -267,6 +268,7 @@ pub fn merge_operator_policy(policy: Option<Arc<Policy>>, operator: Option<Arc<P
     settings.max_length_bytes = lower(settings.max_length_bytes, limits.max_length_bytes);
     settings.message_ttl_ms = lower(settings.message_ttl_ms, limits.message_ttl_ms);
     settings.delivery_limit = lower(settings.delivery_limit, limits.delivery_limit);
+    settings.expires_ms = lower(settings.expires_ms, limits.expires_ms);
     for (key, value) in &operator.definition {
         let stricter = match (merged.definition.get(key).and_then(Value::as_u64), value.as_u64()) {
             (Some(mine), Some(theirs)) => Value::from(mine.min(theirs)),
@@ -316,6 +318,14 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
                     Some(key.ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "dead letter routing key"))?.to_string())
             }
             "message-ttl" => settings.message_ttl_ms = Some(non_negative()?),
+            "expires" => {
+                settings.expires_ms = Some(
+                    value
+                        .as_u64()
+                        .filter(|expires| *expires >= 1)
+                        .ok_or(PolicyError::BadValue(key.clone(), "must be a positive integer"))?,
+                )
+            }
             "overflow" => {
                 let overflow = value.as_str().and_then(Overflow::from_name);
                 settings.overflow = Some(overflow.ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "overflow value"))?);

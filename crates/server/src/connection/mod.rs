@@ -652,6 +652,7 @@ fn server_properties() -> FieldTable {
         "consumer_priorities",
         "authentication_failure_close",
         "per_consumer_qos",
+        "direct_reply_to",
     ] {
         capabilities.insert(capability, FieldValue::Bool(true));
     }

@@ -79,8 +79,14 @@ fn the_source_is_settled_only_once_the_target_holds_the_dead_letter() {
     let (journal, _) = Journal::open_in(journal_file_system.shared(), &journal_directory).expect("journal");
     let syncer = Syncer::start(SyncPolicy::Always, Some(journal));
     let (sender, receiver) = channel();
-    let storage =
-        ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: true, syncer: &syncer, dead_letters: Some(&sender) };
+    let storage = ClassicStorage {
+        data_dir: &data_dir.0,
+        segment_bytes_max: 1 << 20,
+        journaled: true,
+        syncer: &syncer,
+        dead_letters: Some(&sender),
+        expiry_timers: &Arc::default(),
+    };
     // Every message expires at once into "target", through the default exchange.
     let source_definition = definition("source", &[("x-dead-letter-exchange", ""), ("x-dead-letter-routing-key", "target")], Some(0));
     let source = storage.create(&source_definition, "/").expect("create");

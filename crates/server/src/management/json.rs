@@ -222,6 +222,7 @@ pub fn queue_json(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &st
         "operator_policy": queue.policy.as_ref().and_then(|policy| policy.operator_policy.as_deref()),
         "effective_policy_definition": queue.policy.as_ref().map(|policy| Value::Object(policy.definition.clone())).unwrap_or_else(|| json!({})),
         "exclusive_consumer_tag": null,
+        "single_active_consumer_tag": snapshot.single_active_consumer_tag,
         "consumers": snapshot.consumers,
         "consumer_utilisation": null,
         "messages": messages,
@@ -326,8 +327,8 @@ pub fn consumer_json(
         "prefetch_count": view.prefetch,
         "exclusive": view.exclusive,
         "arguments": if view.priority != 0 { json!({"x-priority": view.priority}) } else { json!({}) },
-        "active": true,
-        "activity_status": "up",
+        "active": view.active,
+        "activity_status": view.activity_status,
     })
 }
 

@@ -736,7 +736,8 @@ pub(super) async fn vhost_queues(State(api): State<Api>, Path(vhost): Path<Strin
 pub(super) async fn queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
     let queue = find_queue(&api, &vhost, &name)?;
     let mut answer = json::queue_json(&queue, &api.rates.queue(&vhost, &name), &api.node);
-    // RabbitMQ's single-queue answer lists the queue's consumers as /api/consumers shows them.
+    // RabbitMQ's single-queue answer lists the queue's consumers as /api/consumers shows them
+    // (which is active, with x-single-active-consumer).
     let consumer_details: Vec<Value> = consumer_list(&api, Some(&vhost))
         .into_iter()
         .filter(|consumer| consumer.pointer("/queue/name").and_then(Value::as_str) == Some(name.as_str()))

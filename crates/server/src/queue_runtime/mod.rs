@@ -19,9 +19,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use storage::syncer::SharedLog;
 
+mod expiry;
 mod paging;
 mod perform;
 
+pub use expiry::{ExpiryCheck, ExpiryClock};
 pub use paging::{Pager, GET_PAGE_IN_ROUNDS_MAX};
 pub use queue_core::QueueStats;
 
@@ -65,6 +67,8 @@ struct QueueInner {
     /// Dead letters not yet handed to the dead-letter worker (only while its backlog is full do
     /// they stay past the command that made them).
     dead_letters: Vec<DeadLetter>,
+    /// x-expires: the last use, and when the queue is deleted unused.
+    expiry: ExpiryClock,
 }
 
 /// A queue's effective limits: its arguments merged with the policy that applies to it, the way
@@ -163,6 +167,10 @@ pub struct ConsumerView {
     pub priority: i64,
     /// Whether it consumes exclusively.
     pub exclusive: bool,
+    /// Whether it gets messages: false for the waiting consumers of a single-active-consumer queue.
+    pub active: bool,
+    /// RabbitMQ's `activity_status`: "up", or "single_active" / "waiting" with x-single-active-consumer.
+    pub activity_status: &'static str,
 }
 
 /// A queue's state for listings (management API, metrics).
@@ -178,6 +186,8 @@ pub struct QueueSnapshot {
     pub consumers: u32,
     /// Totals.
     pub stats: QueueStats,
+    /// With x-single-active-consumer, the tag of the consumer getting the messages.
+    pub single_active_consumer_tag: Option<String>,
 }
 
 /// What happened to a published message at one queue.
@@ -227,6 +237,7 @@ impl QueueRuntime {
         messages: QueueState,
         pager: Option<Pager>,
         dead_letter_sender: Option<DeadLetterSender>,
+        expiry: ExpiryClock,
     ) -> Arc<QueueRuntime> {
         let limits = QueueLimits::new(&definition.arguments, None);
         let window = log.is_some().then_some(paging::WINDOW);
@@ -238,13 +249,15 @@ impl QueueRuntime {
             dead_letter_sender,
             dead_letter_source,
             inner: Mutex::new(QueueInner {
-                core: QueueCore::new(messages, limits.core_limits(), window),
+                core: QueueCore::new(messages, limits.core_limits(), window)
+                    .with_single_active_consumer(single_active_consumer(&definition.arguments)),
                 consumers: Vec::new(),
                 next_consumer_id: 0,
                 pager,
                 limits,
                 effects: Vec::new(),
                 dead_letters: Vec::new(),
+                expiry,
             }),
             definition,
             vhost: vhost.to_string(),
@@ -311,12 +324,44 @@ impl QueueRuntime {
     /// Applies the policy that now matches the queue (or none). A lower length limit drops the
     /// oldest messages at once when the overflow is drop-head, as RabbitMQ does; a new TTL applies
     /// to messages enqueued from now on.
-    pub fn apply_policy(&self, policy: Option<Arc<Policy>>) {
+    pub fn apply_policy(self: &Arc<Self>, policy: Option<Arc<Policy>>) {
         let mut inner = self.inner.lock();
+        let policy_expires_ms = policy.as_ref().and_then(|policy| policy.queue_settings.expires_ms);
         inner.limits = QueueLimits::new(&self.definition.arguments, policy);
         self.dead_lettering.store(inner.limits.dead_letter.is_some(), Ordering::Release);
         let limits = inner.limits.core_limits();
         self.run(&mut inner, || Command::SetLimits(limits), perform::Context::default());
+        inner.expiry.set_policy_ms(policy_expires_ms);
+        if inner.consumers.is_empty() {
+            inner.expiry.schedule_deadline(Arc::downgrade(self));
+        }
+    }
+
+    /// Starts the x-expires clock of a queue just declared or recovered: an idle queue expires
+    /// from its last use (now, or for a recovered durable queue the use it stored).
+    pub fn start_expiry_clock(self: &Arc<Self>, recovered: bool) {
+        let mut inner = self.inner.lock();
+        let now_ms = now_ms();
+        if recovered {
+            inner.expiry.recover_last_use(now_ms);
+            inner.expiry.schedule_deadline(Arc::downgrade(self));
+        } else {
+            inner.expiry.idle(now_ms, Arc::downgrade(self));
+        }
+    }
+
+    /// A redeclare (also passive, as RabbitMQ counts it) renews the queue's x-expires lease.
+    pub fn mark_used(&self) {
+        let mut inner = self.inner.lock();
+        let idle = inner.consumers.is_empty();
+        inner.expiry.used(now_ms(), idle);
+    }
+
+    /// What the expiry task finds: expired, used since, or in use.
+    pub fn check_expiry(&self, now_ms: u64) -> ExpiryCheck {
+        let mut inner = self.inner.lock();
+        let idle = inner.consumers.is_empty();
+        inner.expiry.check(now_ms, idle)
     }
 
     /// The name of the policy that applies to the queue, and its definition.
@@ -327,6 +372,8 @@ impl QueueRuntime {
     /// basic.get: the first ready message, tracked on `ledger` unless `no_ack`.
     pub fn get(self: &Arc<Self>, channel: &crate::shared::ChannelShared, no_ack: bool) -> GetAnswer {
         let mut inner = self.inner.lock();
+        let idle = inner.consumers.is_empty();
+        inner.expiry.used(now_ms(), idle);
         let outcome = self.run(&mut inner, || Command::Get { no_ack }, perform::Context::getting(self, channel));
         match (outcome.reply, outcome.got) {
             (Reply::Got { message_count }, Some((delivery_tag, redelivered, message))) => {
@@ -376,6 +423,9 @@ impl QueueRuntime {
         if self.run(&mut inner, add, perform::Context::default()).reply == Reply::ExclusiveInUse {
             return Err(AmqpError::access_refused(format!("queue '{}' in vhost '{}' in exclusive use", self.name(), self.vhost)));
         }
+        if inner.consumers.is_empty() {
+            inner.expiry.consumed();
+        }
         inner.consumers.push((id, consumer));
         accepted();
         self.dispatch_locked(&mut inner);
@@ -384,7 +434,8 @@ impl QueueRuntime {
 
     /// Drops consumers whose channel went away under a delivery; their channel's cleanup cancels
     /// them for good later (and then finds them gone).
-    fn forget_cancelled_consumers(&self, inner: &mut QueueInner) {
+    fn forget_cancelled_consumers(self: &Arc<Self>, inner: &mut QueueInner) {
+        let had_consumers = !inner.consumers.is_empty();
         let mut index = 0;
         while index < inner.consumers.len() {
             let (id, consumer) = &inner.consumers[index];
@@ -396,16 +447,27 @@ impl QueueRuntime {
                 index += 1;
             }
         }
+        if had_consumers && inner.consumers.is_empty() {
+            inner.expiry.idle(now_ms(), Arc::downgrade(self));
+        }
     }
 
-    /// Removes a consumer (cancel, channel or connection close).
-    pub fn remove_consumer(&self, consumer: &Arc<ConsumerHandle>) -> ConsumerRemoval {
+    /// Removes a consumer (cancel, channel or connection close). When it was a single active
+    /// consumer, the next one in subscription order takes over at once.
+    pub fn remove_consumer(self: &Arc<Self>, consumer: &Arc<ConsumerHandle>) -> ConsumerRemoval {
         let mut inner = self.inner.lock();
         let Some(index) = inner.consumers.iter().position(|(_, existing)| Arc::ptr_eq(existing, consumer)) else {
             return ConsumerRemoval::NotFound;
         };
         let (id, _) = inner.consumers.remove(index);
+        let was_active = inner.core.single_active_consumer() == Some(id);
         self.run(&mut inner, || Command::CancelConsumer { consumer: id }, perform::Context::default());
+        if was_active {
+            self.dispatch_locked(&mut inner);
+        }
+        if inner.consumers.is_empty() {
+            inner.expiry.idle(now_ms(), Arc::downgrade(self));
+        }
         if inner.consumers.is_empty() && self.definition.auto_delete {
             ConsumerRemoval::DeleteQueue
         } else {
@@ -433,6 +495,7 @@ impl QueueRuntime {
             unacked: messages.unacked_count() as u64,
             consumers,
             stats: inner.core.stats(),
+            single_active_consumer_tag: active_consumer(&inner).map(|consumer| consumer.tag.to_string_lossy()),
         }
     }
 
@@ -440,12 +503,22 @@ impl QueueRuntime {
     pub fn consumer_views(&self) -> Vec<ConsumerView> {
         let inner = self.inner.lock();
         let exclusive = inner.core.has_exclusive_consumer();
+        let single_active = inner.core.is_single_active_consumer();
+        let active_id = inner.core.single_active_consumer();
         inner
             .consumers
             .iter()
-            .map(|(_, consumer)| consumer)
-            .filter(|consumer| !consumer.cancelled.load(Ordering::Acquire))
-            .map(|consumer| ConsumerView {
+            .filter(|(_, consumer)| !consumer.cancelled.load(Ordering::Acquire))
+            .map(|(id, consumer)| {
+                let active = !single_active || active_id == Some(*id);
+                let activity_status = match (single_active, active) {
+                    (false, _) => "up",
+                    (true, true) => "single_active",
+                    (true, false) => "waiting",
+                };
+                (consumer, active, activity_status)
+            })
+            .map(|(consumer, active, activity_status)| ConsumerView {
                 tag: consumer.tag.to_string_lossy(),
                 channel: consumer.channel.id,
                 connection_id: consumer.channel.connection.id,
@@ -453,6 +526,8 @@ impl QueueRuntime {
                 prefetch: consumer.prefetch,
                 priority: consumer.priority,
                 exclusive,
+                active,
+                activity_status,
             })
             .collect()
     }
@@ -476,6 +551,7 @@ impl QueueRuntime {
         // A page-in still out finds the queue deleted and is discarded.
         inner.core = QueueCore::new(QueueState::new(0), inner.limits.core_limits(), window);
         inner.pager = None;
+        inner.expiry.remove_file();
         if let Some(log) = &self.log {
             if let Err(error) = log.lock().delete() {
                 tracing::error!(%error, "deleting a queue log failed");
@@ -522,6 +598,19 @@ impl QueueRuntime {
     }
 }
 
+/// Whether the declaration asks for a single active consumer (a bool, as RabbitMQ requires).
+fn single_active_consumer(arguments: &amqp_codec::FieldTable) -> bool {
+    matches!(arguments.get("x-single-active-consumer"), Some(amqp_codec::FieldValue::Bool(true)))
+}
+
+/// With x-single-active-consumer, the consumer getting the messages, unless it was cancelled under
+/// a delivery and waits for its channel's cleanup.
+fn active_consumer(inner: &QueueInner) -> Option<&Arc<ConsumerHandle>> {
+    let active_id = inner.core.single_active_consumer()?;
+    let (_, consumer) = inner.consumers.iter().find(|(id, _)| *id == active_id)?;
+    (!consumer.cancelled.load(Ordering::Acquire)).then_some(consumer)
+}
+
 /// The message's own TTL (its expiration property), in milliseconds.
 fn own_ttl_ms(message: &Message) -> Option<u64> {
     if !message.header.has_expiration() {
@@ -535,6 +624,7 @@ fn own_ttl_ms(message: &Message) -> Option<u64> {
         .and_then(|text| text.to_string_lossy().parse::<u64>().ok())
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_millis() as u64).unwrap_or(0)
 }

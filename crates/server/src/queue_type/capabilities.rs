@@ -59,8 +59,7 @@ pub const GATED_QUEUE_ARGUMENTS: &[&str] = &[
 const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
     queue_type: QueueType::Classic,
     implemented: true,
-    // RabbitMQ's classic queues also take x-expires, x-max-priority and
-    // x-single-active-consumer; Lepus does not implement them yet.
+    // RabbitMQ's classic queues also take x-max-priority; Lepus does not implement it yet.
     accepted_arguments: &[
         "x-queue-type",
         "x-max-length",
@@ -71,6 +70,8 @@ const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
         "x-dead-letter-routing-key",
         // A Lepus extension: RabbitMQ 3.10.8 refuses it on classic queues (406).
         "x-delivery-limit",
+        "x-expires",
+        "x-single-active-consumer",
     ],
     exclusive: true,
     non_durable: true,

@@ -3,7 +3,8 @@
 
 use super::{ConfirmTicket, PublishOutcome, Queue};
 use crate::dead_letter::DeadLetterSender;
-use crate::queue_runtime::{Enqueued, Pager, QueueRuntime};
+use crate::queue_expiry::ExpiryTimers;
+use crate::queue_runtime::{now_ms, Enqueued, ExpiryClock, Pager, QueueRuntime};
 use amqp_codec::ShortStr;
 use broker_core::queue::QueueState;
 use broker_core::vhost::QueueDefinition;
@@ -27,6 +28,8 @@ pub struct ClassicStorage<'a> {
     pub syncer: &'a Syncer,
     /// Where queues hand their dead letters over (none: they drop them, in tests).
     pub dead_letters: Option<&'a DeadLetterSender>,
+    /// Where queues with x-expires wait to be deleted.
+    pub expiry_timers: &'a Arc<ExpiryTimers>,
 }
 
 /// Why a classic queue's log could not be made or recovered.
@@ -34,13 +37,25 @@ pub struct ClassicStorage<'a> {
 #[error(transparent)]
 pub struct ClassicStorageError(#[from] StorageError);
 
-/// Where a queue's log lives: its vhost and name, hex-encoded, so any name is a valid file name.
-fn queue_log_path(data_dir: &Path, vhost: &str, name: &ShortStr) -> PathBuf {
+/// A queue's vhost and name, hex-encoded, so any name is a valid file name.
+fn queue_file_name(vhost: &str, name: &ShortStr) -> String {
     let mut key: Vec<u8> = vhost.as_bytes().to_vec();
     key.push(0);
     key.extend_from_slice(name.as_bytes());
-    let hex: String = key.iter().map(|byte| format!("{byte:02x}")).collect();
-    data_dir.join("queues").join(hex)
+    key.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Where a queue's log lives.
+fn queue_log_path(data_dir: &Path, vhost: &str, name: &ShortStr) -> PathBuf {
+    data_dir.join("queues").join(queue_file_name(vhost, name))
+}
+
+/// The directory where durable queues with x-expires keep their last use (made at start).
+pub const EXPIRY_DIRECTORY: &str = "queue-expiry";
+
+/// The x-expires argument, in milliseconds (checked positive at declaration).
+fn expires_argument_ms(definition: &QueueDefinition) -> Option<u64> {
+    definition.arguments.get("x-expires").and_then(|value| value.as_i64()).filter(|expires| *expires > 0).map(|expires| expires as u64)
 }
 
 impl ClassicStorage<'_> {
@@ -55,9 +70,20 @@ impl ClassicStorage<'_> {
         Ok((log, recovery))
     }
 
+    /// A queue's x-expires clock; a durable queue with an expiry keeps its last use on disk.
+    fn expiry_clock(&self, definition: &QueueDefinition, vhost: &str, durable: bool) -> ExpiryClock {
+        let argument_ms = expires_argument_ms(definition);
+        let file = durable.then(|| self.data_dir.join(EXPIRY_DIRECTORY).join(queue_file_name(vhost, &definition.name)));
+        ExpiryClock::new(self.expiry_timers.clone(), file, argument_ms, now_ms())
+    }
+
     /// Makes a newly declared classic queue; a durable, non-exclusive one gets an empty log.
     pub fn create(&self, definition: &QueueDefinition, vhost: &str) -> Result<Queue, ClassicStorageError> {
-        let log = if definition.durable && definition.exclusive_owner.is_none() {
+        let durable = definition.durable && definition.exclusive_owner.is_none();
+        let expiry = self.expiry_clock(definition, vhost, durable);
+        // A new queue's clock starts now, whatever an older queue of the same name stored.
+        expiry.remove_file();
+        let log = if durable {
             let path = queue_log_path(self.data_dir, vhost, &definition.name);
             // A queue declared anew starts with an empty log, whatever an older queue of the same
             // name left behind.
@@ -66,7 +92,9 @@ impl ClassicStorage<'_> {
         } else {
             None
         };
-        Ok(Queue::Classic(QueueRuntime::new(definition.clone(), vhost, log, QueueState::new(0), None, self.dead_letters.cloned())))
+        let queue = QueueRuntime::new(definition.clone(), vhost, log, QueueState::new(0), None, self.dead_letters.cloned(), expiry);
+        queue.start_expiry_clock(false);
+        Ok(Queue::Classic(queue))
     }
 
     /// Recovers a durable classic queue from its log; returns it and how many messages it holds.
@@ -81,7 +109,9 @@ impl ClassicStorage<'_> {
         // delivered: the pager flags them all, as at-least-once allows.
         let pager = Pager::recovered(&log.lock(), &recovery, clean_shutdown);
         let messages = QueueState::with_paged(recovery.next_position, recovery.live_count);
-        let queue = QueueRuntime::new(definition.clone(), vhost, Some(log), messages, pager, self.dead_letters.cloned());
+        let expiry = self.expiry_clock(definition, vhost, true);
+        let queue = QueueRuntime::new(definition.clone(), vhost, Some(log), messages, pager, self.dead_letters.cloned(), expiry);
+        queue.start_expiry_clock(true);
         Ok((Queue::Classic(queue), recovery.live_count))
     }
 }

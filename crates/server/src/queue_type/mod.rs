@@ -18,7 +18,7 @@ mod classic;
 
 pub use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueSnapshot, GET_PAGE_IN_ROUNDS_MAX};
 pub use capabilities::{capabilities, QueueTypeCapabilities};
-pub use classic::{ClassicStorage, ClassicStorageError};
+pub use classic::{ClassicStorage, ClassicStorageError, EXPIRY_DIRECTORY};
 pub use storage::syncer::{Confirm as PendingConfirm, ConfirmSink};
 
 use crate::policy::Policy;
@@ -250,6 +250,13 @@ impl Queue {
     pub fn cancel(&self, consumer: &Arc<ConsumerHandle>) -> ConsumerRemoval {
         match self {
             Queue::Classic(queue) => queue.remove_consumer(consumer),
+        }
+    }
+
+    /// queue.declare of an existing queue (also passive): renews its x-expires lease.
+    pub fn mark_used(&self) {
+        match self {
+            Queue::Classic(queue) => queue.mark_used(),
         }
     }
 

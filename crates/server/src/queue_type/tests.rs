@@ -69,7 +69,7 @@ fn classic_queues_take_every_property_and_their_implemented_arguments() {
 #[test]
 fn classic_queues_refuse_arguments_lepus_does_not_implement_with_540_and_bad_values_with_406() {
     let classic = capabilities(QueueType::Classic);
-    for argument in ["x-expires", "x-max-priority", "x-single-active-consumer", "x-max-age"] {
+    for argument in ["x-max-priority", "x-max-age"] {
         let declared = definition("q", &[(argument, FieldValue::I32(1))]);
         assert_eq!(
             refusal(classic.check_declare(&declared, VHOST)),
@@ -82,7 +82,7 @@ fn classic_queues_refuse_arguments_lepus_does_not_implement_with_540_and_bad_val
         (406, "PRECONDITION_FAILED - invalid arg 'x-max-length' for queue 'q' in vhost '/': {value_negative,-1}".to_string())
     );
     // In the order the client sent them: a bad value before an unimplemented argument is a 406.
-    let both = definition("q", &[("x-overflow", text("sideways")), ("x-expires", FieldValue::I32(1))]);
+    let both = definition("q", &[("x-overflow", text("sideways")), ("x-max-priority", FieldValue::I32(1))]);
     assert_eq!(
         refusal(classic.check_declare(&both, VHOST)),
         (
@@ -261,8 +261,14 @@ fn a_publish_outcome_carries_the_ticket_its_confirm_waits_for() {
     journal_file_system.create_durable_directory(&data_dir.0);
     let (journal, _) = Journal::open_in(journal_file_system.shared(), &journal_directory).expect("journal");
     let syncer = Syncer::start(SyncPolicy::Always, Some(journal));
-    let storage =
-        ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: true, syncer: &syncer, dead_letters: None };
+    let storage = ClassicStorage {
+        data_dir: &data_dir.0,
+        segment_bytes_max: 1 << 20,
+        journaled: true,
+        syncer: &syncer,
+        dead_letters: None,
+        expiry_timers: &Arc::default(),
+    };
     let durable = storage.create(&definition("durable", &[]), VHOST).expect("create");
     let mut transient_definition = definition("transient", &[]);
     transient_definition.durable = false;
@@ -338,8 +344,14 @@ fn deliveries(receiver: &mut mpsc::UnboundedReceiver<Outbound>) -> Vec<(u64, Byt
 fn deliveries_are_settled_by_the_id_their_queue_gave_them() {
     let data_dir = DataDir::new("settle");
     let syncer = Syncer::start(SyncPolicy::Always, None);
-    let storage =
-        ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: false, syncer: &syncer, dead_letters: None };
+    let storage = ClassicStorage {
+        data_dir: &data_dir.0,
+        segment_bytes_max: 1 << 20,
+        journaled: false,
+        syncer: &syncer,
+        dead_letters: None,
+        expiry_timers: &Arc::default(),
+    };
     let mut transient = definition("q", &[]);
     transient.durable = false;
     let queue = storage.create(&transient, VHOST).expect("create");
@@ -392,8 +404,14 @@ fn deliveries_are_settled_by_the_id_their_queue_gave_them() {
 fn a_queue_that_found_the_writer_full_is_remembered_once_and_not_kept_alive() {
     let data_dir = DataDir::new("stalled");
     let syncer = Syncer::start(SyncPolicy::Always, None);
-    let storage =
-        ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: false, syncer: &syncer, dead_letters: None };
+    let storage = ClassicStorage {
+        data_dir: &data_dir.0,
+        segment_bytes_max: 1 << 20,
+        journaled: false,
+        syncer: &syncer,
+        dead_letters: None,
+        expiry_timers: &Arc::default(),
+    };
     let mut transient = definition("q", &[]);
     transient.durable = false;
     let queue = storage.create(&transient, VHOST).expect("create");
@@ -429,8 +447,14 @@ fn a_queue_that_found_the_writer_full_is_remembered_once_and_not_kept_alive() {
 fn a_message_a_queue_drops_at_once_is_dropped_without_a_log_record() {
     let data_dir = DataDir::new("dropped");
     let syncer = Syncer::start(SyncPolicy::Always, None);
-    let storage =
-        ClassicStorage { data_dir: &data_dir.0, segment_bytes_max: 1 << 20, journaled: false, syncer: &syncer, dead_letters: None };
+    let storage = ClassicStorage {
+        data_dir: &data_dir.0,
+        segment_bytes_max: 1 << 20,
+        journaled: false,
+        syncer: &syncer,
+        dead_letters: None,
+        expiry_timers: &Arc::default(),
+    };
     // x-max-length 0 with the default overflow, drop-head: RabbitMQ acks the confirm and returns
     // nothing (the message was routed), and keeps nothing.
     let zero_length = storage.create(&definition("zero", &[("x-max-length", FieldValue::I32(0))]), VHOST).expect("create");

@@ -30,6 +30,9 @@ impl Channel {
         if self.consumers.len() >= consumers_max && !self.consumers.contains_key(&consume.consumer_tag) {
             return Err(AmqpError::not_allowed(format!("reached maximum ({consumers_max}) of consumers per channel")));
         }
+        if consume.queue.as_bytes() == crate::direct_reply::REPLY_TO_QUEUE.as_bytes() {
+            return self.consume_replies(context, consume);
+        }
         let name = self.queue_name(&consume.queue)?;
         context.check(crate::auth::Access::Read, "queue", name.as_bytes())?;
         let queue = self.require_queue(context, &name)?;
@@ -68,6 +71,23 @@ impl Channel {
         })?;
         self.consumers.insert(tag, (consumer, queue));
         self.shared.consumer_count.store(self.consumers.len() as u32, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// basic.consume on `amq.rabbitmq.reply-to` (direct reply-to): no-ack only, once per channel.
+    fn consume_replies(&mut self, context: &Context, consume: amqp_codec::BasicConsume) -> Result<(), AmqpError> {
+        if !consume.no_ack {
+            return Err(crate::direct_reply::acknowledging_consumer_refused());
+        }
+        if self.reply_consumer.is_some() {
+            return Err(crate::direct_reply::consumer_already_set());
+        }
+        let tag = if consume.consumer_tag.is_empty() { random_name("amq.ctag-") } else { consume.consumer_tag.clone() };
+        if !consume.nowait {
+            context.reply(self.id(), BasicConsumeOk { consumer_tag: tag.clone() }.into());
+        }
+        let token = context.broker.reply_consumers.register(&self.shared, tag.clone());
+        self.reply_consumer = Some((token, tag));
         Ok(())
     }
 

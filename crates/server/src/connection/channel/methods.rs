@@ -78,6 +78,11 @@ impl Channel {
             }
             Method::BasicConsume(consume) => self.consume(context, consume)?,
             Method::BasicCancel(cancel) => {
+                if self.reply_consumer.as_ref().is_some_and(|(_, tag)| *tag == cancel.consumer_tag) {
+                    if let Some((token, _)) = self.reply_consumer.take() {
+                        context.broker.reply_consumers.unregister(&token);
+                    }
+                }
                 let removed = self.consumers.remove(&cancel.consumer_tag);
                 self.shared.consumer_count.store(self.consumers.len() as u32, Ordering::Relaxed);
                 if let Some((consumer, queue)) = removed {

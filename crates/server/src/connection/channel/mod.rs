@@ -99,6 +99,9 @@ pub struct Channel {
     /// Deliveries acked in this socket read, taken off the ledger and not yet settled in their
     /// queues (see [`Channel::flush_acks`]).
     pending_acks: Vec<Unacked>,
+    /// Direct reply-to: the token and consumer tag while the channel consumes
+    /// `amq.rabbitmq.reply-to`.
+    reply_consumer: Option<(String, ShortStr)>,
 }
 
 fn random_name(prefix: &str) -> ShortStr {
@@ -125,6 +128,7 @@ impl Channel {
             publish_allowed: None,
             pending_sync: PendingSync::default(),
             pending_acks: Vec::new(),
+            reply_consumer: None,
         }
     }
 
@@ -248,6 +252,9 @@ impl Channel {
             std::mem::take(&mut ledger.unacked)
         };
         self.shared.consumer_count.store(0, Ordering::Relaxed);
+        if let Some((token, _)) = self.reply_consumer.take() {
+            context.broker.reply_consumers.unregister(&token);
+        }
         for (_, (consumer, queue)) in self.consumers.drain() {
             consumer.cancelled.store(true, Ordering::Release);
             if queue.cancel(&consumer) == ConsumerRemoval::DeleteQueue {

@@ -96,6 +96,7 @@ impl Channel {
                 }
             }
         }
+        let header = if header.has_reply_to() { self.direct_reply_to(header)? } else { header };
         let message = Arc::new(Message { exchange: content.exchange, routing_key: content.routing_key, header, body });
         let mut queues: Vec<Queue> = Vec::new();
         {
@@ -157,6 +158,20 @@ impl Channel {
         Ok(())
     }
 
+    /// Direct reply-to: a request whose `reply_to` is `amq.rabbitmq.reply-to` gets the channel's
+    /// reply address instead; a channel not consuming its replies is refused, as in RabbitMQ.
+    fn direct_reply_to(&self, header: ContentHeader) -> Result<ContentHeader, AmqpError> {
+        let Ok(mut properties) = header.properties() else { return Ok(header) };
+        if properties.reply_to.as_ref().is_none_or(|reply_to| reply_to.as_bytes() != crate::direct_reply::REPLY_TO_QUEUE.as_bytes()) {
+            return Ok(header);
+        }
+        let Some((token, _)) = &self.reply_consumer else {
+            return Err(crate::direct_reply::no_reply_consumer());
+        };
+        properties.reply_to = Some(ShortStr::from(format!("{}{token}", crate::direct_reply::REPLY_TO_PREFIX)));
+        Ok(ContentHeader::from_properties(header.class_id, header.body_size, &properties))
+    }
+
     /// Routes a publish into its queues (a transaction's, at commit), adding the confirm tickets
     /// to wait for to `tickets`.
     pub(super) fn route(&self, context: &Context, publish: &Publish, tickets: &mut ConfirmTickets) -> Routed {
@@ -174,6 +189,10 @@ impl Channel {
 /// the tickets its confirm waits for to `tickets`.
 fn enqueue(context: &Context, channel: u16, publish: &Publish, queues: &[Queue], tickets: &mut ConfirmTickets) -> Routed {
     let message = &publish.message;
+    // A reply to a direct reply-to request names no queue; checked only for what routed nowhere.
+    if queues.is_empty() && message.exchange.is_empty() && context.broker.reply_consumers.deliver(message) {
+        return Routed { waits: false, rejected: false };
+    }
     if queues.is_empty() {
         if publish.mandatory {
             context.connection.send(Outbound::Return {
