@@ -15,7 +15,7 @@ use broker_core::vhost::{Overflow, QueueDefinition};
 use broker_core::{AmqpError, Message};
 use parking_lot::Mutex;
 use queue_core::{Command, ConsumerId, Effect, Limits, QueueCore, Reply};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use storage::syncer::SharedLog;
 
@@ -48,6 +48,9 @@ pub struct QueueRuntime {
     dead_letter_sender: Option<DeadLetterSender>,
     /// The queue as its dead letters name it.
     dead_letter_source: Arc<DeadLetterSource>,
+    /// x-consumer-timeout and the `consumer-timeout` policy key, the lower of both (0: none):
+    /// read by channels at each consumer-timeout sample, without the queue's lock.
+    consumer_timeout_ms: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -240,6 +243,7 @@ impl QueueRuntime {
         expiry: ExpiryClock,
     ) -> Arc<QueueRuntime> {
         let limits = QueueLimits::new(&definition.arguments, None);
+        let consumer_timeout_ms = consumer_timeout_argument_ms(&definition.arguments).unwrap_or(0);
         let window = log.is_some().then_some(paging::WINDOW);
         let dead_letter_source = Arc::new(DeadLetterSource { vhost: vhost.to_string(), queue: definition.name.clone(), log: log.clone() });
         Arc::new_cyclic(|self_reference| QueueRuntime {
@@ -263,6 +267,7 @@ impl QueueRuntime {
             vhost: vhost.to_string(),
             log,
             deleted: AtomicBool::new(false),
+            consumer_timeout_ms: AtomicU64::new(consumer_timeout_ms),
         })
     }
 
@@ -327,6 +332,9 @@ impl QueueRuntime {
     pub fn apply_policy(self: &Arc<Self>, policy: Option<Arc<Policy>>) {
         let mut inner = self.inner.lock();
         let policy_expires_ms = policy.as_ref().and_then(|policy| policy.queue_settings.expires_ms);
+        let policy_timeout_ms = policy.as_ref().and_then(|policy| policy.queue_settings.consumer_timeout_ms);
+        let timeout_ms = lower(consumer_timeout_argument_ms(&self.definition.arguments), policy_timeout_ms);
+        self.consumer_timeout_ms.store(timeout_ms.unwrap_or(0), Ordering::Release);
         inner.limits = QueueLimits::new(&self.definition.arguments, policy);
         self.dead_lettering.store(inner.limits.dead_letter.is_some(), Ordering::Release);
         let limits = inner.limits.core_limits();
@@ -362,6 +370,12 @@ impl QueueRuntime {
         let mut inner = self.inner.lock();
         let idle = inner.consumers.is_empty();
         inner.expiry.check(now_ms, idle)
+    }
+
+    /// How long a delivery from this queue may wait for its ack, when the queue says (its
+    /// x-consumer-timeout or policy); otherwise the node's `consumer_timeout` applies.
+    pub fn consumer_timeout_ms(&self) -> Option<u64> {
+        Some(self.consumer_timeout_ms.load(Ordering::Acquire)).filter(|timeout_ms| *timeout_ms > 0)
     }
 
     /// The name of the policy that applies to the queue, and its definition.
@@ -601,6 +615,13 @@ impl QueueRuntime {
 /// Whether the declaration asks for a single active consumer (a bool, as RabbitMQ requires).
 fn single_active_consumer(arguments: &amqp_codec::FieldTable) -> bool {
     matches!(arguments.get("x-single-active-consumer"), Some(amqp_codec::FieldValue::Bool(true)))
+}
+
+/// x-consumer-timeout when it is a positive integer. RabbitMQ 3.10.8 ignores the argument (and
+/// takes any value, measured); later versions honour it, as Lepus does: another value is ignored,
+/// as 3.10.8 ignores it, so a declaration that RabbitMQ takes is never refused.
+fn consumer_timeout_argument_ms(arguments: &amqp_codec::FieldTable) -> Option<u64> {
+    arguments.get("x-consumer-timeout").and_then(|value| value.as_i64()).filter(|timeout| *timeout > 0).map(|timeout| timeout as u64)
 }
 
 /// With x-single-active-consumer, the consumer getting the messages, unless it was cancelled under
