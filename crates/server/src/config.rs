@@ -10,6 +10,21 @@ use std::path::PathBuf;
 /// thousands, not tens of thousands, so this stops only a leak: 65,536 consumers cost ~13 MB.
 pub const CONSUMER_MAX_PER_CHANNEL_DEFAULT: usize = 65_536;
 
+/// RabbitMQ 3.10's default `consumer_timeout`: 30 minutes.
+pub const CONSUMER_TIMEOUT_MS_DEFAULT: u64 = 1_800_000;
+
+/// What happens to a channel whose oldest delivery waits for its ack past `consumer_timeout`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConsumerTimeoutMode {
+    /// RabbitMQ's behaviour: the channel is closed with 406 PRECONDITION_FAILED (its unacked
+    /// messages are requeued).
+    Close,
+    /// Only the consumer holding that delivery is cancelled, with basic.cancel from the broker;
+    /// the channel, its other consumers and its unacked messages (which may still be acked) stay.
+    Cancel,
+}
+
 /// Descriptors the default [`ServerConfig::connection_max`] leaves to everything but client
 /// sockets: the listeners, the management API's and metrics' connections, the journal, the
 /// definitions file and the directories synced.
@@ -78,6 +93,11 @@ pub struct ServerConfig {
     /// The most consumers one channel may hold (RabbitMQ's later `consumer_max_per_channel`;
     /// 3.10 has no such limit).
     pub consumer_max_per_channel: usize,
+    /// How long a delivery may wait for its ack (RabbitMQ's `consumer_timeout`); 0 turns the
+    /// check off.
+    pub consumer_timeout_ms: u64,
+    /// What a timeout does.
+    pub consumer_timeout_mode: ConsumerTimeoutMode,
     /// The heartbeat interval we propose, in seconds (RabbitMQ's default).
     pub heartbeat_interval_s: u16,
     /// The largest message body we accept (RabbitMQ 3.10's default max_message_size).
@@ -112,6 +132,8 @@ impl Default for ServerConfig {
             channels_per_connection_max: 2047,
             connection_max: default_connection_max(descriptor_limit()),
             consumer_max_per_channel: CONSUMER_MAX_PER_CHANNEL_DEFAULT,
+            consumer_timeout_ms: CONSUMER_TIMEOUT_MS_DEFAULT,
+            consumer_timeout_mode: ConsumerTimeoutMode::Close,
             heartbeat_interval_s: 60,
             message_bytes_max: 128 * 1024 * 1024,
             segment_bytes_max: storage::queue_log::SEGMENT_BYTES_MAX_DEFAULT,

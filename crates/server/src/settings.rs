@@ -85,6 +85,12 @@ pub struct ServerArguments {
     /// The most consumers one channel may hold; one more is refused with 530 [default: 65536].
     #[arg(long, env = "LEPUS_CONSUMER_MAX_PER_CHANNEL")]
     consumer_max_per_channel: Option<usize>,
+    /// How long a delivery may wait for its ack, in milliseconds; 0 turns the check off [default: 1800000].
+    #[arg(long, env = "LEPUS_CONSUMER_TIMEOUT_MS")]
+    consumer_timeout_ms: Option<u64>,
+    /// What a consumer timeout does: close the channel (RabbitMQ) or cancel only the consumer [default: close].
+    #[arg(long, env = "LEPUS_CONSUMER_TIMEOUT_MODE", value_enum)]
+    consumer_timeout_mode: Option<crate::config::ConsumerTimeoutMode>,
     /// When messages are fdatasynced [default: always].
     #[arg(long, env = "LEPUS_SYNC", value_enum)]
     sync: Option<SyncMode>,
@@ -115,6 +121,8 @@ struct FileSettings {
     memory_high_watermark_bytes: Option<u64>,
     connection_max: Option<usize>,
     consumer_max_per_channel: Option<usize>,
+    consumer_timeout_ms: Option<u64>,
+    consumer_timeout_mode: Option<crate::config::ConsumerTimeoutMode>,
     sync: Option<SyncMode>,
     sync_interval_ms: Option<u64>,
 }
@@ -167,6 +175,8 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
             .consumer_max_per_channel
             .or(file.consumer_max_per_channel)
             .unwrap_or(defaults.consumer_max_per_channel),
+        consumer_timeout_ms: arguments.consumer_timeout_ms.or(file.consumer_timeout_ms).unwrap_or(defaults.consumer_timeout_ms),
+        consumer_timeout_mode: arguments.consumer_timeout_mode.or(file.consumer_timeout_mode).unwrap_or(defaults.consumer_timeout_mode),
         sync_policy: match sync {
             SyncMode::Always => SyncPolicy::Always,
             SyncMode::Interval => SyncPolicy::Interval { interval_ms: sync_interval_ms },
@@ -198,6 +208,8 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
         memory_high_watermark_bytes: Some(config.memory_high_watermark_bytes),
         connection_max: Some(config.connection_max),
         consumer_max_per_channel: Some(config.consumer_max_per_channel),
+        consumer_timeout_ms: Some(config.consumer_timeout_ms),
+        consumer_timeout_mode: Some(config.consumer_timeout_mode),
         sync: Some(sync),
         sync_interval_ms: Some(sync_interval_ms),
     };

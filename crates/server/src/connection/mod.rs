@@ -112,6 +112,7 @@ pub async fn serve<S: ClientStream>(broker: Arc<Broker>, stream: S, peer: Socket
         channels_with_pending_syncs: Vec::new(),
         blocked_notify: false,
         close_wait: Duration::from_secs(CLOSE_OK_TIMEOUT_S),
+        consumer_timeout_tick: consumer_timeout_tick(broker.config.consumer_timeout_ms),
     };
     tracing::debug!(%peer, id = shared.id, tls = shared.tls.as_ref().map_or("no", |tls| tls.protocol), "connection accepted");
     connection.send_start();
@@ -152,6 +153,8 @@ struct Connection {
     blocked_notify: bool,
     /// How long to wait for the client once the connection is closing.
     close_wait: Duration,
+    /// When the channels next look for deliveries unacked past `consumer_timeout`.
+    consumer_timeout_tick: tokio::time::Interval,
 }
 
 /// Why the read loop ended.
@@ -217,6 +220,7 @@ impl Connection {
             self.wait_out_resource_alarms().await;
             let broker = self.context.broker.clone();
             let alarm_raised = broker.disk_alarm_raised.notified();
+            let consumer_timeout_on = broker.config.consumer_timeout_ms != 0;
             let read = tokio::select! {
                 read = tokio::time::timeout(timeout, self.reader.read_buf(&mut self.buffer)) => read,
                 _ = self.context.connection.force_close.notified() => {
@@ -225,6 +229,13 @@ impl Connection {
                 }
                 // A publisher learns of a disk alarm at once, not at its next frame.
                 _ = alarm_raised, if self.context.connection.has_published.load(Ordering::Acquire) => continue,
+                _ = self.consumer_timeout_tick.tick(), if consumer_timeout_on && !self.channels.is_empty() => {
+                    let now = std::time::Instant::now();
+                    for channel in self.channels.values_mut() {
+                        channel.check_consumer_timeout(&mut self.context, now);
+                    }
+                    continue;
+                }
             };
             match read {
                 Ok(Ok(0)) => return Err(EndReason::Eof),
@@ -610,6 +621,14 @@ impl Connection {
             self.context.broker.remove_exclusive_queue(&self.context.vhost, &name, owner);
         }
     }
+}
+
+/// The connection's consumer-timeout sampling clock (see `channel/consumer_timeout.rs`).
+fn consumer_timeout_tick(consumer_timeout_ms: u64) -> tokio::time::Interval {
+    let period = channel::consumer_timeout_tick_interval(consumer_timeout_ms);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
 }
 
 fn server_properties() -> FieldTable {

@@ -4,7 +4,10 @@
 
 use super::context::Context;
 
+mod consumer_timeout;
 mod delivery;
+
+pub use consumer_timeout::tick_interval as consumer_timeout_tick_interval;
 mod methods;
 mod publish;
 
@@ -100,6 +103,8 @@ pub struct Channel {
     /// Direct reply-to: the token and consumer tag while the channel consumes
     /// `amq.rabbitmq.reply-to`.
     reply_consumer: Option<(String, ShortStr)>,
+    /// consumer_timeout: the oldest unacked delivery and when it was first seen.
+    timeout_watch: consumer_timeout::TimeoutWatch,
 }
 
 fn random_name(prefix: &str) -> ShortStr {
@@ -127,6 +132,7 @@ impl Channel {
             pending_sync: PendingSync::default(),
             pending_acks: Vec::new(),
             reply_consumer: None,
+            timeout_watch: Default::default(),
         }
     }
 

@@ -1,0 +1,103 @@
+//! `consumer_timeout`: a delivery left unacked too long. RabbitMQ closes the channel with 406; with
+//! `consumer_timeout_mode = cancel` Lepus cancels only the consumer that holds it.
+//!
+//! Sampled, so deliveries and acks pay nothing: at each tick of its connection the channel notes
+//! the tag of its oldest unacked delivery (the lowest tag) and when it first saw it there; a later
+//! tick that finds the same tag still oldest `consumer_timeout` after that has found a timeout. The
+//! delivery happened at most one tick before it was first seen, so a timeout fires between the
+//! timeout and the timeout plus one tick (RabbitMQ 3.10.8 checks once a minute: measured, a
+//! 2 s timeout closed the channel after 60 s).
+
+use super::Channel;
+use crate::config::ConsumerTimeoutMode;
+use crate::connection::context::Context;
+use crate::queue_type::ConsumerRemoval;
+use amqp_codec::{encode_method_frame, BasicCancel, Method};
+use broker_core::AmqpError;
+use bytes::BytesMut;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// The oldest unacked delivery a channel watches, and when it first saw it.
+#[derive(Debug, Default)]
+pub(super) struct TimeoutWatch {
+    oldest: Option<(u64, Instant)>,
+    /// Deliveries up to this tag already timed out (cancel mode): they may still be acked.
+    timed_out_up_to: u64,
+}
+
+/// How often a connection samples its channels: often enough for short timeouts (tests, eager
+/// operators), and at most once a second.
+pub fn tick_interval(consumer_timeout_ms: u64) -> Duration {
+    Duration::from_millis((consumer_timeout_ms / 4).clamp(1000, 60_000))
+}
+
+/// RabbitMQ 3.10.8's text for a channel closed by the timeout.
+fn timed_out(channel: u16, consumer_timeout_ms: u64) -> AmqpError {
+    AmqpError::precondition(format!(
+        "delivery acknowledgement on channel {channel} timed out. Timeout value used: {consumer_timeout_ms} ms. \
+         This timeout value can be configured, see consumers doc guide to learn more"
+    ))
+}
+
+impl Channel {
+    /// Samples the oldest unacked delivery; acts on a timeout (see the module comment).
+    pub fn check_consumer_timeout(&mut self, context: &mut Context, now: Instant) {
+        let consumer_timeout_ms = context.broker.config.consumer_timeout_ms;
+        if consumer_timeout_ms == 0 || self.closing {
+            return;
+        }
+        let oldest = {
+            let ledger = self.shared.ledger.lock();
+            let first_live = self.timeout_watch.timed_out_up_to + 1;
+            ledger.unacked.range(first_live..).next().map(|(tag, unacked)| (*tag, unacked.consumer.clone()))
+        };
+        let Some((tag, consumer)) = oldest else {
+            self.timeout_watch.oldest = None;
+            return;
+        };
+        match self.timeout_watch.oldest {
+            Some((watched, since)) if watched == tag => {
+                if now.duration_since(since) < Duration::from_millis(consumer_timeout_ms) {
+                    return;
+                }
+            }
+            _ => {
+                self.timeout_watch.oldest = Some((tag, now));
+                return;
+            }
+        }
+        self.timeout_watch.oldest = None;
+        match context.broker.config.consumer_timeout_mode {
+            ConsumerTimeoutMode::Close => {
+                let error = timed_out(self.id(), consumer_timeout_ms);
+                tracing::info!(channel = self.id(), "closing a channel: a delivery was not acknowledged within consumer_timeout");
+                self.fail(context, &error);
+            }
+            ConsumerTimeoutMode::Cancel => {
+                self.timeout_watch.timed_out_up_to = tag;
+                if let Some(consumer) = consumer {
+                    self.cancel_timed_out(context, &consumer);
+                }
+            }
+        }
+    }
+
+    /// Cancels a consumer whose delivery timed out, telling its client with basic.cancel when it
+    /// understands one (consumer_cancel_notify), as when its queue is deleted.
+    fn cancel_timed_out(&mut self, context: &mut Context, consumer: &std::sync::Arc<crate::shared::ConsumerHandle>) {
+        let Some((handle, queue)) = self.consumers.remove(&consumer.tag) else { return };
+        self.shared.consumer_count.store(self.consumers.len() as u32, Ordering::Relaxed);
+        handle.cancelled.store(true, Ordering::Release);
+        tracing::info!(channel = self.id(), consumer = %handle.tag, "cancelling a consumer: a delivery was not acknowledged within consumer_timeout");
+        if queue.cancel(&handle) == ConsumerRemoval::DeleteQueue {
+            context.broker.remove_queue(&context.vhost, queue.name());
+        }
+        if context.connection.consumer_cancel_notify.load(Ordering::Acquire) {
+            let mut frames = BytesMut::new();
+            let cancel = Method::BasicCancel(BasicCancel { consumer_tag: handle.tag.clone(), nowait: true });
+            encode_method_frame(&mut frames, self.id(), &cancel);
+            context.connection.send(crate::shared::Outbound::Frames(frames.freeze()));
+        }
+    }
+}

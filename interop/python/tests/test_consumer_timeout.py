@@ -1,0 +1,152 @@
+"""consumer_timeout through pika. RabbitMQ 3.10.8 (measured with consumer_timeout = 2000 ms)
+closes the channel of a delivery left unacked too long with 406 and this text, and requeues its
+messages; it checks once a minute, so the close came 60 s after the delivery. Lepus does the same
+by default (checked every quarter of the timeout, at least every second), and with
+`consumer_timeout_mode = cancel` cancels only the consumer holding the delivery (Lepus-only).
+
+Against RabbitMQ the timeout is set on the node with `rabbitmqctl eval` ($RABBITMQCTL) and put back
+afterwards; against Lepus each test starts its own broker ($LEPUS_BIN) with the setting.
+"""
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import broker_is_lepus, connect, safe_close, unique, wait_until
+
+CONSUMER_TIMEOUT_MS = 2000
+TIMEOUT_TEXT = ("PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out. Timeout value used: %d ms. "
+                "This timeout value can be configured, see consumers doc guide to learn more" % CONSUMER_TIMEOUT_MS)
+
+
+def rabbitmq_set_consumer_timeout(milliseconds):
+    command = os.environ.get("RABBITMQCTL")
+    if not command:
+        pytest.fail("set RABBITMQCTL to reach the RabbitMQ node (the test sets its consumer_timeout)")
+    subprocess.run(shlex.split(command) + ["eval", "application:set_env(rabbit, consumer_timeout, %d)." % milliseconds],
+                   check=True, capture_output=True, timeout=60)
+
+
+def start_lepus(tmp_path, *flags):
+    from test_lifecycle import LepusBroker
+
+    class ConfiguredBroker(LepusBroker):
+        def extra_port_args(self):
+            return super().extra_port_args() + list(flags)
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(exist_ok=True)
+    broker = ConfiguredBroker(os.environ["LEPUS_BIN"], data_dir, tmp_path)
+    broker.start()
+    return broker
+
+
+@pytest.fixture
+def timeout_broker_url(tmp_path):
+    """The broker under test with consumer_timeout = 2 s, RabbitMQ's close mode."""
+    if broker_is_lepus():
+        if not os.environ.get("LEPUS_BIN"):
+            pytest.fail("the broker is Lepus: set LEPUS_BIN so the test can start one with --consumer-timeout-ms")
+        broker = start_lepus(tmp_path, "--consumer-timeout-ms", str(CONSUMER_TIMEOUT_MS))
+        try:
+            yield broker.url
+        finally:
+            broker.stop(signal.SIGTERM)
+    else:
+        rabbitmq_set_consumer_timeout(CONSUMER_TIMEOUT_MS)
+        try:
+            yield os.environ["AMQP_URL"]
+        finally:
+            rabbitmq_set_consumer_timeout(1800000)
+
+
+@pytest.mark.timeout(150)
+def test_an_unacked_delivery_closes_its_channel_with_406_and_is_requeued(timeout_broker_url):
+    conn = connect(timeout_broker_url)
+    try:
+        channel = conn.channel()
+        closed = []
+        channel._impl.add_on_close_callback(lambda _channel, reason: closed.append(reason))
+        queue = unique("consumer-timeout")
+        channel.queue_declare(queue)
+        channel.basic_publish("", queue, b"slow")
+        got = []
+        channel.basic_consume(queue, lambda _channel, method, properties, body: got.append(time.monotonic()))
+        # RabbitMQ checks once a minute.
+        wait_until(lambda: closed, timeout=100, conn=conn)
+        assert got, "the message was never delivered"
+        assert closed, "the channel was not closed within 100 s"
+        reason = closed[0]
+        assert (reason.reply_code, reason.reply_text) == (406, TIMEOUT_TEXT)
+        assert time.monotonic() - got[0] >= CONSUMER_TIMEOUT_MS / 1000.0 * 0.95, "closed before the timeout"
+        other = conn.channel()
+        wait_until(lambda: other.queue_declare(queue, passive=True).method.message_count == 1, timeout=5)
+        assert other.queue_declare(queue, passive=True).method.message_count == 1, "the message was not requeued"
+        other.queue_delete(queue)
+    finally:
+        safe_close(conn)
+
+
+@pytest.mark.lepus_only
+def test_acks_in_time_keep_the_channel_open(tmp_path):
+    broker = start_lepus(tmp_path, "--consumer-timeout-ms", str(CONSUMER_TIMEOUT_MS))
+    conn = broker.connect()
+    try:
+        channel = conn.channel()
+        queue = unique("consumer-timeout-ok")
+        channel.queue_declare(queue)
+        channel.basic_qos(prefetch_count=1)
+        acked = []
+
+        def on_message(ch, method, properties, body):
+            acked.append(body)
+            ch.basic_ack(method.delivery_tag)
+
+        channel.basic_consume(queue, on_message)
+        end = time.monotonic() + 3 * CONSUMER_TIMEOUT_MS / 1000.0
+        while time.monotonic() < end:
+            channel.basic_publish("", queue, b"quick")
+            conn.process_data_events(time_limit=0.3)
+        assert channel.is_open and len(acked) > 5
+    finally:
+        safe_close(conn)
+        broker.stop(signal.SIGTERM)
+
+
+@pytest.mark.lepus_only
+def test_cancel_mode_cancels_only_the_consumer_holding_the_late_delivery(tmp_path):
+    broker = start_lepus(tmp_path, "--consumer-timeout-ms", str(CONSUMER_TIMEOUT_MS), "--consumer-timeout-mode", "cancel")
+    conn = broker.connect()
+    try:
+        channel = conn.channel()
+        slow_queue, quick_queue = unique("consumer-timeout-slow"), unique("consumer-timeout-quick")
+        channel.queue_declare(slow_queue)
+        channel.queue_declare(quick_queue)
+        slow_deliveries, quick_bodies, cancelled = [], [], []
+        channel.basic_publish("", slow_queue, b"slow")
+        slow_tag = channel.basic_consume(slow_queue, lambda ch, method, properties, body: slow_deliveries.append(method.delivery_tag))
+        channel.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+
+        def on_quick(ch, method, properties, body):
+            quick_bodies.append(body)
+            ch.basic_ack(method.delivery_tag)
+
+        channel.basic_consume(quick_queue, on_quick)
+        wait_until(lambda: cancelled, timeout=10, conn=conn)
+        assert cancelled == [slow_tag], "the slow consumer was not cancelled with basic.cancel"
+        assert channel.is_open, "cancel mode closed the channel"
+        # The other consumer keeps receiving; the late delivery may still be acked.
+        channel.basic_publish("", quick_queue, b"after")
+        wait_until(lambda: quick_bodies, timeout=5, conn=conn)
+        assert quick_bodies == [b"after"]
+        channel.basic_ack(slow_deliveries[0])
+        channel.queue_declare(slow_queue, passive=True)
+        assert channel.is_open
+        assert channel.queue_declare(slow_queue, passive=True).method.message_count == 0
+    finally:
+        safe_close(conn)
+        broker.stop(signal.SIGTERM)
