@@ -25,6 +25,10 @@ impl Message {
 }
 
 impl queue_core::Payload for Message {
+    fn priority(&self) -> u8 {
+        self.header.priority().unwrap_or(0)
+    }
+
     fn size_bytes(&self) -> u64 {
         self.body.len() as u64
     }

@@ -18,7 +18,8 @@ impl<M: Payload> QueueCore<M> {
             Command::Enqueue { message, persistent, own_ttl_ms } => self.enqueue(message, persistent, own_ttl_ms, now_ms, effects),
             Command::PagedIn { position, message, redelivered, own_ttl_ms } => {
                 let expires_at_ms = self.expiry(own_ttl_ms, now_ms);
-                self.messages.page_in(position, message, redelivered, expires_at_ms);
+                let priority = self.priority_of(&message);
+                self.messages.page_in(position, message, redelivered, expires_at_ms, priority);
                 Reply::Ok
             }
             Command::ForgetPaged => {
@@ -112,6 +113,13 @@ impl<M: Payload> QueueCore<M> {
                 }
             }
         }
+        if self.max_priority.is_some() && self.messages.paged_count() > 0 {
+            // A recovered priority queue reads its tail back before it takes new messages.
+            if let Some(request) = self.page_in_request() {
+                effects.push(request);
+                return Reply::PageInFirst;
+            }
+        }
         self.stats.published += 1;
         if self.should_page() {
             let position = self.messages.push_paged();
@@ -120,7 +128,8 @@ impl<M: Payload> QueueCore<M> {
         }
         let expires_at_ms = self.expiry(own_ttl_ms, now_ms);
         let logged = persistent && self.window.is_some();
-        let position = self.messages.push_expiring(message, expires_at_ms, logged);
+        let priority = self.priority_of(&message);
+        let position = self.messages.push_expiring(message, expires_at_ms, logged, priority);
         if logged {
             effects.push(Effect::LogAppend { position, persistent, paged: false });
         }
@@ -139,6 +148,9 @@ impl<M: Payload> QueueCore<M> {
     /// Whether a message enqueued now stays in the log only: the queue already pages (order), or
     /// its window is full.
     fn should_page(&self) -> bool {
+        if self.max_priority.is_some() {
+            return false;
+        }
         self.window.is_some_and(|window| {
             self.messages.paged_count() > 0
                 || self.messages.ready_in_memory() >= window.messages_max
@@ -151,7 +163,15 @@ impl<M: Payload> QueueCore<M> {
         let window = self.window?;
         let bytes_in_memory = self.messages.ready_bytes_in_memory();
         let in_memory = self.messages.ready_in_memory();
-        if self.messages.paged_count() == 0 || in_memory >= window.low_watermark_messages || bytes_in_memory >= window.low_watermark_bytes {
+        if self.messages.paged_count() == 0 {
+            return None;
+        }
+        if self.max_priority.is_some() {
+            // Priority order needs every ready message in memory: read the whole tail, batch by batch.
+            let messages_max = self.messages.paged_count().min(usize::MAX as u64) as usize;
+            return Some(Effect::NeedPageIn { messages_max, bytes_max: window.page_in_batch_bytes_max });
+        }
+        if in_memory >= window.low_watermark_messages || bytes_in_memory >= window.low_watermark_bytes {
             return None;
         }
         let room = window.messages_max.saturating_sub(in_memory);
@@ -302,6 +322,15 @@ impl<M: Payload> QueueCore<M> {
                 true
             }
             None => false,
+        }
+    }
+
+    /// A message's priority in this queue: its property capped at x-max-priority (RabbitMQ treats
+    /// a higher one as the maximum); 0 without x-max-priority, which never reads the property.
+    fn priority_of(&self, message: &M) -> u8 {
+        match self.max_priority {
+            Some(max_priority) => message.priority().min(max_priority),
+            None => 0,
         }
     }
 

@@ -181,6 +181,10 @@ pub struct QueueCore<M> {
     /// x-single-active-consumer: only the first consumer in subscription order gets messages;
     /// when it goes, the next one takes over.
     single_active_consumer: bool,
+    /// x-max-priority: messages carry their priority (capped here), higher first. Such a queue
+    /// keeps its ready messages in memory: its paged tail exists only after a restart, and is
+    /// read back whole before the first delivery so the order is kept.
+    max_priority: Option<u8>,
     limits: Limits,
     /// Set for queues with a log: they page past the window.
     window: Option<Window>,
@@ -198,6 +202,7 @@ impl<M: Payload> QueueCore<M> {
             next_consumer: 0,
             has_exclusive_consumer: false,
             single_active_consumer: false,
+            max_priority: None,
             limits,
             window,
             stats: QueueStats::default(),
@@ -207,6 +212,12 @@ impl<M: Payload> QueueCore<M> {
     /// The same queue with x-single-active-consumer on or off (an argument fixed at declaration).
     pub fn with_single_active_consumer(mut self, single_active_consumer: bool) -> QueueCore<M> {
         self.single_active_consumer = single_active_consumer;
+        self
+    }
+
+    /// The same queue with x-max-priority (an argument fixed at declaration).
+    pub fn with_max_priority(mut self, max_priority: Option<u8>) -> QueueCore<M> {
+        self.max_priority = max_priority;
         self
     }
 

@@ -12,12 +12,35 @@ use std::sync::Arc;
 pub trait Payload: Clone {
     /// Body bytes, for the queue's byte counts.
     fn size_bytes(&self) -> u64;
+
+    /// The message's priority property (0 when absent); read only by queues with x-max-priority.
+    fn priority(&self) -> u8 {
+        0
+    }
 }
 
 impl<T: Payload> Payload for Arc<T> {
     fn size_bytes(&self) -> u64 {
         (**self).size_bytes()
     }
+
+    fn priority(&self) -> u8 {
+        (**self).priority()
+    }
+}
+
+/// Positions take the low 56 bits of a ready key; the priority, inverted, the high 8, so the
+/// ready map's order is: higher priority first, then queue order. A queue without priorities has
+/// every message at 0 and keeps plain queue order. 2^56 positions outlast any queue.
+const POSITION_BITS: u32 = 56;
+const POSITION_MASK: u64 = (1 << POSITION_BITS) - 1;
+
+fn ready_key(position: u64, priority: u8) -> u64 {
+    (u64::from(u8::MAX - priority) << POSITION_BITS) | (position & POSITION_MASK)
+}
+
+fn position_of(key: u64) -> u64 {
+    key & POSITION_MASK
 }
 
 /// Which consumer a delivery went to: an id the caller chose, unique for the queue's life.
@@ -35,6 +58,8 @@ pub struct QueuedMessage<M> {
     pub expires_at_ms: Option<u64>,
     /// Whether the message has a record in the queue's log (to settle there too).
     pub logged: bool,
+    /// Its priority in a queue with x-max-priority (capped at the maximum); 0 elsewhere.
+    pub priority: u8,
 }
 
 /// An unacked message and the consumer holding it (none for basic.get).
@@ -102,27 +127,28 @@ impl<M: Payload> QueueState<M> {
     }
 
     fn insert_ready(&mut self, position: u64, queued: QueuedMessage<M>) {
+        assert!(position <= POSITION_MASK, "queue position {position} past 2^56");
         self.ready_bytes += queued.message.size_bytes();
-        self.ready.insert(position, queued);
+        self.ready.insert(ready_key(position, queued.priority), queued);
     }
 
     fn take_first_ready(&mut self) -> Option<(u64, QueuedMessage<M>)> {
-        let (position, queued) = self.ready.pop_first()?;
+        let (key, queued) = self.ready.pop_first()?;
         self.ready_bytes -= queued.message.size_bytes();
-        Some((position, queued))
+        Some((position_of(key), queued))
     }
 
     /// Appends a message; returns its position.
     pub fn push(&mut self, message: M) -> u64 {
-        self.push_expiring(message, None, false)
+        self.push_expiring(message, None, false, 0)
     }
 
     /// Appends a message that expires at `expires_at_ms`; returns its position.
-    pub fn push_expiring(&mut self, message: M, expires_at_ms: Option<u64>, logged: bool) -> u64 {
+    pub fn push_expiring(&mut self, message: M, expires_at_ms: Option<u64>, logged: bool, priority: u8) -> u64 {
         assert_eq!(self.paged, 0, "a queue that pages takes new messages on disk");
         let position = self.next_position;
         self.next_position += 1;
-        self.insert_ready(position, QueuedMessage { message, redelivered: false, expires_at_ms, logged });
+        self.insert_ready(position, QueuedMessage { message, redelivered: false, expires_at_ms, logged, priority });
         position
     }
 
@@ -135,11 +161,11 @@ impl<M: Payload> QueueState<M> {
     }
 
     /// Brings the oldest paged message into memory, read back from disk.
-    pub fn page_in(&mut self, position: u64, message: M, redelivered: bool, expires_at_ms: Option<u64>) {
+    pub fn page_in(&mut self, position: u64, message: M, redelivered: bool, expires_at_ms: Option<u64>, priority: u8) {
         assert!(self.paged > 0, "page-in with nothing paged");
         assert!(position < self.next_position, "paged-in position {position} was never pushed");
         self.paged -= 1;
-        self.insert_ready(position, QueuedMessage { message, redelivered, expires_at_ms, logged: true });
+        self.insert_ready(position, QueuedMessage { message, redelivered, expires_at_ms, logged: true, priority });
     }
 
     /// Forgets the paged messages (purged, or lost to a disk error); returns how many there were.
@@ -168,9 +194,9 @@ impl<M: Payload> QueueState<M> {
         let entry = self.ready.first_entry()?;
         match entry.get().expires_at_ms {
             Some(expires_at_ms) if expires_at_ms <= now_ms => {
-                let (position, queued) = entry.remove_entry();
+                let (key, queued) = entry.remove_entry();
                 self.ready_bytes -= queued.message.size_bytes();
-                Some((position, queued))
+                Some((position_of(key), queued))
             }
             _ => None,
         }
@@ -235,7 +261,7 @@ impl<M: Payload> QueueState<M> {
     /// Paged ones are the caller's to settle on disk, then [`QueueState::take_paged`].
     pub fn purge(&mut self) -> Vec<(u64, QueuedMessage<M>)> {
         self.ready_bytes = 0;
-        std::mem::take(&mut self.ready).into_iter().collect()
+        std::mem::take(&mut self.ready).into_iter().map(|(key, queued)| (position_of(key), queued)).collect()
     }
 
     /// Messages ready for delivery.
@@ -250,7 +276,7 @@ impl<M: Payload> QueueState<M> {
 
     /// Positions of the ready messages in memory, in queue order (for tests and listings).
     pub fn ready_positions(&self) -> impl Iterator<Item = u64> + '_ {
-        self.ready.keys().copied()
+        self.ready.keys().map(|key| position_of(*key))
     }
 
     /// Positions of the unacked messages, in no order.

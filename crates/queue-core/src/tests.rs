@@ -332,6 +332,84 @@ fn single_active_consumer_fails_over_in_subscription_order_with_requeued_message
     assert_eq!(queue.core.single_active_consumer(), Some(4));
 }
 
+/// A message whose priority is `priority`.
+#[derive(Debug, Clone, PartialEq)]
+struct PriorityMessage(u64, u8);
+
+impl Payload for PriorityMessage {
+    fn size_bytes(&self) -> u64 {
+        16
+    }
+
+    fn priority(&self) -> u8 {
+        self.1
+    }
+}
+
+fn priority_ids(core: &mut QueueCore<PriorityMessage>, count: usize) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for _ in 0..count {
+        let mut effects = Vec::new();
+        core.apply(Command::Get { no_ack: true }, 0, &mut |_| true, &mut effects);
+        ids.extend(effects.iter().filter_map(|effect| match effect {
+            Effect::Deliver { queued, .. } => Some(queued.message.0),
+            _ => None,
+        }));
+    }
+    ids
+}
+
+#[test]
+fn priorities_go_higher_first_fifo_within_one_and_capped_at_the_maximum() {
+    let mut core = QueueCore::new(QueueState::new(0), Limits::NONE, None).with_max_priority(Some(5));
+    // (id, priority): 9 counts as 5, the maximum, so it queues behind the earlier 5.
+    let published = [(0, 0), (1, 5), (2, 1), (3, 9), (4, 1), (5, 0), (6, 5)];
+    for (id, priority) in published {
+        let enqueue = Command::Enqueue { message: PriorityMessage(id, priority), persistent: false, own_ttl_ms: None };
+        core.apply(enqueue, 0, &mut |_| true, &mut Vec::new());
+    }
+    assert_eq!(priority_ids(&mut core, 7), vec![1, 3, 6, 2, 4, 0, 5]);
+}
+
+#[test]
+fn without_x_max_priority_the_property_is_ignored() {
+    let mut core = QueueCore::new(QueueState::new(0), Limits::NONE, None);
+    for (id, priority) in [(0, 0), (1, 9), (2, 3)] {
+        let enqueue = Command::Enqueue { message: PriorityMessage(id, priority), persistent: false, own_ttl_ms: None };
+        core.apply(enqueue, 0, &mut |_| true, &mut Vec::new());
+    }
+    assert_eq!(priority_ids(&mut core, 3), vec![0, 1, 2]);
+}
+
+#[test]
+fn a_requeued_priority_message_goes_back_to_its_place_in_its_priority() {
+    let mut core = QueueCore::new(QueueState::new(0), Limits::NONE, None).with_max_priority(Some(10));
+    for (id, priority) in [(0, 2), (1, 2), (2, 7)] {
+        let enqueue = Command::Enqueue { message: PriorityMessage(id, priority), persistent: false, own_ttl_ms: None };
+        core.apply(enqueue, 0, &mut |_| true, &mut Vec::new());
+    }
+    let mut effects = Vec::new();
+    core.apply(Command::Get { no_ack: false }, 0, &mut |_| true, &mut effects);
+    core.apply(Command::Get { no_ack: false }, 0, &mut |_| true, &mut effects);
+    // Took 2 (priority 7) then 0; 0 back goes before 1, behind nothing of higher priority.
+    core.apply(Command::Requeue { position: 0 }, 0, &mut |_| true, &mut Vec::new());
+    assert_eq!(priority_ids(&mut core, 2), vec![0, 1]);
+}
+
+#[test]
+fn a_recovered_priority_queue_reads_its_whole_tail_before_delivering() {
+    let mut core: QueueCore<PriorityMessage> =
+        QueueCore::new(QueueState::with_paged(3, 3), Limits::NONE, Some(WINDOW)).with_max_priority(Some(3));
+    let mut effects = Vec::new();
+    assert_eq!(core.apply(Command::Get { no_ack: true }, 0, &mut |_| true, &mut effects), Reply::PageInFirst);
+    assert!(matches!(effects[0], Effect::NeedPageIn { messages_max: 3, .. }));
+    for (position, priority) in [(0u64, 0u8), (1, 1), (2, 3)] {
+        let paged_in = Command::PagedIn { position, message: PriorityMessage(position, priority), redelivered: false, own_ttl_ms: None };
+        core.apply(paged_in, 0, &mut |_| true, &mut Vec::new());
+    }
+    assert_eq!(priority_ids(&mut core, 3), vec![2, 1, 0]);
+}
+
 /// What a random run does.
 #[derive(Debug, Clone)]
 enum Step {

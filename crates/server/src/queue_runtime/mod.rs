@@ -177,7 +177,8 @@ impl QueueRuntime {
         Arc::new(QueueRuntime {
             inner: Mutex::new(QueueInner {
                 core: QueueCore::new(messages, limits.core_limits(), window)
-                    .with_single_active_consumer(single_active_consumer(&definition.arguments)),
+                    .with_single_active_consumer(single_active_consumer(&definition.arguments))
+                    .with_max_priority(max_priority(&definition.arguments)),
                 consumers: Vec::new(),
                 next_consumer_id: 0,
                 pager,
@@ -471,6 +472,11 @@ impl QueueRuntime {
 /// Whether the declaration asks for a single active consumer (a bool, as RabbitMQ requires).
 fn single_active_consumer(arguments: &amqp_codec::FieldTable) -> bool {
     matches!(arguments.get("x-single-active-consumer"), Some(amqp_codec::FieldValue::Bool(true)))
+}
+
+/// x-max-priority (checked at declaration to be 0 to 255).
+fn max_priority(arguments: &amqp_codec::FieldTable) -> Option<u8> {
+    arguments.get("x-max-priority").and_then(|value| value.as_i64()).map(|max| max.clamp(0, 255) as u8)
 }
 
 /// With x-single-active-consumer, the consumer getting the messages, unless it was cancelled under

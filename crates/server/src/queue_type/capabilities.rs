@@ -59,9 +59,17 @@ pub const GATED_QUEUE_ARGUMENTS: &[&str] = &[
 const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
     queue_type: QueueType::Classic,
     implemented: true,
-    // RabbitMQ's classic queues also take x-max-length-bytes, x-dead-letter-* and x-max-priority;
-    // Lepus does not implement them yet.
-    accepted_arguments: &["x-queue-type", "x-max-length", "x-message-ttl", "x-overflow", "x-expires", "x-single-active-consumer"],
+    // RabbitMQ's classic queues also take x-max-length-bytes and x-dead-letter-*; Lepus does not
+    // implement them yet.
+    accepted_arguments: &[
+        "x-queue-type",
+        "x-max-length",
+        "x-message-ttl",
+        "x-overflow",
+        "x-expires",
+        "x-single-active-consumer",
+        "x-max-priority",
+    ],
     exclusive: true,
     non_durable: true,
     auto_delete: true,
