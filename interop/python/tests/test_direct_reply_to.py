@@ -19,6 +19,12 @@ def test_server_properties_advertise_direct_reply_to(connection):
     assert connection._impl.server_properties["capabilities"].get("direct_reply_to") is True
 
 
+@pytest.mark.parametrize("passive", [True, False])
+def test_declaring_the_pseudo_queue_answers_declare_ok(channel, passive):
+    declared = channel.queue_declare(REPLY_TO, passive=passive).method
+    assert (declared.queue, declared.message_count, declared.consumer_count) == (REPLY_TO, 0, 1)
+
+
 def test_consuming_with_acks_is_406(channel):
     with pytest.raises(ChannelClosedByBroker) as refused:
         channel.basic_consume(REPLY_TO, lambda *args: None, auto_ack=False)

@@ -291,6 +291,15 @@ impl Channel {
 
     /// queue.declare: a new queue is checked against what its type allows (see `queue_type`).
     fn queue_declare(&mut self, context: &mut Context, declare: QueueDeclare) -> Result<(), AmqpError> {
+        if declare.queue.as_bytes() == crate::direct_reply::REPLY_TO_QUEUE.as_bytes() {
+            // The direct reply-to pseudo-queue: RabbitMQ 3.10.8 answers any declare of it (passive
+            // or not, consumed or not) with no messages and one consumer (measured).
+            if !declare.nowait {
+                let declare_ok = QueueDeclareOk { queue: declare.queue, message_count: 0, consumer_count: 1 };
+                context.reply(self.id(), declare_ok.into());
+            }
+            return Ok(());
+        }
         let server_named = declare.queue.is_empty() && !declare.passive;
         let name = if server_named { random_name("amq.gen-") } else { declare.queue.clone() };
         let name = if declare.passive && name.is_empty() { self.queue_name(&name)? } else { name };
