@@ -160,3 +160,57 @@ impl ExpiryClock {
         self.stored_idle_ms = Some(ahead_ms);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clock(argument_ms: Option<u64>, file: Option<PathBuf>, now_ms: u64) -> ExpiryClock {
+        ExpiryClock::new(Arc::default(), file, argument_ms, now_ms)
+    }
+
+    #[test]
+    fn an_idle_queue_expires_its_expiry_after_its_last_use() {
+        let mut expiry = clock(Some(1000), None, 0);
+        assert_eq!(expiry.check(999, true), ExpiryCheck::Later(1000));
+        assert_eq!(expiry.check(1000, true), ExpiryCheck::Expired);
+        let mut used = clock(Some(1000), None, 0);
+        used.used(800, true);
+        assert_eq!(used.check(1000, true), ExpiryCheck::Later(1800));
+        assert_eq!(used.check(5000, false), ExpiryCheck::InUse, "a queue with consumers never expires");
+        assert_eq!(clock(None, None, 0).check(u64::MAX, true), ExpiryCheck::InUse, "no expiry, no deletion");
+    }
+
+    #[test]
+    fn the_lower_of_argument_and_policy_applies() {
+        let mut expiry = clock(Some(5000), None, 0);
+        expiry.set_policy_ms(Some(2000));
+        assert_eq!(expiry.check(2000, true), ExpiryCheck::Expired);
+        expiry.set_policy_ms(Some(9000));
+        assert_eq!(expiry.check(2000, true), ExpiryCheck::Later(5000));
+        let mut policy_only = clock(None, None, 0);
+        policy_only.set_policy_ms(Some(300));
+        assert_eq!(policy_only.check(300, true), ExpiryCheck::Expired);
+    }
+
+    #[test]
+    fn a_restart_keeps_the_stored_last_use_ahead_and_in_use_starts_afresh() {
+        let directory = std::env::temp_dir().join(format!("lepus-expiry-test-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&directory).expect("temporary directory");
+        let file = directory.join("queue");
+        let mut before = clock(Some(10_000), Some(file.clone()), 0);
+        before.used(4000, true);
+        // Stored ahead of the use: a crash now deletes the queue at most STORED_AHEAD_MS late.
+        let mut after = clock(Some(10_000), Some(file.clone()), 60_000);
+        after.recover_last_use(60_000);
+        assert_eq!(after.check(60_000, true), ExpiryCheck::Expired, "unused for 56 s with a 10 s expiry");
+        let mut soon = clock(Some(10_000), Some(file.clone()), 5000);
+        soon.recover_last_use(5000);
+        assert_eq!(soon.check(5000, true), ExpiryCheck::Later(4000 + STORED_AHEAD_MS + 10_000));
+        before.consumed();
+        let mut held = clock(Some(10_000), Some(file.clone()), 60_000);
+        held.recover_last_use(60_000);
+        assert_eq!(held.check(60_000, true), ExpiryCheck::Later(70_000), "in use at the stop: the clock starts at the start");
+        let _ = std::fs::remove_dir_all(&directory);
+    }
+}
