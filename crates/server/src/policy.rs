@@ -15,7 +15,6 @@ use storage::definitions::PolicyRecord;
 /// RabbitMQ policy settings that Lepus does not implement; a policy naming one is refused.
 const NOT_IMPLEMENTED_KEYS: &[&str] = &[
     "alternate-exchange",
-    "consumer-timeout",
     "dead-letter-exchange",
     "dead-letter-routing-key",
     "dead-letter-strategy",
@@ -94,6 +93,8 @@ pub struct QueueSettings {
     pub message_ttl_ms: Option<u64>,
     /// `expires`: how long the queue may stay unused before it is deleted, in milliseconds.
     pub expires_ms: Option<u64>,
+    /// `consumer-timeout`: how long a delivery from the queue may wait for its ack, in milliseconds.
+    pub consumer_timeout_ms: Option<u64>,
 }
 
 /// Why a policy is refused; the texts are what the management API answers with 400.
@@ -216,6 +217,14 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
         match key.as_str() {
             "max-length" => settings.max_length = Some(non_negative()?),
             "message-ttl" => settings.message_ttl_ms = Some(non_negative()?),
+            "consumer-timeout" => {
+                settings.consumer_timeout_ms = Some(
+                    value
+                        .as_u64()
+                        .filter(|timeout| *timeout >= 1)
+                        .ok_or(PolicyError::BadValue(key.clone(), "must be a positive integer"))?,
+                )
+            }
             "expires" => {
                 settings.expires_ms = Some(
                     value

@@ -36,7 +36,8 @@ def start_lepus(tmp_path, *flags):
 
     class ConfiguredBroker(LepusBroker):
         def extra_port_args(self):
-            return super().extra_port_args() + list(flags)
+            self.extra_args = super().extra_port_args() + list(flags)
+            return self.extra_args
 
     data_dir = tmp_path / "data"
     data_dir.mkdir(exist_ok=True)
@@ -147,6 +148,67 @@ def test_cancel_mode_cancels_only_the_consumer_holding_the_late_delivery(tmp_pat
         channel.queue_declare(slow_queue, passive=True)
         assert channel.is_open
         assert channel.queue_declare(slow_queue, passive=True).method.message_count == 0
+    finally:
+        safe_close(conn)
+        broker.stop(signal.SIGTERM)
+
+
+def closed_by_timeout(conn, channel, queue, timeout_s):
+    """Consumes one message without acking; returns (seconds until the channel closed, reason)."""
+    closed = []
+    channel._impl.add_on_close_callback(lambda _channel, reason: closed.append(reason))
+    channel.basic_publish("", queue, b"slow")
+    delivered = []
+    channel.basic_consume(queue, lambda _channel, method, properties, body: delivered.append(time.monotonic()))
+    wait_until(lambda: closed, timeout=timeout_s, conn=conn)
+    assert delivered and closed, "the channel was not closed within %.0f s" % timeout_s
+    return closed[0].reply_text, time.monotonic() - delivered[0]
+
+
+QUEUE_TIMEOUT_MS = 1500
+QUEUE_TIMEOUT_TEXT = TIMEOUT_TEXT.replace("%d ms" % CONSUMER_TIMEOUT_MS, "%d ms" % QUEUE_TIMEOUT_MS)
+
+
+@pytest.mark.lepus_only
+def test_x_consumer_timeout_on_a_queue_wins_over_the_node_setting(tmp_path):
+    """Lepus-only: RabbitMQ 3.10.8 ignores x-consumer-timeout (later versions honour it)."""
+    broker = start_lepus(tmp_path, "--consumer-timeout-ms", "8000")
+    conn = broker.connect()
+    try:
+        channel = conn.channel()
+        queue = unique("consumer-timeout-argument")
+        channel.queue_declare(queue, arguments={"x-consumer-timeout": QUEUE_TIMEOUT_MS})
+        text, waited_s = closed_by_timeout(conn, channel, queue, 7.0)
+        assert text == QUEUE_TIMEOUT_TEXT
+        assert QUEUE_TIMEOUT_MS / 1000.0 * 0.95 <= waited_s < 7.0
+    finally:
+        safe_close(conn)
+        broker.stop(signal.SIGTERM)
+
+
+@pytest.mark.lepus_only
+def test_the_consumer_timeout_policy_key_applies_to_its_queues(tmp_path):
+    import json
+    import urllib.request
+    import base64
+    broker = start_lepus(tmp_path, "--consumer-timeout-ms", "8000")
+    conn = broker.connect()
+    try:
+        http_port = int(broker.extra_args[broker.extra_args.index("--http-port") + 1])
+        prefix = unique("consumer-timeout-policy")
+        request = urllib.request.Request(
+            "http://127.0.0.1:%d/api/policies/%%2F/%s" % (http_port, prefix), method="PUT",
+            data=json.dumps({"pattern": "^" + prefix, "definition": {"consumer-timeout": QUEUE_TIMEOUT_MS},
+                             "apply-to": "queues"}).encode(),
+            headers={"Content-Type": "application/json",
+                     "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+        urllib.request.urlopen(request, timeout=10).close()
+        channel = conn.channel()
+        queue = prefix + "-q"
+        channel.queue_declare(queue)
+        text, waited_s = closed_by_timeout(conn, channel, queue, 7.0)
+        assert text == QUEUE_TIMEOUT_TEXT
+        assert waited_s < 7.0
     finally:
         safe_close(conn)
         broker.stop(signal.SIGTERM)

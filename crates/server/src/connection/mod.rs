@@ -220,7 +220,6 @@ impl Connection {
             self.wait_out_resource_alarms().await;
             let broker = self.context.broker.clone();
             let alarm_raised = broker.disk_alarm_raised.notified();
-            let consumer_timeout_on = broker.config.consumer_timeout_ms != 0;
             let read = tokio::select! {
                 read = tokio::time::timeout(timeout, self.reader.read_buf(&mut self.buffer)) => read,
                 _ = self.context.connection.force_close.notified() => {
@@ -229,7 +228,7 @@ impl Connection {
                 }
                 // A publisher learns of a disk alarm at once, not at its next frame.
                 _ = alarm_raised, if self.context.connection.has_published.load(Ordering::Acquire) => continue,
-                _ = self.consumer_timeout_tick.tick(), if consumer_timeout_on && !self.channels.is_empty() => {
+                _ = self.consumer_timeout_tick.tick(), if !self.channels.is_empty() => {
                     let now = std::time::Instant::now();
                     for channel in self.channels.values_mut() {
                         channel.check_consumer_timeout(&mut self.context, now);

@@ -13,7 +13,7 @@ use broker_core::vhost::{queue_length_limit, Overflow, QueueDefinition};
 use broker_core::{AmqpError, Message};
 use parking_lot::Mutex;
 use queue_core::{Command, ConsumerId, Effect, Limits, QueueCore, Reply};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use storage::syncer::SharedLog;
 
@@ -36,6 +36,9 @@ pub struct QueueRuntime {
     pub log: Option<SharedLog>,
     inner: Mutex<QueueInner>,
     deleted: AtomicBool,
+    /// x-consumer-timeout and the `consumer-timeout` policy key, the lower of both (0: none):
+    /// read by channels at each consumer-timeout sample, without the queue's lock.
+    consumer_timeout_ms: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -173,6 +176,7 @@ impl QueueRuntime {
         expiry: ExpiryClock,
     ) -> Arc<QueueRuntime> {
         let limits = QueueLimits::new(&definition.arguments, None);
+        let consumer_timeout_ms = consumer_timeout_argument_ms(&definition.arguments).unwrap_or(0);
         let window = log.is_some().then_some(paging::WINDOW);
         Arc::new(QueueRuntime {
             inner: Mutex::new(QueueInner {
@@ -190,6 +194,7 @@ impl QueueRuntime {
             vhost: vhost.to_string(),
             log,
             deleted: AtomicBool::new(false),
+            consumer_timeout_ms: AtomicU64::new(consumer_timeout_ms),
         })
     }
 
@@ -244,6 +249,9 @@ impl QueueRuntime {
     pub fn apply_policy(self: &Arc<Self>, policy: Option<Arc<Policy>>) {
         let mut inner = self.inner.lock();
         let policy_expires_ms = policy.as_ref().and_then(|policy| policy.queue_settings.expires_ms);
+        let policy_timeout_ms = policy.as_ref().and_then(|policy| policy.queue_settings.consumer_timeout_ms);
+        let timeout_ms = lower(consumer_timeout_argument_ms(&self.definition.arguments), policy_timeout_ms);
+        self.consumer_timeout_ms.store(timeout_ms.unwrap_or(0), Ordering::Release);
         inner.limits = QueueLimits::new(&self.definition.arguments, policy);
         let limits = inner.limits.core_limits();
         self.run(&mut inner, || Command::SetLimits(limits), perform::Context::default());
@@ -278,6 +286,12 @@ impl QueueRuntime {
         let mut inner = self.inner.lock();
         let idle = inner.consumers.is_empty();
         inner.expiry.check(now_ms, idle)
+    }
+
+    /// How long a delivery from this queue may wait for its ack, when the queue says (its
+    /// x-consumer-timeout or policy); otherwise the node's `consumer_timeout` applies.
+    pub fn consumer_timeout_ms(&self) -> Option<u64> {
+        Some(self.consumer_timeout_ms.load(Ordering::Acquire)).filter(|timeout_ms| *timeout_ms > 0)
     }
 
     /// The name of the policy that applies to the queue, and its definition.
@@ -472,6 +486,13 @@ impl QueueRuntime {
 /// Whether the declaration asks for a single active consumer (a bool, as RabbitMQ requires).
 fn single_active_consumer(arguments: &amqp_codec::FieldTable) -> bool {
     matches!(arguments.get("x-single-active-consumer"), Some(amqp_codec::FieldValue::Bool(true)))
+}
+
+/// x-consumer-timeout when it is a positive integer. RabbitMQ 3.10.8 ignores the argument (and
+/// takes any value, measured); later versions honour it, as Lepus does: another value is ignored,
+/// as 3.10.8 ignores it, so a declaration that RabbitMQ takes is never refused.
+fn consumer_timeout_argument_ms(arguments: &amqp_codec::FieldTable) -> Option<u64> {
+    arguments.get("x-consumer-timeout").and_then(|value| value.as_i64()).filter(|timeout| *timeout > 0).map(|timeout| timeout as u64)
 }
 
 /// x-max-priority (checked at declaration to be 0 to 255).

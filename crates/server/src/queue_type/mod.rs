@@ -258,6 +258,13 @@ impl Queue {
         }
     }
 
+    /// Its own consumer timeout (x-consumer-timeout or the policy's), if it has one.
+    pub fn consumer_timeout_ms(&self) -> Option<u64> {
+        match self {
+            Queue::Classic(queue) => queue.consumer_timeout_ms(),
+        }
+    }
+
     /// The policy that applies to it.
     pub fn policy(&self) -> Option<Arc<Policy>> {
         match self {

@@ -1,4 +1,5 @@
-//! `consumer_timeout`: a delivery left unacked too long. RabbitMQ closes the channel with 406; with
+//! `consumer_timeout` (and a queue's own x-consumer-timeout or `consumer-timeout` policy key, which
+//! win over it): a delivery left unacked too long. RabbitMQ closes the channel with 406; with
 //! `consumer_timeout_mode = cancel` Lepus cancels only the consumer that holds it.
 //!
 //! Sampled, so deliveries and acks pay nothing: at each tick of its connection the channel notes
@@ -28,8 +29,12 @@ pub(super) struct TimeoutWatch {
 
 /// How often a connection samples its channels: often enough for short timeouts (tests, eager
 /// operators), and at most once a second.
+/// Without a node-wide timeout (0) queues may still have their own: once a minute, as RabbitMQ.
 pub fn tick_interval(consumer_timeout_ms: u64) -> Duration {
-    Duration::from_millis((consumer_timeout_ms / 4).clamp(1000, 60_000))
+    match consumer_timeout_ms {
+        0 => Duration::from_secs(60),
+        timeout_ms => Duration::from_millis((timeout_ms / 4).clamp(1000, 60_000)),
+    }
 }
 
 /// RabbitMQ 3.10.8's text for a channel closed by the timeout.
@@ -43,19 +48,23 @@ fn timed_out(channel: u16, consumer_timeout_ms: u64) -> AmqpError {
 impl Channel {
     /// Samples the oldest unacked delivery; acts on a timeout (see the module comment).
     pub fn check_consumer_timeout(&mut self, context: &mut Context, now: Instant) {
-        let consumer_timeout_ms = context.broker.config.consumer_timeout_ms;
-        if consumer_timeout_ms == 0 || self.closing {
+        if self.closing {
             return;
         }
         let oldest = {
             let ledger = self.shared.ledger.lock();
             let first_live = self.timeout_watch.timed_out_up_to + 1;
-            ledger.unacked.range(first_live..).next().map(|(tag, unacked)| (*tag, unacked.consumer.clone()))
+            ledger.unacked.range(first_live..).next().map(|(tag, unacked)| (*tag, unacked.consumer.clone(), unacked.queue.clone()))
         };
-        let Some((tag, consumer)) = oldest else {
+        let Some((tag, consumer, queue)) = oldest else {
             self.timeout_watch.oldest = None;
             return;
         };
+        // The queue's own timeout (x-consumer-timeout, policy) before the node's.
+        let consumer_timeout_ms = queue.consumer_timeout_ms().unwrap_or(context.broker.config.consumer_timeout_ms);
+        if consumer_timeout_ms == 0 {
+            return;
+        }
         match self.timeout_watch.oldest {
             Some((watched, since)) if watched == tag => {
                 if now.duration_since(since) < Duration::from_millis(consumer_timeout_ms) {
