@@ -1,0 +1,165 @@
+// The console suites' shared harness: one Lepus broker (LEPUS_BIN, free ports, its own data
+// directory) and one headless Chromium page per test file, with the helpers both files use. Each
+// test file calls useBrokerAndBrowser() once; node --test runs every file in its own process.
+import {test, before, after} from 'node:test';
+import assert from 'node:assert/strict';
+import {spawn} from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import {fileURLToPath} from 'node:url';
+import {chromium} from 'playwright-core';
+import amqp from 'amqplib';
+
+export const HERE = path.dirname(fileURLToPath(import.meta.url));
+export const SCREENSHOTS = path.join(HERE, '..', 'screenshots');
+export const WAIT_MS = 15000; // every wait is bounded by this
+export const REFRESH_MS = 1000; // the console's refresh period in these tests (?refresh=)
+
+export let broker; // {process, amqpPort, httpPort, dataDir, log}
+export let context; // the browser context (fresh user-data-dir)
+export let page;
+export const cleanups = [];
+
+// ------------------------------------------------------------------ helpers
+
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const {port} = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Polls `check` (sync or async; truthy ends) until WAIT_MS; fails with `what` and the last value. */
+export async function waitFor(what, check, timeoutMs = WAIT_MS) {
+  const deadline = Date.now() + timeoutMs;
+  let last;
+  for (;;) {
+    try {
+      last = await check();
+      if (last) return last;
+    } catch (error) {
+      last = error;
+    }
+    if (Date.now() > deadline) assert.fail(`timed out after ${timeoutMs} ms waiting for ${what} (last: ${last})`);
+    await sleep(100);
+  }
+}
+
+export const basicAuth = (user, password) => 'Basic ' + Buffer.from(`${user}:${password}`).toString('base64');
+export const AUTH = basicAuth('guest', 'guest');
+
+/** The management API as a test client: {status, body}; as guest unless `auth` says otherwise. */
+export async function api(method, apiPath, body, auth = AUTH) {
+  const response = await fetch(`http://127.0.0.1:${broker.httpPort}/api${apiPath}`, {
+    method,
+    headers: {Authorization: auth, 'Content-Type': 'application/json'},
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal: AbortSignal.timeout(10000),
+  });
+  const text = await response.text();
+  return {status: response.status, body: text ? JSON.parse(text) : null};
+}
+
+export async function apiQueue(name) {
+  const answer = await api('GET', `/queues/%2F/${encodeURIComponent(name)}`);
+  return answer.status === 200 ? answer.body : null;
+}
+
+export async function amqpConnect() {
+  const connection = await amqp.connect(`amqp://guest:guest@127.0.0.1:${broker.amqpPort}/`, {timeout: 10000});
+  connection.on('error', () => {}); // a forced close is expected in one test
+  cleanups.push(() => connection.close().catch(() => {}));
+  return connection;
+}
+
+export function unique(prefix) {
+  return `${prefix}-${Math.random().toString(16).slice(2, 10)}`;
+}
+
+export async function shot(name) {
+  // Notices from earlier steps would cover the page: the screenshot shows the page itself.
+  await page.evaluate(() => document.querySelectorAll('#flash .notice').forEach((notice) => notice.remove()));
+  await page.screenshot({path: path.join(SCREENSHOTS, `${name}.png`), fullPage: true});
+}
+
+/** Opens a console route and waits for its first data refresh. */
+export async function open(hash) {
+  await page.evaluate(() => { delete document.body.dataset.loaded; });
+  await page.goto(`http://127.0.0.1:${broker.httpPort}/?refresh=${REFRESH_MS}${hash}`);
+  await page.waitForSelector('body[data-loaded]', {timeout: WAIT_MS});
+}
+
+/** The text of one cell of a console table row. */
+export async function cell(table, row, column) {
+  const locator = page.locator(`table[data-table="${table}"] tr[data-row="${row}"] td[data-col="${column}"]`);
+  // allTextContents does not wait: a row that is (or just went) missing reads as null.
+  const texts = await locator.allTextContents();
+  return texts.length ? texts[0].trim() : null;
+}
+
+// ------------------------------------------------------------------ broker and browser
+
+export const pageErrors = [];
+export const dialogs = []; // the messages of the console's confirm() dialogs, oldest first
+let dialogAnswer = true; // what the next confirm() answers
+
+/** Starts the broker and the browser before this file's tests and stops them after. */
+export function useBrokerAndBrowser() {
+  before(async () => {
+    const binary = process.env.LEPUS_BIN;
+    assert.ok(binary, 'LEPUS_BIN must be set (run.sh skips without it)');
+    fs.mkdirSync(SCREENSHOTS, {recursive: true});
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'lepus-console-'));
+    const [amqpPort, httpPort] = [await freePort(), await freePort()];
+    const log = fs.openSync(path.join(dataDir, '..', `${path.basename(dataDir)}.log`), 'w');
+    const child = spawn(binary, ['server', '--data-dir', path.join(dataDir, 'data'), '--amqp-port', String(amqpPort),
+      '--http-port', String(httpPort), '--metrics-port', '0', '--bind', '127.0.0.1'], {stdio: ['ignore', log, log]});
+    broker = {process: child, amqpPort, httpPort, dataDir};
+    await waitFor('the broker to serve its HTTP API', async () => {
+      if (child.exitCode !== null) throw new Error(`lepus exited with ${child.exitCode}`);
+      return (await api('GET', '/overview')).status === 200;
+    });
+
+    context = await chromium.launchPersistentContext(path.join(dataDir, 'chromium-profile'), {
+      executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+      headless: true,
+      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+        '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+      viewport: {width: 1360, height: 900},
+      acceptDownloads: true,
+      timeout: 30000,
+    });
+    context.setDefaultTimeout(WAIT_MS);
+    page = context.pages()[0] || await context.newPage();
+    // The console confirms purge, delete and close: the tests answer as `dialogAnswer` says.
+    page.on('dialog', (dialog) => {
+      dialogs.push(dialog.message());
+      (dialogAnswer ? dialog.accept() : dialog.dismiss()).catch(() => {});
+    });
+    page.on('pageerror', (error) => { console.error('page error:', error); pageErrors.push(error); });
+  });
+
+  after(async () => {
+    for (const cleanup of cleanups.reverse()) await cleanup();
+    if (context) await context.close().catch(() => {});
+    if (broker) {
+      broker.process.kill('SIGTERM');
+      await Promise.race([new Promise((resolve) => broker.process.once('exit', resolve)), sleep(10000)]);
+      if (broker.process.exitCode === null) broker.process.kill('SIGKILL');
+      fs.rmSync(broker.dataDir, {recursive: true, force: true});
+    }
+  });
+}
+
+/** What the console's confirm() dialogs answer from now on. */
+export function answerDialogs(accept) {
+  dialogAnswer = accept;
+}
