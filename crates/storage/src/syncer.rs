@@ -198,11 +198,22 @@ impl Syncer {
     /// Every file reaches the disk through the file system of the log or journal it belongs to
     /// (see [`crate::file_system`]).
     pub fn start(policy: SyncPolicy, journal: Option<Journal>) -> Syncer {
+        let (syncer, worker, receiver) = Syncer::parts(policy, journal, false);
+        std::thread::Builder::new()
+            .name("lepus-syncer".to_string())
+            .spawn(move || worker.run(&receiver))
+            .expect("spawning the syncer thread");
+        syncer
+    }
+
+    /// The handle, the worker that runs its batches and the worker's end of the request channel;
+    /// `stepped` workers (the simulator's) run only when stepped.
+    fn parts(policy: SyncPolicy, journal: Option<Journal>, stepped: bool) -> (Syncer, Worker, Receiver<Command>) {
         let (sender, receiver) = mpsc::channel();
         let dirty = DirtyList::default();
         let shared = Arc::new(SyncerShared { sender, dirty: dirty.clone() });
         let stats = Arc::new(SyncStats::default());
-        let checkpoint = Checkpoint::start(stats.clone(), Arc::downgrade(&shared), false);
+        let checkpoint = Checkpoint::start(stats.clone(), Arc::downgrade(&shared), stepped);
         let worker = Worker {
             policy,
             journal,
@@ -212,13 +223,9 @@ impl Syncer {
             flush_due: None,
             unsynced: HashMap::new(),
             last_sync: Instant::now(),
-            stepped: false,
+            stepped,
         };
-        std::thread::Builder::new()
-            .name("lepus-syncer".to_string())
-            .spawn(move || worker.run(&receiver))
-            .expect("spawning the syncer thread");
-        Syncer { shared, stats }
+        (Syncer { shared, stats }, worker, receiver)
     }
 
     /// What the syncer has done so far.
@@ -307,23 +314,8 @@ pub struct SteppedSyncer {
 impl SteppedSyncer {
     /// A stepped syncer with `journal` (see [`Syncer::start`]).
     pub fn new(policy: SyncPolicy, journal: Option<Journal>) -> SteppedSyncer {
-        let (sender, receiver) = mpsc::channel();
-        let dirty = DirtyList::default();
-        let shared = Arc::new(SyncerShared { sender, dirty: dirty.clone() });
-        let stats = Arc::new(SyncStats::default());
-        let checkpoint = Checkpoint::start(stats.clone(), Arc::downgrade(&shared), true);
-        let worker = Worker {
-            policy,
-            journal,
-            checkpoint,
-            stats: stats.clone(),
-            dirty,
-            flush_due: None,
-            unsynced: HashMap::new(),
-            last_sync: Instant::now(),
-            stepped: true,
-        };
-        SteppedSyncer { handle: Syncer { shared, stats }, worker, receiver }
+        let (handle, worker, receiver) = Syncer::parts(policy, journal, true);
+        SteppedSyncer { handle, worker, receiver }
     }
 
     /// The handle queues and publishers use, as with a threaded syncer (except
