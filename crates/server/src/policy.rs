@@ -299,6 +299,8 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
     let mut not_implemented = Vec::new();
     for (key, value) in definition {
         let non_negative = || value.as_u64().ok_or_else(|| PolicyError::BadValue(key.clone(), "must be a non-negative integer"));
+        let positive =
+            || value.as_u64().filter(|number| *number >= 1).ok_or_else(|| PolicyError::BadValue(key.clone(), "must be a positive integer"));
         match key.as_str() {
             "max-length" => settings.max_length = Some(non_negative()?),
             "max-length-bytes" => {
@@ -319,22 +321,8 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
                     Some(key.ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "dead letter routing key"))?.to_string())
             }
             "message-ttl" => settings.message_ttl_ms = Some(non_negative()?),
-            "consumer-timeout" => {
-                settings.consumer_timeout_ms = Some(
-                    value
-                        .as_u64()
-                        .filter(|timeout| *timeout >= 1)
-                        .ok_or(PolicyError::BadValue(key.clone(), "must be a positive integer"))?,
-                )
-            }
-            "expires" => {
-                settings.expires_ms = Some(
-                    value
-                        .as_u64()
-                        .filter(|expires| *expires >= 1)
-                        .ok_or(PolicyError::BadValue(key.clone(), "must be a positive integer"))?,
-                )
-            }
+            "consumer-timeout" => settings.consumer_timeout_ms = Some(positive()?),
+            "expires" => settings.expires_ms = Some(positive()?),
             "overflow" => {
                 let overflow = value.as_str().and_then(Overflow::from_name);
                 settings.overflow = Some(overflow.ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "overflow value"))?);
