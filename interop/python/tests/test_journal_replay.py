@@ -80,9 +80,17 @@ def rotate_journal(broker, times):
         time.sleep(0.05)
 
 
+def unwritten_spare(path):
+    with open(path, "rb") as segment:
+        return segment.read(SEGMENT_HEADER_BYTES) == b"\0" * SEGMENT_HEADER_BYTES
+
+
 def destroy_past_headers(data_dir, queue, how):
-    """Truncates (or zeroes) every segment of `queue` right after its header record."""
-    queue_segments = segments(queue_directories(data_dir)[queue])
+    """Truncates (or zeroes) every segment of `queue` right after its header record. A segment
+    whose header is still all zeros is a zero-filled spare the broker renamed into place and was
+    killed before writing (recovery reads it as empty): nothing of it to destroy, not counted."""
+    queue_segments = [(first, path) for first, path in segments(queue_directories(data_dir)[queue])
+                      if not unwritten_spare(path)]
     for _, path in queue_segments:
         check_segment_header(path)
         size = os.path.getsize(path)
