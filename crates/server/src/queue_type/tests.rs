@@ -234,6 +234,16 @@ impl RecordedConfirms {
     }
 }
 
+/// Classic queue storage in `data_dir` for these tests: 1 MiB segments, no dead-letter worker.
+fn classic_storage<'a>(
+    data_dir: &'a std::path::Path,
+    syncer: &'a storage::syncer::Syncer,
+    journaled: bool,
+    expiry_timers: &'a Arc<crate::queue_expiry::ExpiryTimers>,
+) -> ClassicStorage<'a> {
+    ClassicStorage { data_dir, segment_bytes_max: 1 << 20, journaled, syncer, dead_letters: None, expiry_timers }
+}
+
 fn message(body: &'static str, persistent: bool) -> Arc<Message> {
     let properties = BasicProperties { delivery_mode: Some(if persistent { 2 } else { 1 }), ..Default::default() };
     Arc::new(Message {
@@ -261,14 +271,8 @@ fn a_publish_outcome_carries_the_ticket_its_confirm_waits_for() {
     journal_file_system.create_durable_directory(&data_dir.0);
     let (journal, _) = Journal::open_in(journal_file_system.shared(), &journal_directory).expect("journal");
     let syncer = Syncer::start(SyncPolicy::Always, Some(journal));
-    let storage = ClassicStorage {
-        data_dir: &data_dir.0,
-        segment_bytes_max: 1 << 20,
-        journaled: true,
-        syncer: &syncer,
-        dead_letters: None,
-        expiry_timers: &Arc::default(),
-    };
+    let expiry_timers = Arc::default();
+    let storage = classic_storage(&data_dir.0, &syncer, true, &expiry_timers);
     let durable = storage.create(&definition("durable", &[]), VHOST).expect("create");
     let mut transient_definition = definition("transient", &[]);
     transient_definition.durable = false;
@@ -344,14 +348,8 @@ fn deliveries(receiver: &mut mpsc::UnboundedReceiver<Outbound>) -> Vec<(u64, Byt
 fn deliveries_are_settled_by_the_id_their_queue_gave_them() {
     let data_dir = DataDir::new("settle");
     let syncer = Syncer::start(SyncPolicy::Always, None);
-    let storage = ClassicStorage {
-        data_dir: &data_dir.0,
-        segment_bytes_max: 1 << 20,
-        journaled: false,
-        syncer: &syncer,
-        dead_letters: None,
-        expiry_timers: &Arc::default(),
-    };
+    let expiry_timers = Arc::default();
+    let storage = classic_storage(&data_dir.0, &syncer, false, &expiry_timers);
     let mut transient = definition("q", &[]);
     transient.durable = false;
     let queue = storage.create(&transient, VHOST).expect("create");
@@ -404,14 +402,8 @@ fn deliveries_are_settled_by_the_id_their_queue_gave_them() {
 fn a_queue_that_found_the_writer_full_is_remembered_once_and_not_kept_alive() {
     let data_dir = DataDir::new("stalled");
     let syncer = Syncer::start(SyncPolicy::Always, None);
-    let storage = ClassicStorage {
-        data_dir: &data_dir.0,
-        segment_bytes_max: 1 << 20,
-        journaled: false,
-        syncer: &syncer,
-        dead_letters: None,
-        expiry_timers: &Arc::default(),
-    };
+    let expiry_timers = Arc::default();
+    let storage = classic_storage(&data_dir.0, &syncer, false, &expiry_timers);
     let mut transient = definition("q", &[]);
     transient.durable = false;
     let queue = storage.create(&transient, VHOST).expect("create");
@@ -447,14 +439,8 @@ fn a_queue_that_found_the_writer_full_is_remembered_once_and_not_kept_alive() {
 fn a_message_a_queue_drops_at_once_is_dropped_without_a_log_record() {
     let data_dir = DataDir::new("dropped");
     let syncer = Syncer::start(SyncPolicy::Always, None);
-    let storage = ClassicStorage {
-        data_dir: &data_dir.0,
-        segment_bytes_max: 1 << 20,
-        journaled: false,
-        syncer: &syncer,
-        dead_letters: None,
-        expiry_timers: &Arc::default(),
-    };
+    let expiry_timers = Arc::default();
+    let storage = classic_storage(&data_dir.0, &syncer, false, &expiry_timers);
     // x-max-length 0 with the default overflow, drop-head: RabbitMQ acks the confirm and returns
     // nothing (the message was routed), and keeps nothing.
     let zero_length = storage.create(&definition("zero", &[("x-max-length", FieldValue::I32(0))]), VHOST).expect("create");
