@@ -17,6 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 suites=${SUITES:-"python go java management console"}
+# The stream-protocol suites (RabbitMQ's stream clients): against RabbitMQ only, until Lepus
+# serves the stream protocol.
+stream_suites=${STREAM_SUITES:-"go-stream"}
 case "${REFERENCE:-rabbitmq}" in
   rabbitmq) ;;
   none) echo "== REFERENCE=none: the reference runs against RabbitMQ are skipped" ;;
@@ -75,6 +78,7 @@ if [ "${REFERENCE:-rabbitmq}" = rabbitmq ]; then
   for suite in $suites; do
     case "$suite" in python | go | java | management) reference_suites="$reference_suites $suite" ;; esac
   done
+  reference_suites="$reference_suites $stream_suites"
   # shellcheck disable=SC2086 # one word per suite
   if scripts/rabbitmq-reference.sh $reference_suites; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "reference runs against RabbitMQ FAILED"; fi
 fi
