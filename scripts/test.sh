@@ -19,7 +19,7 @@ root=$(pwd)
 suites=${SUITES:-"python go java management console"}
 # The stream-protocol suites (RabbitMQ's stream clients): against RabbitMQ only, until Lepus
 # serves the stream protocol.
-stream_suites=${STREAM_SUITES:-"go-stream"}
+stream_suites=${STREAM_SUITES:-"go-stream java-stream"}
 case "${REFERENCE:-rabbitmq}" in
   rabbitmq) ;;
   none) echo "== REFERENCE=none: the reference runs against RabbitMQ are skipped" ;;
