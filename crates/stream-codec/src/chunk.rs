@@ -52,7 +52,9 @@ impl ChunkHeader {
     /// Reads a header from the first 48 bytes of `bytes`.
     pub fn parse(bytes: &[u8]) -> Result<ChunkHeader, DecodeError> {
         let header = bytes.get(..CHUNK_HEADER_BYTES).ok_or(DecodeError::Truncated)?;
-        if header[0] != CHUNK_MAGIC_AND_VERSION {
+        // The magic only: osiris's later chunk format version (1, with a filter size in the
+        // reserved bytes) reads the same for chunks without a filter.
+        if header[0] >> 4 != CHUNK_MAGIC_AND_VERSION >> 4 {
             return Err(DecodeError::BadChunkMagic(header[0]));
         }
         let u16_at = |at: usize| u16::from_be_bytes([header[at], header[at + 1]]);

@@ -32,8 +32,8 @@ pub enum DecodeError {
     /// A subscribe named an offset type other than first, last, next, offset and timestamp.
     #[error("unknown offset type {0}")]
     UnknownOffsetType(u16),
-    /// A chunk did not start with osiris's magic and version.
-    #[error("chunk magic and version {0:#04x}, expected 0x50")]
+    /// A chunk did not start with osiris's magic (0x5 in the high nibble).
+    #[error("chunk magic and version {0:#04x}, expected 0x5_")]
     BadChunkMagic(u8),
 }
 
