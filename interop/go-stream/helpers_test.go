@@ -189,6 +189,8 @@ func consume(t *testing.T, env *stream.Environment, name string, offset stream.O
 type restartableBroker struct {
 	url     string
 	restart func(t *testing.T)
+	// crash kills the broker with SIGKILL and starts it again (own Lepus only; nil otherwise).
+	crash func(t *testing.T)
 }
 
 // restartable returns a broker the test may restart, or skips the test saying why not.
@@ -257,19 +259,24 @@ func ownLepus(t *testing.T, bin string) restartableBroker {
 		}
 		current = command
 	}
-	stop := func() {
+	stopWith := func(signal syscall.Signal) {
 		if current != nil {
-			_ = current.Process.Signal(syscall.SIGTERM)
+			_ = current.Process.Signal(signal)
 			_, _ = current.Process.Wait()
 			current = nil
 		}
 	}
+	stop := func() { stopWith(syscall.SIGTERM) }
 	rawURL := fmt.Sprintf("rabbitmq-stream://guest:guest@127.0.0.1:%d/%%2f", streamPort)
 	start(t)
 	t.Cleanup(stop)
 	waitListening(t, rawURL)
 	return restartableBroker{url: rawURL, restart: func(t *testing.T) {
 		stop()
+		start(t)
+		waitListening(t, rawURL)
+	}, crash: func(t *testing.T) {
+		stopWith(syscall.SIGKILL)
 		start(t)
 		waitListening(t, rawURL)
 	}}
