@@ -4,7 +4,8 @@
 //! of highest priority applies, alone, as in RabbitMQ.
 //!
 //! Lepus applies the queue settings it implements (`max-length`, `max-length-bytes`, `overflow`,
-//! `message-ttl`, `expires`, `dead-letter-exchange`, `dead-letter-routing-key`, `delivery-limit`)
+//! `message-ttl`, `expires`, `dead-letter-exchange`, `dead-letter-routing-key`, `delivery-limit`,
+//! and for stream queues `max-age` and `stream-max-segment-size-bytes`)
 //! and the exchange setting `alternate-exchange` (an exchange's own argument wins over it).
 //! Settings RabbitMQ knows and Lepus does not implement are refused with a message that says so,
 //! never accepted and ignored; unknown settings are refused as RabbitMQ refuses them.

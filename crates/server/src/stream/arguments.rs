@@ -95,6 +95,25 @@ pub fn consume_offset(arguments: &FieldTable, queue: &ShortStr, vhost: &str, now
     }
 }
 
+/// `x-stream-offset` on a queue that is not a stream: refused with the name of the queue's type
+/// (RabbitMQ's module), whatever its value (measured on a classic queue).
+pub fn refuse_offset_off_streams(
+    arguments: &FieldTable,
+    queue: &ShortStr,
+    vhost: &str,
+    queue_type: broker_core::vhost::QueueType,
+) -> Result<(), AmqpError> {
+    if arguments.get("x-stream-offset").is_none() {
+        return Ok(());
+    }
+    let module = match queue_type {
+        broker_core::vhost::QueueType::Classic => "rabbit_classic_queue",
+        broker_core::vhost::QueueType::Quorum => "rabbit_quorum_queue",
+        broker_core::vhost::QueueType::Stream => return Ok(()),
+    };
+    Err(AmqpError::precondition(format!("invalid arg 'x-stream-offset' for queue '{queue}' in vhost '{vhost}' of queue type {module}")))
+}
+
 /// `x-max-age` of a stream declaration, checked as RabbitMQ checks it: a string, else
 /// `{unacceptable_type,TYPE}`; a string that does not parse, `invalid_max_age` (or 541).
 pub fn check_max_age_argument(value: &FieldValue, queue: &ShortStr, vhost: &str) -> Result<Option<u64>, AmqpError> {

@@ -42,9 +42,22 @@ impl Channel {
         }
         let capabilities = queue.capabilities();
         let global_qos_active = self.shared.prefetch_global.load(Ordering::Acquire) != 0;
-        // RabbitMQ checks x-stream-offset on every basic.consume, before the queue's type.
-        let stream_offset =
-            crate::stream::arguments::consume_offset(&consume.arguments, queue.name(), &context.vhost, storage::stream::now_ms())?;
+        // RabbitMQ checks the values of the consume arguments a queue's type takes, then refuses
+        // those it does not: x-stream-offset is a stream's only.
+        let stream_offset = match queue.as_stream() {
+            Some(_) => {
+                crate::stream::arguments::consume_offset(&consume.arguments, queue.name(), &context.vhost, storage::stream::now_ms())?
+            }
+            None => {
+                crate::stream::arguments::refuse_offset_off_streams(
+                    &consume.arguments,
+                    queue.name(),
+                    &context.vhost,
+                    queue.definition().queue_type,
+                )?;
+                storage::stream::OffsetSpec::Next
+            }
+        };
         if queue.as_stream().is_some() {
             let (arguments, prefetch) = (&consume.arguments, self.consumer_prefetch);
             capabilities.check_stream_consume(queue.name(), &context.vhost, arguments, prefetch, consume.no_ack, global_qos_active)?;
