@@ -145,6 +145,9 @@ pub enum RecoveryError {
         /// Its type's name.
         queue_type: &'static str,
     },
+    /// A stream queue's stream could not be recovered.
+    #[error("a stream could not be recovered: {0}")]
+    Stream(String),
 }
 
 /// Replays the node journal the previous run left into the queue segments (before any queue log
@@ -335,7 +338,11 @@ impl Broker {
                 arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
                 queue_type: record.queue_type,
             };
-            let (queue, messages) = storage.recover(&definition, &record.vhost, clean_shutdown)?;
+            let (queue, messages) = if definition.queue_type == broker_core::vhost::QueueType::Stream {
+                self.stream_storage().recover(&definition, &record.vhost).map_err(|error| RecoveryError::Stream(error.to_string()))?
+            } else {
+                storage.recover(&definition, &record.vhost, clean_shutdown)?
+            };
             restored_messages += messages;
             queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
             vhost.write().restore_queue(definition, queue);
@@ -353,6 +360,11 @@ impl Broker {
             dead_letters: Some(&self.dead_letters),
             expiry_timers: &self.expiry_timers,
         }
+    }
+
+    /// Where stream queues keep their streams.
+    fn stream_storage(&self) -> crate::queue_type::StreamStorage<'_> {
+        crate::queue_type::StreamStorage { data_dir: &self.config.data_dir, file_cache: storage::file_cache::FileCache::node() }
     }
 
     /// Writes and syncs every queue log (graceful shutdown), so acks and unconfirmed publishes
@@ -824,6 +836,12 @@ impl Broker {
             }
             let (entry, created) = vhost.declare_queue(definition, passive, server_named, connection_id, |definition| {
                 capabilities(definition.queue_type).check_declare(definition, vhost_name)?;
+                if definition.queue_type == broker_core::vhost::QueueType::Stream {
+                    return self.stream_storage().create(definition, vhost_name).map_err(|error| {
+                        tracing::error!(%error, "creating a stream failed");
+                        AmqpError::internal(format!("could not create the stream: {error}"))
+                    });
+                }
                 storage.create(definition, vhost_name).map_err(|error| {
                     tracing::error!(%error, "creating a queue log failed");
                     AmqpError::internal(format!("could not create the queue's log: {error}"))

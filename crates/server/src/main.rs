@@ -20,6 +20,7 @@ mod queue_runtime;
 mod queue_type;
 mod settings;
 mod shared;
+mod stream;
 mod stream_protocol;
 mod tls;
 mod url_path;

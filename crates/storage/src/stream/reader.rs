@@ -31,7 +31,8 @@ pub enum OffsetSpec {
     /// Only what is appended from now on.
     Next,
     /// This offset (the chunk holding it; earlier records of that chunk are the caller's to skip).
-    /// Before the first offset: the first; past the end: next.
+    /// Before the first offset: the first; past the end: next (with [`StreamReader::start_offset`]
+    /// still this offset).
     Offset(u64),
     /// The first chunk written at or after this time (ms since the Unix epoch).
     Timestamp(i64),
@@ -170,7 +171,9 @@ impl Stream {
             OffsetSpec::Next => Ok(next),
             OffsetSpec::Last => Ok(last.unwrap_or(next)),
             OffsetSpec::Offset(offset) if offset <= first.offset => Ok(first),
-            OffsetSpec::Offset(offset) if offset >= next.offset => Ok(next),
+            // Past the end: the reader waits at the end, and the records before the offset asked
+            // for are still the caller's to skip (as RabbitMQ's stream queue skips them).
+            OffsetSpec::Offset(offset) if offset >= next.offset => Ok(Start { offset, ..next }),
             OffsetSpec::Offset(offset) => {
                 let Some((segment, entries)) = target else { return Ok(next) };
                 let found = self.search_index(segment, entries, |entry| entry.chunk_id <= offset, true)?;

@@ -100,6 +100,8 @@ fn records_and_batches_take_consecutive_offsets_and_read_back_from_every_spec() 
     assert_eq!(read_all(&stream, OffsetSpec::Offset(6)), everything[5..].to_vec(), "the whole chunk holding offset 6");
     assert_eq!(stream.reader(OffsetSpec::Offset(6), ChunkSelector::UserData).expect("reader").start_offset(), 6);
     assert_eq!(read_all(&stream, OffsetSpec::Offset(1_000)), vec![], "past the end: next");
+    let beyond = stream.reader(OffsetSpec::Offset(1_000), ChunkSelector::UserData).expect("reader");
+    assert_eq!((beyond.next_offset(), beyond.start_offset()), (10, 1_000), "waits at the end, skips up to the offset asked for");
     assert_eq!(read_all(&stream, OffsetSpec::Timestamp(NOW_MS + 5)), everything[5..].to_vec());
     assert_eq!(read_all(&stream, OffsetSpec::Timestamp(NOW_MS - 5)), everything);
     assert_eq!(read_all(&stream, OffsetSpec::Timestamp(NOW_MS + 50)), vec![]);
