@@ -2,7 +2,10 @@ module lepus/interop/go-stream
 
 go 1.25.0
 
-require github.com/rabbitmq/rabbitmq-stream-go-client v1.8.1
+require (
+	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/rabbitmq/rabbitmq-stream-go-client v1.8.1
+)
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

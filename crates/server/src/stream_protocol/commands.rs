@@ -185,8 +185,8 @@ impl Session {
         } else if !self.permitted(Access::Configure, &Text::from(name.as_str())) {
             ResponseCode::AccessRefused
         } else {
-            match self.node.registry.create(self.vhost(), &name, arguments) {
-                Ok(_) => ResponseCode::Ok,
+            match self.node.registry.create(self.vhost(), &name, arguments, self.connection_id) {
+                Ok(()) => ResponseCode::Ok,
                 Err(CreateRefusal::AlreadyExists) => ResponseCode::StreamAlreadyExists,
                 Err(CreateRefusal::Precondition(why)) => {
                     tracing::info!(stream = name, %why, "stream not created");

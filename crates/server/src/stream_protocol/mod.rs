@@ -8,8 +8,8 @@
 //! The layers follow a message: the socket task (`connection.rs`) cuts frames with
 //! [`stream_codec::split_frame`] (frame size checked before the body is read) and hands decoded
 //! commands to the connection's state (`session.rs`, with `commands.rs` and `delivery.rs`),
-//! which answers into an outbox; streams live in the store (`storage::stream`), found through the
-//! registry (`registry.rs`).
+//! which answers into an outbox; streams are the vhosts' stream queues (`crate::stream`, on the
+//! store `storage::stream`), found, created and deleted through `registry.rs`.
 
 mod commands;
 mod connection;
@@ -62,18 +62,10 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
-/// Recovers the streams and serves stream-protocol connections on `listener` until the runtime
-/// stops. Connections beyond `connection_max` wait in the kernel's backlog, as AMQP's do.
+/// Serves stream-protocol connections on `listener` until the runtime stops. Connections beyond `connection_max` wait in the kernel's backlog, as AMQP's do.
 pub async fn serve(broker: Arc<Broker>, listener: TcpListener) {
     let port = listener.local_addr().map(|address| address.port()).unwrap_or(broker.config.stream_port);
-    let data_dir = broker.config.data_dir.clone();
-    let registry = match tokio::task::spawn_blocking(move || StreamRegistry::recover(&data_dir)).await {
-        Ok(registry) => Arc::new(registry),
-        Err(error) => {
-            tracing::error!(%error, "stream registry recovery failed: the stream port is not served");
-            return;
-        }
-    };
+    let registry = Arc::new(StreamRegistry::new(broker.clone()));
     let advertised_host = broker.config.stream_advertised_host.clone().unwrap_or_else(host_name);
     let node = Arc::new(Node { broker: broker.clone(), registry, advertised_host, advertised_port: port });
     let slots = Arc::new(Semaphore::new(broker.config.connection_max.min(Semaphore::MAX_PERMITS)));

@@ -53,6 +53,8 @@ pub enum Flow {
 pub struct Session {
     pub(super) node: Arc<Node>,
     pub(super) peer: SocketAddr,
+    /// The broker's id for the connection (what queue declarations record).
+    pub(super) connection_id: u64,
     pub(super) phase: Phase,
     pub(super) user: Option<String>,
     pub(super) vhost: Option<String>,
@@ -88,9 +90,11 @@ pub const MECHANISMS: [&str; 2] = ["AMQPLAIN", "PLAIN"];
 impl Session {
     /// A session for a connection from `peer`; confirms come back through `confirms`.
     pub fn new(node: Arc<Node>, peer: SocketAddr, confirms: UnboundedSender<Confirmed>) -> Session {
+        let connection_id = node.broker.next_connection_id();
         Session {
             node,
             peer,
+            connection_id,
             phase: Phase::Connected,
             user: None,
             vhost: None,
