@@ -111,6 +111,8 @@ pub struct ServerConfig {
     pub memory_high_watermark_bytes: u64,
     /// When messages are fdatasynced, and so what a confirm promises (see docs/storage.md).
     pub sync_policy: storage::syncer::SyncPolicy,
+    /// This node's name and its cluster links (off unless a cluster port or seeds are set).
+    pub cluster: crate::cluster::ClusterSettings,
 }
 
 impl Default for ServerConfig {
@@ -140,6 +142,7 @@ impl Default for ServerConfig {
             disk_free_limit_bytes: 50_000_000,
             sync_policy: storage::syncer::SyncPolicy::Always,
             memory_high_watermark_bytes: crate::alarms::memory::default_memory_high_watermark_bytes(),
+            cluster: crate::cluster::ClusterSettings::default(),
         }
     }
 }

@@ -44,6 +44,9 @@ pub enum StartError {
     /// The SIGTERM handler could not be installed.
     #[error("handling SIGTERM: {0}")]
     Signal(#[source] std::io::Error),
+    /// The cluster links or membership could not start (the message says why).
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterStartError),
 }
 
 /// The listeners a broker may serve.
@@ -138,6 +141,10 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     runtime.block_on(async move {
         let listeners = Listeners::bind_all(&config, tls.as_ref()).await?;
         let broker = Broker::open(config.clone())?;
+        if config.cluster.enabled() {
+            let cluster = crate::cluster::Cluster::start(&broker)?;
+            let _ = broker.cluster.set(cluster);
+        }
         serve(broker, listeners).await
     })
 }

@@ -35,6 +35,8 @@ use storage::syncer::{SharedLog, Syncer};
 pub enum Queue {
     /// A classic queue: one node, messages in memory and (durable, persistent ones) in its log.
     Classic(Arc<QueueRuntime>),
+    /// A classic queue of another cluster node (see `cluster/remote_queue.rs`).
+    Remote(Arc<crate::cluster::RemoteQueue>),
 }
 
 /// A queue that does not keep it alive: a connection whose writer was full remembers the queues
@@ -167,6 +169,7 @@ impl Queue {
     pub fn name(&self) -> &ShortStr {
         match self {
             Queue::Classic(queue) => queue.name(),
+            Queue::Remote(queue) => queue.name(),
         }
     }
 
@@ -174,6 +177,7 @@ impl Queue {
     pub fn definition(&self) -> &QueueDefinition {
         match self {
             Queue::Classic(queue) => &queue.definition,
+            Queue::Remote(queue) => &queue.definition,
         }
     }
 
@@ -186,6 +190,8 @@ impl Queue {
     pub fn same(&self, other: &Queue) -> bool {
         match (self, other) {
             (Queue::Classic(a), Queue::Classic(b)) => Arc::ptr_eq(a, b),
+            (Queue::Remote(a), Queue::Remote(b)) => Arc::ptr_eq(a, b),
+            _ => false,
         }
     }
 
@@ -193,6 +199,7 @@ impl Queue {
     pub fn address(&self) -> *const () {
         match self {
             Queue::Classic(queue) => Arc::as_ptr(queue).cast(),
+            Queue::Remote(queue) => Arc::as_ptr(queue).cast(),
         }
     }
 
@@ -201,6 +208,10 @@ impl Queue {
     pub fn publish(&self, message: Arc<Message>) -> PublishOutcome {
         match self {
             Queue::Classic(queue) => classic::publish(queue, message),
+            Queue::Remote(queue) => {
+                queue.refuse_publish();
+                PublishOutcome::Rejected
+            }
         }
     }
 
@@ -208,6 +219,7 @@ impl Queue {
     pub fn dispatch(&self) {
         match self {
             Queue::Classic(queue) => queue.dispatch(),
+            Queue::Remote(_) => {}
         }
     }
 
@@ -218,6 +230,7 @@ impl Queue {
     pub fn settle(&self, deliveries: &[u64], settlement: Settlement) {
         match self {
             Queue::Classic(queue) => queue.finish_deliveries(deliveries, settlement),
+            Queue::Remote(_) => {}
         }
     }
 
@@ -227,6 +240,7 @@ impl Queue {
     pub fn get(&self, channel: &ChannelShared, no_ack: bool) -> GetAnswer {
         match self {
             Queue::Classic(queue) => queue.get(channel, no_ack),
+            Queue::Remote(_) => GetAnswer::Empty,
         }
     }
 
@@ -235,6 +249,7 @@ impl Queue {
     pub async fn wait_for_page_in(&self) {
         match self {
             Queue::Classic(queue) => queue.wait_for_page_in().await,
+            Queue::Remote(_) => {}
         }
     }
 
@@ -243,6 +258,7 @@ impl Queue {
     pub fn consume(&self, consumer: Arc<ConsumerHandle>, exclusive: bool, accepted: impl FnOnce()) -> Result<(), AmqpError> {
         match self {
             Queue::Classic(queue) => queue.add_consumer(consumer, exclusive, accepted),
+            Queue::Remote(queue) => Err(queue.refusal()),
         }
     }
 
@@ -250,6 +266,7 @@ impl Queue {
     pub fn cancel(&self, consumer: &Arc<ConsumerHandle>) -> ConsumerRemoval {
         match self {
             Queue::Classic(queue) => queue.remove_consumer(consumer),
+            Queue::Remote(_) => ConsumerRemoval::NotFound,
         }
     }
 
@@ -257,6 +274,7 @@ impl Queue {
     pub fn mark_used(&self) {
         match self {
             Queue::Classic(queue) => queue.mark_used(),
+            Queue::Remote(_) => {}
         }
     }
 
@@ -264,6 +282,7 @@ impl Queue {
     pub fn counts(&self) -> (u32, u32) {
         match self {
             Queue::Classic(queue) => queue.counts(),
+            Queue::Remote(_) => (0, 0),
         }
     }
 
@@ -271,6 +290,7 @@ impl Queue {
     pub fn purge(&self) -> u32 {
         match self {
             Queue::Classic(queue) => queue.purge(),
+            Queue::Remote(_) => 0,
         }
     }
 
@@ -279,6 +299,7 @@ impl Queue {
     pub fn delete(&self) -> (u32, Vec<Arc<ConsumerHandle>>) {
         match self {
             Queue::Classic(queue) => queue.delete(),
+            Queue::Remote(_) => (0, Vec::new()),
         }
     }
 
@@ -286,6 +307,7 @@ impl Queue {
     pub fn apply_policy(&self, policy: Option<Arc<Policy>>) {
         match self {
             Queue::Classic(queue) => queue.apply_policy(policy),
+            Queue::Remote(_) => drop(policy),
         }
     }
 
@@ -293,6 +315,7 @@ impl Queue {
     pub fn consumer_timeout_ms(&self) -> Option<u64> {
         match self {
             Queue::Classic(queue) => queue.consumer_timeout_ms(),
+            Queue::Remote(_) => None,
         }
     }
 
@@ -300,6 +323,7 @@ impl Queue {
     pub fn policy(&self) -> Option<Arc<Policy>> {
         match self {
             Queue::Classic(queue) => queue.policy(),
+            Queue::Remote(_) => None,
         }
     }
 
@@ -307,6 +331,9 @@ impl Queue {
     pub fn snapshot(&self) -> QueueSnapshot {
         match self {
             Queue::Classic(queue) => queue.snapshot(),
+            Queue::Remote(_) => {
+                QueueSnapshot { ready: 0, paged: 0, unacked: 0, consumers: 0, stats: Default::default(), single_active_consumer_tag: None }
+            }
         }
     }
 
@@ -314,6 +341,7 @@ impl Queue {
     pub fn consumer_views(&self) -> Vec<ConsumerView> {
         match self {
             Queue::Classic(queue) => queue.consumer_views(),
+            Queue::Remote(_) => Vec::new(),
         }
     }
 
@@ -321,6 +349,7 @@ impl Queue {
     pub fn dead_letters(&self) -> bool {
         match self {
             Queue::Classic(queue) => queue.dead_letters(),
+            Queue::Remote(_) => false,
         }
     }
 
@@ -328,6 +357,16 @@ impl Queue {
     pub fn take_dead_letters(&self) -> Option<crate::dead_letter::DeadLetterBatch> {
         match self {
             Queue::Classic(queue) => queue.take_dead_letters(),
+            Queue::Remote(_) => None,
+        }
+    }
+
+    /// Refuses an operation that needs the queue's messages on this node (basic.get, purge) when
+    /// they are on another node's.
+    pub fn check_local(&self) -> Result<(), AmqpError> {
+        match self {
+            Queue::Remote(queue) => Err(queue.refusal()),
+            _ => Ok(()),
         }
     }
 
@@ -335,6 +374,7 @@ impl Queue {
     pub fn durable_log(&self) -> Option<&SharedLog> {
         match self {
             Queue::Classic(queue) => queue.log.as_ref(),
+            Queue::Remote(_) => None,
         }
     }
 }
