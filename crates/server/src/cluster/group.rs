@@ -184,7 +184,9 @@ impl<A: Applier> GroupDriver<A> {
                 self.pending.push(data);
             }
         }
-        if self.raw.raft.state == StateRole::Leader && !self.raw.raft.has_pending_conf() {
+        // A follower forwards the change to the leader; a leader takes one change at a time.
+        let leading = self.raw.raft.state == StateRole::Leader;
+        if !leading || !self.raw.raft.has_pending_conf() {
             if let Some(change) = self.pending_changes.first().cloned() {
                 match self.raw.propose_conf_change(change.context.to_vec(), change) {
                     Ok(()) => {

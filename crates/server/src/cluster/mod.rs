@@ -134,7 +134,7 @@ impl Cluster {
     pub fn start(broker: &Arc<Broker>) -> Result<Arc<Cluster>, ClusterStartError> {
         let config = &broker.config;
         let settings = config.cluster.clone();
-        let advertise = settings.advertised_address().map_err(ClusterStartError::Refused)?;
+        let advertise = settings.advertised_address(config.bind_address).map_err(ClusterStartError::Refused)?;
         let node_state = control::load_or_create_state(&config.data_dir, &settings, &advertise)?;
         let address = std::net::SocketAddr::new(config.bind_address, settings.cluster_port);
         let listener = std::net::TcpListener::bind(address).map_err(|source| ClusterStartError::Listen { address, source })?;

@@ -143,21 +143,18 @@ impl ClusterSettings {
     }
 
     /// The address other nodes dial to reach this one: `--cluster-advertise`, else the one seed
-    /// whose port is the cluster port and whose host is an address of this machine, else
-    /// `127.0.0.1:PORT` when there are no seeds. `None`: the seeds do not say which one is this
-    /// node (the operator sets `--cluster-advertise`).
-    pub fn advertised_address(&self) -> Result<String, String> {
+    /// whose port is the cluster port and whose host is an address of this machine, else (a node
+    /// that is not a seed) the bind address, or the host name when binding every address. An
+    /// error when several seeds could be this node (the operator sets `--cluster-advertise`).
+    pub fn advertised_address(&self, bind: std::net::IpAddr) -> Result<String, String> {
         if let Some(advertise) = &self.advertise {
             return Ok(advertise.clone());
         }
         let own: Vec<&String> = self.seeds.iter().filter(|seed| self.is_local_seed(seed)).collect();
         match own.as_slice() {
             [one] => Ok((*one).clone()),
-            [] if self.seeds.is_empty() => Ok(format!("{}:{}", host_name(), self.cluster_port)),
-            [] => Err(format!(
-                "none of the cluster_seeds {:?} is this node (port {} on an address of this machine): set cluster_advertise",
-                self.seeds, self.cluster_port
-            )),
+            [] if bind.is_unspecified() => Ok(format!("{}:{}", host_name(), self.cluster_port)),
+            [] => Ok(SocketAddr::new(bind, self.cluster_port).to_string()),
             _ => Err(format!("several cluster_seeds {own:?} could be this node: set cluster_advertise to the one that is")),
         }
     }
@@ -186,7 +183,8 @@ mod tests {
         assert_eq!(settings.cluster_port, CLUSTER_PORT_DEFAULT, "seeds turn the default port on");
         assert_eq!(settings.seeds, ["127.0.0.1:25672", "127.0.0.1:25673"]);
         assert_eq!(settings.node_name, format!("n1@{}", host_name()));
-        assert_eq!(settings.advertised_address().expect("the seed on our port"), "127.0.0.1:25672");
+        let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+        assert_eq!(settings.advertised_address(loopback).expect("the seed on our port"), "127.0.0.1:25672");
         for (name, seeds, port, expected) in [
             (Some("a@b@c"), None, None, "must be name@host"),
             (None, Some(vec!["nohost".to_string()]), None, "must be host:port"),
@@ -197,6 +195,9 @@ mod tests {
             assert!(error.contains(expected), "{error}");
         }
         let settings = ClusterSettings::resolve(None, Some(25680), Some(vec!["127.0.0.1:1".into()]), None, None).expect("resolves");
-        assert!(settings.advertised_address().expect_err("no seed is us").contains("cluster_advertise"));
+        assert_eq!(settings.advertised_address(loopback).expect("not a seed: the bind address"), "127.0.0.1:25680");
+        let seeds = Some(vec!["127.0.0.1:25680".into(), "localhost:25680".into()]);
+        let settings = ClusterSettings::resolve(None, Some(25680), seeds, None, None).expect("resolves");
+        assert!(settings.advertised_address(loopback).expect_err("two seeds are us").contains("cluster_advertise"));
     }
 }
