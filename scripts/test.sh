@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-suites=${SUITES:-"python go java management console"}
+suites=${SUITES:-"python go java management console cluster"}
 case "${REFERENCE:-rabbitmq}" in
   rabbitmq) ;;
   none) echo "== REFERENCE=none: the reference runs against RabbitMQ are skipped" ;;

@@ -29,6 +29,8 @@ pub struct RemoteQueue {
     pub home_id: u64,
     /// Messages routed to it here and refused.
     pub refused_publishes: AtomicU64,
+    /// The policy that applies to it (listings show it on every node).
+    pub policy: parking_lot::Mutex<Option<std::sync::Arc<crate::policy::Policy>>>,
     last_warning_s: AtomicU64,
 }
 
@@ -41,6 +43,7 @@ impl RemoteQueue {
             home_name,
             home_id,
             refused_publishes: AtomicU64::new(0),
+            policy: parking_lot::Mutex::new(None),
             last_warning_s: AtomicU64::new(0),
         }
     }

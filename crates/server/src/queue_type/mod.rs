@@ -307,7 +307,7 @@ impl Queue {
     pub fn apply_policy(&self, policy: Option<Arc<Policy>>) {
         match self {
             Queue::Classic(queue) => queue.apply_policy(policy),
-            Queue::Remote(_) => drop(policy),
+            Queue::Remote(queue) => *queue.policy.lock() = policy,
         }
     }
 
@@ -323,7 +323,7 @@ impl Queue {
     pub fn policy(&self) -> Option<Arc<Policy>> {
         match self {
             Queue::Classic(queue) => queue.policy(),
-            Queue::Remote(_) => None,
+            Queue::Remote(queue) => queue.policy.lock().clone(),
         }
     }
 
@@ -358,6 +358,14 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.take_dead_letters(),
             Queue::Remote(_) => None,
+        }
+    }
+
+    /// The node holding the queue, when another node of the cluster does.
+    pub fn home_node(&self) -> Option<&str> {
+        match self {
+            Queue::Remote(queue) => Some(&queue.home_name),
+            _ => None,
         }
     }
 
