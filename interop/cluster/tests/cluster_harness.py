@@ -30,6 +30,7 @@ class Node:
         self.cluster_port = cluster_port
         self.amqp_port = free_port()
         self.http_port = free_port()
+        self.metrics_port = free_port()
         self.seeds = seeds
         self.extra = list(extra)
         self.process = None
@@ -37,7 +38,7 @@ class Node:
     def start(self):
         arguments = [
             LEPUS_BIN, "server", "--node-name", self.name, "--data-dir", self.data_dir, "--bind", "127.0.0.1",
-            "--amqp-port", str(self.amqp_port), "--http-port", str(self.http_port), "--metrics-port", "0",
+            "--amqp-port", str(self.amqp_port), "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port),
             "--cluster-port", str(self.cluster_port),
         ]
         if self.seeds:
@@ -79,6 +80,9 @@ class Node:
 
     def status(self):
         return self.get("/lepus/cluster").json()
+
+    def metrics(self):
+        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30).text
 
     def url(self, vhost="%2F"):
         return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/{vhost}"

@@ -9,7 +9,7 @@
 use super::link::Links;
 use parking_lot::Mutex;
 use protobuf::Message as _;
-use raft::eraftpb::{ConfChange, ConfState, Entry, EntryType, Message};
+use raft::eraftpb::{ConfChange, ConfState, Entry, EntryType, Message, MessageType};
 use raft::{RawNode, StateRole};
 use replication::log_store::LogStore;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -93,6 +93,19 @@ fn role_name(role: StateRole) -> &'static str {
     }
 }
 
+/// Where a node whose log recovery found damage stands (as `replication::node::Damage`; see
+/// docs/replication.md, "Recovery and damaged logs"): a node that may have lost acknowledged
+/// entries must neither vote nor campaign until a leader has given them back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Damage {
+    /// The log is whole.
+    None,
+    /// Damaged, no leader heard from yet: no ticks, no votes.
+    AwaitingLeader,
+    /// Damaged; whole again once the log reaches this index (the leader's commit when first heard).
+    CatchingUpTo(u64),
+}
+
 /// Runs the group until [`GroupEvent::Stop`] or a write failure (after which it cannot promise
 /// anything: the node must restart from what is durable).
 pub struct GroupDriver<A: Applier> {
@@ -105,11 +118,12 @@ pub struct GroupDriver<A: Applier> {
     applied: u64,
     elections: u64,
     last_role: StateRole,
+    damage: Damage,
 }
 
 impl<A: Applier> GroupDriver<A> {
-    /// A driver for `raw`, sending through `links`.
-    pub fn new(raw: RawNode<LogStore>, links: Arc<Links>, applier: A, view: Arc<Mutex<GroupView>>) -> GroupDriver<A> {
+    /// A driver for `raw`, sending through `links`; `damaged`: recovery found a damaged log.
+    pub fn new(raw: RawNode<LogStore>, links: Arc<Links>, applier: A, view: Arc<Mutex<GroupView>>, damaged: bool) -> GroupDriver<A> {
         GroupDriver {
             raw,
             links,
@@ -120,6 +134,7 @@ impl<A: Applier> GroupDriver<A> {
             applied: 0,
             elections: 0,
             last_role: StateRole::Follower,
+            damage: if damaged { Damage::AwaitingLeader } else { Damage::None },
         }
     }
 
@@ -146,7 +161,10 @@ impl<A: Applier> GroupDriver<A> {
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + tick;
                 }
-                self.raw.tick();
+                // A damaged node does not tick: it must not campaign.
+                if self.damage == Damage::None {
+                    self.raw.tick();
+                }
             }
             self.propose_pending();
             if let Err(error) = self.process_ready() {
@@ -161,6 +179,7 @@ impl<A: Applier> GroupDriver<A> {
     fn take(&mut self, event: GroupEvent) {
         match event {
             GroupEvent::Raft(message) => {
+                let Some(message) = self.guard_damaged(message) else { return };
                 // A message from a removed member, or for a term long gone: raft-rs refuses it.
                 let _ = self.raw.step(message);
             }
@@ -171,6 +190,32 @@ impl<A: Applier> GroupDriver<A> {
             }
             GroupEvent::ConfChange(change) => self.pending_changes.push(change),
             GroupEvent::Stop => {}
+        }
+    }
+
+    /// While the log is damaged: no votes given, and a heartbeat's commit index capped at the
+    /// log's end (the leader still believes this node holds what it acknowledged; raft-rs would
+    /// panic on a commit past the log). The first append from a leader says how far to catch up.
+    fn guard_damaged(&mut self, mut message: Message) -> Option<Message> {
+        if self.damage == Damage::None {
+            return Some(message);
+        }
+        match message.get_msg_type() {
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote => return None,
+            MessageType::MsgHeartbeat => message.commit = message.commit.min(self.raw.store().last_index_now()),
+            MessageType::MsgAppend if self.damage == Damage::AwaitingLeader => self.damage = Damage::CatchingUpTo(message.commit),
+            _ => {}
+        }
+        Some(message)
+    }
+
+    /// A damaged log is whole again once it holds and applied what the leader had committed.
+    fn check_repaired(&mut self) {
+        if let Damage::CatchingUpTo(index) = self.damage {
+            if self.raw.store().last_index_now() >= index && self.applied >= index {
+                tracing::info!(index, "the metadata log is repaired: this node votes and campaigns again");
+                self.damage = Damage::None;
+            }
         }
     }
 
@@ -236,6 +281,7 @@ impl<A: Applier> GroupDriver<A> {
         let committed = light.take_committed_entries();
         self.apply_entries(committed)?;
         self.raw.advance_apply();
+        self.check_repaired();
         Ok(())
     }
 

@@ -21,6 +21,7 @@ mod control;
 mod frame;
 mod group;
 mod link;
+pub mod metrics;
 mod node_state;
 mod remote_queue;
 mod settings;
@@ -294,7 +295,7 @@ impl Cluster {
         let (store, recovery) = replication::log_store::LogStore::open(file_system, &directory, checksum_seed, &node_state.initial_voters)
             .map_err(|error| error.to_string())?;
         if recovery.damaged {
-            tracing::error!(directory = %directory.display(), "the metadata log is damaged: the node takes what the leader sends");
+            tracing::error!(directory = %directory.display(), records = recovery.records, "the metadata log is damaged: this node neither votes nor campaigns until a leader has repaired it");
         }
         let config = raft::Config {
             id: self.node_id,
@@ -310,7 +311,7 @@ impl Cluster {
         let raw = raft::RawNode::new(&config, store, &logger).map_err(|error| error.to_string())?;
         let (sender, receiver) = std::sync::mpsc::sync_channel(group::GROUP_EVENTS_MAX);
         let applier = apply::MetadataApplier::new(self.clone());
-        let driver = group::GroupDriver::new(raw, self.links.clone(), applier, self.view.clone());
+        let driver = group::GroupDriver::new(raw, self.links.clone(), applier, self.view.clone(), recovery.damaged);
         let runtime = tokio::runtime::Handle::try_current().ok();
         std::thread::Builder::new()
             .name("metadata-group".to_string())
