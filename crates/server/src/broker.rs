@@ -295,15 +295,8 @@ impl Broker {
                 tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
                 continue;
             };
-            let destination_name = ShortStr::truncating(record.destination.clone());
-            let destination =
-                if record.destination_is_exchange { Destination::Exchange(destination_name) } else { Destination::Queue(destination_name) };
-            let binding = Binding {
-                destination,
-                routing_key: ShortStr::truncating(record.routing_key.clone()),
-                arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
-            };
-            let bound = vhost.write().bind(&ShortStr::truncating(record.source.clone()), binding);
+            let (source, binding) = cluster_apply::binding_from_record(record);
+            let bound = vhost.write().bind(&source, binding);
             if let Err(error) = bound {
                 tracing::warn!(%error, "a stored binding could not be restored");
             }

@@ -61,7 +61,8 @@ pub fn exchange_command(vhost: &str, declaration: &ExchangeDeclaration) -> Excha
     }
 }
 
-fn binding_from_record(record: &BindingRecord) -> (ShortStr, Binding) {
+/// A stored or replicated binding: its source and the binding.
+pub fn binding_from_record(record: &BindingRecord) -> (ShortStr, Binding) {
     let destination_name = ShortStr::truncating(record.destination.clone());
     let destination =
         if record.destination_is_exchange { Destination::Exchange(destination_name) } else { Destination::Queue(destination_name) };

@@ -138,21 +138,22 @@ impl<A: Applier> GroupDriver<A> {
         }
     }
 
-    /// The thread's loop.
-    pub fn run(mut self, events: Receiver<GroupEvent>) {
+    /// The thread's loop. Returns whether it stopped because it was asked to (true), or because
+    /// it could not go on (false: its log could not be written).
+    pub fn run(mut self, events: Receiver<GroupEvent>) -> bool {
         let tick = Duration::from_millis(TICK_MS);
         let mut next_tick = Instant::now() + tick;
         loop {
             let wait = next_tick.saturating_duration_since(Instant::now());
             match events.recv_timeout(wait) {
-                Ok(GroupEvent::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(GroupEvent::Stop) | Err(RecvTimeoutError::Disconnected) => return true,
                 Ok(event) => self.take(event),
                 Err(RecvTimeoutError::Timeout) => {}
             }
             // Everything already queued, before one Ready: the batch that one fdatasync covers.
             while let Ok(event) = events.try_recv() {
                 if matches!(event, GroupEvent::Stop) {
-                    return;
+                    return true;
                 }
                 self.take(event);
             }
@@ -168,8 +169,8 @@ impl<A: Applier> GroupDriver<A> {
             }
             self.propose_pending();
             if let Err(error) = self.process_ready() {
-                tracing::error!(%error, "the metadata group's log could not be written: the group stops; restart the node");
-                return;
+                tracing::error!(%error, "the metadata group's log could not be written");
+                return false;
             }
             let view = self.refresh_view();
             self.applier.after_round(&view);

@@ -318,7 +318,16 @@ impl Cluster {
             .spawn(move || {
                 // Applying a change may spawn tasks (queue timers) on the broker's runtime.
                 let _guard = runtime.as_ref().map(|runtime| runtime.enter());
-                driver.run(receiver)
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.run(receiver)));
+                if !matches!(run, Ok(true)) {
+                    // A node without its metadata group would serve stale definitions and never
+                    // learn new ones: it stops, and restarts from what its log holds durably.
+                    tracing::error!("the metadata group stopped on a failure: the node shuts down");
+                    // SAFETY: signalling our own process; SIGTERM starts the graceful shutdown.
+                    unsafe {
+                        libc::kill(libc::getpid(), libc::SIGTERM);
+                    }
+                }
             })
             .map_err(|error| error.to_string())?;
         *self.events.lock() = Some(sender);
