@@ -192,7 +192,9 @@ impl Broker {
             operator_policies: RwLock::new(Vec::new()),
             definitions,
             definitions_write: Mutex::new(()),
-            next_connection_id: AtomicU64::new(1),
+            // A clustered node's exclusive queues name their owner by connection id in the
+            // metadata log; ids of a new incarnation must not be those of the last one.
+            next_connection_id: AtomicU64::new(if config.cluster.enabled() { cluster_apply::first_connection_id() } else { 1 }),
             connections: Mutex::new(HashMap::new()),
             churn: Default::default(),
             retired_channels: Default::default(),

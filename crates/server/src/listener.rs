@@ -142,8 +142,8 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
         let listeners = Listeners::bind_all(&config, tls.as_ref()).await?;
         let broker = Broker::open(config.clone())?;
         if config.cluster.enabled() {
-            let cluster = crate::cluster::Cluster::start(&broker)?;
-            let _ = broker.cluster.set(cluster);
+            // Sets `broker.cluster` itself, before its metadata group runs.
+            crate::cluster::Cluster::start(&broker)?;
         }
         serve(broker, listeners).await
     })

@@ -321,3 +321,25 @@ def test_kill_9_of_a_classic_queues_node_under_confirmed_load_loses_nothing_conf
     assert not violations, f"seed {seed}, history {history_path}: {violations[:10]}"
     assert confirmed > 0, f"seed {seed}: nothing was confirmed before the kill (history {history_path})"
     print(f"seed {seed}: {confirmed} confirmed before kill -9 of {home.name}, none lost")
+
+
+def test_a_restarted_node_deletes_the_exclusive_and_transient_queues_of_its_last_run(cluster):
+    first, second, _ = cluster.nodes
+    connection = pika.BlockingConnection(pika.URLParameters(first.url()))
+    channel = connection.channel()
+    channel.queue_declare("cluster.exclusive-before-crash", exclusive=True)
+    channel.queue_declare("cluster.transient-before-crash", durable=False)
+    channel.queue_declare("cluster.durable-before-crash", durable=True)
+    eventually(lambda: second.get("/queues/%2F/cluster.transient-before-crash").ok, what="the queues on the second node")
+    first.kill(signal.SIGKILL)
+    assert second.get("/queues/%2F/cluster.exclusive-before-crash").ok, "a node that is down keeps its queues listed"
+    first.start()
+    first.wait_listening()
+    for node in (first, second):
+        eventually(lambda node=node: node.get("/queues/%2F/cluster.exclusive-before-crash").status_code == 404
+                   and node.get("/queues/%2F/cluster.transient-before-crash").status_code == 404,
+                   what=f"the last run's exclusive and transient queues gone on {node.name}")
+        assert node.get("/queues/%2F/cluster.durable-before-crash").ok
+    # A new connection may declare the exclusive name again.
+    channel = pika.BlockingConnection(pika.URLParameters(first.url())).channel()
+    channel.queue_declare("cluster.exclusive-before-crash", exclusive=True)

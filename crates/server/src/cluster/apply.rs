@@ -43,12 +43,13 @@ pub struct MetadataApplier {
     cluster: Arc<Cluster>,
     create_proposed: bool,
     member_proposed_at: Option<Instant>,
+    stale_queues_deleted: bool,
 }
 
 impl MetadataApplier {
     /// For `cluster`.
     pub fn new(cluster: Arc<Cluster>) -> MetadataApplier {
-        MetadataApplier { cluster, create_proposed: false, member_proposed_at: None }
+        MetadataApplier { cluster, create_proposed: false, member_proposed_at: None, stale_queues_deleted: false }
     }
 
     fn propose_quietly(&self, command: MetadataCommand) {
@@ -143,7 +144,15 @@ impl Applier for MetadataApplier {
         let expected = MemberRecord { name: self.cluster.settings.node_name.clone(), address: self.cluster.advertise.clone() };
         let due = self.member_proposed_at.is_none_or(|at| at.elapsed() > Duration::from_millis(MEMBER_RECORD_RETRY_MS));
         let is_member = view.voters.contains(&self.cluster.node_id) || view.learners.contains(&self.cluster.node_id);
-        if recorded.as_ref() != Some(&expected) && due && is_member && view.applied >= view.commit {
+        // Once per run the member says who it is, even when the log has it: that entry, past
+        // the log this run started with, is what tells the node its last run's log is applied.
+        let announced = self.member_proposed_at.is_some();
+        let last_run = self.cluster.last_index_at_start.load(std::sync::atomic::Ordering::Acquire);
+        if !self.stale_queues_deleted && is_member && announced && view.applied > last_run && self.cluster.cluster_id() != 0 {
+            self.stale_queues_deleted = true;
+            self.cluster.delete_stale_queues();
+        }
+        if (recorded.as_ref() != Some(&expected) || !announced) && due && is_member {
             self.member_proposed_at = Some(Instant::now());
             self.propose_quietly(super::control::member_command(&self.cluster));
         }

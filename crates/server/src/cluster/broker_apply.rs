@@ -28,6 +28,13 @@ use storage::definitions::{table_from_hex, table_to_hex, BindingRecord, Definiti
 /// RabbitMQ.
 pub const REMOTE_OWNER: u64 = u64::MAX;
 
+/// The first connection id of a clustered node's run: random, so that a connection of this run
+/// never takes the id that owned an exclusive queue in the last one (the metadata log names
+/// owners by id; those queues are deleted once the node is back, see `stale_queues`).
+pub fn first_connection_id() -> u64 {
+    (rand::random::<u64>() >> 24).max(1) << 16
+}
+
 /// A clustered node starts from the embedded defaults and its metadata log; a data directory
 /// that holds a single node's definitions is refused rather than silently ignored.
 pub fn clustered_start(data_dir: &std::path::Path, recovered: Definitions) -> Result<Definitions, RecoveryError> {
@@ -195,6 +202,28 @@ impl Broker {
         }
     }
 
+    /// The exclusive and transient queues this node held before it restarted (declared at or
+    /// below `last_index_at_start` of its log): they went with the process, as on RabbitMQ, and
+    /// the node deletes them through the cluster once it is back.
+    pub fn stale_queues(
+        &self,
+        declared_here: &std::collections::HashMap<(String, ShortStr), u64>,
+        last_index_at_start: u64,
+    ) -> Vec<(String, ShortStr)> {
+        let mut stale = Vec::new();
+        for (vhost, topology) in self.topologies() {
+            for entry in topology.read().queues() {
+                let transient = !entry.definition.durable || entry.definition.exclusive_owner.is_some();
+                let key = (vhost.clone(), entry.definition.name.clone());
+                let before = declared_here.get(&key).is_some_and(|index| *index <= last_index_at_start);
+                if transient && before && matches!(entry.handle, Queue::Classic(_)) {
+                    stale.push(key);
+                }
+            }
+        }
+        stale
+    }
+
     /// Removes the classic queues a forgotten member held (their messages went with it).
     pub fn forget_queues_of(&self, node: u64) {
         for (vhost, topology) in self.topologies() {
@@ -303,6 +332,9 @@ impl Broker {
         let topology = self.topology(vhost_name)?;
         let queue_bound = self.vhost_bound(vhost_name, VhostLimit::MaxQueues);
         let home_name = cluster.member_name(declaration.home).unwrap_or_else(|| format!("{:x}", declaration.home));
+        if home_here {
+            cluster.declared_here(vhost_name, &ShortStr::truncating(declaration.name.clone()), index);
+        }
         let (queue, created) = {
             let mut vhost = topology.write();
             if let Some(bound) = queue_bound {

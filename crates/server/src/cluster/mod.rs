@@ -110,6 +110,10 @@ pub struct Cluster {
     broker: OnceLock<Weak<Broker>>,
     /// Set when this node left its cluster (the process shuts down).
     left: AtomicBool,
+    /// The metadata log's entry that declared each queue held here.
+    declared_here: Mutex<HashMap<(String, amqp_codec::ShortStr), u64>>,
+    /// The last index of the metadata log when this run opened it (0: it had none).
+    last_index_at_start: AtomicU64,
 }
 
 /// Why a clustered node could not start.
@@ -170,9 +174,14 @@ impl Cluster {
             next_sequence: AtomicU64::new(rand::random::<u64>() >> 2),
             broker: OnceLock::new(),
             left: AtomicBool::new(false),
+            declared_here: Mutex::new(HashMap::new()),
+            last_index_at_start: AtomicU64::new(0),
             settings,
         });
         let _ = cluster.broker.set(Arc::downgrade(broker));
+        // Before anything runs that may change definitions (the group, the bootstrap): a change
+        // made on this node must go through the cluster from the first one on.
+        let _ = broker.cluster.set(cluster.clone());
         links.set_handler(Arc::new(control::Handler { cluster: Arc::downgrade(&cluster) }));
         links.listen(listener).map_err(|source| ClusterStartError::Listen { address, source })?;
         for seed in &cluster.settings.seeds {
@@ -294,6 +303,7 @@ impl Cluster {
         let checksum_seed = (node_state.cluster_name.len() as u32).wrapping_mul(0x9E37_79B9) ^ 0x4D45_5441;
         let (store, recovery) = replication::log_store::LogStore::open(file_system, &directory, checksum_seed, &node_state.initial_voters)
             .map_err(|error| error.to_string())?;
+        self.last_index_at_start.store(store.last_index_now(), Ordering::Release);
         if recovery.damaged {
             tracing::error!(directory = %directory.display(), records = recovery.records, "the metadata log is damaged: this node neither votes nor campaigns until a leader has repaired it");
         }
@@ -344,6 +354,31 @@ impl Cluster {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Records that the metadata log's entry `index` declared a queue held here.
+    pub fn declared_here(&self, vhost: &str, name: &amqp_codec::ShortStr, index: u64) {
+        self.declared_here.lock().insert((vhost.to_string(), name.clone()), index);
+    }
+
+    /// Deletes, through the cluster, the exclusive and transient queues this node held before
+    /// it restarted (in the background, once a leader is known).
+    fn delete_stale_queues(self: &Arc<Self>) {
+        let last_index = self.last_index_at_start.load(Ordering::Acquire);
+        let Some(broker) = self.broker() else { return };
+        let stale = broker.stale_queues(&self.declared_here.lock(), last_index);
+        if stale.is_empty() {
+            return;
+        }
+        tracing::info!(queues = stale.len(), "deleting the exclusive and transient queues of this node's last run");
+        let spawned = std::thread::Builder::new().name("stale-queues".to_string()).spawn(move || {
+            for (vhost, name) in stale {
+                broker.remove_queue(&vhost, &name);
+            }
+        });
+        if let Err(error) = spawned {
+            tracing::error!(%error, "starting the deletion of stale queues failed");
         }
     }
 
