@@ -343,3 +343,20 @@ def test_a_restarted_node_deletes_the_exclusive_and_transient_queues_of_its_last
     # A new connection may declare the exclusive name again.
     channel = pika.BlockingConnection(pika.URLParameters(first.url())).channel()
     channel.queue_declare("cluster.exclusive-before-crash", exclusive=True)
+
+
+def test_a_paused_leader_is_replaced_and_follows_when_it_resumes(cluster):
+    leader = cluster.leader()
+    others = [node for node in cluster.nodes if node is not leader]
+    leader.kill(signal.SIGSTOP)
+    try:
+        eventually(lambda: others[0].status()["metadata"]["leader"] in {node.name for node in others}, timeout=15,
+                   what="a new leader among the running nodes")
+        assert others[1].put("/vhosts/while-leader-paused").status_code == 201
+    finally:
+        leader.kill(signal.SIGCONT)
+    # The old leader hears of the new term, steps down and catches up (check-quorum, pre-vote).
+    eventually(lambda: leader.get("/vhosts/while-leader-paused").ok, timeout=20, what="the resumed node's catch-up")
+    statuses = cluster.wait_formed()
+    assert len({status["metadata"]["leader"] for status in statuses}) == 1
+    assert leader.status()["metadata"]["role"] == "follower"
