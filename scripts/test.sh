@@ -16,13 +16,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-suites=${SUITES:-"python go java management console"}
 # The stream-protocol suites (RabbitMQ's stream clients), against Lepus's stream port and then
 # RabbitMQ's.
 stream_suites=${STREAM_SUITES:-"go-stream java-stream"}
 # Brokers that tests start on their own serve no stream port unless they ask for one: the
 # default, 5552, would make two of them (or another broker on this machine) collide.
 export LEPUS_STREAM_PORT=0
+suites=${SUITES:-"python go java management console cluster"}
 case "${REFERENCE:-rabbitmq}" in
   rabbitmq) ;;
   none) echo "== REFERENCE=none: the reference runs against RabbitMQ are skipped" ;;

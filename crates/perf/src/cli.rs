@@ -125,8 +125,9 @@ pub struct PerfArgs {
     /// PerfTest's `--queue-args x-queue-type=...`; quorum and stream queues are durable.
     #[arg(long)]
     pub queue_type: Option<String>,
-    /// Consumers start at this `x-stream-offset` (stream queues): first, last, next, an offset or
-    /// an interval such as `1h`.
+    /// Where consumers of a stream start: over AMQP 0-9-1 the `x-stream-offset` (first, last,
+    /// next, an offset or an interval such as `1h`); over the stream protocol `first`, `last`,
+    /// `next` (the default), an offset, or `@MS` (a timestamp, milliseconds since the epoch).
     #[arg(long)]
     pub stream_offset: Option<String>,
     /// Consumer prefetch (basic.qos).
@@ -158,10 +159,6 @@ pub struct PerfArgs {
     /// --url is `rabbitmq-stream://user:password@host:5552/vhost`.
     #[arg(long, value_enum, default_value_t = Protocol::Amqp)]
     pub protocol: Protocol,
-    /// Stream protocol: where consumers start: `first`, `last`, `next`, an offset, or `@MS` (a
-    /// timestamp, milliseconds since the epoch).
-    #[arg(long, default_value = "next")]
-    pub stream_offset: String,
     /// Stream protocol: chunks a subscription may have in flight (its initial credit; it gives
     /// one more per chunk received, as RabbitMQ's clients do).
     #[arg(long, default_value_t = 10)]

@@ -116,6 +116,8 @@ pub struct ServerConfig {
     /// The host the stream protocol tells clients to connect to (open's connection properties,
     /// metadata): RabbitMQ's `stream.advertised_host`, by default this machine's host name.
     pub stream_advertised_host: Option<String>,
+    /// This node's name and its cluster links (off unless a cluster port or seeds are set).
+    pub cluster: crate::cluster::ClusterSettings,
 }
 
 impl Default for ServerConfig {
@@ -147,6 +149,7 @@ impl Default for ServerConfig {
             memory_high_watermark_bytes: crate::alarms::memory::default_memory_high_watermark_bytes(),
             stream_port: 5552,
             stream_advertised_host: None,
+            cluster: crate::cluster::ClusterSettings::default(),
         }
     }
 }

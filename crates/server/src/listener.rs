@@ -44,6 +44,9 @@ pub enum StartError {
     /// The SIGTERM handler could not be installed.
     #[error("handling SIGTERM: {0}")]
     Signal(#[source] std::io::Error),
+    /// The cluster links or membership could not start (the message says why).
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterStartError),
 }
 
 /// The listeners a broker may serve.
@@ -145,6 +148,10 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     runtime.block_on(async move {
         let listeners = Listeners::bind_all(&config, tls.as_ref()).await?;
         let broker = Broker::open(config.clone())?;
+        if config.cluster.enabled() {
+            // Sets `broker.cluster` itself, before its metadata group runs.
+            crate::cluster::Cluster::start(&broker)?;
+        }
         serve(broker, listeners).await
     })
 }

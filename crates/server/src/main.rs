@@ -3,6 +3,7 @@
 mod alarms;
 mod auth;
 mod broker;
+mod cluster;
 mod config;
 mod connection;
 mod ctl;
@@ -99,7 +100,7 @@ fn main() -> ExitCode {
                 print!("{toml}");
                 ExitCode::SUCCESS
             }
-            Ok(settings::Resolved::Run(config)) => match listener::run(config) {
+            Ok(settings::Resolved::Run(config)) => match listener::run(*config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     // Plain text on stderr, not a log line: the operator who started it reads it.

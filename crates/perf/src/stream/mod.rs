@@ -52,7 +52,7 @@ pub async fn run(mode: Mode, args: PerfArgs) -> Result<Outcome, String> {
         None => url.clone(),
     };
     let streams = stream_names(&args.destination, args.num_destinations)?;
-    let offset = parse_offset(&args.stream_offset)?;
+    let offset = parse_offset(args.stream_offset.as_deref().unwrap_or("next"))?;
     if args.message_size < 8 {
         eprintln!("note: messages under 8 bytes carry no timestamp: no transfer latency");
     }

@@ -238,7 +238,7 @@ fn queue_json_of_any_type(queue: &QueueInfo, rates: &super::rates::QueueRates, n
         "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive,
         "arguments": table_to_json(&queue.arguments),
-        "node": node,
+        "node": queue.home.as_deref().unwrap_or(node),
         "type": queue.queue_type.name(),
         "state": "running",
         "policy": queue.policy.as_ref().and_then(|policy| policy.user_policy_name()),

@@ -97,6 +97,30 @@ impl ClassicStorage<'_> {
         Ok(Queue::Classic(queue))
     }
 
+    /// A clustered node's classic queue, declared by the metadata log's entry `incarnation`: a
+    /// durable one's log is named by it, so replaying the log after a restart recovers the
+    /// queue's messages where the entry that made it is replayed, and the replay of an older
+    /// queue of the same name (made and deleted before) never touches this one's log.
+    pub fn open_incarnation(&self, definition: &QueueDefinition, vhost: &str, incarnation: u64) -> Result<Queue, ClassicStorageError> {
+        let durable = definition.durable && definition.exclusive_owner.is_none();
+        if !durable {
+            return self.create(definition, vhost);
+        }
+        let base = queue_log_path(self.data_dir, vhost, &definition.name);
+        let path = base.with_file_name(format!("{}-{incarnation}", queue_file_name(vhost, &definition.name)));
+        let existed = path.exists();
+        let (log, recovery) = self.open_log(&path)?;
+        let pager = if existed { Pager::recovered(&log.lock(), &recovery, false) } else { None };
+        let messages = if existed { QueueState::with_paged(recovery.next_position, recovery.live_count) } else { QueueState::new(0) };
+        let expiry = self.expiry_clock(definition, vhost, true);
+        if !existed {
+            expiry.remove_file();
+        }
+        let queue = QueueRuntime::new(definition.clone(), vhost, Some(log), messages, pager, self.dead_letters.cloned(), expiry);
+        queue.start_expiry_clock(existed);
+        Ok(Queue::Classic(queue))
+    }
+
     /// Recovers a durable classic queue from its log; returns it and how many messages it holds.
     pub fn recover(&self, definition: &QueueDefinition, vhost: &str, clean_shutdown: bool) -> Result<(Queue, u64), ClassicStorageError> {
         let path = queue_log_path(self.data_dir, vhost, &definition.name);

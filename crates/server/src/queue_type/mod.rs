@@ -39,6 +39,8 @@ pub enum Queue {
     Classic(Arc<QueueRuntime>),
     /// A stream queue: a replayable log that consumers read from an offset of their choice.
     Stream(Arc<crate::stream::StreamQueue>),
+    /// A classic queue of another cluster node (see `cluster/remote_queue.rs`).
+    Remote(Arc<crate::cluster::RemoteQueue>),
 }
 
 /// A queue that does not keep it alive: a connection whose writer was full remembers the queues
@@ -199,6 +201,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.name(),
             Queue::Stream(queue) => queue.name(),
+            Queue::Remote(queue) => queue.name(),
         }
     }
 
@@ -207,6 +210,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => &queue.definition,
             Queue::Stream(queue) => &queue.definition,
+            Queue::Remote(queue) => &queue.definition,
         }
     }
 
@@ -220,6 +224,7 @@ impl Queue {
         match (self, other) {
             (Queue::Classic(a), Queue::Classic(b)) => Arc::ptr_eq(a, b),
             (Queue::Stream(a), Queue::Stream(b)) => Arc::ptr_eq(a, b),
+            (Queue::Remote(a), Queue::Remote(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -229,6 +234,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => Arc::as_ptr(queue).cast(),
             Queue::Stream(queue) => Arc::as_ptr(queue).cast(),
+            Queue::Remote(queue) => Arc::as_ptr(queue).cast(),
         }
     }
 
@@ -238,6 +244,10 @@ impl Queue {
         match self {
             Queue::Classic(queue) => classic::publish(queue, message),
             Queue::Stream(queue) => stream::publish(queue, &message),
+            Queue::Remote(queue) => {
+                queue.refuse_publish();
+                PublishOutcome::Rejected
+            }
         }
     }
 
@@ -246,6 +256,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.dispatch(),
             Queue::Stream(queue) => queue.wake_consumers(),
+            Queue::Remote(_) => {}
         }
     }
 
@@ -259,6 +270,7 @@ impl Queue {
             // Acks move a stream consumer's credit only; a stream has nothing to requeue or
             // dead-letter (nack and reject are refused before they get here).
             Queue::Stream(queue) => queue.settle(deliveries.len()),
+            Queue::Remote(_) => {}
         }
     }
 
@@ -270,6 +282,7 @@ impl Queue {
             Queue::Classic(queue) => queue.get(channel, no_ack),
             // Refused by the type's capabilities before it gets here.
             Queue::Stream(_) => GetAnswer::Empty,
+            Queue::Remote(_) => GetAnswer::Empty,
         }
     }
 
@@ -279,6 +292,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.wait_for_page_in().await,
             Queue::Stream(_) => {}
+            Queue::Remote(_) => {}
         }
     }
 
@@ -288,6 +302,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.add_consumer(consumer, exclusive, accepted),
             Queue::Stream(queue) => queue.add_consumer(consumer, storage::stream::OffsetSpec::Next, accepted),
+            Queue::Remote(queue) => Err(queue.refusal()),
         }
     }
 
@@ -318,6 +333,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.remove_consumer(consumer),
             Queue::Stream(queue) => queue.remove_consumer(consumer),
+            Queue::Remote(_) => ConsumerRemoval::NotFound,
         }
     }
 
@@ -326,6 +342,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.mark_used(),
             Queue::Stream(_) => {}
+            Queue::Remote(_) => {}
         }
     }
 
@@ -335,6 +352,7 @@ impl Queue {
             Queue::Classic(queue) => queue.counts(),
             // RabbitMQ 3.10.8 answers a stream's declare-ok with no consumers, whatever it has.
             Queue::Stream(queue) => (queue.message_count().min(u64::from(u32::MAX)) as u32, 0),
+            Queue::Remote(_) => (0, 0),
         }
     }
 
@@ -344,6 +362,7 @@ impl Queue {
             Queue::Classic(queue) => queue.purge(),
             // Refused before it gets here (540, as RabbitMQ).
             Queue::Stream(_) => 0,
+            Queue::Remote(_) => 0,
         }
     }
 
@@ -353,6 +372,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.delete(),
             Queue::Stream(queue) => queue.delete(),
+            Queue::Remote(_) => (0, Vec::new()),
         }
     }
 
@@ -361,6 +381,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.apply_policy(policy),
             Queue::Stream(queue) => queue.apply_policy(policy),
+            Queue::Remote(queue) => *queue.policy.lock() = policy,
         }
     }
 
@@ -369,6 +390,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.consumer_timeout_ms(),
             Queue::Stream(_) => None,
+            Queue::Remote(_) => None,
         }
     }
 
@@ -377,6 +399,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.policy(),
             Queue::Stream(queue) => queue.policy(),
+            Queue::Remote(queue) => queue.policy.lock().clone(),
         }
     }
 
@@ -385,6 +408,9 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.snapshot(),
             Queue::Stream(queue) => queue.snapshot(),
+            Queue::Remote(_) => {
+                QueueSnapshot { ready: 0, paged: 0, unacked: 0, consumers: 0, stats: Default::default(), single_active_consumer_tag: None }
+            }
         }
     }
 
@@ -393,6 +419,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.consumer_views(),
             Queue::Stream(queue) => queue.consumer_views(),
+            Queue::Remote(_) => Vec::new(),
         }
     }
 
@@ -401,6 +428,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.dead_letters(),
             Queue::Stream(_) => false,
+            Queue::Remote(_) => false,
         }
     }
 
@@ -409,6 +437,24 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.take_dead_letters(),
             Queue::Stream(_) => None,
+            Queue::Remote(_) => None,
+        }
+    }
+
+    /// The node holding the queue, when another node of the cluster does.
+    pub fn home_node(&self) -> Option<&str> {
+        match self {
+            Queue::Remote(queue) => Some(&queue.home_name),
+            _ => None,
+        }
+    }
+
+    /// Refuses an operation that needs the queue's messages on this node (basic.get, purge) when
+    /// they are on another node's.
+    pub fn check_local(&self) -> Result<(), AmqpError> {
+        match self {
+            Queue::Remote(queue) => Err(queue.refusal()),
+            _ => Ok(()),
         }
     }
 
@@ -417,6 +463,7 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.log.as_ref(),
             Queue::Stream(_) => None,
+            Queue::Remote(_) => None,
         }
     }
 }

@@ -100,6 +100,7 @@ impl Channel {
                 context.check(Access::Read, "queue", name.as_bytes())?;
                 let queue = self.require_queue(context, &name)?;
                 queue.capabilities().check_get(queue.name(), &context.vhost)?;
+                queue.check_local()?;
                 self.answer_get(context, queue, get.no_ack, 0);
             }
             Method::BasicRecover(recover) => {
@@ -238,6 +239,7 @@ impl Channel {
                         stream.vhost
                     )));
                 }
+                queue.check_local()?;
                 let message_count = queue.purge();
                 if !purge.nowait {
                     context.reply(id, QueuePurgeOk { message_count }.into());
