@@ -121,6 +121,14 @@ pub struct PerfArgs {
     /// Consumers ack every A or A-B (random) messages with multiple=true.
     #[arg(long, default_value = "1")]
     pub ack_every: String,
+    /// Declares the queues with this `x-queue-type` (classic, quorum, stream), as RabbitMQ
+    /// PerfTest's `--queue-args x-queue-type=...`; quorum and stream queues are durable.
+    #[arg(long)]
+    pub queue_type: Option<String>,
+    /// Consumers start at this `x-stream-offset` (stream queues): first, last, next, an offset or
+    /// an interval such as `1h`.
+    #[arg(long)]
+    pub stream_offset: Option<String>,
     /// Consumer prefetch (basic.qos).
     #[arg(long, default_value_t = 1000)]
     pub prefetch: u16,

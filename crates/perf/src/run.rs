@@ -81,11 +81,11 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
         eprintln!("note: messages under 8 bytes carry no timestamp: no transfer latency");
     }
     let duration_s = duration_s(&args);
-    let durable = args.durable || args.persistent;
+    let durable = args.durable || args.persistent || args.queue_type.as_deref().is_some_and(|kind| kind != "classic");
 
     // Topology: queues and topic exchanges, declared by either side so that any start order works.
     let setup_url = if producing { &url } else { &consumer_url };
-    let broker = declare(setup_url, &destinations, durable, args.durable).await?;
+    let broker = declare(setup_url, &destinations, durable, args.durable, args.queue_type.as_deref()).await?;
     println!(
         "lepus perf {}: {} against {} ({}), {} destination(s), {} producer(s) and {} consumer(s) each, {} B messages, {}",
         mode.name(),
@@ -131,6 +131,7 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
                     source,
                     prefetch: args.prefetch,
                     ack_every,
+                    stream_offset: args.stream_offset.clone(),
                 };
                 let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
                 readies.push(ready_rx);
@@ -315,7 +316,17 @@ fn subscription_queue(topic: &str, index: u32) -> String {
     format!("{topic}.subscription-{index}")
 }
 
-async fn declare(url: &AmqpUrl, destinations: &[Destination], queue_durable: bool, exchange_durable: bool) -> Result<String, String> {
+async fn declare(
+    url: &AmqpUrl,
+    destinations: &[Destination],
+    queue_durable: bool,
+    exchange_durable: bool,
+    queue_type: Option<&str>,
+) -> Result<String, String> {
+    let mut arguments = amqp_codec::FieldTable::new();
+    if let Some(queue_type) = queue_type {
+        arguments.insert("x-queue-type", amqp_codec::FieldValue::LongStr(bytes::Bytes::copy_from_slice(queue_type.as_bytes())));
+    }
     let options = ConnectionOptions { connection_name: "lepus-perf setup".to_string(), ..ConnectionOptions::default() };
     let work = async {
         let mut connection = Connection::open(url, &options).await?;
@@ -323,7 +334,7 @@ async fn declare(url: &AmqpUrl, destinations: &[Destination], queue_durable: boo
         for destination in destinations {
             match destination {
                 Destination::Queue(name) => {
-                    connection.queue_declare(1, name, queue_durable, false, false).await?;
+                    connection.queue_declare_with_arguments(1, name, queue_durable, false, false, arguments.clone()).await?;
                 }
                 Destination::Topic(name) => {
                     connection.exchange_declare(1, name, "topic", exchange_durable).await?;

@@ -384,12 +384,33 @@ impl Broker {
         } else {
             self.flush_all_unjournaled();
         }
+        self.flush_streams();
         // The next start then reads one snapshot and an empty log.
         if let Err(error) = self.definitions.compact() {
             tracing::error!(%error, "compacting the definitions log at shutdown failed; the next start replays it");
         }
         if let Err(error) = storage::write_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir) {
             tracing::error!(%error, "writing the clean-shutdown marker failed");
+        }
+    }
+
+    /// Writes, syncs and commits what every stream has appended (with `--sync interval` or
+    /// `never` the last group commits did not fdatasync it).
+    fn flush_streams(&self) {
+        for (_, vhost) in self.topologies() {
+            let streams: Vec<_> = vhost.read().queues().filter_map(|entry| entry.handle.as_stream().map(|queue| queue.stream.clone())).collect();
+            for stream in streams {
+                let written = stream.write_pending(storage::queue_log::SyncDue::Now);
+                let synced = written.map_err(|error| error.to_string()).and_then(|written| {
+                    written.sync_now.iter().try_for_each(|file| file.sync()).map_err(|error| error.to_string())?;
+                    Ok(written.commit)
+                });
+                match synced {
+                    Ok(Some(point)) => stream.commit(point),
+                    Ok(None) => {}
+                    Err(error) => tracing::error!(%error, directory = %stream.directory().display(), "writing or syncing a stream at shutdown failed"),
+                }
+            }
         }
     }
 
