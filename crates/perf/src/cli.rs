@@ -126,7 +126,8 @@ pub struct PerfArgs {
     #[arg(long)]
     pub queue_type: Option<String>,
     /// Consumers start at this `x-stream-offset` (stream queues): first, last, next, an offset or
-    /// an interval such as `1h`.
+    /// an interval such as `1h`. With `--protocol stream`, the subscription's offset: `first`,
+    /// `last`, `next` (the default there), an offset, or `@MS` (a timestamp, ms since the epoch).
     #[arg(long)]
     pub stream_offset: Option<String>,
     /// Consumer prefetch (basic.qos).
@@ -158,10 +159,6 @@ pub struct PerfArgs {
     /// --url is `rabbitmq-stream://user:password@host:5552/vhost`.
     #[arg(long, value_enum, default_value_t = Protocol::Amqp)]
     pub protocol: Protocol,
-    /// Stream protocol: where consumers start: `first`, `last`, `next`, an offset, or `@MS` (a
-    /// timestamp, milliseconds since the epoch).
-    #[arg(long, default_value = "next")]
-    pub stream_offset: String,
     /// Stream protocol: chunks a subscription may have in flight (its initial credit; it gives
     /// one more per chunk received, as RabbitMQ's clients do).
     #[arg(long, default_value_t = 10)]

@@ -52,7 +52,7 @@ pub async fn run(mode: Mode, args: PerfArgs) -> Result<Outcome, String> {
         None => url.clone(),
     };
     let streams = stream_names(&args.destination, args.num_destinations)?;
-    let offset = parse_offset(&args.stream_offset)?;
+    let offset = parse_offset(args.stream_offset.as_deref().unwrap_or("next"))?;
     if args.message_size < 8 {
         eprintln!("note: messages under 8 bytes carry no timestamp: no transfer latency");
     }
@@ -213,7 +213,7 @@ fn config_json(args: &PerfArgs, url: &StreamUrl, consumer_url: &StreamUrl) -> se
         "max_pending": args.max_pending,
         "stream_batch_size": args.stream_batch_size,
         "stream_credit": args.stream_credit,
-        "stream_offset": args.stream_offset,
+        "stream_offset": args.stream_offset.as_deref().unwrap_or("next"),
         "pacing": format!("{:?}", args.pacing).to_lowercase(),
         "warmup_s": args.warmup,
         "duration_s": args.duration,
