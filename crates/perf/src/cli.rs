@@ -125,9 +125,9 @@ pub struct PerfArgs {
     /// PerfTest's `--queue-args x-queue-type=...`; quorum and stream queues are durable.
     #[arg(long)]
     pub queue_type: Option<String>,
-    /// Where consumers of a stream start: over AMQP 0-9-1 the `x-stream-offset` (first, last,
-    /// next, an offset or an interval such as `1h`); over the stream protocol `first`, `last`,
-    /// `next` (the default), an offset, or `@MS` (a timestamp, milliseconds since the epoch).
+    /// Consumers start at this `x-stream-offset` (stream queues): first, last, next, an offset or
+    /// an interval such as `1h`. With `--protocol stream`, the subscription's offset: `first`,
+    /// `last`, `next` (the default there), an offset, or `@MS` (a timestamp, ms since the epoch).
     #[arg(long)]
     pub stream_offset: Option<String>,
     /// Consumer prefetch (basic.qos).

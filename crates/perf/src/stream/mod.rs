@@ -213,7 +213,7 @@ fn config_json(args: &PerfArgs, url: &StreamUrl, consumer_url: &StreamUrl) -> se
         "max_pending": args.max_pending,
         "stream_batch_size": args.stream_batch_size,
         "stream_credit": args.stream_credit,
-        "stream_offset": args.stream_offset,
+        "stream_offset": args.stream_offset.as_deref().unwrap_or("next"),
         "pacing": format!("{:?}", args.pacing).to_lowercase(),
         "warmup_s": args.warmup,
         "duration_s": args.duration,
