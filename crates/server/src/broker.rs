@@ -398,7 +398,8 @@ impl Broker {
     /// `never` the last group commits did not fdatasync it).
     fn flush_streams(&self) {
         for (_, vhost) in self.topologies() {
-            let streams: Vec<_> = vhost.read().queues().filter_map(|entry| entry.handle.as_stream().map(|queue| queue.stream.clone())).collect();
+            let streams: Vec<_> =
+                vhost.read().queues().filter_map(|entry| entry.handle.as_stream().map(|queue| queue.stream.clone())).collect();
             for stream in streams {
                 let written = stream.write_pending(storage::queue_log::SyncDue::Now);
                 let synced = written.map_err(|error| error.to_string()).and_then(|written| {
@@ -408,7 +409,9 @@ impl Broker {
                 match synced {
                     Ok(Some(point)) => stream.commit(point),
                     Ok(None) => {}
-                    Err(error) => tracing::error!(%error, directory = %stream.directory().display(), "writing or syncing a stream at shutdown failed"),
+                    Err(error) => {
+                        tracing::error!(%error, directory = %stream.directory().display(), "writing or syncing a stream at shutdown failed")
+                    }
                 }
             }
         }
