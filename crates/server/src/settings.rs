@@ -97,6 +97,12 @@ pub struct ServerArguments {
     /// With `--sync interval`: milliseconds between fdatasyncs [default: 200].
     #[arg(long, env = "LEPUS_SYNC_INTERVAL_MS")]
     sync_interval_ms: Option<u64>,
+    /// The RabbitMQ Stream protocol's port [default: 5552; 0 turns it off].
+    #[arg(long, env = "LEPUS_STREAM_PORT")]
+    stream_port: Option<u16>,
+    /// The host stream-protocol clients are told to connect to [default: this host's name].
+    #[arg(long, env = "LEPUS_STREAM_ADVERTISED_HOST")]
+    stream_advertised_host: Option<String>,
 }
 
 /// The settings as the file holds them, and as `--print-config` writes them.
@@ -125,9 +131,13 @@ struct FileSettings {
     consumer_timeout_mode: Option<crate::config::ConsumerTimeoutMode>,
     sync: Option<SyncMode>,
     sync_interval_ms: Option<u64>,
+    stream_port: Option<u16>,
+    stream_advertised_host: Option<String>,
 }
 
 /// What `lepus server` should do.
+// Made once at start and matched at once: boxing the settings would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Resolved {
     /// Run a broker with these settings.
     Run(ServerConfig),
@@ -182,6 +192,8 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
             SyncMode::Interval => SyncPolicy::Interval { interval_ms: sync_interval_ms },
             SyncMode::Never => SyncPolicy::Never,
         },
+        stream_port: arguments.stream_port.or(file.stream_port).unwrap_or(defaults.stream_port),
+        stream_advertised_host: arguments.stream_advertised_host.or(file.stream_advertised_host),
         ..defaults
     };
     check_tls(&config)?;
@@ -212,6 +224,8 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
         consumer_timeout_mode: Some(config.consumer_timeout_mode),
         sync: Some(sync),
         sync_interval_ms: Some(sync_interval_ms),
+        stream_port: Some(config.stream_port),
+        stream_advertised_host: config.stream_advertised_host.clone(),
     };
     toml::to_string(&effective).map(Resolved::Print).map_err(|error| error.to_string())
 }

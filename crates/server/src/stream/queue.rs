@@ -35,6 +35,9 @@ pub struct StreamQueue {
     /// The stream.
     pub stream: Arc<Stream>,
     consumers: Mutex<Vec<Arc<ConsumerTask>>>,
+    /// Stream-protocol connections reading this stream, woken with the consumers (see
+    /// `stream_protocol`): dropped ones are pruned when a new one comes.
+    protocol_readers: Mutex<Vec<std::sync::Weak<tokio::sync::Notify>>>,
     policy: Mutex<Option<Arc<Policy>>>,
     deleted: AtomicBool,
     published: AtomicU64,
@@ -66,6 +69,7 @@ impl StreamQueue {
             vhost: vhost.to_string(),
             stream,
             consumers: Mutex::new(Vec::new()),
+            protocol_readers: Mutex::new(Vec::new()),
             policy: Mutex::new(None),
             deleted: AtomicBool::new(false),
             published: AtomicU64::new(0),
@@ -162,6 +166,19 @@ impl StreamQueue {
         for task in self.consumers.lock().iter() {
             task.wake();
         }
+        for reader in self.protocol_readers.lock().iter() {
+            if let Some(notify) = reader.upgrade() {
+                notify.notify_one();
+            }
+        }
+    }
+
+    /// Wakes `notify` with the consumers (commits, deletion) until it is dropped: a
+    /// stream-protocol connection reading this stream.
+    pub fn watch(&self, notify: &Arc<tokio::sync::Notify>) {
+        let mut readers = self.protocol_readers.lock();
+        readers.retain(|reader| reader.strong_count() > 0);
+        readers.push(Arc::downgrade(notify));
     }
 
     /// Whether the queue was deleted.
@@ -224,6 +241,8 @@ impl StreamQueue {
             tracing::error!(queue = %self.definition.name, %error, "deleting a stream's files failed");
         }
         let consumers: Vec<Arc<ConsumerTask>> = std::mem::take(&mut *self.consumers.lock());
+        // Stream-protocol readers find it deleted when they look.
+        self.wake_consumers();
         let handles = consumers
             .into_iter()
             .map(|task| {
