@@ -125,10 +125,6 @@ pub struct PerfArgs {
     /// PerfTest's `--queue-args x-queue-type=...`; quorum and stream queues are durable.
     #[arg(long)]
     pub queue_type: Option<String>,
-    /// Consumers start at this `x-stream-offset` (stream queues): first, last, next, an offset or
-    /// an interval such as `1h`.
-    #[arg(long)]
-    pub stream_offset: Option<String>,
     /// Consumer prefetch (basic.qos).
     #[arg(long, default_value_t = 1000)]
     pub prefetch: u16,
@@ -158,8 +154,9 @@ pub struct PerfArgs {
     /// --url is `rabbitmq-stream://user:password@host:5552/vhost`.
     #[arg(long, value_enum, default_value_t = Protocol::Amqp)]
     pub protocol: Protocol,
-    /// Stream protocol: where consumers start: `first`, `last`, `next`, an offset, or `@MS` (a
-    /// timestamp, milliseconds since the epoch).
+    /// Where consumers start: `first`, `last`, `next`, an offset, or `@MS` (a timestamp,
+    /// milliseconds since the epoch); over AMQP 0-9-1 with `--queue-type stream` it is the
+    /// consumers' `x-stream-offset` (which also takes an interval such as `1h`).
     #[arg(long, default_value = "next")]
     pub stream_offset: String,
     /// Stream protocol: chunks a subscription may have in flight (its initial credit; it gives
