@@ -329,6 +329,15 @@ impl<M: Payload> QueueState<M> {
         self.unacked.keys().copied()
     }
 
+    /// Positions of the unacked messages `consumer` holds, in position order (a replicated
+    /// queue requeues them when the consumer's node goes away).
+    pub fn unacked_positions_held_by(&self, consumer: ConsumerId) -> Vec<u64> {
+        let mut positions: Vec<u64> =
+            self.unacked.iter().filter(|(_, unacked)| unacked.consumer == Some(consumer)).map(|(position, _)| *position).collect();
+        positions.sort_unstable();
+        positions
+    }
+
     /// Whether the queue holds no message at all.
     pub fn is_empty(&self) -> bool {
         self.ready.is_empty() && self.paged == 0 && self.unacked.is_empty()

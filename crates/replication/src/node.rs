@@ -203,6 +203,17 @@ impl ReplicaNode {
         Ok(())
     }
 
+    /// Proposes a batch on the leader, or, on a follower that knows the leader, forwards it there
+    /// (raft-rs sends the leader a `MsgPropose`). A forwarded proposal may be lost on the way, or
+    /// overtaken by a later one: the proposer's numbers and its retries take care of both.
+    pub fn propose_anywhere(&mut self, batch: &Batch) -> Result<(), NodeError> {
+        if !self.is_leader() && (self.leader().is_none() || self.damage != Damage::None) {
+            return Err(NodeError::NotLeader { leader: self.leader() });
+        }
+        self.raw.propose(Vec::new(), batch.encode())?;
+        Ok(())
+    }
+
     /// Says whether a snapshot this node sent reached `to` (a lost one must be resent).
     pub fn report_snapshot(&mut self, to: u64, delivered: bool) {
         let status = if delivered { SnapshotStatus::Finish } else { SnapshotStatus::Failure };

@@ -409,6 +409,7 @@ impl Cluster {
                     }
                     self.outstanding.insert(position, body);
                 }
+                Outcome::Dropped { .. } | Outcome::ConsumerRemoved { .. } => {}
             }
         }
     }
