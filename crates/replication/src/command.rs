@@ -87,13 +87,19 @@ pub enum QueueCommand {
         /// The delivery's queue position.
         position: u64,
     },
-    /// basic.reject / basic.nack with requeue.
+    /// A delivery whose consumer or channel went away: back to its place, redelivered.
     Requeue {
         /// The delivery's queue position.
         position: u64,
     },
     /// queue.purge.
     Purge,
+    /// basic.reject, basic.nack or basic.recover with requeue: to the back of the queue,
+    /// redelivered, under a new position (RabbitMQ 3.10.8's quorum queues, measured).
+    RequeueToTail {
+        /// The delivery's queue position.
+        position: u64,
+    },
     /// basic.reject / basic.nack without requeue: the message leaves (dead-lettered, reason
     /// `rejected`, when the queue has a dead-letter exchange).
     Reject {
@@ -249,6 +255,10 @@ fn encode_command(writer: &mut Writer, proposed: &ProposedCommand) {
             writer.u8(12);
             writer.u64(*node);
         }
+        QueueCommand::RequeueToTail { position } => {
+            writer.u8(14);
+            writer.u64(*position);
+        }
         QueueCommand::ReleaseNode { node, keep } => {
             writer.u8(13);
             writer.u64(*node);
@@ -284,6 +294,7 @@ fn decode_command(reader: &mut Reader) -> Result<ProposedCommand, DecodeError> {
         11 => QueueCommand::Expire,
         12 => QueueCommand::RegisterProposer { node: reader.u64()? },
         13 => QueueCommand::ReleaseNode { node: reader.u64()?, keep: reader.u64()? },
+        14 => QueueCommand::RequeueToTail { position: reader.u64()? },
         kind => return Err(DecodeError::Invalid { field: "command kind", value: kind.into() }),
     };
     Ok(ProposedCommand { queue, proposer, sequence, command })
@@ -328,6 +339,7 @@ mod tests {
                 command: QueueCommand::SetLimits { limits: Limits { message_ttl_ms: Some(9), ..Limits::NONE } },
             },
             ProposedCommand { queue: 1, proposer: 2, sequence: 10, command: QueueCommand::Expire },
+            ProposedCommand { queue: 1, proposer: 2, sequence: 13, command: QueueCommand::RequeueToTail { position: 3 } },
             ProposedCommand { queue: 0, proposer: 2, sequence: 11, command: QueueCommand::RegisterProposer { node: 3 } },
             ProposedCommand { queue: 0, proposer: 2, sequence: 12, command: QueueCommand::ReleaseNode { node: 3, keep: 2 } },
         ];

@@ -95,7 +95,10 @@ pub struct ReplicaNode {
     undecodable_entries: u64,
 }
 
+mod checks;
 mod driver;
+
+pub use checks::RefusedMessage;
 
 impl ReplicaNode {
     /// Opens a member from its directory (created, empty, when missing).
@@ -161,6 +164,30 @@ impl ReplicaNode {
     /// The commit index this node knows of.
     pub fn commit_index(&self) -> u64 {
         self.raw.raft.raft_log.committed
+    }
+
+    /// Whether this node has applied an entry of the current term: everything committed before
+    /// the term began (in particular, before a restart) is applied, so the state machine is
+    /// as current as a leader's of this term was when it was elected.
+    pub fn caught_up(&self) -> bool {
+        let applied = self.machine.applied_index();
+        applied > 0 && applied >= self.commit_index() && self.raw.raft.raft_log.term(applied).is_ok_and(|term| term == self.term())
+    }
+
+    /// Starts an election now (a group of one elects itself at once, instead of after an
+    /// election timeout). A damaged node does not campaign.
+    pub fn campaign(&mut self) -> Result<(), NodeError> {
+        if self.damage != Damage::None {
+            return Ok(());
+        }
+        self.raw.campaign()?;
+        self.draw_election_timeout();
+        Ok(())
+    }
+
+    /// The group's voters, this node included.
+    pub fn voters(&self) -> Vec<u64> {
+        self.raw.raft.prs().conf().voters().ids().iter().collect()
     }
 
     /// Whether the log is damaged and not yet repaired.

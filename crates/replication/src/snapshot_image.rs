@@ -45,6 +45,7 @@ impl QueueStateMachine {
         for (queue, replicated) in &self.queues {
             writer.u64(*queue);
             writer.bytes(&replicated.name);
+            encode_limits(&mut writer, &replicated.limits);
             encode_core(&mut writer, &replicated.core.image());
         }
         append_checksum(&mut buffer, 0, IMAGE_CHECKSUM_SEED);
@@ -80,11 +81,12 @@ impl QueueStateMachine {
         for _ in 0..count(&mut reader, "queue count")? {
             let queue = reader.u64()?;
             let name = reader.bytes()?;
+            let limits = decode_limits(&mut reader)?;
             let core = QueueCore::from_image(decode_core(&mut reader)?, None);
             if !name.is_empty() {
                 machine.names.insert(name.clone(), queue);
             }
-            machine.queues.insert(queue, ReplicatedQueue { core, name });
+            machine.queues.insert(queue, ReplicatedQueue { core, limits, name });
         }
         if !reader.is_at_end() {
             return Err(DecodeError::Invalid { field: "bytes after the image", value: 0 });

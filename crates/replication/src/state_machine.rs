@@ -10,7 +10,7 @@
 
 use crate::command::{Batch, Body, ProposedCommand, QueueCommand, QueueId};
 use bytes::Bytes;
-use queue_core::{Command, ConsumerRef, DeadLetterReason, Effect, QueueCore, QueueState, Reply};
+use queue_core::{Command, ConsumerRef, DeadLetterReason, Effect, Limits, Overflow, QueueCore, QueueState, Reply};
 use std::collections::BTreeMap;
 
 mod owners;
@@ -65,6 +65,8 @@ pub enum Outcome {
     Committed {
         /// The entry holding it.
         index: u64,
+        /// The queue it named (0 for commands of no queue).
+        queue: QueueId,
         /// Who proposed it.
         proposer: u64,
         /// The proposer's sequence number.
@@ -122,6 +124,8 @@ pub enum Outcome {
 #[derive(Debug)]
 pub(crate) struct ReplicatedQueue {
     pub(crate) core: QueueCore<Body>,
+    /// The limits as declared (and set by policies); the core gets [`core_limits`] of them.
+    pub(crate) limits: Limits,
     /// The name it was declared with (empty: none), which finds it after a restart.
     pub(crate) name: Bytes,
 }
@@ -221,7 +225,7 @@ impl QueueStateMachine {
         for (place, proposed) in batch.commands.into_iter().enumerate() {
             let ProposedCommand { queue, proposer, sequence, command } = proposed;
             let committed = outcomes.len();
-            outcomes.push(Outcome::Committed { index, proposer, sequence, result: CommandResult::Duplicate });
+            outcomes.push(Outcome::Committed { index, queue, proposer, sequence, result: CommandResult::Duplicate });
             let result = match self.admit(proposer, sequence) {
                 Some(refusal) => refusal,
                 None => {
@@ -280,12 +284,24 @@ impl QueueStateMachine {
             }
             QueueCommand::CancelConsumer { consumer } => return self.cancel_consumer(context, queue, consumer, outcomes),
             QueueCommand::Get { no_ack } => return self.get(context, queue, no_ack, outcomes),
-            QueueCommand::Enqueue { persistent, own_ttl_ms, body } => Command::Enqueue { message: Body(body), persistent, own_ttl_ms },
+            QueueCommand::Enqueue { persistent, own_ttl_ms, body } => {
+                if self.queues.get(&queue).is_some_and(ReplicatedQueue::refuses_publishes) {
+                    return CommandResult::Core(Reply::Rejected);
+                }
+                Command::Enqueue { message: Body(body), persistent, own_ttl_ms }
+            }
             QueueCommand::Settle { position } => self.settling(queue, position, Command::Settle { position }),
             QueueCommand::Requeue { position } => self.settling(queue, position, Command::Requeue { position }),
+            QueueCommand::RequeueToTail { position } => self.settling(queue, position, Command::RequeueToTail { position }),
             QueueCommand::Reject { position } => self.settling(queue, position, Command::Reject { position }),
             QueueCommand::Purge => Command::Purge,
-            QueueCommand::SetLimits { limits } => Command::SetLimits(limits),
+            QueueCommand::SetLimits { limits } => match self.queues.get_mut(&queue) {
+                Some(replicated) => {
+                    replicated.limits = limits;
+                    Command::SetLimits(core_limits(limits))
+                }
+                None => return CommandResult::NoSuchQueue,
+            },
             QueueCommand::Expire => Command::Expire,
         };
         match self.run(context, queue, core_command, outcomes) {
@@ -294,21 +310,14 @@ impl QueueStateMachine {
         }
     }
 
-    fn declare(
-        &mut self,
-        queue: QueueId,
-        fresh_id: QueueId,
-        name: Bytes,
-        limits: queue_core::Limits,
-        single_active_consumer: bool,
-    ) -> CommandResult {
+    fn declare(&mut self, queue: QueueId, fresh_id: QueueId, name: Bytes, limits: Limits, single_active_consumer: bool) -> CommandResult {
         if let Some(existing) = self.names.get(&name).filter(|_| !name.is_empty()) {
             return CommandResult::Declared { queue: *existing };
         }
         let id = if queue != 0 { queue } else { fresh_id };
         if let std::collections::btree_map::Entry::Vacant(slot) = self.queues.entry(id) {
-            let core = QueueCore::new(QueueState::default(), limits, None).with_single_active_consumer(single_active_consumer);
-            slot.insert(ReplicatedQueue { core, name: name.clone() });
+            let core = QueueCore::new(QueueState::default(), core_limits(limits), None).with_single_active_consumer(single_active_consumer);
+            slot.insert(ReplicatedQueue { core, limits, name: name.clone() });
             if !name.is_empty() {
                 self.names.insert(name, id);
             }
@@ -400,6 +409,27 @@ impl QueueStateMachine {
             }
         }
         CommandResult::Deleted
+    }
+}
+
+/// The limits the core enforces. With reject-publish, a quorum queue refuses a message only
+/// while it is already over a limit (RabbitMQ 3.10.8, measured: x-max-length 1 takes two
+/// messages and refuses the third), which the machine checks itself; the core enforces none.
+pub(crate) fn core_limits(limits: Limits) -> Limits {
+    match limits.overflow {
+        Overflow::DropHead => limits,
+        Overflow::RejectPublish => Limits { max_length: None, max_length_bytes: None, ..limits },
+    }
+}
+
+impl ReplicatedQueue {
+    /// Whether reject-publish refuses a message now: the queue is over a length limit.
+    fn refuses_publishes(&self) -> bool {
+        let limits = &self.limits;
+        let messages = self.core.messages();
+        limits.overflow == Overflow::RejectPublish
+            && (limits.max_length.is_some_and(|max| messages.ready_count() as u64 > max)
+                || limits.max_length_bytes.is_some_and(|max| messages.ready_bytes() > max))
     }
 }
 

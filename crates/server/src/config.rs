@@ -111,6 +111,8 @@ pub struct ServerConfig {
     pub memory_high_watermark_bytes: u64,
     /// When messages are fdatasynced, and so what a confirm promises (see docs/storage.md).
     pub sync_policy: storage::syncer::SyncPolicy,
+    /// How many Raft groups (shards) quorum queues are spread over (docs/replication.md).
+    pub quorum_shards: u32,
 }
 
 impl Default for ServerConfig {
@@ -140,6 +142,7 @@ impl Default for ServerConfig {
             disk_free_limit_bytes: 50_000_000,
             sync_policy: storage::syncer::SyncPolicy::Always,
             memory_high_watermark_bytes: crate::alarms::memory::default_memory_high_watermark_bytes(),
+            quorum_shards: crate::quorum::SHARDS_DEFAULT,
         }
     }
 }

@@ -9,9 +9,9 @@ Lepus only (they start their own brokers on data directories of their own):
   (the snapshot, complete after a graceful stop) now says the current format with a type for every
   queue. The same for a data directory written by the last release of format 3
   (`fixtures/format3-data-dir.tar.gz`, made by the same script with main's binary at 0cdeff6).
-- A definitions file of an unknown format, or naming a quorum queue, stops the start with an error
+- A definitions file of an unknown format, or naming a stream queue, stops the start with an error
   that says why, and is left as it was.
-- A quorum or stream queue is refused: queue.declare with 540, a definitions import whole (HTTP 400
+- A stream queue is refused: queue.declare with 540, a definitions import whole (HTTP 400
   naming the queue) before anything of it is applied; RabbitMQ would create the queue.
 
 Against either broker (run against RabbitMQ 3.10.8 too): redeclaring with and without
@@ -204,7 +204,7 @@ def test_an_older_data_directory_is_upgraded_to_the_current_format_with_everythi
 
 
 @pytest.mark.lepus_only
-def test_a_definitions_file_of_an_unknown_format_or_with_a_quorum_queue_is_refused_at_start(tmp_path):
+def test_a_definitions_file_of_an_unknown_format_or_with_a_stream_queue_is_refused_at_start(tmp_path):
     data_dir = unpack_fixture(tmp_path)
     path = os.path.join(str(data_dir), "definitions.json")
     definitions = read_definitions(data_dir)
@@ -218,23 +218,23 @@ def test_a_definitions_file_of_an_unknown_format_or_with_a_quorum_queue_is_refus
     assert open(path).read() == before, "a refused definitions file was rewritten"
     definitions["storage_format_version"] = STORAGE_FORMAT_VERSION
     for queue in definitions["queues"]:
-        queue["type"] = "quorum" if queue["name"] == "upgrade-classic" else "classic"
+        queue["type"] = "stream" if queue["name"] == "upgrade-classic" else "classic"
     with open(path, "w") as out:
         json.dump(definitions, out)
     code, stderr = run_server(data_dir, "--amqp-port", "0", "--http-port", "0", "--metrics-port", "0")
     assert code != 0
-    assert "queue 'upgrade-classic' in vhost '/' is a quorum queue" in stderr, stderr[-2000:]
+    assert "queue 'upgrade-classic' in vhost '/' is a stream queue" in stderr, stderr[-2000:]
 
 
 @pytest.mark.lepus_only
-def test_quorum_and_stream_queues_are_refused_by_declare_and_by_an_import_before_anything_is_applied(tmp_path):
-    """Lepus only: RabbitMQ runs quorum and stream queues, so it declares and imports them."""
+def test_stream_queues_are_refused_by_declare_and_by_an_import_before_anything_is_applied(tmp_path):
+    """Lepus only: RabbitMQ runs stream queues, so it declares and imports them."""
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     broker = ManagedBroker(os.environ["LEPUS_BIN"], data_dir, tmp_path)
     broker.start()
     try:
-        for type_name in ("quorum", "stream"):
+        for type_name in ("stream",):
             connection = broker.connect()
             # 540 is a hard error: it closes the connection.
             with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as refused:
@@ -243,10 +243,10 @@ def test_quorum_and_stream_queues_are_refused_by_declare_and_by_an_import_before
             safe_close(connection)
             assert (refused.value.reply_code, refused.value.reply_text) == (
                 540, "NOT_IMPLEMENTED - queue type '%s' is not supported by Lepus yet" % type_name)
-        exchange, classic, refused = unique("import-x"), unique("import-classic"), unique("import-quorum")
+        exchange, classic, refused = unique("import-x"), unique("import-classic"), unique("import-stream")
         common = {"vhost": "/", "durable": True, "auto_delete": False}
         for refused_entry, type_name in [
-            (dict(common, name=refused, arguments={"x-queue-type": "quorum"}), "quorum"),
+            (dict(common, name=refused, arguments={"x-queue-type": "stream"}), "stream"),
             # rabbitmqctl export_definitions writes the type in a field of its own.
             (dict(common, name=refused, arguments={}, type="stream"), "stream"),
         ]:

@@ -205,6 +205,14 @@ pub fn exchange_from_path(name: &str) -> &str {
 
 /// A queue as `/api/queues` shows it.
 pub fn queue_json(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &str) -> Value {
+    let mut answer = classic_queue_json(queue, rates, node);
+    if let Some(replicas) = &queue.replicas {
+        add_replica_fields(&mut answer, replicas);
+    }
+    answer
+}
+
+fn classic_queue_json(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &str) -> Value {
     let snapshot = &queue.snapshot;
     let stats = &snapshot.stats;
     let messages = snapshot.ready + snapshot.unacked;
@@ -244,6 +252,26 @@ pub fn queue_json(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &st
             "redeliver_details": details(rates.redeliver),
         },
     })
+}
+
+/// A quorum queue's fields as RabbitMQ 3.10.8 shows them (measured): its leader as `node`,
+/// `leader`, `members` and `online`, `single_active_consumer_ctag`, the dead-letter counts, and
+/// none of a classic queue's paging or exclusive-consumer fields.
+pub fn add_replica_fields(answer: &mut Value, replicas: &crate::quorum::ReplicaInfo) {
+    let Some(object) = answer.as_object_mut() else { return };
+    let messages = object.get("messages").cloned().unwrap_or(json!(0));
+    let single_active = object.remove("single_active_consumer_tag").unwrap_or(Value::Null);
+    object.remove("exclusive_consumer_tag");
+    object.remove("messages_paged_out");
+    object.insert("single_active_consumer_ctag".to_string(), single_active);
+    object.insert("messages_ram".to_string(), messages);
+    object.insert("messages_dlx".to_string(), json!(0));
+    if let Some(leader) = &replicas.leader {
+        object.insert("node".to_string(), json!(leader));
+    }
+    object.insert("leader".to_string(), json!(replicas.leader));
+    object.insert("members".to_string(), json!(replicas.members));
+    object.insert("online".to_string(), json!(replicas.online));
 }
 
 /// An exchange as `/api/exchanges` shows it.

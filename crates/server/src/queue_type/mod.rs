@@ -15,14 +15,17 @@
 
 mod capabilities;
 mod classic;
+mod quorum;
 
 pub use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueSnapshot, GET_PAGE_IN_ROUNDS_MAX};
 pub use capabilities::{capabilities, QueueTypeCapabilities};
 pub use classic::{ClassicStorage, ClassicStorageError, EXPIRY_DIRECTORY};
+pub use quorum::QuorumStorage;
 pub use storage::syncer::{Confirm as PendingConfirm, ConfirmSink};
 
 use crate::policy::Policy;
 use crate::queue_runtime::QueueRuntime;
+use crate::quorum::{CommitSlot, QuorumQueue};
 use crate::shared::{ChannelShared, ConsumerHandle};
 use amqp_codec::ShortStr;
 use broker_core::vhost::QueueDefinition;
@@ -35,6 +38,8 @@ use storage::syncer::{SharedLog, Syncer};
 pub enum Queue {
     /// A classic queue: one node, messages in memory and (durable, persistent ones) in its log.
     Classic(Arc<QueueRuntime>),
+    /// A quorum queue: replicated through a Raft shard, its messages on a majority of the nodes.
+    Quorum(Arc<QuorumQueue>),
 }
 
 /// A queue that does not keep it alive: a connection whose writer was full remembers the queues
@@ -43,6 +48,8 @@ pub enum Queue {
 pub enum WeakQueue {
     /// A classic queue.
     Classic(Weak<QueueRuntime>),
+    /// A quorum queue.
+    Quorum(Weak<QuorumQueue>),
 }
 
 /// What a confirm (and tx.commit) of a message accepted by one queue waits for.
@@ -52,6 +59,9 @@ pub enum ConfirmTicket {
     Immediate,
     /// A classic queue wrote the message to this log: confirmed once the log is fdatasynced.
     LogSynced(SharedLog),
+    /// A quorum queue proposed the message: confirmed once the enqueue is committed (fdatasynced
+    /// by a majority of its shard's members and applied), nacked if the queue refused it then.
+    Committed(Arc<CommitSlot>),
 }
 
 /// What a queue did with a published message.
@@ -71,8 +81,11 @@ pub enum PublishOutcome {
 pub enum Settlement {
     /// basic.ack (or no-ack): the message is done.
     Ack,
-    /// basic.reject, basic.nack or basic.recover with requeue: back to its place, redelivered.
+    /// basic.reject, basic.nack or basic.recover with requeue: back to its place, redelivered
+    /// (a quorum queue puts it at the back, as RabbitMQ 3.10's do).
     Requeue,
+    /// The delivery's channel went away: back to its place, redelivered (quorum queues too).
+    Return,
     /// basic.reject or basic.nack without requeue: the message is dead-lettered (reason
     /// `rejected`) when its queue has a dead-letter exchange, else dropped.
     Reject,
@@ -95,6 +108,10 @@ impl Settlement {
 #[derive(Debug, Default)]
 pub struct ConfirmTickets {
     logs: Vec<SharedLog>,
+    /// Quorum commits, each with the delivery tag of its publish (0 outside confirm mode).
+    slots: crate::quorum::tickets::Slots,
+    /// The delivery tag of the publish whose tickets are being added.
+    message_tag: u64,
 }
 
 impl ConfirmTickets {
@@ -108,18 +125,32 @@ impl ConfirmTickets {
                 }
                 true
             }
+            ConfirmTicket::Committed(slot) => {
+                self.slots.push((self.message_tag, slot));
+                true
+            }
         }
+    }
+
+    /// Names the publish whose tickets come next by its delivery tag, so a quorum queue's refusal
+    /// nacks that publish's confirm only.
+    pub fn set_message_tag(&mut self, delivery_tag: u64) {
+        self.message_tag = delivery_tag;
     }
 
     /// Whether there is nothing to wait for.
     pub fn is_empty(&self) -> bool {
-        self.logs.is_empty()
+        self.logs.is_empty() && self.slots.is_empty()
     }
 
     /// Sends `confirms` (in order, each acked or nacked) once every ticket is settled, in one group
     /// commit. Without confirms, the tickets are still made durable (a publish outside confirm
     /// mode is written and synced in the same group commit, only nobody is told).
     pub fn confirm_when_settled(self, syncer: &Syncer, confirms: Vec<PendingConfirm>) {
+        if !self.slots.is_empty() {
+            crate::quorum::ConfirmGate::new().confirm(syncer, self.slots, self.logs, confirms);
+            return;
+        }
         if confirms.is_empty() {
             syncer.sync(self.logs, None);
         } else {
@@ -130,7 +161,30 @@ impl ConfirmTickets {
     /// Calls `settled` with true once every ticket is settled, false if one failed (tx.commit, the
     /// management API's publish).
     pub fn when_settled(self, syncer: &Syncer, settled: Box<dyn FnOnce(bool) + Send>) {
+        if !self.slots.is_empty() {
+            crate::quorum::ConfirmGate::new().when_settled(syncer, self.slots, self.logs, settled);
+            return;
+        }
         syncer.sync(self.logs, Some(settled));
+    }
+
+    /// [`ConfirmTickets::confirm_when_settled`] for a channel: its confirms leave in the order
+    /// they came, so while earlier ones wait for a quorum commit, these wait behind them.
+    pub fn confirm_in_order(self, channel: &ChannelShared, syncer: &Syncer, confirms: Vec<PendingConfirm>) {
+        if self.slots.is_empty() && !channel.quorum_confirms.is_busy() {
+            self.confirm_when_settled(syncer, confirms);
+            return;
+        }
+        channel.quorum_confirms.confirm(syncer, self.slots, self.logs, confirms);
+    }
+
+    /// [`ConfirmTickets::when_settled`] for a channel's tx.commit: commit-oks leave in order.
+    pub fn when_settled_in_order(self, channel: &ChannelShared, syncer: &Syncer, settled: Box<dyn FnOnce(bool) + Send>) {
+        if self.slots.is_empty() && !channel.quorum_confirms.is_busy() {
+            self.when_settled(syncer, settled);
+            return;
+        }
+        channel.quorum_confirms.when_settled(syncer, self.slots, self.logs, settled);
     }
 }
 
@@ -151,6 +205,7 @@ impl WeakQueue {
     pub fn upgrade(&self) -> Option<Queue> {
         match self {
             WeakQueue::Classic(queue) => queue.upgrade().map(Queue::Classic),
+            WeakQueue::Quorum(queue) => queue.upgrade().map(Queue::Quorum),
         }
     }
 
@@ -158,6 +213,8 @@ impl WeakQueue {
     pub fn same(&self, other: &WeakQueue) -> bool {
         match (self, other) {
             (WeakQueue::Classic(a), WeakQueue::Classic(b)) => Weak::ptr_eq(a, b),
+            (WeakQueue::Quorum(a), WeakQueue::Quorum(b)) => Weak::ptr_eq(a, b),
+            _ => false,
         }
     }
 }
@@ -167,6 +224,7 @@ impl Queue {
     pub fn name(&self) -> &ShortStr {
         match self {
             Queue::Classic(queue) => queue.name(),
+            Queue::Quorum(queue) => queue.name(),
         }
     }
 
@@ -174,6 +232,7 @@ impl Queue {
     pub fn definition(&self) -> &QueueDefinition {
         match self {
             Queue::Classic(queue) => &queue.definition,
+            Queue::Quorum(queue) => &queue.definition,
         }
     }
 
@@ -186,6 +245,8 @@ impl Queue {
     pub fn same(&self, other: &Queue) -> bool {
         match (self, other) {
             (Queue::Classic(a), Queue::Classic(b)) => Arc::ptr_eq(a, b),
+            (Queue::Quorum(a), Queue::Quorum(b)) => Arc::ptr_eq(a, b),
+            _ => false,
         }
     }
 
@@ -193,6 +254,7 @@ impl Queue {
     pub fn address(&self) -> *const () {
         match self {
             Queue::Classic(queue) => Arc::as_ptr(queue).cast(),
+            Queue::Quorum(queue) => Arc::as_ptr(queue).cast(),
         }
     }
 
@@ -201,6 +263,7 @@ impl Queue {
     pub fn publish(&self, message: Arc<Message>) -> PublishOutcome {
         match self {
             Queue::Classic(queue) => classic::publish(queue, message),
+            Queue::Quorum(queue) => queue.publish(message),
         }
     }
 
@@ -208,6 +271,7 @@ impl Queue {
     pub fn dispatch(&self) {
         match self {
             Queue::Classic(queue) => queue.dispatch(),
+            Queue::Quorum(queue) => queue.dispatch(),
         }
     }
 
@@ -218,15 +282,17 @@ impl Queue {
     pub fn settle(&self, deliveries: &[u64], settlement: Settlement) {
         match self {
             Queue::Classic(queue) => queue.finish_deliveries(deliveries, settlement),
+            Queue::Quorum(queue) => queue.settle(deliveries, settlement),
         }
     }
 
     /// basic.get: the first ready message as get-ok, tracked on the channel's ledger unless
     /// `no_ack`; or get-empty; or, when the ready messages are still on disk, ask again after
     /// [`Queue::wait_for_page_in`].
-    pub fn get(&self, channel: &ChannelShared, no_ack: bool) -> GetAnswer {
+    pub fn get(&self, channel: &Arc<ChannelShared>, no_ack: bool) -> GetAnswer {
         match self {
             Queue::Classic(queue) => queue.get(channel, no_ack),
+            Queue::Quorum(queue) => queue.get(channel, no_ack),
         }
     }
 
@@ -235,6 +301,7 @@ impl Queue {
     pub async fn wait_for_page_in(&self) {
         match self {
             Queue::Classic(queue) => queue.wait_for_page_in().await,
+            Queue::Quorum(queue) => queue.wait_for_answer().await,
         }
     }
 
@@ -243,6 +310,7 @@ impl Queue {
     pub fn consume(&self, consumer: Arc<ConsumerHandle>, exclusive: bool, accepted: impl FnOnce()) -> Result<(), AmqpError> {
         match self {
             Queue::Classic(queue) => queue.add_consumer(consumer, exclusive, accepted),
+            Queue::Quorum(queue) => queue.consume(consumer, exclusive, accepted),
         }
     }
 
@@ -250,6 +318,7 @@ impl Queue {
     pub fn cancel(&self, consumer: &Arc<ConsumerHandle>) -> ConsumerRemoval {
         match self {
             Queue::Classic(queue) => queue.remove_consumer(consumer),
+            Queue::Quorum(queue) => queue.cancel(consumer),
         }
     }
 
@@ -257,6 +326,7 @@ impl Queue {
     pub fn mark_used(&self) {
         match self {
             Queue::Classic(queue) => queue.mark_used(),
+            Queue::Quorum(_) => {}
         }
     }
 
@@ -264,6 +334,7 @@ impl Queue {
     pub fn counts(&self) -> (u32, u32) {
         match self {
             Queue::Classic(queue) => queue.counts(),
+            Queue::Quorum(queue) => queue.counts(),
         }
     }
 
@@ -271,6 +342,7 @@ impl Queue {
     pub fn purge(&self) -> u32 {
         match self {
             Queue::Classic(queue) => queue.purge(),
+            Queue::Quorum(queue) => queue.purge(),
         }
     }
 
@@ -279,6 +351,7 @@ impl Queue {
     pub fn delete(&self) -> (u32, Vec<Arc<ConsumerHandle>>) {
         match self {
             Queue::Classic(queue) => queue.delete(),
+            Queue::Quorum(queue) => queue.delete(),
         }
     }
 
@@ -286,6 +359,7 @@ impl Queue {
     pub fn apply_policy(&self, policy: Option<Arc<Policy>>) {
         match self {
             Queue::Classic(queue) => queue.apply_policy(policy),
+            Queue::Quorum(queue) => queue.apply_policy(policy),
         }
     }
 
@@ -293,6 +367,7 @@ impl Queue {
     pub fn consumer_timeout_ms(&self) -> Option<u64> {
         match self {
             Queue::Classic(queue) => queue.consumer_timeout_ms(),
+            Queue::Quorum(queue) => queue.consumer_timeout_ms(),
         }
     }
 
@@ -300,6 +375,7 @@ impl Queue {
     pub fn policy(&self) -> Option<Arc<Policy>> {
         match self {
             Queue::Classic(queue) => queue.policy(),
+            Queue::Quorum(queue) => queue.policy(),
         }
     }
 
@@ -307,6 +383,15 @@ impl Queue {
     pub fn snapshot(&self) -> QueueSnapshot {
         match self {
             Queue::Classic(queue) => queue.snapshot(),
+            Queue::Quorum(queue) => queue.snapshot(),
+        }
+    }
+
+    /// Where a replicated queue's replicas are (leader, members, online), for management.
+    pub fn replicas(&self) -> Option<crate::quorum::ReplicaInfo> {
+        match self {
+            Queue::Classic(_) => None,
+            Queue::Quorum(queue) => queue.replicas(),
         }
     }
 
@@ -314,6 +399,7 @@ impl Queue {
     pub fn consumer_views(&self) -> Vec<ConsumerView> {
         match self {
             Queue::Classic(queue) => queue.consumer_views(),
+            Queue::Quorum(queue) => queue.consumer_views(),
         }
     }
 
@@ -321,6 +407,7 @@ impl Queue {
     pub fn dead_letters(&self) -> bool {
         match self {
             Queue::Classic(queue) => queue.dead_letters(),
+            Queue::Quorum(queue) => queue.dead_letters(),
         }
     }
 
@@ -328,6 +415,7 @@ impl Queue {
     pub fn take_dead_letters(&self) -> Option<crate::dead_letter::DeadLetterBatch> {
         match self {
             Queue::Classic(queue) => queue.take_dead_letters(),
+            Queue::Quorum(queue) => queue.take_dead_letters(),
         }
     }
 
@@ -335,6 +423,7 @@ impl Queue {
     pub fn durable_log(&self) -> Option<&SharedLog> {
         match self {
             Queue::Classic(queue) => queue.log.as_ref(),
+            Queue::Quorum(_) => None,
         }
     }
 }
