@@ -185,6 +185,21 @@ impl ReplicaNode {
         Ok(())
     }
 
+    /// As leader: hands the leadership to `to` if its log is as long as the leader's (so the
+    /// transfer is immediate and loses no time); returns whether a transfer started. A node
+    /// that leads more shards than its share gives some away this way (docs/replication.md).
+    pub fn transfer_leadership(&mut self, to: u64) -> bool {
+        if !self.is_leader() || to == self.id() {
+            return false;
+        }
+        let last_index = self.raw.raft.raft_log.last_index();
+        let caught_up = self.raw.raft.prs().get(to).is_some_and(|progress| progress.matched == last_index && progress.recent_active);
+        if caught_up {
+            self.raw.transfer_leader(to);
+        }
+        caught_up
+    }
+
     /// The group's voters, this node included.
     pub fn voters(&self) -> Vec<u64> {
         self.raw.raft.prs().conf().voters().ids().iter().collect()

@@ -174,7 +174,7 @@ impl QuorumHost {
     /// A Raft message from a peer (the cluster's link hands over every frame it decodes).
     /// Messages for a shard this node does not run, or not addressed to it, are dropped.
     // Called by the in-process cluster tests here and by the cluster's links (branch `cluster`).
-    #[allow(dead_code)]
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn receive(&self, shard: ShardId, message: Message) {
         if message.to != self.config.node_id {
             return;
@@ -208,7 +208,7 @@ impl QuorumHost {
 
     /// Names member `node` for management (the cluster names its nodes; this node is named
     /// after management's node name).
-    #[allow(dead_code)]
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn set_member_name(&self, node: u64, name: String) {
         self.names.write().insert(node, name);
     }
@@ -256,3 +256,6 @@ pub(crate) fn block_outside_runtime<T>(wait: impl FnOnce() -> T) -> T {
         _ => wait(),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -36,6 +36,9 @@ pub const INPUTS_PER_ROUND_MAX: usize = 65_536;
 /// the leader did not change (a forwarded proposal lost on the way).
 pub const PROPOSAL_RETRY_TICKS: u64 = 20;
 
+/// Ticks between a leader's checks whether the shard's preferred node should lead it.
+pub const LEADERSHIP_CHECK_TICKS: u64 = 50;
+
 /// What a shard's Raft group looks like from this node, for metrics and management.
 #[derive(Debug, Default)]
 pub struct ShardFigures {
@@ -60,7 +63,7 @@ pub(crate) enum ShardInput {
     /// Several at once (the settles of one socket read).
     SubmitMany(Vec<Submission>),
     /// A Raft message from a peer.
-    #[allow(dead_code)]
+    #[cfg_attr(not(test), allow(dead_code))]
     Peer(Message),
     /// A queue found in the definitions at start: find its id by name once the shard caught up,
     /// declaring it again if the shard does not have it.
@@ -338,6 +341,24 @@ impl ShardWorker {
             self.retry();
         }
         self.release_gone_nodes();
+        self.spread_leadership();
+    }
+
+    /// Leaders spread over the nodes: shard `n`'s preferred leader is the `n`-th voter (in id
+    /// order, round robin), so with as many shards as nodes each node leads one. A leader that is
+    /// not the preferred one hands over once the preferred node is caught up (checked every
+    /// [`LEADERSHIP_CHECK_TICKS`], after the group settled), so a node that restarts takes its
+    /// shard back.
+    fn spread_leadership(&mut self) {
+        if !self.node.is_leader() || !self.ticks.is_multiple_of(LEADERSHIP_CHECK_TICKS) {
+            return;
+        }
+        let mut voters = self.config.voters.clone();
+        voters.sort_unstable();
+        let preferred = voters[self.shard as usize % voters.len()];
+        if preferred != self.config.node_id && self.node.transfer_leadership(preferred) {
+            tracing::info!(shard = self.shard, to = preferred, "handing the shard's leadership to its preferred node");
+        }
     }
 
     /// Proposes every unconfirmed command again, in order (a new leader, a lost forward).
