@@ -260,6 +260,24 @@ impl Connection {
         }
     }
 
+    /// Declares a queue with arguments (`x-queue-type`, `x-max-length`, ...).
+    pub async fn queue_declare_with_arguments(
+        &mut self,
+        channel: u16,
+        name: &str,
+        durable: bool,
+        arguments: amqp_codec::FieldTable,
+    ) -> Result<QueueDeclared, ClientError> {
+        let method =
+            Method::QueueDeclare(QueueDeclare { queue: ShortStr::truncating(name), durable, arguments, ..QueueDeclare::default() });
+        match self.call(channel, method).await? {
+            Method::QueueDeclareOk(ok) => {
+                Ok(QueueDeclared { queue: ok.queue.to_string_lossy(), message_count: ok.message_count, consumer_count: ok.consumer_count })
+            }
+            other => Err(ClientError::Protocol(format!("unexpected {} in reply to queue.declare", other.name()))),
+        }
+    }
+
     /// Binds a queue to an exchange.
     pub async fn queue_bind(&mut self, channel: u16, queue: &str, exchange: &str, routing_key: &str) -> Result<(), ClientError> {
         let method = Method::QueueBind(QueueBind {
