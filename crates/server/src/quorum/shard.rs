@@ -287,14 +287,24 @@ impl ShardWorker {
                     Err(_) => break,
                 }
             }
-            if Instant::now() >= next_tick {
+            let tick_due = Instant::now() >= next_tick;
+            if tick_due {
                 next_tick += tick;
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + tick;
                 }
-                self.tick();
             }
-            self.round();
+            // raft-rs panics on states it holds impossible (a log read that failed, say); the
+            // shard then reopens from what is durable rather than take the process down.
+            let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if tick_due {
+                    self.tick();
+                }
+                self.round();
+            }));
+            if round.is_err() {
+                self.restart_after(NodeError::Write(std::io::Error::other("the raft driver panicked")));
+            }
         }
         self.stop();
     }

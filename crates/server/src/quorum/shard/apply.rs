@@ -12,22 +12,34 @@ use std::sync::Arc;
 impl ShardWorker {
     /// Handles one round's outcomes, in log order.
     pub(super) fn apply(&mut self, outcomes: Vec<Outcome>) {
+        // The figures first: whoever waits for one of these commands (a consume, a purge) reads
+        // them as soon as it is told, and must see its own command in them.
+        let mut touched: Vec<QueueId> = Vec::new();
+        for outcome in &outcomes {
+            match outcome {
+                Outcome::Committed { queue, .. } | Outcome::Delivered { queue, .. } | Outcome::Dropped { queue, .. } => {
+                    note(&mut touched, *queue)
+                }
+                Outcome::ConsumerRemoved { .. } => {}
+            }
+        }
+        for id in touched {
+            let (Some(queue), Some(core)) = (self.queue(id), self.node.machine().queue(id)) else { continue };
+            queue.update_figures(core);
+        }
         for (sequence, result) in self.batcher.confirm(&outcomes) {
             self.progress_at_tick = self.ticks;
             self.confirmed(sequence, result);
         }
-        let mut touched: Vec<QueueId> = Vec::new();
         for outcome in outcomes {
             match outcome {
-                Outcome::Committed { queue, .. } => note(&mut touched, queue),
+                Outcome::Committed { .. } => {}
                 Outcome::Delivered { queue, owner, consumer, position, redelivered, delivery_count, body, .. } => {
-                    note(&mut touched, queue);
                     if owner == self.proposer {
                         self.deliver(queue, consumer, position, redelivered, delivery_count, body);
                     }
                 }
                 Outcome::Dropped { queue, position, reason, body, .. } => {
-                    note(&mut touched, queue);
                     // At most once, as RabbitMQ's quorum queues dead-letter by default: the node
                     // that leads the shard when it applies the drop publishes the dead letter.
                     if self.node.is_leader() {
@@ -44,10 +56,6 @@ impl ShardWorker {
                     }
                 }
             }
-        }
-        for id in touched {
-            let (Some(queue), Some(core)) = (self.queue(id), self.node.machine().queue(id)) else { continue };
-            queue.update_figures(core);
         }
     }
 
