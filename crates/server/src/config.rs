@@ -113,6 +113,13 @@ pub struct ServerConfig {
     pub sync_policy: storage::syncer::SyncPolicy,
     /// How many Raft groups (shards) quorum queues are spread over (docs/replication.md).
     pub quorum_shards: u32,
+    /// The RabbitMQ Stream protocol's port (0: not served).
+    pub stream_port: u16,
+    /// The host the stream protocol tells clients to connect to (open's connection properties,
+    /// metadata): RabbitMQ's `stream.advertised_host`, by default this machine's host name.
+    pub stream_advertised_host: Option<String>,
+    /// This node's name and its cluster links (off unless a cluster port or seeds are set).
+    pub cluster: crate::cluster::ClusterSettings,
 }
 
 impl Default for ServerConfig {
@@ -143,6 +150,9 @@ impl Default for ServerConfig {
             sync_policy: storage::syncer::SyncPolicy::Always,
             memory_high_watermark_bytes: crate::alarms::memory::default_memory_high_watermark_bytes(),
             quorum_shards: crate::quorum::SHARDS_DEFAULT,
+            stream_port: 5552,
+            stream_advertised_host: None,
+            cluster: crate::cluster::ClusterSettings::default(),
         }
     }
 }

@@ -45,6 +45,8 @@ pub struct QueueInfo {
     pub policy: Option<std::sync::Arc<crate::policy::Policy>>,
     /// A quorum queue's leader, members and online members.
     pub replicas: Option<crate::quorum::ReplicaInfo>,
+    /// The node holding it, when another node of the cluster does.
+    pub home: Option<String>,
 }
 
 /// An exchange as listed.
@@ -148,6 +150,7 @@ impl Broker {
                     snapshot: queue.snapshot(),
                     policy: queue.policy(),
                     replicas: queue.replicas(),
+                    home: queue.home_node().map(str::to_string),
                 });
             }
         }

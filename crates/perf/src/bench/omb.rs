@@ -93,6 +93,7 @@ pub async fn run_workload(workload: &Workload, workload_path: &Path, options: &B
                 source: Source::Queue(queue.clone()),
                 prefetch: options.prefetch,
                 ack_every: (1, 1),
+                stream_offset: None,
             };
             let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
             readies.push(ready_rx);
@@ -389,7 +390,7 @@ async fn declare(
             connection.exchange_declare(1, topic, "fanout", true).await?;
         }
         for (topic, queue) in subscriptions {
-            connection.queue_declare_with_arguments(1, queue, true, arguments.clone()).await?;
+            connection.queue_declare_with_arguments(1, queue, true, false, false, arguments.clone()).await?;
             connection.queue_bind(1, queue, topic, "").await?;
         }
         let product = connection.server_product().to_string();

@@ -115,7 +115,7 @@ const QUORUM: QueueTypeCapabilities = QueueTypeCapabilities {
 
 const STREAM: QueueTypeCapabilities = QueueTypeCapabilities {
     queue_type: QueueType::Stream,
-    implemented: false,
+    implemented: true,
     accepted_arguments: &[
         "x-max-length-bytes",
         "x-queue-type",
@@ -158,6 +158,7 @@ pub const RABBITMQ_QUEUE_ARGUMENTS: &[&str] = &[
     "x-stream-max-segment-size-bytes",
     "x-initial-cluster-size",
     "x-queue-leader-locator",
+    "x-queue-master-locator",
     "x-delivery-limit",
 ];
 
@@ -237,8 +238,11 @@ impl QueueTypeCapabilities {
         if !self.implemented {
             return Err(AmqpError::not_implemented(format!("queue type '{}' is not supported by Lepus yet", self.queue_type.name())));
         }
-        if self.queue_type != QueueType::Classic {
-            // RabbitMQ checks a replicated queue's arguments first, then its properties.
+        if self.queue_type == QueueType::Stream {
+            return check_stream_declare(self, definition, vhost);
+        }
+        if self.queue_type == QueueType::Quorum {
+            // RabbitMQ checks a quorum queue's arguments first, then its properties.
             self.check_replicated_arguments(definition, vhost)?;
             return self.check_properties(definition, vhost);
         }
@@ -311,7 +315,7 @@ impl QueueTypeCapabilities {
     pub fn check_consume(&self, queue: &ShortStr, vhost: &str, no_ack: bool, global_qos_active: bool) -> Result<(), AmqpError> {
         if no_ack && !self.no_ack_consume {
             return Err(AmqpError::not_implemented(format!(
-                "automatic acknowledgement not supported by stream {}",
+                "automatic acknowledgement not supported by stream queues {}",
                 describe_queue(queue, vhost)
             )));
         }
@@ -327,5 +331,68 @@ impl QueueTypeCapabilities {
             return Ok(());
         }
         Err(AmqpError::not_implemented(format!("basic.get not supported by stream queues {}", describe_queue(queue, vhost))))
+    }
+}
+
+/// A stream queue's declaration, in RabbitMQ 3.10.8's order (measured): the values of the
+/// arguments the type takes (in RabbitMQ's own order of them), then the first known argument it
+/// does not take, then the properties (auto-delete, exclusive, durable), then the segment size's
+/// bound.
+fn check_stream_declare(capabilities: &QueueTypeCapabilities, definition: &QueueDefinition, vhost: &str) -> Result<(), AmqpError> {
+    use crate::stream::arguments;
+    let (arguments_table, queue) = (&definition.arguments, &definition.name);
+    for key in ["x-max-length-bytes", "x-max-age", "x-initial-cluster-size", "x-queue-leader-locator", "x-stream-max-segment-size-bytes"] {
+        let Some(value) = arguments_table.get(key) else { continue };
+        match key {
+            "x-max-age" => arguments::check_max_age_argument(value, queue, vhost).map(|_| ())?,
+            "x-stream-max-segment-size-bytes" => arguments::check_segment_size_argument(value, queue, vhost)?,
+            "x-initial-cluster-size" => arguments::check_initial_cluster_size_argument(value, queue, vhost)?,
+            "x-queue-leader-locator" => arguments::check_leader_locator_argument(value, queue, vhost)?,
+            _ => check_queue_argument(key, value, queue, vhost)?,
+        }
+    }
+    for (key, _) in arguments_table.iter() {
+        let key = key.to_string_lossy();
+        if RABBITMQ_QUEUE_ARGUMENTS.contains(&key.as_str()) && !capabilities.accepted_arguments.contains(&key.as_str()) {
+            return Err(AmqpError::precondition(format!(
+                "invalid arg '{key}' for {} of queue type rabbit_stream_queue",
+                describe_queue(queue, vhost)
+            )));
+        }
+    }
+    let refused = [
+        (definition.auto_delete, "auto-delete"),
+        (definition.exclusive_owner.is_some(), "exclusive-owner"),
+        (!definition.durable, "non-durable"),
+    ];
+    if let Some((_, property)) = refused.iter().find(|(refused, _)| *refused) {
+        return Err(AmqpError::precondition(format!("invalid property '{property}' for {}", describe_queue(queue, vhost))));
+    }
+    arguments::check_segment_size_bound(arguments_table)
+}
+
+impl QueueTypeCapabilities {
+    /// Checks basic.consume on a stream queue, in RabbitMQ 3.10.8's order (measured): an
+    /// `x-priority` argument (406, the type does not take it), no prefetch (406), no-ack (540),
+    /// a global prefetch (540).
+    pub fn check_stream_consume(
+        &self,
+        queue: &ShortStr,
+        vhost: &str,
+        arguments: &amqp_codec::FieldTable,
+        prefetch: u32,
+        no_ack: bool,
+        global_qos_active: bool,
+    ) -> Result<(), AmqpError> {
+        if arguments.get("x-priority").is_some() {
+            return Err(AmqpError::precondition(format!(
+                "invalid arg 'x-priority' for {} of queue type rabbit_stream_queue",
+                describe_queue(queue, vhost)
+            )));
+        }
+        if prefetch == 0 {
+            return Err(AmqpError::precondition(format!("consumer prefetch count is not set for '{}'", describe_queue(queue, vhost))));
+        }
+        self.check_consume(queue, vhost, no_ack, global_qos_active)
     }
 }

@@ -16,12 +16,14 @@
 mod capabilities;
 mod classic;
 mod quorum;
+mod stream;
 
 pub use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueSnapshot, GET_PAGE_IN_ROUNDS_MAX};
 pub use capabilities::{capabilities, QueueTypeCapabilities};
 pub use classic::{ClassicStorage, ClassicStorageError, EXPIRY_DIRECTORY};
 pub use quorum::QuorumStorage;
 pub use storage::syncer::{Confirm as PendingConfirm, ConfirmSink};
+pub use stream::StreamStorage;
 
 use crate::policy::Policy;
 use crate::queue_runtime::QueueRuntime;
@@ -40,6 +42,10 @@ pub enum Queue {
     Classic(Arc<QueueRuntime>),
     /// A quorum queue: replicated through a Raft shard, its messages on a majority of the nodes.
     Quorum(Arc<QuorumQueue>),
+    /// A stream queue: a replayable log that consumers read from an offset of their choice.
+    Stream(Arc<crate::stream::StreamQueue>),
+    /// A classic queue of another cluster node (see `cluster/remote_queue.rs`).
+    Remote(Arc<crate::cluster::RemoteQueue>),
 }
 
 /// A queue that does not keep it alive: a connection whose writer was full remembers the queues
@@ -50,6 +56,8 @@ pub enum WeakQueue {
     Classic(Weak<QueueRuntime>),
     /// A quorum queue.
     Quorum(Weak<QuorumQueue>),
+    /// A stream queue.
+    Stream(Weak<crate::stream::StreamQueue>),
 }
 
 /// What a confirm (and tx.commit) of a message accepted by one queue waits for.
@@ -62,6 +70,9 @@ pub enum ConfirmTicket {
     /// A quorum queue proposed the message: confirmed once the enqueue is committed (fdatasynced
     /// by a majority of its shard's members and applied), nacked if the queue refused it then.
     Committed(Arc<CommitSlot>),
+    /// A stream queue appended the message to this stream: confirmed once the group commit has
+    /// written, fdatasynced and committed it.
+    StreamCommitted(storage::syncer::SharedStream),
 }
 
 /// What a queue did with a published message.
@@ -112,6 +123,7 @@ pub struct ConfirmTickets {
     slots: crate::quorum::tickets::Slots,
     /// The delivery tag of the publish whose tickets are being added.
     message_tag: u64,
+    streams: Vec<storage::syncer::SharedStream>,
 }
 
 impl ConfirmTickets {
@@ -129,6 +141,12 @@ impl ConfirmTickets {
                 self.slots.push((self.message_tag, slot));
                 true
             }
+            ConfirmTicket::StreamCommitted(stream) => {
+                if !self.streams.iter().any(|known| Arc::ptr_eq(known, &stream)) {
+                    self.streams.push(stream);
+                }
+                true
+            }
         }
     }
 
@@ -140,7 +158,7 @@ impl ConfirmTickets {
 
     /// Whether there is nothing to wait for.
     pub fn is_empty(&self) -> bool {
-        self.logs.is_empty() && self.slots.is_empty()
+        self.logs.is_empty() && self.slots.is_empty() && self.streams.is_empty()
     }
 
     /// Sends `confirms` (in order, each acked or nacked) once every ticket is settled, in one group
@@ -148,7 +166,15 @@ impl ConfirmTickets {
     /// mode is written and synced in the same group commit, only nobody is told).
     pub fn confirm_when_settled(self, syncer: &Syncer, confirms: Vec<PendingConfirm>) {
         if !self.slots.is_empty() {
-            crate::quorum::ConfirmGate::new().confirm(syncer, self.slots, self.logs, confirms);
+            crate::quorum::ConfirmGate::new().confirm(syncer, self.slots, self.logs, self.streams, confirms);
+            return;
+        }
+        if !self.streams.is_empty() {
+            if confirms.is_empty() {
+                syncer.sync_with_streams(self.logs, self.streams, None);
+            } else {
+                syncer.confirm_with_streams(self.logs, self.streams, confirms);
+            }
             return;
         }
         if confirms.is_empty() {
@@ -162,7 +188,11 @@ impl ConfirmTickets {
     /// management API's publish).
     pub fn when_settled(self, syncer: &Syncer, settled: Box<dyn FnOnce(bool) + Send>) {
         if !self.slots.is_empty() {
-            crate::quorum::ConfirmGate::new().when_settled(syncer, self.slots, self.logs, settled);
+            crate::quorum::ConfirmGate::new().when_settled(syncer, self.slots, self.logs, self.streams, settled);
+            return;
+        }
+        if !self.streams.is_empty() {
+            syncer.sync_with_streams(self.logs, self.streams, Some(settled));
             return;
         }
         syncer.sync(self.logs, Some(settled));
@@ -175,7 +205,7 @@ impl ConfirmTickets {
             self.confirm_when_settled(syncer, confirms);
             return;
         }
-        channel.quorum_confirms.confirm(syncer, self.slots, self.logs, confirms);
+        channel.quorum_confirms.confirm(syncer, self.slots, self.logs, self.streams, confirms);
     }
 
     /// [`ConfirmTickets::when_settled`] for a channel's tx.commit: commit-oks leave in order.
@@ -184,7 +214,7 @@ impl ConfirmTickets {
             self.when_settled(syncer, settled);
             return;
         }
-        channel.quorum_confirms.when_settled(syncer, self.slots, self.logs, settled);
+        channel.quorum_confirms.when_settled(syncer, self.slots, self.logs, self.streams, settled);
     }
 }
 
@@ -206,6 +236,7 @@ impl WeakQueue {
         match self {
             WeakQueue::Classic(queue) => queue.upgrade().map(Queue::Classic),
             WeakQueue::Quorum(queue) => queue.upgrade().map(Queue::Quorum),
+            WeakQueue::Stream(queue) => queue.upgrade().map(Queue::Stream),
         }
     }
 
@@ -214,6 +245,7 @@ impl WeakQueue {
         match (self, other) {
             (WeakQueue::Classic(a), WeakQueue::Classic(b)) => Weak::ptr_eq(a, b),
             (WeakQueue::Quorum(a), WeakQueue::Quorum(b)) => Weak::ptr_eq(a, b),
+            (WeakQueue::Stream(a), WeakQueue::Stream(b)) => Weak::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -225,6 +257,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.name(),
             Queue::Quorum(queue) => queue.name(),
+            Queue::Stream(queue) => queue.name(),
+            Queue::Remote(queue) => queue.name(),
         }
     }
 
@@ -233,6 +267,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => &queue.definition,
             Queue::Quorum(queue) => &queue.definition,
+            Queue::Stream(queue) => &queue.definition,
+            Queue::Remote(queue) => &queue.definition,
         }
     }
 
@@ -246,6 +282,8 @@ impl Queue {
         match (self, other) {
             (Queue::Classic(a), Queue::Classic(b)) => Arc::ptr_eq(a, b),
             (Queue::Quorum(a), Queue::Quorum(b)) => Arc::ptr_eq(a, b),
+            (Queue::Stream(a), Queue::Stream(b)) => Arc::ptr_eq(a, b),
+            (Queue::Remote(a), Queue::Remote(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -255,6 +293,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => Arc::as_ptr(queue).cast(),
             Queue::Quorum(queue) => Arc::as_ptr(queue).cast(),
+            Queue::Stream(queue) => Arc::as_ptr(queue).cast(),
+            Queue::Remote(queue) => Arc::as_ptr(queue).cast(),
         }
     }
 
@@ -264,6 +304,11 @@ impl Queue {
         match self {
             Queue::Classic(queue) => classic::publish(queue, message),
             Queue::Quorum(queue) => queue.publish(message),
+            Queue::Stream(queue) => stream::publish(queue, &message),
+            Queue::Remote(queue) => {
+                queue.refuse_publish();
+                PublishOutcome::Rejected
+            }
         }
     }
 
@@ -272,6 +317,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.dispatch(),
             Queue::Quorum(queue) => queue.dispatch(),
+            Queue::Stream(queue) => queue.wake_consumers(),
+            Queue::Remote(_) => {}
         }
     }
 
@@ -283,6 +330,10 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.finish_deliveries(deliveries, settlement),
             Queue::Quorum(queue) => queue.settle(deliveries, settlement),
+            // Acks move a stream consumer's credit only; a stream has nothing to requeue or
+            // dead-letter (nack and reject are refused before they get here).
+            Queue::Stream(queue) => queue.settle(deliveries.len()),
+            Queue::Remote(_) => {}
         }
     }
 
@@ -293,6 +344,9 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.get(channel, no_ack),
             Queue::Quorum(queue) => queue.get(channel, no_ack),
+            // Refused by the type's capabilities before it gets here.
+            Queue::Stream(_) => GetAnswer::Empty,
+            Queue::Remote(_) => GetAnswer::Empty,
         }
     }
 
@@ -302,6 +356,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.wait_for_page_in().await,
             Queue::Quorum(queue) => queue.wait_for_answer().await,
+            Queue::Stream(_) => {}
+            Queue::Remote(_) => {}
         }
     }
 
@@ -311,6 +367,30 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.add_consumer(consumer, exclusive, accepted),
             Queue::Quorum(queue) => queue.consume(consumer, exclusive, accepted),
+            Queue::Stream(queue) => queue.add_consumer(consumer, storage::stream::OffsetSpec::Next, accepted),
+            Queue::Remote(queue) => Err(queue.refusal()),
+        }
+    }
+
+    /// basic.consume with the consumer's `x-stream-offset` (which only stream queues read).
+    pub fn consume_from(
+        &self,
+        consumer: Arc<ConsumerHandle>,
+        exclusive: bool,
+        offset: storage::stream::OffsetSpec,
+        accepted: impl FnOnce(),
+    ) -> Result<(), AmqpError> {
+        match self {
+            Queue::Stream(queue) => queue.add_consumer(consumer, offset, accepted),
+            _ => self.consume(consumer, exclusive, accepted),
+        }
+    }
+
+    /// The stream queue this is, if it is one (the channel refuses what streams cannot do).
+    pub fn as_stream(&self) -> Option<&Arc<crate::stream::StreamQueue>> {
+        match self {
+            Queue::Stream(queue) => Some(queue),
+            _ => None,
         }
     }
 
@@ -319,6 +399,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.remove_consumer(consumer),
             Queue::Quorum(queue) => queue.cancel(consumer),
+            Queue::Stream(queue) => queue.remove_consumer(consumer),
+            Queue::Remote(_) => ConsumerRemoval::NotFound,
         }
     }
 
@@ -327,6 +409,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.mark_used(),
             Queue::Quorum(_) => {}
+            Queue::Stream(_) => {}
+            Queue::Remote(_) => {}
         }
     }
 
@@ -335,6 +419,9 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.counts(),
             Queue::Quorum(queue) => queue.counts(),
+            // RabbitMQ 3.10.8 answers a stream's declare-ok with no consumers, whatever it has.
+            Queue::Stream(queue) => (queue.message_count().min(u64::from(u32::MAX)) as u32, 0),
+            Queue::Remote(_) => (0, 0),
         }
     }
 
@@ -343,6 +430,9 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.purge(),
             Queue::Quorum(queue) => queue.purge(),
+            // Refused before it gets here (540, as RabbitMQ).
+            Queue::Stream(_) => 0,
+            Queue::Remote(_) => 0,
         }
     }
 
@@ -352,6 +442,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.delete(),
             Queue::Quorum(queue) => queue.delete(),
+            Queue::Stream(queue) => queue.delete(),
+            Queue::Remote(_) => (0, Vec::new()),
         }
     }
 
@@ -360,6 +452,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.apply_policy(policy),
             Queue::Quorum(queue) => queue.apply_policy(policy),
+            Queue::Stream(queue) => queue.apply_policy(policy),
+            Queue::Remote(queue) => *queue.policy.lock() = policy,
         }
     }
 
@@ -368,6 +462,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.consumer_timeout_ms(),
             Queue::Quorum(queue) => queue.consumer_timeout_ms(),
+            Queue::Stream(_) => None,
+            Queue::Remote(_) => None,
         }
     }
 
@@ -376,6 +472,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.policy(),
             Queue::Quorum(queue) => queue.policy(),
+            Queue::Stream(queue) => queue.policy(),
+            Queue::Remote(queue) => queue.policy.lock().clone(),
         }
     }
 
@@ -384,6 +482,10 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.snapshot(),
             Queue::Quorum(queue) => queue.snapshot(),
+            Queue::Stream(queue) => queue.snapshot(),
+            Queue::Remote(_) => {
+                QueueSnapshot { ready: 0, paged: 0, unacked: 0, consumers: 0, stats: Default::default(), single_active_consumer_tag: None }
+            }
         }
     }
 
@@ -392,6 +494,7 @@ impl Queue {
         match self {
             Queue::Classic(_) => None,
             Queue::Quorum(queue) => queue.replicas(),
+            Queue::Stream(_) | Queue::Remote(_) => None,
         }
     }
 
@@ -400,6 +503,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.consumer_views(),
             Queue::Quorum(queue) => queue.consumer_views(),
+            Queue::Stream(queue) => queue.consumer_views(),
+            Queue::Remote(_) => Vec::new(),
         }
     }
 
@@ -408,6 +513,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.dead_letters(),
             Queue::Quorum(queue) => queue.dead_letters(),
+            Queue::Stream(_) => false,
+            Queue::Remote(_) => false,
         }
     }
 
@@ -416,6 +523,25 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.take_dead_letters(),
             Queue::Quorum(queue) => queue.take_dead_letters(),
+            Queue::Stream(_) => None,
+            Queue::Remote(_) => None,
+        }
+    }
+
+    /// The node holding the queue, when another node of the cluster does.
+    pub fn home_node(&self) -> Option<&str> {
+        match self {
+            Queue::Remote(queue) => Some(&queue.home_name),
+            _ => None,
+        }
+    }
+
+    /// Refuses an operation that needs the queue's messages on this node (basic.get, purge) when
+    /// they are on another node's.
+    pub fn check_local(&self) -> Result<(), AmqpError> {
+        match self {
+            Queue::Remote(queue) => Err(queue.refusal()),
+            _ => Ok(()),
         }
     }
 
@@ -424,6 +550,8 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.log.as_ref(),
             Queue::Quorum(_) => None,
+            Queue::Stream(_) => None,
+            Queue::Remote(_) => None,
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::queue_type::PendingConfirm;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
-use storage::syncer::{SharedLog, SyncCallback, Syncer};
+use storage::syncer::{SharedLog, SharedStream, SyncCallback, Syncer};
 
 /// How a replicated enqueue ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +83,8 @@ enum Release {
 struct Waiting {
     slots: Slots,
     logs: Vec<SharedLog>,
+    /// Streams the same publishes appended to (their commit is the group commit's too).
+    streams: Vec<SharedStream>,
     release: Release,
     syncer: Syncer,
 }
@@ -105,12 +107,18 @@ impl Waiting {
                         confirm.accepted = false;
                     }
                 }
-                self.syncer.confirm(self.logs, confirms);
+                match self.streams.is_empty() {
+                    true => self.syncer.confirm(self.logs, confirms),
+                    false => self.syncer.confirm_with_streams(self.logs, self.streams, confirms),
+                }
             }
             Release::Callback(callback) => {
                 let committed = self.slots.iter().all(|(_, slot)| slot.outcome() != Some(SlotOutcome::Failed));
                 let callback: SyncCallback = Box::new(move |durable| callback(durable && committed));
-                self.syncer.sync(self.logs, Some(callback));
+                match self.streams.is_empty() {
+                    true => self.syncer.sync(self.logs, Some(callback)),
+                    false => self.syncer.sync_with_streams(self.logs, self.streams, Some(callback)),
+                }
             }
         }
     }
@@ -141,14 +149,28 @@ impl ConfirmGate {
 
     /// Releases `confirms` to the group commit once `slots` are filled and everything before
     /// them is released.
-    pub fn confirm(self: &Arc<Self>, syncer: &Syncer, slots: Slots, logs: Vec<SharedLog>, confirms: Vec<PendingConfirm>) {
-        self.enter(Waiting { slots, logs, release: Release::Confirms(confirms), syncer: syncer.clone() });
+    pub fn confirm(
+        self: &Arc<Self>,
+        syncer: &Syncer,
+        slots: Slots,
+        logs: Vec<SharedLog>,
+        streams: Vec<SharedStream>,
+        confirms: Vec<PendingConfirm>,
+    ) {
+        self.enter(Waiting { slots, logs, streams, release: Release::Confirms(confirms), syncer: syncer.clone() });
     }
 
     /// Calls `callback` (through the group commit of `logs`) once `slots` are filled and
     /// everything before them is released: true when all were committed and the logs synced.
-    pub fn when_settled(self: &Arc<Self>, syncer: &Syncer, slots: Slots, logs: Vec<SharedLog>, callback: SyncCallback) {
-        self.enter(Waiting { slots, logs, release: Release::Callback(callback), syncer: syncer.clone() });
+    pub fn when_settled(
+        self: &Arc<Self>,
+        syncer: &Syncer,
+        slots: Slots,
+        logs: Vec<SharedLog>,
+        streams: Vec<SharedStream>,
+        callback: SyncCallback,
+    ) {
+        self.enter(Waiting { slots, logs, streams, release: Release::Callback(callback), syncer: syncer.clone() });
     }
 
     fn enter(self: &Arc<Self>, waiting: Waiting) {
@@ -219,8 +241,14 @@ mod tests {
         let gate = ConfirmGate::new();
         let sink = Arc::new(Recorder::default());
         let (first, second) = (CommitSlot::new(), CommitSlot::new());
-        gate.confirm(&syncer, vec![(1, first.clone()), (2, second.clone())], Vec::new(), vec![confirm(&sink, 1), confirm(&sink, 2)]);
-        gate.confirm(&syncer, Vec::new(), Vec::new(), vec![confirm(&sink, 3)]);
+        gate.confirm(
+            &syncer,
+            vec![(1, first.clone()), (2, second.clone())],
+            Vec::new(),
+            Vec::new(),
+            vec![confirm(&sink, 1), confirm(&sink, 2)],
+        );
+        gate.confirm(&syncer, Vec::new(), Vec::new(), Vec::new(), vec![confirm(&sink, 3)]);
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(sink.0.lock().is_empty(), "nothing leaves before the commits");
         assert!(first.fill(SlotOutcome::Accepted).is_some(), "the filled slot names its gate");
