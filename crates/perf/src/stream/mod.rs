@@ -46,7 +46,8 @@ pub async fn run(mode: Mode, args: PerfArgs) -> Result<Outcome, String> {
     }
     let producing = !matches!(mode, Mode::Consumer(_));
     let consuming = !matches!(mode, Mode::Producer(_));
-    let url = StreamUrl::parse(&args.url)?;
+    // The stream protocol runs against the first --url (spreading over several is AMQP's).
+    let url = StreamUrl::parse(&args.url[0])?;
     let consumer_url = match &args.consumer_url {
         Some(text) => StreamUrl::parse(text)?,
         None => url.clone(),
