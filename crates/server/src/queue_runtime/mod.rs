@@ -612,6 +612,13 @@ impl QueueRuntime {
     }
 }
 
+/// x-max-priority (checked at declaration to be 0 to 255; an integer of any width, as RabbitMQ
+/// takes it), 0 without it: a plain queue.
+pub fn max_priority(arguments: &amqp_codec::FieldTable) -> u8 {
+    let maximum = arguments.get("x-max-priority").and_then(|value| value.as_i64()).unwrap_or(0);
+    maximum.clamp(0, i64::from(u8::MAX)) as u8
+}
+
 /// Whether the declaration asks for a single active consumer (a bool, as RabbitMQ requires).
 fn single_active_consumer(arguments: &amqp_codec::FieldTable) -> bool {
     matches!(arguments.get("x-single-active-consumer"), Some(amqp_codec::FieldValue::Bool(true)))

@@ -59,7 +59,6 @@ pub const GATED_QUEUE_ARGUMENTS: &[&str] = &[
 const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
     queue_type: QueueType::Classic,
     implemented: true,
-    // RabbitMQ's classic queues also take x-max-priority; Lepus does not implement it yet.
     accepted_arguments: &[
         "x-queue-type",
         "x-max-length",
@@ -72,6 +71,7 @@ const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
         "x-delivery-limit",
         "x-expires",
         "x-single-active-consumer",
+        "x-max-priority",
     ],
     exclusive: true,
     non_durable: true,

@@ -4,7 +4,7 @@
 use super::{ConfirmTicket, PublishOutcome, Queue};
 use crate::dead_letter::DeadLetterSender;
 use crate::queue_expiry::ExpiryTimers;
-use crate::queue_runtime::{now_ms, Enqueued, ExpiryClock, Pager, QueueRuntime};
+use crate::queue_runtime::{max_priority, now_ms, Enqueued, ExpiryClock, Pager, QueueRuntime};
 use amqp_codec::ShortStr;
 use broker_core::queue::QueueState;
 use broker_core::vhost::QueueDefinition;
@@ -92,7 +92,8 @@ impl ClassicStorage<'_> {
         } else {
             None
         };
-        let queue = QueueRuntime::new(definition.clone(), vhost, log, QueueState::new(0), None, self.dead_letters.cloned(), expiry);
+        let messages = QueueState::with_max_priority(0, max_priority(&definition.arguments));
+        let queue = QueueRuntime::new(definition.clone(), vhost, log, messages, None, self.dead_letters.cloned(), expiry);
         queue.start_expiry_clock(false);
         Ok(Queue::Classic(queue))
     }
@@ -107,8 +108,10 @@ impl ClassicStorage<'_> {
         // Recovered messages stay on disk; the queue pages them in as consumers need them. After a
         // crash the delivered markers may be missing, so every recovered message may have been
         // delivered: the pager flags them all, as at-least-once allows.
-        let pager = Pager::recovered(&log.lock(), &recovery, clean_shutdown);
-        let messages = QueueState::with_paged(recovery.next_position, recovery.live_count);
+        // A priority queue counts its messages by priority first, with one scan of the log.
+        let (pager, paged) =
+            Pager::recovered_with_priorities(&mut log.lock(), &recovery, clean_shutdown, max_priority(&definition.arguments))?;
+        let messages = QueueState::with_paged_priorities(recovery.next_position, &paged);
         let expiry = self.expiry_clock(definition, vhost, true);
         let queue = QueueRuntime::new(definition.clone(), vhost, Some(log), messages, pager, self.dead_letters.cloned(), expiry);
         queue.start_expiry_clock(true);
