@@ -113,6 +113,10 @@ pub struct Broker {
     pub reply_consumers: crate::direct_reply::ReplyConsumers,
     /// Deadlines of unused queues with x-expires (see `queue_expiry.rs`).
     pub expiry_timers: Arc<crate::queue_expiry::ExpiryTimers>,
+    /// The store of messages held back by `x-delayed-message` exchanges (see `delayed`).
+    pub delayed: Arc<crate::delayed::DelayedMessages>,
+    /// The caches of deduplicating exchanges (see `dedup`).
+    pub dedup_exchanges: crate::dedup::ExchangeCaches,
 }
 
 /// Why the broker could not open its data directory or recover from it. Each names the file or
@@ -171,7 +175,10 @@ impl Broker {
         // Only `--sync always` syncs before confirms; the other policies write segments directly.
         let journaled = config.sync_policy == storage::syncer::SyncPolicy::Always;
         let (dead_letters, dead_letter_receiver) = crate::dead_letter::channel();
+        let delayed = crate::delayed::DelayedMessages::open(&config.data_dir, config.segment_bytes_max, journaled)?;
         let mut broker = Broker {
+            delayed: Arc::new(delayed),
+            dedup_exchanges: crate::dedup::ExchangeCaches::new(config.data_dir.join("queues"), config.segment_bytes_max, journaled),
             dead_letters,
             journaled,
             users: Users::default(),
@@ -195,9 +202,11 @@ impl Broker {
             reply_consumers: Default::default(),
             config,
         };
+        broker.syncer.watch(broker.delayed.log().clone());
         broker.recover(recovered)?;
         let broker = Arc::new(broker);
         crate::dead_letter::start(Arc::downgrade(&broker), dead_letter_receiver);
+        crate::delayed::start(&broker.delayed, Arc::downgrade(&broker));
         Ok(broker)
     }
 
@@ -358,14 +367,19 @@ impl Broker {
     /// Writes and syncs every queue log (graceful shutdown), so acks and unconfirmed publishes
     /// buffered in memory are not lost.
     pub fn flush_all(&self) {
+        // No delayed message is routed past this point: its record stays, to be routed after the restart.
+        self.delayed.stop();
         if self.journaled {
             // Through the syncer, which owns the journal: every log written, journaled and synced,
             // then a checkpoint, so the next start has nothing to replay.
-            let logs: Vec<_> = self
+            let mut logs: Vec<_> = self
                 .topologies()
                 .iter()
                 .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.durable_log().cloned()).collect::<Vec<_>>())
                 .collect();
+            logs.push(self.delayed.log().clone());
+            logs.extend(self.queue_deduplication_logs());
+            logs.extend(self.dedup_exchanges.logs());
             if !self.syncer.checkpoint(logs) {
                 tracing::error!("the final checkpoint failed; the next start replays the journal");
             }
@@ -381,19 +395,28 @@ impl Broker {
         }
     }
 
+    /// The logs of the queues' deduplication caches.
+    fn queue_deduplication_logs(&self) -> Vec<storage::syncer::SharedLog> {
+        let topologies = self.topologies();
+        topologies
+            .iter()
+            .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.deduplication_log()).collect::<Vec<_>>())
+            .collect()
+    }
+
     fn flush_all_unjournaled(&self) {
-        for (_, vhost) in self.topologies() {
-            for entry in vhost.read().queues() {
-                let Some(log) = entry.handle.durable_log() else {
-                    continue;
-                };
-                let written = log.lock().write_pending(storage::queue_log::SyncDue::Now).map(|written| written.sync_now);
-                let synced = written
-                    .map_err(|error| error.to_string())
-                    .and_then(|files| files.iter().try_for_each(|file| file.sync()).map_err(|error| error.to_string()));
-                if let Err(error) = synced {
-                    tracing::error!(%error, "writing or syncing a queue log at shutdown failed");
-                }
+        let delayed = std::iter::once(self.delayed.log().clone()).chain(self.dedup_exchanges.logs()).chain(self.queue_deduplication_logs());
+        let queue_logs = self
+            .topologies()
+            .into_iter()
+            .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.durable_log().cloned()).collect::<Vec<_>>());
+        for log in delayed.chain(queue_logs) {
+            let written = log.lock().write_pending(storage::queue_log::SyncDue::Now).map(|written| written.sync_now);
+            let synced = written
+                .map_err(|error| error.to_string())
+                .and_then(|files| files.iter().try_for_each(|file| file.sync()).map_err(|error| error.to_string()));
+            if let Err(error) = synced {
+                tracing::error!(%error, "writing or syncing a queue log at shutdown failed");
             }
         }
     }
@@ -778,6 +801,8 @@ impl Broker {
             let created = topology.declare_exchange(declaration)?;
             if created {
                 topology.set_policy_alternate_exchange(&declaration.name, alternate);
+                // A new exchange starts with an empty deduplication cache, whatever an older one left.
+                self.dedup_exchanges.forget(vhost, &declaration.name);
             }
             let exchange = topology.exchange(&declaration.name).filter(|exchange| created && exchange.durable);
             exchange.map(|exchange| self.submit_definition(DefinitionChange::PutExchange(exchange_record(vhost, exchange))))
@@ -795,6 +820,7 @@ impl Broker {
             let before: Vec<ShortStr> =
                 topology.exchanges().filter(|exchange| exchange.durable).map(|exchange| exchange.name.clone()).collect();
             let removed = topology.delete_exchange(name, if_unused)?;
+            self.dedup_exchanges.forget(vhost, name);
             let gone: Vec<ShortStr> = before.into_iter().filter(|name| topology.exchange(name).is_none()).collect();
             let changes =
                 gone.into_iter().map(|name| DefinitionChange::DeleteExchange { vhost: vhost.to_string(), name: name.to_string_lossy() });

@@ -337,6 +337,14 @@ impl Queue {
             Queue::Classic(queue) => queue.log.as_ref(),
         }
     }
+
+    /// The log of its deduplication cache, when it deduplicates and the cache persists: a
+    /// confirm waits for it too, and a graceful shutdown syncs it.
+    pub fn deduplication_log(&self) -> Option<SharedLog> {
+        match self {
+            Queue::Classic(queue) => queue.deduplication().and_then(|cache| cache.log().cloned()),
+        }
+    }
 }
 
 #[cfg(test)]
