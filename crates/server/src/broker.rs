@@ -2,6 +2,7 @@
 //! topology and must be persisted (declare, bind, delete).
 
 use crate::auth::{Permission, Permissions, User, Users};
+use crate::cluster::{Applied, MetadataCommand};
 use crate::config::ServerConfig;
 use crate::metrics::counters::ChurnCounters;
 use crate::policy::Policy;
@@ -117,7 +118,15 @@ pub struct Broker {
     pub delayed: Arc<crate::delayed::DelayedMessages>,
     /// The caches of deduplicating exchanges (see `dedup`).
     pub dedup_exchanges: crate::dedup::ExchangeCaches,
+    /// The cluster half, when clustered (set once at start; see `cluster/`): definition changes
+    /// are then proposed to the metadata group and applied on every node in log order.
+    pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
 }
+
+/// The changes a clustered node applies from its metadata log (a child module: it reaches the
+/// broker's private helpers).
+#[path = "cluster/broker_apply.rs"]
+mod cluster_apply;
 
 /// Why the broker could not open its data directory or recover from it. Each names the file or
 /// the queue it concerns; the listener reports it and the start stops.
@@ -149,6 +158,9 @@ pub enum RecoveryError {
         /// Its type's name.
         queue_type: &'static str,
     },
+    /// A stream queue's stream could not be recovered.
+    #[error("a stream could not be recovered: {0}")]
+    Stream(String),
 }
 
 /// Replays the node journal the previous run left into the queue segments (before any queue log
@@ -190,7 +202,9 @@ impl Broker {
             operator_policies: RwLock::new(Vec::new()),
             definitions,
             definitions_write: Mutex::new(()),
-            next_connection_id: AtomicU64::new(1),
+            // A clustered node's exclusive queues name their owner by connection id in the
+            // metadata log; ids of a new incarnation must not be those of the last one.
+            next_connection_id: AtomicU64::new(if config.cluster.enabled() { cluster_apply::first_connection_id() } else { 1 }),
             connections: Mutex::new(HashMap::new()),
             churn: Default::default(),
             retired_channels: Default::default(),
@@ -200,9 +214,13 @@ impl Broker {
             disk_alarm_raised: tokio::sync::Notify::new(),
             expiry_timers: Arc::default(),
             reply_consumers: Default::default(),
+            cluster: std::sync::OnceLock::new(),
             config,
         };
         broker.syncer.watch(broker.delayed.log().clone());
+        // A clustered node's definitions come from its metadata log, not this file.
+        let recovered =
+            if broker.config.cluster.enabled() { cluster_apply::clustered_start(&broker.config.data_dir, recovered)? } else { recovered };
         broker.recover(recovered)?;
         let broker = Arc::new(broker);
         crate::dead_letter::start(Arc::downgrade(&broker), dead_letter_receiver);
@@ -291,15 +309,8 @@ impl Broker {
                 tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
                 continue;
             };
-            let destination_name = ShortStr::truncating(record.destination.clone());
-            let destination =
-                if record.destination_is_exchange { Destination::Exchange(destination_name) } else { Destination::Queue(destination_name) };
-            let binding = Binding {
-                destination,
-                routing_key: ShortStr::truncating(record.routing_key.clone()),
-                arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
-            };
-            let bound = vhost.write().bind(&ShortStr::truncating(record.source.clone()), binding);
+            let (source, binding) = cluster_apply::binding_from_record(record);
+            let bound = vhost.write().bind(&source, binding);
             if let Err(error) = bound {
                 tracing::warn!(%error, "a stored binding could not be restored");
             }
@@ -344,7 +355,11 @@ impl Broker {
                 arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
                 queue_type: record.queue_type,
             };
-            let (queue, messages) = storage.recover(&definition, &record.vhost, clean_shutdown)?;
+            let (queue, messages) = if definition.queue_type == broker_core::vhost::QueueType::Stream {
+                self.stream_storage().recover(&definition, &record.vhost).map_err(|error| RecoveryError::Stream(error.to_string()))?
+            } else {
+                storage.recover(&definition, &record.vhost, clean_shutdown)?
+            };
             restored_messages += messages;
             queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
             vhost.write().restore_queue(definition, queue);
@@ -362,6 +377,11 @@ impl Broker {
             dead_letters: Some(&self.dead_letters),
             expiry_timers: &self.expiry_timers,
         }
+    }
+
+    /// Where stream queues keep their streams.
+    fn stream_storage(&self) -> crate::queue_type::StreamStorage<'_> {
+        crate::queue_type::StreamStorage { data_dir: &self.config.data_dir, file_cache: storage::file_cache::FileCache::node() }
     }
 
     /// Writes and syncs every queue log (graceful shutdown), so acks and unconfirmed publishes
@@ -386,6 +406,7 @@ impl Broker {
         } else {
             self.flush_all_unjournaled();
         }
+        self.flush_streams();
         // The next start then reads one snapshot and an empty log.
         if let Err(error) = self.definitions.compact() {
             tracing::error!(%error, "compacting the definitions log at shutdown failed; the next start replays it");
@@ -402,6 +423,29 @@ impl Broker {
             .iter()
             .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.deduplication_log()).collect::<Vec<_>>())
             .collect()
+    }
+
+    /// Writes, syncs and commits what every stream has appended (with `--sync interval` or
+    /// `never` the last group commits did not fdatasync it).
+    fn flush_streams(&self) {
+        for (_, vhost) in self.topologies() {
+            let streams: Vec<_> =
+                vhost.read().queues().filter_map(|entry| entry.handle.as_stream().map(|queue| queue.stream.clone())).collect();
+            for stream in streams {
+                let written = stream.write_pending(storage::queue_log::SyncDue::Now);
+                let synced = written.map_err(|error| error.to_string()).and_then(|written| {
+                    written.sync_now.iter().try_for_each(|file| file.sync()).map_err(|error| error.to_string())?;
+                    Ok(written.commit)
+                });
+                match synced {
+                    Ok(Some(point)) => stream.commit(point),
+                    Ok(None) => {}
+                    Err(error) => {
+                        tracing::error!(%error, directory = %stream.directory().display(), "writing or syncing a stream at shutdown failed")
+                    }
+                }
+            }
+        }
     }
 
     fn flush_all_unjournaled(&self) {
@@ -516,6 +560,10 @@ impl Broker {
         if name.is_empty() || name.len() > 255 {
             return Err(AmqpError::precondition("a vhost name must have 1 to 255 bytes"));
         }
+        if let Some(cluster) = self.replicating() {
+            let command = MetadataCommand::PutVhost { name: name.to_string(), description, tags };
+            return cluster.propose(command).map(Applied::flag);
+        }
         let created = {
             let mut vhosts = self.vhosts.write();
             let count = vhosts.len();
@@ -550,6 +598,10 @@ impl Broker {
     /// deletion leaves the vhost with a (possibly empty) set of limits. Returns whether the vhost
     /// exists. A lowered limit applies to what comes next: nothing open or declared is closed.
     pub fn set_vhost_limit(&self, name: &str, limit: VhostLimit, value: Option<i64>) -> Result<bool, AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            let command = MetadataCommand::SetVhostLimit { vhost: name.to_string(), limit: limit.name().to_string(), value };
+            return cluster.propose(command).map(Applied::flag);
+        }
         match self.vhosts.write().get_mut(name) {
             Some(slot) => slot.limits.get_or_insert_with(VhostLimits::default).set(limit, value),
             None => return Ok(false),
@@ -562,6 +614,10 @@ impl Broker {
     /// Replaces every limit of a vhost (definitions import) and stores them. Returns whether the
     /// vhost exists.
     pub fn set_vhost_limits(&self, name: &str, limits: VhostLimits) -> Result<bool, AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            let command = MetadataCommand::SetVhostLimits { vhost: name.to_string(), limits: limits.to_map() };
+            return cluster.propose(command).map(Applied::flag);
+        }
         match self.vhosts.write().get_mut(name) {
             Some(slot) => slot.limits = Some(limits),
             None => return Ok(false),
@@ -603,6 +659,9 @@ impl Broker {
     /// Deletes a vhost: closes its connections (320), deletes its queues with their logs, and
     /// forgets its permissions and policies, as RabbitMQ does. Returns whether it existed.
     pub fn delete_vhost(&self, name: &str) -> Result<bool, AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            return cluster.propose(MetadataCommand::DeleteVhost { name: name.to_string() }).map(Applied::flag);
+        }
         // Under the map's lock, so a vhost of the same name created next is stored after this.
         let (slot, ticket) = {
             let mut vhosts = self.vhosts.write();
@@ -624,7 +683,7 @@ impl Broker {
         self.permissions.remove_vhost(name);
         self.policies.write().retain(|policy| policy.vhost != name);
         self.operator_policies.write().retain(|policy| policy.vhost != name);
-        self.await_definitions(Some(ticket))?;
+        self.await_definitions(ticket)?;
         self.persist()?;
         tracing::info!(vhost = name, "vhost deleted");
         Ok(true)
@@ -647,11 +706,18 @@ impl Broker {
 
     /// Adds or replaces an operator policy and applies it. Returns whether it was new.
     pub fn put_operator_policy(&self, policy: Policy) -> Result<bool, AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            return cluster.propose(MetadataCommand::PutOperatorPolicy(policy.to_record())).map(Applied::flag);
+        }
         self.put_policy_in(&self.operator_policies, policy)
     }
 
     /// Deletes an operator policy and re-applies what remains. Returns whether it existed.
     pub fn delete_operator_policy(&self, vhost: &str, name: &str) -> Result<bool, AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            let command = MetadataCommand::DeleteOperatorPolicy { vhost: vhost.to_string(), name: name.to_string() };
+            return cluster.propose(command).map(Applied::flag);
+        }
         self.delete_policy_in(&self.operator_policies, vhost, name)
     }
 
@@ -670,6 +736,9 @@ impl Broker {
 
     /// Adds or replaces a policy and applies it to the vhost's queues. Returns whether it was new.
     pub fn put_policy(&self, policy: Policy) -> Result<bool, AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            return cluster.propose(MetadataCommand::PutPolicy(policy.to_record())).map(Applied::flag);
+        }
         self.put_policy_in(&self.policies, policy)
     }
 
@@ -695,6 +764,10 @@ impl Broker {
 
     /// Deletes a policy and re-applies what remains. Returns whether it existed.
     pub fn delete_policy(&self, vhost: &str, name: &str) -> Result<bool, AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            let command = MetadataCommand::DeletePolicy { vhost: vhost.to_string(), name: name.to_string() };
+            return cluster.propose(command).map(Applied::flag);
+        }
         self.delete_policy_in(&self.policies, vhost, name)
     }
 
@@ -735,6 +808,10 @@ impl Broker {
     /// any change of one of them). Exchanges, queues and bindings are stored change by change as
     /// they are made ([`Broker::submit_definition`]).
     pub fn persist(&self) -> Result<(), AmqpError> {
+        if self.config.cluster.enabled() {
+            // The metadata log holds a clustered node's definitions.
+            return Ok(());
+        }
         let _serialised = self.definitions_write.lock();
         let vhosts = self
             .vhost_infos()
@@ -778,8 +855,9 @@ impl Broker {
     /// Records a change of the durable definitions in the order the broker made it: call it while
     /// holding the lock under which the change was made (the vhost's topology), and pass the
     /// ticket to [`Broker::await_definitions`] after releasing it.
-    fn submit_definition(&self, change: DefinitionChange) -> DefinitionsTicket {
-        self.definitions.submit(change)
+    fn submit_definition(&self, change: DefinitionChange) -> Option<DefinitionsTicket> {
+        // The metadata log holds a clustered node's definitions.
+        (!self.config.cluster.enabled()).then(|| self.definitions.submit(change))
     }
 
     /// Waits until a submitted change is on disk (the answer to the client is sent after).
@@ -793,6 +871,11 @@ impl Broker {
 
     /// exchange.declare.
     pub fn declare_exchange(&self, vhost: &str, declaration: &ExchangeDeclaration) -> Result<(), AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            if !declaration.passive && self.topology(vhost)?.read().exchange(&declaration.name).is_none() {
+                return cluster.propose(MetadataCommand::DeclareExchange(cluster_apply::exchange_command(vhost, declaration))).map(drop);
+            }
+        }
         let policy = self.policy_for_exchange(vhost, &declaration.name);
         let alternate = policy.and_then(|policy| policy.alternate_exchange.as_deref().map(ShortStr::truncating));
         let ticket = {
@@ -805,13 +888,19 @@ impl Broker {
                 self.dedup_exchanges.forget(vhost, &declaration.name);
             }
             let exchange = topology.exchange(&declaration.name).filter(|exchange| created && exchange.durable);
-            exchange.map(|exchange| self.submit_definition(DefinitionChange::PutExchange(exchange_record(vhost, exchange))))
+            exchange.and_then(|exchange| self.submit_definition(DefinitionChange::PutExchange(exchange_record(vhost, exchange))))
         };
         self.await_definitions(ticket)
     }
 
     /// exchange.delete.
     pub fn delete_exchange(&self, vhost: &str, name: &ShortStr, if_unused: bool) -> Result<(), AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            if self.topology(vhost)?.read().exchange(name).is_some() {
+                let command = MetadataCommand::DeleteExchange { vhost: vhost.to_string(), name: name.to_string_lossy(), if_unused };
+                return cluster.propose(command).map(drop);
+            }
+        }
         let ticket = {
             let topology = self.topology(vhost)?;
             let mut topology = topology.write();
@@ -824,7 +913,7 @@ impl Broker {
             let gone: Vec<ShortStr> = before.into_iter().filter(|name| topology.exchange(name).is_none()).collect();
             let changes =
                 gone.into_iter().map(|name| DefinitionChange::DeleteExchange { vhost: vhost.to_string(), name: name.to_string_lossy() });
-            let ticket = changes.map(|change| self.submit_definition(change)).last();
+            let ticket = changes.filter_map(|change| self.submit_definition(change)).last();
             drop(removed);
             ticket
         };
@@ -840,6 +929,11 @@ impl Broker {
         server_named: bool,
         connection_id: u64,
     ) -> Result<(ShortStr, u32, u32), AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            if !passive && self.topology(vhost_name)?.read().queue(&definition.name).is_none() {
+                return self.declare_queue_in_cluster(cluster, vhost_name, definition, server_named);
+            }
+        }
         let storage = self.classic_storage();
         let topology = self.topology(vhost_name)?;
         let queue_bound = self.vhost_bound(vhost_name, VhostLimit::MaxQueues);
@@ -850,6 +944,12 @@ impl Broker {
             }
             let (entry, created) = vhost.declare_queue(definition, passive, server_named, connection_id, |definition| {
                 capabilities(definition.queue_type).check_declare(definition, vhost_name)?;
+                if definition.queue_type == broker_core::vhost::QueueType::Stream {
+                    return self.stream_storage().create(definition, vhost_name).map_err(|error| {
+                        tracing::error!(%error, "creating a stream failed");
+                        AmqpError::internal(format!("could not create the stream: {error}"))
+                    });
+                }
                 storage.create(definition, vhost_name).map_err(|error| {
                     tracing::error!(%error, "creating a queue log failed");
                     AmqpError::internal(format!("could not create the queue's log: {error}"))
@@ -857,7 +957,8 @@ impl Broker {
             })?;
             // A queue whose log could not be made was refused above, and is not in the topology.
             let stored = created && entry.definition.durable && entry.definition.exclusive_owner.is_none();
-            let ticket = stored.then(|| self.submit_definition(DefinitionChange::PutQueue(queue_record(vhost_name, &entry.definition))));
+            let ticket =
+                stored.then(|| self.submit_definition(DefinitionChange::PutQueue(queue_record(vhost_name, &entry.definition)))).flatten();
             (entry.handle.clone(), created, ticket)
         };
         ChurnCounters::count(&self.churn.queues_declared);
@@ -894,6 +995,9 @@ impl Broker {
     /// queue.delete answers delete-ok before the deleting channel's own consumers hear of it, as
     /// RabbitMQ orders them.
     pub fn remove_queue_quietly(&self, vhost_name: &str, name: &ShortStr, owner: Option<u64>) -> (u32, Vec<Arc<ConsumerHandle>>) {
+        if let Some(cluster) = self.replicating() {
+            return self.remove_queue_in_cluster(cluster, vhost_name, name, owner);
+        }
         let Some(topology) = self.vhost(vhost_name) else { return (0, Vec::new()) };
         let removed = {
             let mut topology = topology.write();
@@ -908,7 +1012,7 @@ impl Broker {
                 let exchanges = removed_exchanges.iter().filter(|exchange| exchange.durable).map(|exchange| {
                     DefinitionChange::DeleteExchange { vhost: vhost_name.to_string(), name: exchange.name.to_string_lossy() }
                 });
-                queue.into_iter().chain(exchanges).map(|change| self.submit_definition(change)).last()
+                queue.into_iter().chain(exchanges).filter_map(|change| self.submit_definition(change)).last()
             });
             removed.map(|(entry, _)| (entry, ticket))
         };
@@ -925,19 +1029,25 @@ impl Broker {
 
     /// queue.bind / exchange.bind.
     pub fn bind(&self, vhost_name: &str, source: &ShortStr, binding: Binding) -> Result<(), AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            return cluster.propose(MetadataCommand::Bind(binding_record(vhost_name, source, &binding))).map(drop);
+        }
         let ticket = {
             let topology = self.topology(vhost_name)?;
             let mut topology = topology.write();
             let record = binding_record(vhost_name, source, &binding);
             let added = topology.bind(source, binding)?;
             let durable = added && binding_is_durable(&topology, source, &record);
-            durable.then(|| self.submit_definition(DefinitionChange::PutBinding(record)))
+            durable.then(|| self.submit_definition(DefinitionChange::PutBinding(record))).flatten()
         };
         self.await_definitions(ticket)
     }
 
     /// queue.unbind / exchange.unbind.
     pub fn unbind(&self, vhost_name: &str, source: &ShortStr, binding: &Binding) -> Result<(), AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            return cluster.propose(MetadataCommand::Unbind(binding_record(vhost_name, source, binding))).map(drop);
+        }
         let ticket = {
             let topology = self.topology(vhost_name)?;
             let mut topology = topology.write();
@@ -947,7 +1057,7 @@ impl Broker {
             let source_gone = removed_source
                 .filter(|exchange| exchange.durable)
                 .map(|exchange| DefinitionChange::DeleteExchange { vhost: vhost_name.to_string(), name: exchange.name.to_string_lossy() });
-            unbound.into_iter().chain(source_gone).map(|change| self.submit_definition(change)).last()
+            unbound.into_iter().chain(source_gone).filter_map(|change| self.submit_definition(change)).last()
         };
         self.await_definitions(ticket)
     }

@@ -6,6 +6,7 @@
 
 mod admin;
 mod client;
+mod cluster;
 mod listing;
 
 use client::{Client, CtlError};
@@ -258,6 +259,24 @@ enum CtlCommand {
         /// The policy's name.
         name: String,
     },
+    /// The cluster: status, join, leave, forget.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
+    /// Shows the cluster's members and which run (rabbitmqctl's cluster_status).
+    #[command(name = "cluster_status", alias = "cluster-status")]
+    ClusterStatus,
+    /// Makes this node join the cluster at ADDRESS (host:port of a member's cluster port).
+    #[command(name = "join_cluster", alias = "join-cluster")]
+    JoinCluster {
+        /// `host:port` of a member's cluster port.
+        address: String,
+    },
+    /// Removes a member that is not running (rabbitmqctl's forget_cluster_node).
+    #[command(name = "forget_cluster_node", alias = "forget-cluster-node")]
+    ForgetClusterNode {
+        /// The member's node name.
+        node: String,
+    },
 }
 
 /// Runs one `lepus ctl` command; returns rabbitmqctl's exit code for the outcome.
@@ -300,6 +319,12 @@ fn execute(arguments: &CtlArguments) -> Result<(), CtlError> {
     }
     match &arguments.command {
         CtlCommand::Status => status(&client, arguments),
+        CtlCommand::Cluster(command) => cluster::run(&client, arguments, command),
+        CtlCommand::ClusterStatus => cluster::run(&client, arguments, &cluster::ClusterCommand::Status),
+        CtlCommand::JoinCluster { address } => {
+            cluster::run(&client, arguments, &cluster::ClusterCommand::Join { address: address.clone() })
+        }
+        CtlCommand::ForgetClusterNode { node } => cluster::run(&client, arguments, &cluster::ClusterCommand::Forget { node: node.clone() }),
         CtlCommand::Ping => {
             client.get_json("/overview")?;
             match arguments.formatter {

@@ -43,6 +43,8 @@ pub struct QueueInfo {
     pub snapshot: QueueSnapshot,
     /// The policy that applies to it.
     pub policy: Option<std::sync::Arc<crate::policy::Policy>>,
+    /// The node holding it, when another node of the cluster does.
+    pub home: Option<String>,
 }
 
 /// An exchange as listed.
@@ -145,6 +147,7 @@ impl Broker {
                     queue_type: definition.queue_type,
                     snapshot: queue.snapshot(),
                     policy: queue.policy(),
+                    home: queue.home_node().map(str::to_string),
                 });
             }
         }

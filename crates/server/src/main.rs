@@ -3,6 +3,7 @@
 mod alarms;
 mod auth;
 mod broker;
+mod cluster;
 mod config;
 mod connection;
 mod ctl;
@@ -22,6 +23,8 @@ mod queue_runtime;
 mod queue_type;
 mod settings;
 mod shared;
+mod stream;
+mod stream_protocol;
 mod tls;
 mod url_path;
 mod vhost_limits;
@@ -99,7 +102,7 @@ fn main() -> ExitCode {
                 print!("{toml}");
                 ExitCode::SUCCESS
             }
-            Ok(settings::Resolved::Run(config)) => match listener::run(config) {
+            Ok(settings::Resolved::Run(config)) => match listener::run(*config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     // Plain text on stderr, not a log line: the operator who started it reads it.

@@ -234,6 +234,9 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     registry.register("lepus_build_info", "Always 1; the version is a label", build);
 
     register_storage_metrics(&mut registry, broker);
+    if let Some(cluster) = broker.cluster.get() {
+        crate::cluster::metrics::register(&mut registry, cluster);
+    }
     // Summed over queues, which is how RabbitMQ's channel_queue_exchange_metrics add up on /metrics.
     counter(&mut registry, "rabbitmq_queue_messages_published", "Total number of messages published to queues", published_total);
     let scrape = rabbitmq::Scrape { broker, queues: &queues, connections: &connections, process, free_disk_bytes: free };

@@ -97,6 +97,27 @@ pub struct ServerArguments {
     /// With `--sync interval`: milliseconds between fdatasyncs [default: 200].
     #[arg(long, env = "LEPUS_SYNC_INTERVAL_MS")]
     sync_interval_ms: Option<u64>,
+    /// The RabbitMQ Stream protocol's port [default: 5552; 0 turns it off].
+    #[arg(long, env = "LEPUS_STREAM_PORT")]
+    stream_port: Option<u16>,
+    /// The host stream-protocol clients are told to connect to [default: this host's name].
+    #[arg(long, env = "LEPUS_STREAM_ADVERTISED_HOST")]
+    stream_advertised_host: Option<String>,
+    /// This node's name, `name@host` (RabbitMQ's RABBITMQ_NODENAME) [default: lepus@HOSTNAME].
+    #[arg(long, env = "LEPUS_NODENAME")]
+    node_name: Option<String>,
+    /// Port of the links between cluster nodes; 0 turns clustering off [default: 25672 with --cluster-seeds, else 0].
+    #[arg(long, env = "LEPUS_CLUSTER_PORT")]
+    cluster_port: Option<u16>,
+    /// The cluster's founding nodes, `host:port,...` (this node among them, spelled as the others spell it).
+    #[arg(long, env = "LEPUS_CLUSTER_SEEDS", value_delimiter = ',')]
+    cluster_seeds: Option<Vec<String>>,
+    /// The cluster's name; links from nodes of another name are refused [default: lepus].
+    #[arg(long, env = "LEPUS_CLUSTER_NAME")]
+    cluster_name: Option<String>,
+    /// The address other nodes reach this one at, `host:port` [default: this node's seed, or BIND:CLUSTER_PORT].
+    #[arg(long, env = "LEPUS_CLUSTER_ADVERTISE")]
+    cluster_advertise: Option<String>,
 }
 
 /// The settings as the file holds them, and as `--print-config` writes them.
@@ -125,12 +146,19 @@ struct FileSettings {
     consumer_timeout_mode: Option<crate::config::ConsumerTimeoutMode>,
     sync: Option<SyncMode>,
     sync_interval_ms: Option<u64>,
+    stream_port: Option<u16>,
+    stream_advertised_host: Option<String>,
+    node_name: Option<String>,
+    cluster_port: Option<u16>,
+    cluster_seeds: Option<Vec<String>>,
+    cluster_name: Option<String>,
+    cluster_advertise: Option<String>,
 }
 
 /// What `lepus server` should do.
 pub enum Resolved {
     /// Run a broker with these settings.
-    Run(ServerConfig),
+    Run(Box<ServerConfig>),
     /// Print these settings and exit.
     Print(String),
 }
@@ -182,12 +210,21 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
             SyncMode::Interval => SyncPolicy::Interval { interval_ms: sync_interval_ms },
             SyncMode::Never => SyncPolicy::Never,
         },
+        stream_port: arguments.stream_port.or(file.stream_port).unwrap_or(defaults.stream_port),
+        stream_advertised_host: arguments.stream_advertised_host.or(file.stream_advertised_host),
+        cluster: crate::cluster::ClusterSettings::resolve(
+            arguments.node_name.or(file.node_name),
+            arguments.cluster_port.or(file.cluster_port),
+            arguments.cluster_seeds.or(file.cluster_seeds),
+            arguments.cluster_name.or(file.cluster_name),
+            arguments.cluster_advertise.or(file.cluster_advertise),
+        )?,
         ..defaults
     };
     check_tls(&config)?;
     check_limits(&config)?;
     if !arguments.print_config {
-        return Ok(Resolved::Run(config));
+        return Ok(Resolved::Run(Box::new(config)));
     }
     let effective = FileSettings {
         data_dir: Some(config.data_dir.clone()),
@@ -212,6 +249,13 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
         consumer_timeout_mode: Some(config.consumer_timeout_mode),
         sync: Some(sync),
         sync_interval_ms: Some(sync_interval_ms),
+        stream_port: Some(config.stream_port),
+        stream_advertised_host: config.stream_advertised_host.clone(),
+        node_name: Some(config.cluster.node_name.clone()),
+        cluster_port: Some(config.cluster.cluster_port),
+        cluster_seeds: Some(config.cluster.seeds.clone()),
+        cluster_name: Some(config.cluster.cluster_name.clone()),
+        cluster_advertise: config.cluster.advertise.clone(),
     };
     toml::to_string(&effective).map(Resolved::Print).map_err(|error| error.to_string())
 }

@@ -219,35 +219,14 @@ impl TailRead {
     }
 
     /// Reads the publish record that starts at `at` (its segment must be in this read's plan):
-    /// its position and message, reading that record alone.
+    /// its position and message, reading that record alone. Many reads: [`TailRead::reader`].
     pub fn read_at(&self, at: RecordLocation) -> Result<(u64, Message), StorageError> {
-        let segment = self.segments.iter().find(|segment| segment.first_position == at.segment).ok_or_else(|| StorageError::Corrupt {
-            path: format!("segment {}", at.segment),
-            detail: format!("no segment holds the record at offset {}", at.offset),
-        })?;
-        let path = &segment.path;
-        let corrupt = |detail: String| StorageError::Corrupt { path: path.display().to_string(), detail };
-        if at.offset == 0 || at.offset + RECORD_HEADER_BYTES as u64 > segment.valid_bytes {
-            return Err(corrupt(format!("no record at offset {}", at.offset)));
-        }
-        let file = self.file_system.open(path, OpenMode::Read).map_err(|error| StorageError::io(path, error))?;
-        let mut fixed = [0u8; RECORD_HEADER_BYTES];
-        file.read_exact_at(&mut fixed, at.offset).map_err(|error| StorageError::io(path, error))?;
-        let header = RecordHeader::decode(&fixed).ok_or_else(|| corrupt(format!("no record header at offset {}", at.offset)))?;
-        if header.payload_bytes().is_none() || at.offset + header.record_bytes() > segment.valid_bytes {
-            return Err(corrupt(format!("bad record length at offset {}", at.offset)));
-        }
-        let mut covered = vec![0u8; header.length];
-        file.read_exact_at(&mut covered, at.offset + LENGTH_AND_CHECKSUM_BYTES as u64).map_err(|error| StorageError::io(path, error))?;
-        if !header.checksum_matches(segment.seed, &covered) {
-            return Err(corrupt(format!("checksum mismatch at offset {}", at.offset)));
-        }
-        if header.kind != KIND_PUBLISH && header.kind != KIND_PUBLISH_TRANSIENT {
-            return Err(corrupt(format!("the record at offset {} is not a publish", at.offset)));
-        }
-        let message = decode_publish(Bytes::from(covered).slice(RECORD_FIXED_BYTES..))
-            .ok_or_else(|| corrupt(format!("publish record does not parse at offset {}", at.offset)))?;
-        Ok((header.position, message))
+        self.reader().read_at(at)
+    }
+
+    /// A reader of records at their locations within this plan (the delay store's due messages).
+    pub fn reader(&self) -> RecordReader<'_> {
+        RecordReader { plan: self, open: None }
     }
 
     /// Counts the records `cursor` yields to its end, by priority as a queue with x-max-priority
@@ -362,6 +341,65 @@ impl TailRead {
             }
         }
         Ok(())
+    }
+}
+
+/// How much a [`RecordReader`] reads at once: a record that fits costs one read, a longer one two.
+const RECORD_READ_AHEAD_BYTES: usize = 4096;
+
+/// Reads publish records at their locations (see [`TailRead::reader`]), keeping the last segment's
+/// file open: the due records of one batch mostly share a segment, and an open per record cost
+/// the delay store's timer as much as the rest of a record's routing.
+pub struct RecordReader<'a> {
+    plan: &'a TailRead,
+    open: Option<(u64, Arc<dyn StorageFile>)>,
+}
+
+impl RecordReader<'_> {
+    /// Reads the publish record that starts at `at`: its position and message.
+    pub fn read_at(&mut self, at: RecordLocation) -> Result<(u64, Message), StorageError> {
+        let segment =
+            self.plan.segments.iter().find(|segment| segment.first_position == at.segment).ok_or_else(|| StorageError::Corrupt {
+                path: format!("segment {}", at.segment),
+                detail: format!("no segment holds the record at offset {}", at.offset),
+            })?;
+        let path = &segment.path;
+        let corrupt = |detail: String| StorageError::Corrupt { path: path.display().to_string(), detail };
+        if at.offset == 0 || at.offset + RECORD_HEADER_BYTES as u64 > segment.valid_bytes {
+            return Err(corrupt(format!("no record at offset {}", at.offset)));
+        }
+        let file = match &self.open {
+            Some((first_position, file)) if *first_position == at.segment => file.clone(),
+            _ => {
+                let file = self.plan.file_system.open(path, OpenMode::Read).map_err(|error| StorageError::io(path, error))?;
+                self.open = Some((at.segment, file.clone()));
+                file
+            }
+        };
+        let ahead = (segment.valid_bytes - at.offset).min(RECORD_READ_AHEAD_BYTES as u64) as usize;
+        let mut first_read = vec![0u8; ahead];
+        file.read_exact_at(&mut first_read, at.offset).map_err(|error| StorageError::io(path, error))?;
+        let header = RecordHeader::decode(&first_read).ok_or_else(|| corrupt(format!("no record header at offset {}", at.offset)))?;
+        if header.payload_bytes().is_none() || at.offset + header.record_bytes() > segment.valid_bytes {
+            return Err(corrupt(format!("bad record length at offset {}", at.offset)));
+        }
+        let record_bytes = header.record_bytes() as usize;
+        let covered = if record_bytes <= first_read.len() {
+            Bytes::from(first_read).slice(LENGTH_AND_CHECKSUM_BYTES..record_bytes)
+        } else {
+            let mut whole = vec![0u8; header.length];
+            file.read_exact_at(&mut whole, at.offset + LENGTH_AND_CHECKSUM_BYTES as u64).map_err(|error| StorageError::io(path, error))?;
+            Bytes::from(whole)
+        };
+        if !header.checksum_matches(segment.seed, &covered) {
+            return Err(corrupt(format!("checksum mismatch at offset {}", at.offset)));
+        }
+        if header.kind != KIND_PUBLISH && header.kind != KIND_PUBLISH_TRANSIENT {
+            return Err(corrupt(format!("the record at offset {} is not a publish", at.offset)));
+        }
+        let message = decode_publish(covered.slice(RECORD_FIXED_BYTES..))
+            .ok_or_else(|| corrupt(format!("publish record does not parse at offset {}", at.offset)))?;
+        Ok((header.position, message))
     }
 }
 

@@ -57,6 +57,13 @@ impl LogStore {
         Ok(())
     }
 
+    /// Records the group's members after a membership change was applied; durable before this
+    /// returns (a restart must know who votes).
+    pub fn set_conf_state(&mut self, conf_state: ConfState) -> io::Result<()> {
+        self.conf_state = conf_state;
+        self.write_hard_state()
+    }
+
     /// Raises the commit index (raft-rs's `LightReady::commit_index`).
     pub fn set_commit(&mut self, commit: u64) {
         self.hard_state.commit = commit;

@@ -88,8 +88,9 @@ impl DelayedMessages {
         let mut tickets = ConfirmTickets::default();
         let mut positions = Vec::with_capacity(due.len());
         let mut queues: Vec<Queue> = Vec::new();
+        let mut reader = plan.reader();
         for due in due {
-            let (position, stored) = match plan.read_at(due.location()) {
+            let (position, stored) = match reader.read_at(due.location()) {
                 Ok(read) => read,
                 Err(error) => {
                     tracing::error!(%error, "reading a due delayed message failed; it stays in the store until a restart");

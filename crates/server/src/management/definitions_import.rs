@@ -423,10 +423,10 @@ fn apply(broker: &Broker, plan: Plan) -> Result<(), ApiError> {
         broker.put_vhost(&vhost.name, vhost.description, vhost.tags)?;
     }
     for user in plan.users {
-        broker.users.put(user);
+        broker.put_user(user)?;
     }
     for permission in plan.permissions {
-        broker.permissions.put(permission);
+        broker.put_permission(permission)?;
     }
     broker.persist()?;
     for (vhost, limits) in plan.limits {

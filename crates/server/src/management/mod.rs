@@ -6,6 +6,7 @@
 //! loopback). Errors are JSON `{"error": ..., "reason": ...}` with RabbitMQ's status codes.
 
 mod access;
+mod cluster;
 mod console;
 mod definitions;
 mod definitions_import;
@@ -44,7 +45,8 @@ pub struct Api {
 
 impl Api {
     fn new(broker: Arc<Broker>) -> Api {
-        Api { broker, rates: Arc::new(rates::Rates::default()), started: std::time::Instant::now(), node: node_name() }
+        let node = broker.config.cluster.node_name.clone();
+        Api { broker, rates: Arc::new(rates::Rates::default()), started: std::time::Instant::now(), node }
     }
 }
 

@@ -6,9 +6,9 @@ use super::routes::{
     alarms_check, aliveness_test, binding, binding_pair, bindings, channel, channels, close_connection, cluster_name, connection,
     connection_channels, connections, consumers, create_binding, declare_exchange, declare_queue, delete_binding, delete_exchange,
     delete_permission, delete_queue, delete_user, exchange, exchange_bindings_destination, exchange_bindings_source, exchanges,
-    get_messages, node, nodes, overview, permission, permissions, publish, purge_queue, put_permission, put_user, queue, queue_bindings,
-    queues, user, user_permissions, users, vhost_bindings, vhost_channels, vhost_connections, vhost_consumers, vhost_exchanges,
-    vhost_permissions, vhost_queues, whoami,
+    get_messages, overview, permission, permissions, publish, purge_queue, put_permission, put_user, queue, queue_bindings, queues, user,
+    user_permissions, users, vhost_bindings, vhost_channels, vhost_connections, vhost_consumers, vhost_exchanges, vhost_permissions,
+    vhost_queues, whoami,
 };
 use super::{definitions, vhosts, Api};
 use axum::routing::{get, post};
@@ -20,8 +20,12 @@ pub(super) fn router() -> Router<Api> {
     Router::new()
         .route("/api/overview", get(overview))
         .route("/api/cluster-name", get(cluster_name))
-        .route("/api/nodes", get(nodes))
-        .route("/api/nodes/{node}", get(node))
+        .route("/api/nodes", get(super::cluster::nodes))
+        .route("/api/nodes/{node}", get(super::cluster::node))
+        .route("/api/lepus/cluster", get(super::cluster::status))
+        .route("/api/lepus/cluster/join", post(super::cluster::join))
+        .route("/api/lepus/cluster/leave", post(super::cluster::leave))
+        .route("/api/lepus/cluster/nodes/{node}", axum::routing::delete(super::cluster::forget))
         .route("/api/extensions", get(|| async { Json(json!([])) }))
         .route("/api/whoami", get(whoami))
         .route("/api/users", get(users))

@@ -133,7 +133,7 @@ pub(super) async fn cluster_name(State(api): State<Api>) -> Json<Value> {
     Json(json!({ "name": api.node }))
 }
 
-fn node_json(api: &Api) -> Value {
+pub(super) fn node_json(api: &Api) -> Value {
     let process = crate::metrics::process_stats();
     let free = crate::alarms::disk::free_bytes(&api.broker.config.data_dir).unwrap_or(0);
     let connections = api.broker.connection_count();
@@ -168,17 +168,6 @@ fn node_json(api: &Api) -> Value {
             {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism", "enabled": true},
         ],
     })
-}
-
-pub(super) async fn nodes(State(api): State<Api>, Query(query): Query<ListQuery>) -> Answer {
-    list_response(vec![node_json(&api)], &query)
-}
-
-pub(super) async fn node(State(api): State<Api>, Path(node): Path<String>) -> Answer {
-    if node != api.node {
-        return Err(ApiError::object_not_found());
-    }
-    Ok(Json(node_json(&api)).into_response())
 }
 
 pub(super) async fn whoami(State(api): State<Api>, caller: Caller) -> Json<Value> {
@@ -251,18 +240,15 @@ pub(super) async fn put_user(State(api): State<Api>, caller: Caller, Path(name):
     caller.require_administrator()?;
     let body: Value = serde_json::from_slice(&body).map_err(|error| ApiError::bad_request(error.to_string()))?;
     let user = crate::auth::User::new(&name, password_hash_of(&body)?, tags_of(&body));
-    let created = api.broker.users.put(user);
-    api.broker.persist()?;
+    let created = api.broker.put_user(user)?;
     Ok(if created { StatusCode::CREATED } else { StatusCode::NO_CONTENT }.into_response())
 }
 
 pub(super) async fn delete_user(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
     caller.require_administrator()?;
-    if !api.broker.users.delete(&name) {
+    if !api.broker.delete_user(&name)? {
         return Err(ApiError::object_not_found());
     }
-    api.broker.permissions.delete_user(&name);
-    api.broker.persist()?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -300,17 +286,15 @@ pub(super) async fn put_permission(
     let permission = crate::auth::Permission::new(&user, &vhost, &expression("configure"), &expression("write"), &expression("read"))
         .map_err(|error| ApiError::bad_request(error.to_string()))?;
     let created = api.broker.permissions.get(&user, &vhost).is_none();
-    api.broker.permissions.put(permission);
-    api.broker.persist()?;
+    api.broker.put_permission(permission)?;
     Ok(if created { StatusCode::CREATED } else { StatusCode::NO_CONTENT }.into_response())
 }
 
 pub(super) async fn delete_permission(State(api): State<Api>, caller: Caller, Path((vhost, user)): Path<(String, String)>) -> Answer {
     caller.require_administrator()?;
-    if !api.broker.permissions.delete(&user, &vhost) {
+    if !api.broker.delete_permission(&user, &vhost)? {
         return Err(ApiError::object_not_found());
     }
-    api.broker.persist()?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -804,6 +788,7 @@ pub(super) async fn purge_queue(State(api): State<Api>, caller: Caller, Path((vh
     find_queue(&api, &vhost, &name)?;
     caller.require_managed(&vhost, Access::Read, "queue", &name)?;
     let handle = api.broker.topology(&vhost)?.read().require_queue(&short(&name, "queue name")?, 0)?.handle.clone();
+    handle.check_local()?;
     handle.purge();
     Ok(StatusCode::NO_CONTENT.into_response())
 }

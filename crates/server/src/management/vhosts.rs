@@ -58,8 +58,7 @@ pub async fn put_vhost(State(api): State<Api>, caller: Caller, Path(vhost): Path
     if created {
         let permission =
             crate::auth::Permission::new(&caller.name, &vhost, ".*", ".*", ".*").map_err(|error| ApiError::internal(error.to_string()))?;
-        api.broker.permissions.put(permission);
-        api.broker.persist()?;
+        api.broker.put_permission(permission)?;
     }
     Ok(created_or_existing(!created))
 }

@@ -39,7 +39,7 @@ pub struct ClassicStorage<'a> {
 pub struct ClassicStorageError(#[from] StorageError);
 
 /// A queue's vhost and name, hex-encoded, so any name is a valid file name.
-fn queue_file_name(vhost: &str, name: &ShortStr) -> String {
+pub(super) fn queue_file_name(vhost: &str, name: &ShortStr) -> String {
     let mut key: Vec<u8> = vhost.as_bytes().to_vec();
     key.push(0);
     key.extend_from_slice(name.as_bytes());
@@ -125,6 +125,30 @@ impl ClassicStorage<'_> {
             queue.set_deduplication(cache);
         }
         queue.start_expiry_clock(false);
+        Ok(Queue::Classic(queue))
+    }
+
+    /// A clustered node's classic queue, declared by the metadata log's entry `incarnation`: a
+    /// durable one's log is named by it, so replaying the log after a restart recovers the
+    /// queue's messages where the entry that made it is replayed, and the replay of an older
+    /// queue of the same name (made and deleted before) never touches this one's log.
+    pub fn open_incarnation(&self, definition: &QueueDefinition, vhost: &str, incarnation: u64) -> Result<Queue, ClassicStorageError> {
+        let durable = definition.durable && definition.exclusive_owner.is_none();
+        if !durable {
+            return self.create(definition, vhost);
+        }
+        let base = queue_log_path(self.data_dir, vhost, &definition.name);
+        let path = base.with_file_name(format!("{}-{incarnation}", queue_file_name(vhost, &definition.name)));
+        let existed = path.exists();
+        let (log, recovery) = self.open_log(&path)?;
+        let pager = if existed { Pager::recovered(&log.lock(), &recovery, false) } else { None };
+        let messages = if existed { QueueState::with_paged(recovery.next_position, recovery.live_count) } else { QueueState::new(0) };
+        let expiry = self.expiry_clock(definition, vhost, true);
+        if !existed {
+            expiry.remove_file();
+        }
+        let queue = QueueRuntime::new(definition.clone(), vhost, Some(log), messages, pager, self.dead_letters.cloned(), expiry);
+        queue.start_expiry_clock(existed);
         Ok(Queue::Classic(queue))
     }
 

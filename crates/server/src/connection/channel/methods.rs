@@ -100,6 +100,7 @@ impl Channel {
                 context.check(Access::Read, "queue", name.as_bytes())?;
                 let queue = self.require_queue(context, &name)?;
                 queue.capabilities().check_get(queue.name(), &context.vhost)?;
+                queue.check_local()?;
                 self.answer_get(context, queue, get.no_ack, 0);
             }
             Method::BasicRecover(recover) => {
@@ -231,6 +232,14 @@ impl Channel {
                 let name = self.queue_name(&purge.queue)?;
                 context.check(Access::Read, "queue", name.as_bytes())?;
                 let queue = self.require_queue(context, &name)?;
+                if let Some(stream) = queue.as_stream() {
+                    return Err(AmqpError::not_implemented(format!(
+                        "queue.purge not supported by stream queues queue '{}' in vhost '{}'",
+                        stream.name(),
+                        stream.vhost
+                    )));
+                }
+                queue.check_local()?;
                 let message_count = queue.purge();
                 if !purge.nowait {
                     context.reply(id, QueuePurgeOk { message_count }.into());

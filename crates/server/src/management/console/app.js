@@ -451,13 +451,15 @@ function overviewView() {
   const messages = h('div', {class: 'stats'});
   const node = h('dl', {class: 'facts'});
   const listeners = h('ul', {class: 'plain'});
+  // Every member of the cluster with whether it runs (this node alone when not clustered).
+  const clusterNodes = h('ul', {class: 'plain', id: 'cluster-nodes'});
   const importInput = h('input', {type: 'file', accept: 'application/json,.json', name: 'definitions'});
   const element = h('div', {},
     h('h1', {}, 'Overview'),
     section('Messages', messages, h('div', {class: 'charts'}, queued.element, rates.element)),
     section('Objects', totals),
     h('div', {class: 'columns'},
-      section('Node', node, h('h3', {}, 'Listeners'), listeners),
+      section('Node', node, h('h3', {}, 'Listeners'), listeners, h('h3', {}, 'Cluster nodes'), clusterNodes),
       section('Definitions',
         h('p', {class: 'muted'}, 'Exchanges, queues, bindings, users and vhosts as a RabbitMQ definitions file.'),
         h('p', {}, h('button', {type: 'button', id: 'export-definitions', onclick: exportDefinitions}, 'Download definitions')),
@@ -483,7 +485,9 @@ function overviewView() {
           stat(key[0].toUpperCase() + key.slice(1), fmtNumber(o[key]), key)));
       queued.update();
       rates.update();
-      const n = nodes[0] || {};
+      const n = nodes.find((entry) => entry.name === overview.node) || nodes[0] || {};
+      clusterNodes.replaceChildren(...nodes.map((entry) => h('li', {'data-cluster-node': entry.name}, `${entry.name} `,
+        h('span', {class: 'badge ' + (entry.running ? 'ok' : 'alarm')}, entry.running ? 'running' : 'not running'))));
       const fact = (term, value, id) => [h('dt', {}, term), h('dd', {'data-fact': id}, value)];
       node.replaceChildren(
         ...fact('Name', n.name, 'name'),

@@ -1,0 +1,174 @@
+//! Applying committed metadata commands, in log order, on every node: membership to the
+//! cluster's state, definition changes to the broker (whose methods take the local path while
+//! [`super::applying`] is set). The node that proposed a command gets what applying it answered.
+
+use super::command::{MemberContext, MetadataCommand, Proposal};
+use super::group::{Applier, GroupEvent, GroupView};
+use super::node_state::Membership;
+use super::{Cluster, MemberRecord, APPLYING};
+use crate::shared::ConsumerHandle;
+use broker_core::AmqpError;
+use raft::eraftpb::{ConfChange, ConfChangeType, ConfState};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a member repeats its name and address until the log has them.
+const MEMBER_RECORD_RETRY_MS: u64 = 3_000;
+
+/// What applying a command answered.
+#[derive(Debug)]
+pub enum Applied {
+    /// Done.
+    Done,
+    /// Done; whether something was created (or existed).
+    Flag(bool),
+    /// A queue removed: its ready messages and this node's consumers of it (to tell).
+    Removed {
+        /// Ready messages it held.
+        ready: u32,
+        /// Its consumers on this node.
+        consumers: Vec<Arc<ConsumerHandle>>,
+    },
+}
+
+impl Applied {
+    /// The flag of [`Applied::Flag`] (false for the others).
+    pub fn flag(self) -> bool {
+        matches!(self, Applied::Flag(true))
+    }
+}
+
+/// The metadata group's [`Applier`].
+pub struct MetadataApplier {
+    cluster: Arc<Cluster>,
+    create_proposed: bool,
+    member_proposed_at: Option<Instant>,
+    stale_queues_deleted: bool,
+}
+
+impl MetadataApplier {
+    /// For `cluster`.
+    pub fn new(cluster: Arc<Cluster>) -> MetadataApplier {
+        MetadataApplier { cluster, create_proposed: false, member_proposed_at: None, stale_queues_deleted: false }
+    }
+
+    fn propose_quietly(&self, command: MetadataCommand) {
+        let proposal = Proposal { proposer: self.cluster.node_id, sequence: 0, command };
+        if let Some(events) = self.cluster.events.lock().as_ref() {
+            let _ = events.try_send(GroupEvent::Propose(proposal.encode()));
+        }
+    }
+
+    fn apply_command(&mut self, index: u64, command: MetadataCommand) -> Result<Applied, AmqpError> {
+        match command {
+            MetadataCommand::CreateCluster { cluster_id } => {
+                let known = self.cluster.cluster_id();
+                if known == 0 {
+                    self.cluster.update_node_state(|state| state.cluster_id = cluster_id);
+                    self.cluster.links.set_cluster_id(cluster_id);
+                    tracing::info!(cluster = %format!("{cluster_id:x}"), "the cluster is formed");
+                } else if known != cluster_id {
+                    tracing::error!(known, cluster_id, "the log names this cluster again, differently; the first name stays");
+                }
+                Ok(Applied::Done)
+            }
+            MetadataCommand::Member { id, name, address } => {
+                if id != self.cluster.node_id {
+                    self.cluster.links.dial(&address);
+                }
+                self.cluster.state.lock().members.insert(id, MemberRecord { name, address });
+                Ok(Applied::Done)
+            }
+            command => {
+                self.cluster.state.lock().definition_changes += 1;
+                let Some(broker) = self.cluster.broker() else { return Err(AmqpError::internal("the broker is shutting down")) };
+                APPLYING.with(|flag| flag.set(true));
+                let answer = broker.apply_metadata(index, command, self.cluster.node_id, &self.cluster);
+                APPLYING.with(|flag| flag.set(false));
+                answer
+            }
+        }
+    }
+}
+
+impl Applier for MetadataApplier {
+    fn apply(&mut self, index: u64, data: &[u8]) {
+        let proposal = match Proposal::decode(data) {
+            Ok(proposal) => proposal,
+            Err(error) => return tracing::error!(index, %error, "a committed metadata entry does not decode; skipped on every node alike"),
+        };
+        let proposer = proposal.proposer;
+        let sequence = proposal.sequence;
+        let answer = self.apply_command(index, proposal.command);
+        if proposer == self.cluster.node_id && sequence != 0 {
+            self.cluster.answer(sequence, answer);
+        } else if let Ok(Applied::Removed { consumers, .. }) = answer {
+            // The proposing node tells its own consumers after its answer; the others at once.
+            crate::broker::notify_cancelled(&consumers);
+        }
+    }
+
+    fn conf_changed(&mut self, index: u64, change: &ConfChange, members: &ConfState) {
+        let id = change.node_id;
+        match change.get_change_type() {
+            ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+                if let Ok(context) = serde_json::from_slice::<MemberContext>(&change.context) {
+                    if id != self.cluster.node_id {
+                        self.cluster.links.dial(&context.address);
+                    }
+                    self.cluster.state.lock().members.insert(id, MemberRecord { name: context.name, address: context.address });
+                }
+                tracing::info!(index, node = %format!("{id:x}"), voters = ?members.voters, "a member joined the cluster");
+            }
+            ConfChangeType::RemoveNode => {
+                let name = self.cluster.state.lock().members.remove(&id).map(|member| member.name);
+                tracing::info!(index, node = ?name, voters = ?members.voters, "a member left the cluster");
+                if id == self.cluster.node_id {
+                    self.leave_now();
+                } else if let Some(broker) = self.cluster.broker() {
+                    APPLYING.with(|flag| flag.set(true));
+                    broker.forget_queues_of(id);
+                    APPLYING.with(|flag| flag.set(false));
+                }
+            }
+        }
+    }
+
+    fn after_round(&mut self, view: &GroupView) {
+        let Some(leader) = view.leader else { return };
+        if leader == self.cluster.node_id && self.cluster.cluster_id() == 0 && !self.create_proposed {
+            self.create_proposed = true;
+            self.propose_quietly(MetadataCommand::CreateCluster { cluster_id: rand::random::<u64>().max(1) });
+        }
+        let recorded = self.cluster.state.lock().members.get(&self.cluster.node_id).cloned();
+        let expected = MemberRecord { name: self.cluster.settings.node_name.clone(), address: self.cluster.advertise.clone() };
+        let due = self.member_proposed_at.is_none_or(|at| at.elapsed() > Duration::from_millis(MEMBER_RECORD_RETRY_MS));
+        let is_member = view.voters.contains(&self.cluster.node_id) || view.learners.contains(&self.cluster.node_id);
+        // Once per run the member says who it is, even when the log has it: that entry, past
+        // the log this run started with, is what tells the node its last run's log is applied.
+        let announced = self.member_proposed_at.is_some();
+        let last_run = self.cluster.last_index_at_start.load(std::sync::atomic::Ordering::Acquire);
+        if !self.stale_queues_deleted && is_member && announced && view.applied > last_run && self.cluster.cluster_id() != 0 {
+            self.stale_queues_deleted = true;
+            self.cluster.delete_stale_queues();
+        }
+        if (recorded.as_ref() != Some(&expected) || !announced) && due && is_member {
+            self.member_proposed_at = Some(Instant::now());
+            self.propose_quietly(super::control::member_command(&self.cluster));
+        }
+    }
+}
+
+impl MetadataApplier {
+    /// This node was removed from the cluster: it records that and shuts down gracefully.
+    fn leave_now(&self) {
+        self.cluster.left.store(true, std::sync::atomic::Ordering::Release);
+        self.cluster.update_node_state(|state| state.membership = Membership::Left);
+        self.cluster.events.lock().take();
+        tracing::warn!("this node left its cluster: shutting down (its data directory is not used again)");
+        // SAFETY: signalling our own process; SIGTERM starts the graceful shutdown.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGTERM);
+        }
+    }
+}
