@@ -22,6 +22,6 @@ pub use frame::{
     Frame, FramePayload, FRAME_HEADER_BYTES, FRAME_OVERHEAD_BYTES, PROTOCOL_HEADER,
 };
 pub use methods::*;
-pub use properties::{BasicProperties, ContentHeader};
+pub use properties::{priority_in, BasicProperties, ContentHeader};
 pub use reader::{write_long_str, write_short_str, write_table, Reader};
 pub use types::{Decimal, FieldTable, FieldValue, LongStr, ShortStr};

@@ -101,6 +101,36 @@ impl ContentHeader {
         }
         raw.get(offset).copied()
     }
+
+    /// The priority property without decoding the others (a priority queue reads it for every
+    /// message it takes).
+    pub fn priority(&self) -> Option<u8> {
+        priority_in(self.property_flags, &self.properties_raw)
+    }
+}
+
+/// The priority property of encoded properties (`property_flags` and the raw fields after them),
+/// read in place: the fields before it are skipped by their lengths. `None` when it is absent or
+/// the fields before it are cut short.
+pub fn priority_in(property_flags: u16, raw: &[u8]) -> Option<u8> {
+    if property_flags & FLAG_PRIORITY == 0 {
+        return None;
+    }
+    let mut offset = 0usize;
+    for (flag, length_bytes) in [(FLAG_CONTENT_TYPE, 1), (FLAG_CONTENT_ENCODING, 1), (FLAG_HEADERS, 4), (FLAG_DELIVERY_MODE, 0)] {
+        if property_flags & flag == 0 {
+            continue;
+        }
+        if length_bytes == 0 {
+            // delivery-mode: one octet, no length.
+            offset = offset.checked_add(1)?;
+            continue;
+        }
+        let length_field = raw.get(offset..offset.checked_add(length_bytes)?)?;
+        let length = length_field.iter().fold(0usize, |length, &byte| (length << 8) | usize::from(byte));
+        offset = offset.checked_add(length_bytes)?.checked_add(length)?;
+    }
+    raw.get(offset).copied()
 }
 
 /// The properties of a message (the basic class's content header fields).

@@ -28,4 +28,8 @@ impl queue_core::Payload for Message {
     fn size_bytes(&self) -> u64 {
         self.body.len() as u64
     }
+
+    fn priority(&self) -> u8 {
+        self.header.priority().unwrap_or(0)
+    }
 }

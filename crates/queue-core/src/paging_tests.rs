@@ -139,7 +139,11 @@ fn a_read_overtaken_by_a_purge_is_discarded() {
     let (messages_max, stale_generation) = queue.page_in_asked().expect("a read asked for");
     let stale = queue.read(messages_max, &[]);
     assert_eq!(queue.apply(Command::Purge), Reply::Purged { count: 7 });
-    assert!(matches!(queue.effects[..], [Effect::LogSettle { position: 3 }, Effect::SettlePaged { count: 6 }]), "{:?}", queue.effects);
+    assert!(
+        matches!(queue.effects[..], [Effect::LogSettle { position: 3 }, Effect::SettlePaged { count: 6, priority: 0 }]),
+        "{:?}",
+        queue.effects
+    );
     assert_eq!(queue.apply(Command::PagedIn { generation: stale_generation, messages: stale }), Reply::Stale);
     assert_eq!(queue.core.messages().ready_count(), 0, "purged messages do not come back");
     assert_eq!(queue.apply(Command::PageInFailed { generation: stale_generation }), Reply::Stale);

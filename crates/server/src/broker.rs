@@ -116,6 +116,10 @@ pub struct Broker {
     pub expiry_timers: Arc<crate::queue_expiry::ExpiryTimers>,
     /// The node's quorum-queue shards (see `quorum/`).
     pub quorum: Arc<crate::quorum::QuorumHost>,
+    /// The store of messages held back by `x-delayed-message` exchanges (see `delayed`).
+    pub delayed: Arc<crate::delayed::DelayedMessages>,
+    /// The caches of deduplicating exchanges (see `dedup`).
+    pub dedup_exchanges: crate::dedup::ExchangeCaches,
     /// The cluster half, when clustered (set once at start; see `cluster/`): definition changes
     /// are then proposed to the metadata group and applied on every node in log order.
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
@@ -195,8 +199,11 @@ impl Broker {
         let quorum_config = crate::quorum::HostConfig::single_node(config.data_dir.clone(), config.quorum_shards);
         let quorum =
             crate::quorum::QuorumHost::start(quorum_config, Arc::new(replication::transport::NoPeers), Some(dead_letters.clone()))?;
+        let delayed = crate::delayed::DelayedMessages::open(&config.data_dir, config.segment_bytes_max, journaled)?;
         let mut broker = Broker {
             quorum,
+            delayed: Arc::new(delayed),
+            dedup_exchanges: crate::dedup::ExchangeCaches::new(config.data_dir.join("queues"), config.segment_bytes_max, journaled),
             dead_letters,
             journaled,
             users: Users::default(),
@@ -223,12 +230,14 @@ impl Broker {
             cluster: std::sync::OnceLock::new(),
             config,
         };
+        broker.syncer.watch(broker.delayed.log().clone());
         // A clustered node's definitions come from its metadata log, not this file.
         let recovered =
             if broker.config.cluster.enabled() { cluster_apply::clustered_start(&broker.config.data_dir, recovered)? } else { recovered };
         broker.recover(recovered)?;
         let broker = Arc::new(broker);
         crate::dead_letter::start(Arc::downgrade(&broker), dead_letter_receiver);
+        crate::delayed::start(&broker.delayed, Arc::downgrade(&broker));
         Ok(broker)
     }
 
@@ -397,17 +406,22 @@ impl Broker {
     /// Writes and syncs every queue log (graceful shutdown), so acks and unconfirmed publishes
     /// buffered in memory are not lost.
     pub fn flush_all(&self) {
+        // No delayed message is routed past this point: its record stays, to be routed after the restart.
+        self.delayed.stop();
         // The quorum shards' logs hold everything they committed; their threads stop first, so no
         // commit lands after the marker below.
         self.quorum.stop();
         if self.journaled {
             // Through the syncer, which owns the journal: every log written, journaled and synced,
             // then a checkpoint, so the next start has nothing to replay.
-            let logs: Vec<_> = self
+            let mut logs: Vec<_> = self
                 .topologies()
                 .iter()
                 .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.durable_log().cloned()).collect::<Vec<_>>())
                 .collect();
+            logs.push(self.delayed.log().clone());
+            logs.extend(self.queue_deduplication_logs());
+            logs.extend(self.dedup_exchanges.logs());
             if !self.syncer.checkpoint(logs) {
                 tracing::error!("the final checkpoint failed; the next start replays the journal");
             }
@@ -422,6 +436,15 @@ impl Broker {
         if let Err(error) = storage::write_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir) {
             tracing::error!(%error, "writing the clean-shutdown marker failed");
         }
+    }
+
+    /// The logs of the queues' deduplication caches.
+    fn queue_deduplication_logs(&self) -> Vec<storage::syncer::SharedLog> {
+        let topologies = self.topologies();
+        topologies
+            .iter()
+            .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.deduplication_log()).collect::<Vec<_>>())
+            .collect()
     }
 
     /// Writes, syncs and commits what every stream has appended (with `--sync interval` or
@@ -448,18 +471,18 @@ impl Broker {
     }
 
     fn flush_all_unjournaled(&self) {
-        for (_, vhost) in self.topologies() {
-            for entry in vhost.read().queues() {
-                let Some(log) = entry.handle.durable_log() else {
-                    continue;
-                };
-                let written = log.lock().write_pending(storage::queue_log::SyncDue::Now).map(|written| written.sync_now);
-                let synced = written
-                    .map_err(|error| error.to_string())
-                    .and_then(|files| files.iter().try_for_each(|file| file.sync()).map_err(|error| error.to_string()));
-                if let Err(error) = synced {
-                    tracing::error!(%error, "writing or syncing a queue log at shutdown failed");
-                }
+        let delayed = std::iter::once(self.delayed.log().clone()).chain(self.dedup_exchanges.logs()).chain(self.queue_deduplication_logs());
+        let queue_logs = self
+            .topologies()
+            .into_iter()
+            .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.durable_log().cloned()).collect::<Vec<_>>());
+        for log in delayed.chain(queue_logs) {
+            let written = log.lock().write_pending(storage::queue_log::SyncDue::Now).map(|written| written.sync_now);
+            let synced = written
+                .map_err(|error| error.to_string())
+                .and_then(|files| files.iter().try_for_each(|file| file.sync()).map_err(|error| error.to_string()));
+            if let Err(error) = synced {
+                tracing::error!(%error, "writing or syncing a queue log at shutdown failed");
             }
         }
     }
@@ -883,6 +906,8 @@ impl Broker {
             let created = topology.declare_exchange(declaration)?;
             if created {
                 topology.set_policy_alternate_exchange(&declaration.name, alternate);
+                // A new exchange starts with an empty deduplication cache, whatever an older one left.
+                self.dedup_exchanges.forget(vhost, &declaration.name);
             }
             let exchange = topology.exchange(&declaration.name).filter(|exchange| created && exchange.durable);
             exchange.and_then(|exchange| self.submit_definition(DefinitionChange::PutExchange(exchange_record(vhost, exchange))))
@@ -906,6 +931,7 @@ impl Broker {
             let before: Vec<ShortStr> =
                 topology.exchanges().filter(|exchange| exchange.durable).map(|exchange| exchange.name.clone()).collect();
             let removed = topology.delete_exchange(name, if_unused)?;
+            self.dedup_exchanges.forget(vhost, name);
             let gone: Vec<ShortStr> = before.into_iter().filter(|name| topology.exchange(name).is_none()).collect();
             let changes =
                 gone.into_iter().map(|name| DefinitionChange::DeleteExchange { vhost: vhost.to_string(), name: name.to_string_lossy() });

@@ -142,6 +142,32 @@ fn fsync_histogram_text(broker: &Broker) -> String {
     text
 }
 
+/// How late delayed messages were routed, as a histogram of 1 ms buckets up to
+/// [`crate::delayed::LATENESS_BUCKETS_MS`] (the delay store counts them with atomics).
+fn delayed_lateness_text(broker: &Broker) -> String {
+    use std::fmt::Write as _;
+    let lateness = &broker.delayed.lateness;
+    let mut text = String::new();
+    let _ = writeln!(text, "# HELP lepus_delayed_lateness_seconds How late the timer routed due delayed messages");
+    let _ = writeln!(text, "# TYPE lepus_delayed_lateness_seconds histogram");
+    let mut cumulative = 0u64;
+    for (lateness_ms, bucket) in lateness.buckets.iter().enumerate() {
+        cumulative += bucket.load(Ordering::Relaxed);
+        let bound = if lateness_ms == crate::delayed::LATENESS_BUCKETS_MS {
+            "+Inf".to_string()
+        } else {
+            format!("{}", lateness_ms as f64 / 1000.0)
+        };
+        let _ = writeln!(text, "lepus_delayed_lateness_seconds_bucket{{le=\"{bound}\"}} {cumulative}");
+    }
+    let _ = writeln!(text, "lepus_delayed_lateness_seconds_sum {}", lateness.total_ms.load(Ordering::Relaxed) as f64 / 1000.0);
+    let _ = writeln!(text, "lepus_delayed_lateness_seconds_count {cumulative}");
+    let _ = writeln!(text, "# HELP lepus_delayed_lateness_max_seconds The latest a delayed message was routed");
+    let _ = writeln!(text, "# TYPE lepus_delayed_lateness_max_seconds gauge");
+    let _ = writeln!(text, "lepus_delayed_lateness_max_seconds {}", lateness.max_ms.load(Ordering::Relaxed) as f64 / 1000.0);
+    text
+}
+
 /// Every metric, in the OpenMetrics text format.
 pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
@@ -186,6 +212,7 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     registry.register("lepus_queue_messages_requeued", "Deliveries put back into a queue", requeued);
 
     gauge(&mut registry, "lepus_queues", "Queues", queues.len() as i64);
+    gauge(&mut registry, "lepus_delayed_messages", "Messages held back by x-delayed-message exchanges", as_i64(broker.delayed.pending()));
     gauge(&mut registry, "lepus_exchanges", "Exchanges", broker.list_exchanges().len() as i64);
     gauge(&mut registry, "lepus_connections", "Open client connections", connections.len() as i64);
     let channels: usize = connections.iter().map(|connection| connection.session.channels).sum();
@@ -250,6 +277,8 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
         "Time from the socket read that carried a publish to its basic.ack, for confirms that waited for a group commit",
     );
     text.insert_str(end, &confirms);
+    let end = text.rfind("# EOF").unwrap_or(text.len());
+    text.insert_str(end, &delayed_lateness_text(broker));
     Ok(text)
 }
 

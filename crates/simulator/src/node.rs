@@ -368,7 +368,7 @@ impl Queue {
                     ledger.settle(message.id, Settlement::Expired)?;
                     self.settles_unflushed.push(message.id);
                 }
-                Effect::NeedPageIn { messages_max, bytes_max, generation } => {
+                Effect::NeedPageIn { messages_max, bytes_max, generation, .. } => {
                     self.page_in(messages_max, bytes_max, generation, now_ms, ledger, sabotage)?
                 }
                 other => violation!("queue {}: unexpected effect {other:?}", self.index),

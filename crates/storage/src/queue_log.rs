@@ -114,19 +114,43 @@ pub struct RecordLocation {
 }
 
 /// Reads a queue's paged messages back in order. Publish records are yielded when their position
-/// is at or past `floor`; before the recovered end, only the positions recovery found live.
+/// is at or past `floor`; before the recovered end, only the positions recovery found live. A
+/// cursor of one priority (x-max-priority) yields only that priority's records.
 #[derive(Debug, Clone)]
 pub struct TailCursor {
     at: RecordLocation,
     floor: u64,
     recovered: Option<(RangeSet, RecordLocation)>,
+    /// The priority yielded and the queue's maximum (a record's priority is capped at it).
+    priority: Option<(u8, u8)>,
 }
 
 impl TailCursor {
     /// A cursor for messages paged while the broker runs, starting at the first paged record.
     pub fn new(at: RecordLocation, floor: u64) -> TailCursor {
-        TailCursor { at, floor, recovered: None }
+        TailCursor { at, floor, recovered: None, priority: None }
     }
+
+    /// The same cursor yielding only records of `priority` in a queue whose x-max-priority is
+    /// `max_priority`: a priority queue pages each priority on its own, all in one log.
+    pub fn of_priority(mut self, priority: u8, max_priority: u8) -> TailCursor {
+        self.priority = Some((priority, max_priority));
+        self
+    }
+}
+
+/// The priority of a publish record's payload (exchange, routing key, property flags, properties,
+/// body) as a queue with x-max-priority `max_priority` counts it: its property capped at the
+/// maximum, 0 without one. `None` when the payload is cut short.
+fn publish_priority(payload: &[u8], max_priority: u8) -> Option<u8> {
+    let exchange_bytes = usize::from(*payload.first()?);
+    let routing_key_at = 1 + exchange_bytes;
+    let flags_at = routing_key_at + 1 + usize::from(*payload.get(routing_key_at)?);
+    let flags = u16::from_be_bytes(payload.get(flags_at..flags_at + 2)?.try_into().ok()?);
+    let length_bytes: [u8; 4] = payload.get(flags_at + 2..flags_at + 6)?.try_into().ok()?;
+    let properties_at = flags_at + 6;
+    let properties = payload.get(properties_at..properties_at.checked_add(u32::from_be_bytes(length_bytes) as usize)?)?;
+    Some(amqp_codec::priority_in(flags, properties).unwrap_or(0).min(max_priority))
 }
 
 /// One segment as a [`TailRead`] sees it: where its valid records ended when the read was planned.
@@ -162,8 +186,77 @@ impl TailRead {
     /// which [`TailRead::overtaken_by`] tells apart from damage.
     pub fn read(&self, cursor: &mut TailCursor, records_max: usize, bytes_max: usize) -> Result<Vec<(u64, Message)>, StorageError> {
         let mut out = Vec::new();
+        self.walk(cursor, records_max, bytes_max, |position, payload, location, path| {
+            let message = decode_publish(payload).ok_or_else(|| StorageError::Corrupt {
+                path: path.display().to_string(),
+                detail: format!("publish record does not parse at offset {}", location.offset),
+            })?;
+            out.push((position, message));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// [`TailRead::read`], each message with where its record starts (to read it again later with
+    /// [`TailRead::read_at`]): what a store that reads its records out of order (the delayed
+    /// exchange's) rebuilds its index from.
+    pub fn read_located(
+        &self,
+        cursor: &mut TailCursor,
+        records_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<(u64, RecordLocation, Message)>, StorageError> {
+        let mut out = Vec::new();
+        self.walk(cursor, records_max, bytes_max, |position, payload, location, path| {
+            let message = decode_publish(payload).ok_or_else(|| StorageError::Corrupt {
+                path: path.display().to_string(),
+                detail: format!("publish record does not parse at offset {}", location.offset),
+            })?;
+            out.push((position, location, message));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Reads the publish record that starts at `at` (its segment must be in this read's plan):
+    /// its position and message, reading that record alone. Many reads: [`TailRead::reader`].
+    pub fn read_at(&self, at: RecordLocation) -> Result<(u64, Message), StorageError> {
+        self.reader().read_at(at)
+    }
+
+    /// A reader of records at their locations within this plan (the delay store's due messages).
+    pub fn reader(&self) -> RecordReader<'_> {
+        RecordReader { plan: self, open: None }
+    }
+
+    /// Counts the records `cursor` yields to its end, by priority as a queue with x-max-priority
+    /// `max_priority` counts them (index = priority): how a recovered priority queue learns how
+    /// many messages each priority has on disk, with one scan and no bodies in memory.
+    pub fn count_priorities(&self, cursor: &mut TailCursor, max_priority: u8) -> Result<Vec<u64>, StorageError> {
+        let mut counts = vec![0u64; usize::from(max_priority) + 1];
+        self.walk(cursor, usize::MAX, usize::MAX, |_, payload, location, path| {
+            let priority = publish_priority(&payload, max_priority).ok_or_else(|| StorageError::Corrupt {
+                path: path.display().to_string(),
+                detail: format!("publish record does not parse at offset {}", location.offset),
+            })?;
+            counts[usize::from(priority)] += 1;
+            Ok(())
+        })?;
+        Ok(counts)
+    }
+
+    /// Walks the records `cursor` yields (see [`TailRead::read`]), handing each one's position,
+    /// payload and location to `visit`, up to `records_max` of them and about `bytes_max` bytes.
+    fn walk(
+        &self,
+        cursor: &mut TailCursor,
+        records_max: usize,
+        bytes_max: usize,
+        mut visit: impl FnMut(u64, Bytes, RecordLocation, &Path) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
+        let mut records_read = 0usize;
         let mut bytes_read = 0usize;
-        while out.len() < records_max && bytes_read < bytes_max {
+        while records_read < records_max && bytes_read < bytes_max {
             let index = self.segments.partition_point(|segment| segment.first_position < cursor.at.segment);
             let Some(segment) = self.segments.get(index) else { break };
             if segment.first_position != cursor.at.segment {
@@ -188,7 +281,7 @@ impl TailRead {
             file.read_exact_at(&mut chunk, cursor.at.offset).map_err(|error| StorageError::io(&path, error))?;
             let chunk = Bytes::from(chunk);
             let mut consumed = 0usize;
-            while consumed < chunk.len() && out.len() < records_max && bytes_read < bytes_max {
+            while consumed < chunk.len() && records_read < records_max && bytes_read < bytes_max {
                 let offset = cursor.at.offset;
                 let Some(header) = RecordHeader::decode(&chunk[consumed..]) else {
                     if consumed == 0 {
@@ -230,10 +323,16 @@ impl TailRead {
                 if !wanted {
                     continue;
                 }
-                let message = decode_publish(covered.slice(RECORD_FIXED_BYTES..))
-                    .ok_or_else(|| corrupt(format!("publish record does not parse at offset {}", location.offset)))?;
+                let payload = covered.slice(RECORD_FIXED_BYTES..);
+                if let Some((priority, max_priority)) = cursor.priority {
+                    // One that does not parse is visited, so the read reports it.
+                    if publish_priority(&payload, max_priority).is_some_and(|found| found != priority) {
+                        continue;
+                    }
+                }
+                visit(position, payload, location, &path)?;
                 bytes_read += header.length;
-                out.push((position, message));
+                records_read += 1;
             }
             if let Some((_, end)) = &cursor.recovered {
                 if cursor.at >= *end {
@@ -241,7 +340,66 @@ impl TailRead {
                 }
             }
         }
-        Ok(out)
+        Ok(())
+    }
+}
+
+/// How much a [`RecordReader`] reads at once: a record that fits costs one read, a longer one two.
+const RECORD_READ_AHEAD_BYTES: usize = 4096;
+
+/// Reads publish records at their locations (see [`TailRead::reader`]), keeping the last segment's
+/// file open: the due records of one batch mostly share a segment, and an open per record cost
+/// the delay store's timer as much as the rest of a record's routing.
+pub struct RecordReader<'a> {
+    plan: &'a TailRead,
+    open: Option<(u64, Arc<dyn StorageFile>)>,
+}
+
+impl RecordReader<'_> {
+    /// Reads the publish record that starts at `at`: its position and message.
+    pub fn read_at(&mut self, at: RecordLocation) -> Result<(u64, Message), StorageError> {
+        let segment =
+            self.plan.segments.iter().find(|segment| segment.first_position == at.segment).ok_or_else(|| StorageError::Corrupt {
+                path: format!("segment {}", at.segment),
+                detail: format!("no segment holds the record at offset {}", at.offset),
+            })?;
+        let path = &segment.path;
+        let corrupt = |detail: String| StorageError::Corrupt { path: path.display().to_string(), detail };
+        if at.offset == 0 || at.offset + RECORD_HEADER_BYTES as u64 > segment.valid_bytes {
+            return Err(corrupt(format!("no record at offset {}", at.offset)));
+        }
+        let file = match &self.open {
+            Some((first_position, file)) if *first_position == at.segment => file.clone(),
+            _ => {
+                let file = self.plan.file_system.open(path, OpenMode::Read).map_err(|error| StorageError::io(path, error))?;
+                self.open = Some((at.segment, file.clone()));
+                file
+            }
+        };
+        let ahead = (segment.valid_bytes - at.offset).min(RECORD_READ_AHEAD_BYTES as u64) as usize;
+        let mut first_read = vec![0u8; ahead];
+        file.read_exact_at(&mut first_read, at.offset).map_err(|error| StorageError::io(path, error))?;
+        let header = RecordHeader::decode(&first_read).ok_or_else(|| corrupt(format!("no record header at offset {}", at.offset)))?;
+        if header.payload_bytes().is_none() || at.offset + header.record_bytes() > segment.valid_bytes {
+            return Err(corrupt(format!("bad record length at offset {}", at.offset)));
+        }
+        let record_bytes = header.record_bytes() as usize;
+        let covered = if record_bytes <= first_read.len() {
+            Bytes::from(first_read).slice(LENGTH_AND_CHECKSUM_BYTES..record_bytes)
+        } else {
+            let mut whole = vec![0u8; header.length];
+            file.read_exact_at(&mut whole, at.offset + LENGTH_AND_CHECKSUM_BYTES as u64).map_err(|error| StorageError::io(path, error))?;
+            Bytes::from(whole)
+        };
+        if !header.checksum_matches(segment.seed, &covered) {
+            return Err(corrupt(format!("checksum mismatch at offset {}", at.offset)));
+        }
+        if header.kind != KIND_PUBLISH && header.kind != KIND_PUBLISH_TRANSIENT {
+            return Err(corrupt(format!("the record at offset {} is not a publish", at.offset)));
+        }
+        let message = decode_publish(covered.slice(RECORD_FIXED_BYTES..))
+            .ok_or_else(|| corrupt(format!("publish record does not parse at offset {}", at.offset)))?;
+        Ok((header.position, message))
     }
 }
 
@@ -847,7 +1005,12 @@ impl QueueLog {
     /// open; past that, everything at or after `next_position` (paged after the restart).
     pub fn recovered_tail(&self, recovery: &Recovery) -> TailCursor {
         let start = RecordLocation { segment: self.segments[0].first_position, offset: 0 };
-        TailCursor { at: start, floor: recovery.next_position, recovered: Some((recovery.live.clone(), self.end_location())) }
+        TailCursor {
+            at: start,
+            floor: recovery.next_position,
+            recovered: Some((recovery.live.clone(), self.end_location())),
+            priority: None,
+        }
     }
 
     /// Reads up to `records_max` paged messages (and about `bytes_max` bytes) from `cursor`, in
@@ -1403,6 +1566,53 @@ mod tests {
         let mut byte = [0u8];
         file.read_exact_at(&mut byte, offset).expect("read");
         file.write_all_at(&[byte[0] ^ 0xff], offset).expect("write");
+    }
+
+    /// A message with a priority property (and the properties before it, which the cursor skips).
+    fn prioritised(body: &str, priority: Option<u8>) -> Message {
+        let properties =
+            BasicProperties { content_type: Some(ShortStr::from("text/plain")), delivery_mode: Some(2), priority, ..Default::default() };
+        Message {
+            exchange: ShortStr::from("x"),
+            routing_key: ShortStr::from("k"),
+            header: ContentHeader::from_properties(60, body.len() as u64, &properties),
+            body: Bytes::copy_from_slice(body.as_bytes()),
+        }
+    }
+
+    /// A priority queue's paged messages share one log: a cursor of one priority yields only its
+    /// records (a property above the maximum counts as the maximum, none as 0), and a recovered
+    /// log counts its live records by priority in one scan.
+    #[test]
+    fn priority_cursors_yield_their_own_records_and_recovery_counts_each_priority() {
+        let path = temporary_dir("priorities").join("q");
+        let (mut log, _) = QueueLog::open(&path, SEGMENT_BYTES_MAX_DEFAULT).expect("open");
+        let priorities = [Some(1), None, Some(9), Some(1), Some(0), Some(2)];
+        let first = log.append_publish(0, &prioritised("m0", priorities[0]), true);
+        for (position, priority) in priorities.iter().enumerate().skip(1) {
+            log.append_publish(position as u64, &prioritised(&format!("m{position}"), *priority), true);
+        }
+        log.append_settled(3);
+        log.write_pending(SyncDue::Now).expect("write");
+        let bodies = |log: &mut QueueLog, mut cursor: TailCursor| -> Vec<Bytes> {
+            let messages = log.read_tail(&mut cursor, usize::MAX, usize::MAX).expect("read");
+            messages.into_iter().map(|(_, message)| message.body).collect()
+        };
+        let cursor = |priority| TailCursor::new(first, 0).of_priority(priority, 2);
+        assert_eq!(bodies(&mut log, cursor(2)), vec![Bytes::from("m2"), Bytes::from("m5")]);
+        assert_eq!(
+            bodies(&mut log, cursor(1)),
+            vec![Bytes::from("m0"), Bytes::from("m3")],
+            "a running log's cursor yields settled ones too"
+        );
+        assert_eq!(bodies(&mut log, cursor(0)), vec![Bytes::from("m1"), Bytes::from("m4")]);
+        drop(log);
+        let (mut log, recovery) = QueueLog::open(&path, SEGMENT_BYTES_MAX_DEFAULT).expect("reopen");
+        let mut counting = log.recovered_tail(&recovery);
+        let counts = log.plan_tail_read(&counting).expect("plan").count_priorities(&mut counting, 2).expect("count");
+        assert_eq!(counts, vec![2, 1, 2], "settled position 3 is not counted");
+        let recovered_cursor = log.recovered_tail(&recovery).of_priority(1, 2);
+        assert_eq!(bodies(&mut log, recovered_cursor), vec![Bytes::from("m0")]);
     }
 
     #[test]

@@ -3,8 +3,9 @@
 
 use super::{ConfirmTicket, PublishOutcome, Queue};
 use crate::dead_letter::DeadLetterSender;
+use crate::dedup::DedupCache;
 use crate::queue_expiry::ExpiryTimers;
-use crate::queue_runtime::{now_ms, Enqueued, ExpiryClock, Pager, QueueRuntime};
+use crate::queue_runtime::{max_priority, now_ms, Enqueued, ExpiryClock, Pager, QueueRuntime};
 use amqp_codec::ShortStr;
 use broker_core::queue::QueueState;
 use broker_core::vhost::QueueDefinition;
@@ -77,6 +78,32 @@ impl ClassicStorage<'_> {
         ExpiryClock::new(self.expiry_timers.clone(), file, argument_ms, now_ms())
     }
 
+    /// The deduplication cache of a queue with x-message-deduplication (`fresh`: a new queue,
+    /// whatever an older queue of the same name left behind). A cache whose log cannot be opened
+    /// is one in memory, with an error logged: the queue still deduplicates until a restart.
+    fn deduplication(&self, definition: &QueueDefinition, vhost: &str, durable: bool, fresh: bool) -> Option<Arc<DedupCache>> {
+        let settings = broker_core::exchange::deduplication::settings(&definition.arguments, false)?;
+        if !crate::dedup::persists(&settings, durable) {
+            return Some(Arc::new(DedupCache::in_memory(settings)));
+        }
+        let directory = self.data_dir.join("queues").join(format!("dedup-queue-{}", queue_file_name(vhost, &definition.name)));
+        if fresh {
+            let _ = std::fs::remove_dir_all(&directory);
+        }
+        match DedupCache::open(settings.clone(), &directory, self.segment_bytes_max, self.journaled) {
+            Ok(cache) => {
+                if let Some(log) = cache.log() {
+                    self.syncer.watch(log.clone());
+                }
+                Some(Arc::new(cache))
+            }
+            Err(error) => {
+                tracing::error!(%error, queue = %definition.name, "opening a deduplication cache failed; keeping it in memory");
+                Some(Arc::new(DedupCache::in_memory(settings)))
+            }
+        }
+    }
+
     /// Makes a newly declared classic queue; a durable, non-exclusive one gets an empty log.
     pub fn create(&self, definition: &QueueDefinition, vhost: &str) -> Result<Queue, ClassicStorageError> {
         let durable = definition.durable && definition.exclusive_owner.is_none();
@@ -92,7 +119,11 @@ impl ClassicStorage<'_> {
         } else {
             None
         };
-        let queue = QueueRuntime::new(definition.clone(), vhost, log, QueueState::new(0), None, self.dead_letters.cloned(), expiry);
+        let messages = QueueState::with_max_priority(0, max_priority(&definition.arguments));
+        let queue = QueueRuntime::new(definition.clone(), vhost, log, messages, None, self.dead_letters.cloned(), expiry);
+        if let Some(cache) = self.deduplication(definition, vhost, durable, true) {
+            queue.set_deduplication(cache);
+        }
         queue.start_expiry_clock(false);
         Ok(Queue::Classic(queue))
     }
@@ -131,10 +162,15 @@ impl ClassicStorage<'_> {
         // Recovered messages stay on disk; the queue pages them in as consumers need them. After a
         // crash the delivered markers may be missing, so every recovered message may have been
         // delivered: the pager flags them all, as at-least-once allows.
-        let pager = Pager::recovered(&log.lock(), &recovery, clean_shutdown);
-        let messages = QueueState::with_paged(recovery.next_position, recovery.live_count);
+        // A priority queue counts its messages by priority first, with one scan of the log.
+        let (pager, paged) =
+            Pager::recovered_with_priorities(&mut log.lock(), &recovery, clean_shutdown, max_priority(&definition.arguments))?;
+        let messages = QueueState::with_paged_priorities(recovery.next_position, &paged);
         let expiry = self.expiry_clock(definition, vhost, true);
         let queue = QueueRuntime::new(definition.clone(), vhost, Some(log), messages, pager, self.dead_letters.cloned(), expiry);
+        if let Some(cache) = self.deduplication(definition, vhost, true, false) {
+            queue.set_deduplication(cache);
+        }
         queue.start_expiry_clock(true);
         Ok((Queue::Classic(queue), recovery.live_count))
     }

@@ -554,6 +554,15 @@ impl Queue {
             Queue::Remote(_) => None,
         }
     }
+
+    /// The log of its deduplication cache, when it deduplicates and the cache persists: a
+    /// confirm waits for it too, and a graceful shutdown syncs it.
+    pub fn deduplication_log(&self) -> Option<SharedLog> {
+        match self {
+            Queue::Classic(queue) => queue.deduplication().and_then(|cache| cache.log().cloned()),
+            Queue::Stream(_) | Queue::Quorum(_) | Queue::Remote(_) => None,
+        }
+    }
 }
 
 #[cfg(test)]
