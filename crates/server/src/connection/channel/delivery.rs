@@ -95,29 +95,8 @@ impl Channel {
     /// with `multiple`). An unknown tag is a 406, as in RabbitMQ. `acknowledged` counts them as
     /// acked (basic.ack) in the channel's metrics, under the lock taken here anyway.
     pub(super) fn take_deliveries(&self, delivery_tag: u64, multiple: bool, acknowledged: bool) -> Result<Vec<Unacked>, AmqpError> {
-        let mut ledger = self.shared.ledger.lock();
-        let taken: Vec<Unacked> = if multiple && delivery_tag == 0 {
-            std::mem::take(&mut ledger.unacked).into_values().collect()
-        } else if multiple {
-            // Taking entries off the front costs no allocation for the common few-tag ack, where
-            // splitting the map would allocate a new one for what remains.
-            let mut taken = Vec::new();
-            while let Some(entry) = ledger.unacked.first_entry() {
-                if *entry.key() > delivery_tag {
-                    break;
-                }
-                taken.push(entry.remove());
-            }
-            taken
-        } else {
-            ledger.unacked.remove(&delivery_tag).into_iter().collect()
-        };
-        if taken.is_empty() && !(multiple && delivery_tag == 0) {
-            return Err(AmqpError::precondition(format!("unknown delivery tag {delivery_tag}")));
-        }
-        if acknowledged {
-            ledger.counters.acknowledged += taken.len() as u64;
-        }
+        let mut taken = Vec::new();
+        take_deliveries_into(&self.shared, delivery_tag, multiple, acknowledged, &mut taken)?;
         Ok(taken)
     }
 
@@ -131,13 +110,13 @@ impl Channel {
             transaction.settles.push(PendingSettle { delivery_tag, multiple, requeue });
             return Ok(());
         }
-        let taken = self.take_deliveries(delivery_tag, multiple, requeue.is_none())?;
         if requeue.is_none() {
             // Acks wait for the end of the socket read (or the channel's next other method), so a
-            // read full of acks settles each queue under one lock and dispatches once.
-            self.pending_acks.extend(taken);
-            return Ok(());
+            // read full of acks settles each queue under one lock and dispatches once. They go
+            // straight onto the pending list: no list allocated per ack.
+            return take_deliveries_into(&self.shared, delivery_tag, multiple, true, &mut self.pending_acks);
         }
+        let taken = self.take_deliveries(delivery_tag, multiple, false)?;
         self.flush_acks();
         finish_grouped(taken.into_iter(), Settlement::from_requeue(requeue));
         if self.shared.prefetch_global.load(Ordering::Acquire) != 0 {
@@ -238,6 +217,40 @@ fn answer_commit(channel: &ChannelShared, durable: bool) {
     }
     channel.connection.send(Outbound::Frames(frames.freeze()));
     drop(ledger);
+}
+
+/// Takes deliveries off the ledger into `taken` (see [`Channel::take_deliveries`]).
+fn take_deliveries_into(
+    channel: &ChannelShared,
+    delivery_tag: u64,
+    multiple: bool,
+    acknowledged: bool,
+    taken: &mut Vec<Unacked>,
+) -> Result<(), AmqpError> {
+    let mut ledger = channel.ledger.lock();
+    let before = taken.len();
+    if multiple && delivery_tag == 0 {
+        taken.extend(std::mem::take(&mut ledger.unacked).into_values());
+    } else if multiple {
+        // Taking entries off the front costs no allocation for the common few-tag ack, where
+        // splitting the map would allocate a new one for what remains.
+        while let Some(entry) = ledger.unacked.first_entry() {
+            if *entry.key() > delivery_tag {
+                break;
+            }
+            taken.push(entry.remove());
+        }
+    } else {
+        taken.extend(ledger.unacked.remove(&delivery_tag));
+    }
+    let count = taken.len() - before;
+    if count == 0 && !(multiple && delivery_tag == 0) {
+        return Err(AmqpError::precondition(format!("unknown delivery tag {delivery_tag}")));
+    }
+    if acknowledged {
+        ledger.counters.acknowledged += count as u64;
+    }
+    Ok(())
 }
 
 /// Settles (or requeues) deliveries in their queues, grouped per queue so each is locked once.

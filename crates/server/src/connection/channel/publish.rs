@@ -98,7 +98,8 @@ impl Channel {
         }
         let header = if header.has_reply_to() { self.direct_reply_to(header)? } else { header };
         let message = Arc::new(Message { exchange: content.exchange, routing_key: content.routing_key, header, body });
-        let mut queues: Vec<Queue> = Vec::new();
+        // The channel's own list, kept empty between publishes: no allocation per publish.
+        let mut queues = std::mem::take(&mut self.routed_queues);
         {
             let vhost = context.topology()?.read();
             let exchange = vhost.require_exchange(&message.exchange).map_err(|error| error.during(60, 40))?;
@@ -135,6 +136,8 @@ impl Channel {
         count_routing(&self.shared, &publish, &queues);
         // The tickets join this socket read's batch directly: one group commit waits for them all.
         let Routed { waits, rejected } = enqueue(context, self.id(), &publish, &queues, &mut self.pending_sync.tickets);
+        queues.clear();
+        self.routed_queues = queues;
         if let Some(sequence) = self.confirm_sequence.as_mut() {
             *sequence += 1;
             let delivery_tag = *sequence;
