@@ -230,16 +230,11 @@ fn take_deliveries_into(
     let mut ledger = channel.ledger.lock();
     let before = taken.len();
     if multiple && delivery_tag == 0 {
-        taken.extend(std::mem::take(&mut ledger.unacked).into_values());
-    } else if multiple {
-        // Taking entries off the front costs no allocation for the common few-tag ack, where
-        // splitting the map would allocate a new one for what remains.
-        while let Some(entry) = ledger.unacked.first_entry() {
-            if *entry.key() > delivery_tag {
-                break;
-            }
-            taken.push(entry.remove());
+        if !ledger.unacked.is_empty() {
+            taken.extend(std::mem::take(&mut ledger.unacked).into_values());
         }
+    } else if multiple {
+        ledger.unacked.take_through(delivery_tag, taken);
     } else {
         taken.extend(ledger.unacked.remove(&delivery_tag));
     }
