@@ -12,6 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use tokio::sync::mpsc;
 
+mod unacked;
+pub use unacked::DeliveriesByTag;
+
 /// How many deliveries may wait in a connection's writer before queues stop handing it more. This
 /// is the bound for no-ack consumers and consumers without a prefetch limit; a slow socket then
 /// holds messages in their queues, not in memory here.
@@ -218,7 +221,7 @@ pub struct DeliveryLedger {
     /// The last tag handed out.
     pub last_tag: u64,
     /// Unacked deliveries by tag.
-    pub unacked: BTreeMap<u64, Unacked>,
+    pub unacked: DeliveriesByTag<Unacked>,
     /// False once the channel closes: no more deliveries.
     pub open: bool,
     /// The channel's deliveries and acks, for the broker's metrics.

@@ -5,6 +5,7 @@
 //! write half, so a client that stops reading never stops us from reading its frames.
 
 mod channel;
+mod channel_map;
 mod context;
 mod stream;
 mod writer;
@@ -22,8 +23,8 @@ use amqp_codec::{
 use broker_core::{AmqpError, ErrorScope};
 use bytes::{Bytes, BytesMut};
 use channel::Channel;
+use channel_map::ChannelMap;
 use context::Context;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -104,7 +105,7 @@ pub async fn serve<S: ClientStream>(broker: Arc<Broker>, stream: S, peer: Socket
         reader: Box::new(read_half),
         buffer: BytesMut::with_capacity(READ_BUFFER_BYTES),
         phase: Phase::AwaitStartOk,
-        channels: HashMap::new(),
+        channels: ChannelMap::default(),
         channel_max: broker.config.channels_per_connection_max,
         frame_max,
         heartbeat_s,
@@ -140,7 +141,7 @@ struct Connection {
     reader: Box<dyn AsyncRead + Unpin + Send>,
     buffer: BytesMut,
     phase: Phase,
-    channels: HashMap<u16, Channel>,
+    channels: ChannelMap,
     channel_max: u16,
     frame_max: Arc<AtomicU32>,
     heartbeat_s: Arc<AtomicU32>,
@@ -545,38 +546,9 @@ impl Connection {
         if frame.channel == 0 {
             return self.handle_channel_zero(frame.payload);
         }
-        if !self.channels.contains_key(&frame.channel) {
-            return match frame.payload {
-                FramePayload::Method(Method::ChannelOpen(_)) => {
-                    // Like RabbitMQ 3.10, channel_max bounds how many channels are open, not their numbers.
-                    if self.channels.len() >= usize::from(self.channel_max) {
-                        return Err(AmqpError::not_allowed(format!(
-                            "number of channels opened ({}) has reached the negotiated channel_max ({})",
-                            self.channels.len(),
-                            self.channel_max
-                        ))
-                        .during(20, 10));
-                    }
-                    let channel = Channel::open(frame.channel, &self.context);
-                    ChurnCounters::count(&self.context.broker.churn.channels_opened);
-                    let mut session = self.context.connection.session.lock();
-                    session.open_channels.insert(frame.channel, Arc::downgrade(channel.shared()));
-                    self.channels.insert(frame.channel, channel);
-                    session.channels = self.channels.len();
-                    Ok(())
-                }
-                // A close-ok for a channel already forgotten: harmless.
-                FramePayload::Method(Method::ChannelCloseOk(_)) => Ok(()),
-                FramePayload::Method(other) => {
-                    Err(AmqpError::channel_error("expected 'channel.open'").during(other.class_id(), other.method_id()))
-                }
-                FramePayload::Header(_) | FramePayload::Body(_) => {
-                    Err(AmqpError::unexpected_frame("expected method frame, got non method frame instead"))
-                }
-                FramePayload::Heartbeat => Err(AmqpError::unexpected_frame("heartbeat frame on a non-zero channel")),
-            };
-        }
-        let channel = self.channels.get_mut(&frame.channel).expect("checked above");
+        let Some(channel) = self.channels.get_mut(&frame.channel) else {
+            return self.handle_unopened_channel(frame);
+        };
         match channel.handle(&mut self.context, frame.payload) {
             Ok(channel::After::KeepOpen) => Ok(()),
             Ok(channel::After::Forget) => {
@@ -591,6 +563,39 @@ impl Connection {
                 Ok(())
             }
             Err(error) => Err(error),
+        }
+    }
+
+    /// A frame for a channel that is not open: channel.open opens it, anything else is an error.
+    fn handle_unopened_channel(&mut self, frame: Frame) -> Result<(), AmqpError> {
+        match frame.payload {
+            FramePayload::Method(Method::ChannelOpen(_)) => {
+                // Like RabbitMQ 3.10, channel_max bounds how many channels are open, not their numbers.
+                if self.channels.len() >= usize::from(self.channel_max) {
+                    return Err(AmqpError::not_allowed(format!(
+                        "number of channels opened ({}) has reached the negotiated channel_max ({})",
+                        self.channels.len(),
+                        self.channel_max
+                    ))
+                    .during(20, 10));
+                }
+                let channel = Channel::open(frame.channel, &self.context);
+                ChurnCounters::count(&self.context.broker.churn.channels_opened);
+                let mut session = self.context.connection.session.lock();
+                session.open_channels.insert(frame.channel, Arc::downgrade(channel.shared()));
+                self.channels.insert(frame.channel, channel);
+                session.channels = self.channels.len();
+                Ok(())
+            }
+            // A close-ok for a channel already forgotten: harmless.
+            FramePayload::Method(Method::ChannelCloseOk(_)) => Ok(()),
+            FramePayload::Method(other) => {
+                Err(AmqpError::channel_error("expected 'channel.open'").during(other.class_id(), other.method_id()))
+            }
+            FramePayload::Header(_) | FramePayload::Body(_) => {
+                Err(AmqpError::unexpected_frame("expected method frame, got non method frame instead"))
+            }
+            FramePayload::Heartbeat => Err(AmqpError::unexpected_frame("heartbeat frame on a non-zero channel")),
         }
     }
 

@@ -3,7 +3,7 @@
 
 use crate::shared::{ConnectionShared, Outbound, OUTBOUND_DELIVERIES_RESUME};
 use amqp_codec::{
-    encode_body_frames, encode_content_header, encode_deliver_frame, encode_heartbeat, encode_method_frame, BasicGetOk, BasicReturn,
+    encode_body_frames, encode_content_header, encode_delivery, encode_heartbeat, encode_method_frame, BasicGetOk, BasicReturn,
     DeliverFields, Method,
 };
 use broker_core::Message;
@@ -44,9 +44,7 @@ fn encode_item(buffer: &mut BytesMut, item: Outbound, frame_max: u32, connection
                 exchange: &message.exchange,
                 routing_key: &message.routing_key,
             };
-            encode_deliver_frame(buffer, channel, fields);
-            encode_content_header(buffer, channel, &message.header);
-            encode_body_frames(buffer, channel, &message.body, frame_max);
+            encode_delivery(buffer, channel, fields, &message.header, &message.body, frame_max);
             connection.outbound_deliveries.fetch_sub(1, Ordering::AcqRel);
         }
         Outbound::GetOk { channel, delivery_tag, redelivered, message_count, message } => {

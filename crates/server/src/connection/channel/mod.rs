@@ -99,6 +99,9 @@ pub struct Channel {
     publish_allowed: Option<ShortStr>,
     /// Publishes waiting to be handed to the syncer at the end of the socket read.
     pending_sync: PendingSync,
+    /// The queues a publish is routed to, empty between publishes (a list reused, not allocated
+    /// per message).
+    routed_queues: Vec<Queue>,
     /// Deliveries acked in this socket read, taken off the ledger and not yet settled in their
     /// queues (see [`Channel::flush_acks`]).
     pending_acks: Vec<Unacked>,
@@ -132,6 +135,7 @@ impl Channel {
             last_declared_queue: None,
             publish_allowed: None,
             pending_sync: PendingSync::default(),
+            routed_queues: Vec::new(),
             pending_acks: Vec::new(),
             reply_consumer: None,
             timeout_watch: Default::default(),

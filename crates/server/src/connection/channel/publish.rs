@@ -98,7 +98,8 @@ impl Channel {
         }
         let header = if header.has_reply_to() { self.direct_reply_to(header)? } else { header };
         let message = Arc::new(Message { exchange: content.exchange, routing_key: content.routing_key, header, body });
-        let mut queues: Vec<Queue> = Vec::new();
+        // The channel's own list, kept empty between publishes: no allocation per publish.
+        let mut queues = std::mem::take(&mut self.routed_queues);
         let mut delayed: Vec<(DelayedRoute, bool)> = Vec::new();
         let mut deduplicated = Deduplicated::Routed(None);
         {
@@ -149,6 +150,8 @@ impl Channel {
         if let Deduplicated::Routed(Some(log)) = deduplicated {
             waits |= self.pending_sync.tickets.add(ConfirmTicket::LogSynced(log));
         }
+        queues.clear();
+        self.routed_queues = queues;
         if let Some(sequence) = self.confirm_sequence.as_mut() {
             *sequence += 1;
             let delivery_tag = *sequence;
