@@ -6,6 +6,8 @@ pub mod counters;
 pub mod latency;
 mod rabbitmq;
 
+pub use rabbitmq::message_totals;
+
 use crate::broker::Broker;
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};

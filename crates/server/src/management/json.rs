@@ -1,5 +1,6 @@
 //! Conversions between AMQP values and the API's JSON, and the JSON shapes of listed objects.
 
+use super::rates::{queue_field, Figures, Ranges};
 use super::ApiError;
 use crate::introspect::{BindingInfo, ConnectionInfo, ExchangeInfo, QueueInfo};
 use amqp_codec::{BasicProperties, FieldTable, FieldValue, ShortStr};
@@ -203,11 +204,13 @@ pub fn exchange_from_path(name: &str) -> &str {
     }
 }
 
-/// A queue as `/api/queues` shows it.
-pub fn queue_json(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &str) -> Value {
+/// A queue as `/api/queues` shows it, with its rates (and samples, when `ranges` asks) from
+/// `figures`.
+pub fn queue_json(queue: &QueueInfo, figures: &Figures<'_, { queue_field::COUNT }>, ranges: &Ranges, node: &str) -> Value {
     let snapshot = &queue.snapshot;
     let stats = &snapshot.stats;
     let messages = snapshot.ready + snapshot.unacked;
+    let (lengths, msg_rates) = (ranges.lengths.as_ref(), ranges.msg_rates.as_ref());
     json!({
         "name": queue.name,
         "vhost": queue.vhost,
@@ -226,22 +229,22 @@ pub fn queue_json(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &st
         "consumers": snapshot.consumers,
         "consumer_utilisation": null,
         "messages": messages,
-        "messages_details": details(rates.messages),
+        "messages_details": figures.details(lengths, |values| values[queue_field::READY] + values[queue_field::UNACKED]),
         "messages_ready": snapshot.ready,
-        "messages_ready_details": details(rates.messages_ready),
+        "messages_ready_details": figures.field(lengths, queue_field::READY),
         "messages_unacknowledged": snapshot.unacked,
-        "messages_unacknowledged_details": details(rates.messages_unacknowledged),
+        "messages_unacknowledged_details": figures.field(lengths, queue_field::UNACKED),
         "messages_paged_out": snapshot.paged,
         "messages_ram": messages - snapshot.paged.min(messages),
         "message_stats": {
             "publish": stats.published,
-            "publish_details": details(rates.publish),
+            "publish_details": figures.field(msg_rates, queue_field::PUBLISH),
             "deliver_get": stats.delivered,
-            "deliver_get_details": details(rates.deliver_get),
+            "deliver_get_details": figures.field(msg_rates, queue_field::DELIVER_GET),
             "ack": stats.acked,
-            "ack_details": details(rates.ack),
+            "ack_details": figures.field(msg_rates, queue_field::ACK),
             "redeliver": stats.requeued,
-            "redeliver_details": details(rates.redeliver),
+            "redeliver_details": figures.field(msg_rates, queue_field::REDELIVER),
         },
     })
 }
