@@ -859,6 +859,7 @@ mod tests {
             routing_key: ShortStr::from("k"),
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: Bytes::from(body),
+            published_at_ns: 0,
         }
     }
 
@@ -1140,6 +1141,7 @@ mod sync_order_tests {
             routing_key: ShortStr::from("k"),
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: Bytes::from(body),
+            published_at_ns: 0,
         }
     }
 

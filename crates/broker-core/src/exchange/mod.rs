@@ -8,6 +8,8 @@ pub use headers::headers_match;
 pub use topic::topic_matches;
 
 use amqp_codec::{BasicProperties, FieldTable, ShortStr};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 /// The exchange types RabbitMQ ships.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +72,28 @@ pub struct Binding {
     pub arguments: FieldTable,
 }
 
+/// What was published through an exchange, RabbitMQ's `publish_in` and `publish_out`. Channels
+/// count into it in batches (a channel adds its counts once per socket read, not per message),
+/// the management API reads it.
+#[derive(Debug, Default)]
+pub struct ExchangeStats {
+    /// Messages published to the exchange.
+    pub published_in: AtomicU64,
+    /// Messages it routed into queues, one per queue reached.
+    pub published_out: AtomicU64,
+}
+
+/// An exchange's [`ExchangeStats`], shared by its clones. Not part of the exchange's identity:
+/// exchanges compare equal whatever they counted.
+#[derive(Debug, Clone, Default)]
+pub struct ExchangeStatsHandle(pub Arc<ExchangeStats>);
+
+impl PartialEq for ExchangeStatsHandle {
+    fn eq(&self, _other: &ExchangeStatsHandle) -> bool {
+        true
+    }
+}
+
 /// An exchange and its outgoing bindings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Exchange {
@@ -90,12 +114,24 @@ pub struct Exchange {
     /// The `alternate-exchange` of the policy that applies to it, if any; its own argument wins
     /// over it, as in RabbitMQ.
     pub policy_alternate_exchange: Option<ShortStr>,
+    /// What was published through it.
+    pub stats: ExchangeStatsHandle,
 }
 
 impl Exchange {
     /// A new exchange with no bindings.
     pub fn new(name: ShortStr, kind: ExchangeKind, durable: bool, auto_delete: bool, internal: bool, arguments: FieldTable) -> Exchange {
-        Exchange { name, kind, durable, auto_delete, internal, arguments, bindings: Vec::new(), policy_alternate_exchange: None }
+        Exchange {
+            name,
+            kind,
+            durable,
+            auto_delete,
+            internal,
+            arguments,
+            bindings: Vec::new(),
+            policy_alternate_exchange: None,
+            stats: ExchangeStatsHandle::default(),
+        }
     }
 
     /// Where what it cannot route goes: its `alternate-exchange` argument, else its policy's.

@@ -1,6 +1,6 @@
 //! Conversions between AMQP values and the API's JSON, and the JSON shapes of listed objects.
 
-use super::rates::{queue_field, Figures, Ranges};
+use super::rates::{connection_field, exchange_field, queue_field, Figures, Ranges};
 use super::ApiError;
 use crate::introspect::{BindingInfo, ConnectionInfo, ExchangeInfo, QueueInfo};
 use amqp_codec::{BasicProperties, FieldTable, FieldValue, ShortStr};
@@ -249,9 +249,10 @@ pub fn queue_json(queue: &QueueInfo, figures: &Figures<'_, { queue_field::COUNT 
     })
 }
 
-/// An exchange as `/api/exchanges` shows it.
-pub fn exchange_json(exchange: &ExchangeInfo) -> Value {
-    json!({
+/// An exchange as `/api/exchanges` shows it, with `message_stats` once something was published to
+/// it (`publish_out` once something was routed), as RabbitMQ shows them.
+pub fn exchange_json(exchange: &ExchangeInfo, figures: &Figures<'_, { exchange_field::COUNT }>, ranges: &Ranges) -> Value {
+    let mut answer = json!({
         "name": exchange.name,
         "vhost": exchange.vhost,
         "type": exchange.kind,
@@ -261,7 +262,22 @@ pub fn exchange_json(exchange: &ExchangeInfo) -> Value {
         "arguments": table_to_json(&exchange.arguments),
         "policy": exchange.policy,
         "user_who_performed_action": "rmq-internal",
-    })
+    });
+    let range = ranges.msg_rates.as_ref();
+    let mut stats = Map::new();
+    for (name, field, value) in [
+        ("publish_in", exchange_field::PUBLISH_IN, exchange.published_in),
+        ("publish_out", exchange_field::PUBLISH_OUT, exchange.published_out),
+    ] {
+        if value > 0 {
+            stats.insert(name.to_owned(), json!(value));
+            stats.insert(format!("{name}_details"), figures.field(range, field));
+        }
+    }
+    if let (false, Some(object)) = (stats.is_empty(), answer.as_object_mut()) {
+        object.insert("message_stats".to_owned(), Value::Object(stats));
+    }
+    answer
 }
 
 /// RabbitMQ's `quote_plus` as it builds a binding's properties key.
@@ -349,7 +365,21 @@ fn listener_address(connection: &ConnectionInfo, server: std::net::SocketAddr) -
     }
 }
 
-/// A connection as `/api/connections` shows it.
+/// A connection's traffic (RabbitMQ's recv_oct, recv_cnt, send_oct, send_cnt) with the byte rates.
+pub fn traffic_json(connection: &ConnectionInfo, figures: &Figures<'_, { connection_field::COUNT }>, ranges: &Ranges) -> Value {
+    let [received_bytes, received_packets, sent_bytes, sent_packets] = connection.traffic;
+    let range = ranges.data_rates.as_ref();
+    json!({
+        "recv_oct": received_bytes,
+        "recv_oct_details": figures.field(range, connection_field::RECV_OCT),
+        "recv_cnt": received_packets,
+        "send_oct": sent_bytes,
+        "send_oct_details": figures.field(range, connection_field::SEND_OCT),
+        "send_cnt": sent_packets,
+    })
+}
+
+/// A connection as `/api/connections` shows it (without its traffic: see [`traffic_json`]).
 pub fn connection_json(connection: &ConnectionInfo, server: std::net::SocketAddr, node: &str, disk_alarm: bool) -> Value {
     let session = &connection.session;
     let server = listener_address(connection, server);

@@ -105,6 +105,26 @@ pub mod queue_field {
     pub const COUNT: usize = 6;
 }
 
+/// An exchange's sampled figures, by index.
+pub mod exchange_field {
+    /// Messages published to it.
+    pub const PUBLISH_IN: usize = 0;
+    /// Messages it routed into queues (one per queue).
+    pub const PUBLISH_OUT: usize = 1;
+    /// How many.
+    pub const COUNT: usize = 2;
+}
+
+/// A connection's sampled figures, by index.
+pub mod connection_field {
+    /// Bytes received.
+    pub const RECV_OCT: usize = 0;
+    /// Bytes sent.
+    pub const SEND_OCT: usize = 1;
+    /// How many.
+    pub const COUNT: usize = 2;
+}
+
 /// The node's values now, in [`node_field`] order, with the queues' `ready` and `unacked`
 /// messages summed by the caller (who has listed the queues).
 pub fn node_values(broker: &Broker, ready: u64, unacked: u64) -> [u64; node_field::COUNT] {
@@ -142,7 +162,7 @@ pub fn queue_values(snapshot: &crate::queue_type::QueueSnapshot) -> [u64; queue_
     [stats.published, stats.delivered, stats.acked, stats.requeued, snapshot.ready, snapshot.unacked]
 }
 
-/// Objects are known by vhost and name.
+/// Queues and exchanges are known by vhost and name.
 type ObjectKey = (String, String);
 
 #[derive(Debug, Default)]
@@ -152,6 +172,9 @@ struct State {
     last_ms: Option<u64>,
     node: Option<History<{ node_field::COUNT }>>,
     queues: HashMap<ObjectKey, History<{ queue_field::COUNT }>>,
+    exchanges: HashMap<ObjectKey, History<{ exchange_field::COUNT }>>,
+    /// Connections by their broker-unique id.
+    connections: HashMap<u64, History<{ connection_field::COUNT }>>,
 }
 
 /// Every object's history.
@@ -172,9 +195,9 @@ pub fn object_samples_max(objects: usize) -> usize {
 
 /// Records `values` of the object `key` into `histories`, starting a history for a new object and
 /// a fresh one when a counter went back (the object was deleted and declared again).
-fn record_object<const FIELDS: usize>(
-    histories: &mut HashMap<ObjectKey, History<FIELDS>>,
-    key: ObjectKey,
+fn record_object<Key: std::hash::Hash + Eq, const FIELDS: usize>(
+    histories: &mut HashMap<Key, History<FIELDS>>,
+    key: Key,
     values: [u64; FIELDS],
     counters: usize,
     at_ms: u64,
@@ -190,12 +213,38 @@ fn record_object<const FIELDS: usize>(
     }
 }
 
+/// Records every object's sample and forgets the objects that are gone.
+fn record_all<Key: std::hash::Hash + Eq + Clone, const FIELDS: usize>(
+    histories: &mut HashMap<Key, History<FIELDS>>,
+    samples: Vec<(Key, [u64; FIELDS])>,
+    counters: usize,
+    at_ms: u64,
+    entries_max: usize,
+) {
+    let mut present = std::collections::HashSet::with_capacity(samples.len());
+    for (key, values) in samples {
+        record_object(histories, key.clone(), values, counters, at_ms, entries_max);
+        present.insert(key);
+    }
+    histories.retain(|key, _| present.contains(key));
+}
+
 impl Rates {
     /// Takes one sample of everything.
     pub fn sample(&self, broker: &Broker) {
         let at_ms = now_ms();
         let queues: Vec<(ObjectKey, [u64; queue_field::COUNT])> =
             broker.list_queues().into_iter().map(|queue| ((queue.vhost, queue.name), queue_values(&queue.snapshot))).collect();
+        let exchanges: Vec<(ObjectKey, [u64; exchange_field::COUNT])> = broker
+            .list_exchanges()
+            .into_iter()
+            .map(|exchange| ((exchange.vhost, exchange.name), [exchange.published_in, exchange.published_out]))
+            .collect();
+        let connections: Vec<(u64, [u64; connection_field::COUNT])> = broker
+            .list_connections()
+            .into_iter()
+            .map(|connection| (connection.id, [connection.traffic[0], connection.traffic[2]]))
+            .collect();
         let ready = queues.iter().map(|(_, values)| values[queue_field::READY]).sum();
         let unacked = queues.iter().map(|(_, values)| values[queue_field::UNACKED]).sum();
         let node = node_values(broker, ready, unacked);
@@ -205,13 +254,10 @@ impl Rates {
             Some(history) => history.record(at_ms, node, NODE_SAMPLES_MAX, NODE_HISTORY_MS),
             None => state.node = Some(History::new(at_ms, node)),
         }
-        let entries_max = object_samples_max(queues.len());
-        let mut present = HashMap::with_capacity(queues.len());
-        for (key, values) in queues {
-            record_object(&mut state.queues, key.clone(), values, queue_field::READY, at_ms, entries_max);
-            present.insert(key, ());
-        }
-        state.queues.retain(|key, _| present.contains_key(key));
+        let entries_max = object_samples_max(queues.len() + exchanges.len() + connections.len());
+        record_all(&mut state.queues, queues, queue_field::READY, at_ms, entries_max);
+        record_all(&mut state.exchanges, exchanges, exchange_field::COUNT, at_ms, entries_max);
+        record_all(&mut state.connections, connections, connection_field::COUNT, at_ms, entries_max);
         state.previous_ms = state.last_ms;
         state.last_ms = Some(at_ms);
     }
@@ -238,6 +284,17 @@ impl View<'_> {
     pub fn queue(&self, vhost: &str, name: &str) -> Figures<'_, { queue_field::COUNT }> {
         let history = self.state.queues.get(&(vhost.to_owned(), name.to_owned()));
         Figures { history, ticks: (self.state.previous_ms, self.state.last_ms) }
+    }
+
+    /// An exchange's figures.
+    pub fn exchange(&self, vhost: &str, name: &str) -> Figures<'_, { exchange_field::COUNT }> {
+        let history = self.state.exchanges.get(&(vhost.to_owned(), name.to_owned()));
+        Figures { history, ticks: (self.state.previous_ms, self.state.last_ms) }
+    }
+
+    /// A connection's figures.
+    pub fn connection(&self, id: u64) -> Figures<'_, { connection_field::COUNT }> {
+        Figures { history: self.state.connections.get(&id), ticks: (self.state.previous_ms, self.state.last_ms) }
     }
 }
 
@@ -289,6 +346,8 @@ pub struct Ranges {
     pub lengths: Option<Range>,
     /// Message rates (`message_stats`, `churn_rates`).
     pub msg_rates: Option<Range>,
+    /// Data rates (a connection's `recv_oct`, `send_oct`).
+    pub data_rates: Option<Range>,
 }
 
 impl RangeQuery {
@@ -299,11 +358,7 @@ impl RangeQuery {
         Ok(Ranges {
             lengths: Range::parse(self.lengths_age.as_deref(), self.lengths_incr.as_deref(), now_ms, lengths)?,
             msg_rates: Range::parse(self.msg_rates_age.as_deref(), self.msg_rates_incr.as_deref(), now_ms, Rounding::Floor)?,
-        })
-        // RabbitMQ refuses a bad data-rates range on every endpoint, whether it has data rates or not.
-        .and_then(|ranges| {
-            Range::parse(self.data_rates_age.as_deref(), self.data_rates_incr.as_deref(), now_ms, Rounding::Floor)?;
-            Ok(ranges)
+            data_rates: Range::parse(self.data_rates_age.as_deref(), self.data_rates_incr.as_deref(), now_ms, Rounding::Floor)?,
         })
     }
 }

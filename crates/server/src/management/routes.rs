@@ -11,7 +11,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::history::Rounding;
-use super::rates::{RangeQuery, Ranges};
+use super::rates::{RangeQuery, Ranges, View};
 use axum::Json;
 use broker_core::exchange::{Binding, Destination};
 use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType};
@@ -275,7 +275,7 @@ pub(super) async fn aliveness_test(State(api): State<Api>, Path(vhost): Path<Str
     api.broker.declare_queue(&vhost, definition, false, false, 0)?;
     let body = Bytes::from_static(b"test_message");
     let header = ContentHeader::from_properties(60, body.len() as u64, &Default::default());
-    let message = Message { exchange: ShortStr::from(""), routing_key: name, header, body };
+    let message = Message { exchange: ShortStr::from(""), routing_key: name, header, body, published_at_ns: 0 };
     api.broker.publish_message(&vhost, message)?;
     let got = api.broker.get_messages(&vhost, "aliveness-test", 1, false).await?;
     if got.first().is_some_and(|got| got.message.body.as_ref() == b"test_message") {
@@ -300,18 +300,36 @@ pub(super) async fn alarms_check(State(api): State<Api>) -> Response {
     }
 }
 
-fn connection_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
-    let address = amqp_address(api);
-    api.broker
-        .list_connections()
-        .iter()
-        .filter(|connection| only_vhost.is_none_or(|vhost| connection.session.vhost == vhost))
-        .map(|connection| json::connection_json(connection, address, &api.node, disk_alarm(api)))
-        .collect()
+/// A connection as the API shows it, with its traffic and byte rates.
+fn connection_answer(api: &Api, connection: &crate::introspect::ConnectionInfo, view: &View, ranges: &Ranges) -> Value {
+    let mut answer = json::connection_json(connection, amqp_address(api), &api.node, disk_alarm(api));
+    if let (Some(object), Value::Object(traffic)) =
+        (answer.as_object_mut(), json::traffic_json(connection, &view.connection(connection.id), ranges))
+    {
+        object.extend(traffic);
+    }
+    answer
 }
 
-pub(super) async fn connections(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
-    list_response(caller.visible(connection_list(&api, None), Visibility::OwnConnection), &query)
+fn connection_list(api: &Api, only_vhost: Option<&str>, ranges: &Ranges) -> Vec<Value> {
+    let connections = api.broker.list_connections();
+    api.rates.read(|view| {
+        connections
+            .iter()
+            .filter(|connection| only_vhost.is_none_or(|vhost| connection.session.vhost == vhost))
+            .map(|connection| connection_answer(api, connection, view, ranges))
+            .collect()
+    })
+}
+
+pub(super) async fn connections(
+    State(api): State<Api>,
+    caller: Caller,
+    Query(query): Query<ListQuery>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
+    let ranges = range_query.ranges(Rounding::Floor)?;
+    list_response(caller.visible(connection_list(&api, None, &ranges), Visibility::OwnConnection), &query)
 }
 
 pub(super) async fn vhost_connections(
@@ -319,9 +337,11 @@ pub(super) async fn vhost_connections(
     caller: Caller,
     Path(vhost): Path<String>,
     Query(query): Query<ListQuery>,
+    Query(range_query): Query<RangeQuery>,
 ) -> Answer {
     require_vhost(&api, &vhost)?;
-    list_response(caller.visible(connection_list(&api, Some(&vhost)), Visibility::OwnConnection), &query)
+    let ranges = range_query.ranges(Rounding::Floor)?;
+    list_response(caller.visible(connection_list(&api, Some(&vhost), &ranges), Visibility::OwnConnection), &query)
 }
 
 /// Finds a connection by its RabbitMQ-style name (or Lepus's numeric id).
@@ -342,9 +362,15 @@ fn find_own_connection(api: &Api, caller: &Caller, name: &str) -> Result<crate::
     Ok(connection)
 }
 
-pub(super) async fn connection(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
+pub(super) async fn connection(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
+    let ranges = range_query.ranges(Rounding::Floor)?;
     let connection = find_own_connection(&api, &caller, &name)?;
-    Ok(Json(json::connection_json(&connection, amqp_address(&api), &api.node, disk_alarm(&api))).into_response())
+    Ok(Json(api.rates.read(|view| connection_answer(&api, &connection, view, &ranges))).into_response())
 }
 
 pub(super) async fn close_connection(
@@ -480,22 +506,36 @@ fn consumer_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
         .collect()
 }
 
-fn exchange_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
-    api.broker
-        .list_exchanges()
-        .iter()
-        .filter(|exchange| only_vhost.is_none_or(|vhost| exchange.vhost == vhost))
-        .map(json::exchange_json)
-        .collect()
+fn exchange_list(api: &Api, only_vhost: Option<&str>, ranges: &Ranges) -> Vec<Value> {
+    let exchanges = api.broker.list_exchanges();
+    api.rates.read(|view| {
+        exchanges
+            .iter()
+            .filter(|exchange| only_vhost.is_none_or(|vhost| exchange.vhost == vhost))
+            .map(|exchange| json::exchange_json(exchange, &view.exchange(&exchange.vhost, &exchange.name), ranges))
+            .collect()
+    })
 }
 
-pub(super) async fn exchanges(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
-    list_response(caller.visible(exchange_list(&api, None), Visibility::InVhost), &query)
+pub(super) async fn exchanges(
+    State(api): State<Api>,
+    caller: Caller,
+    Query(query): Query<ListQuery>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
+    let ranges = range_query.ranges(Rounding::Floor)?;
+    list_response(caller.visible(exchange_list(&api, None, &ranges), Visibility::InVhost), &query)
 }
 
-pub(super) async fn vhost_exchanges(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn vhost_exchanges(
+    State(api): State<Api>,
+    Path(vhost): Path<String>,
+    Query(query): Query<ListQuery>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
     require_vhost(&api, &vhost)?;
-    list_response(exchange_list(&api, Some(&vhost)), &query)
+    let ranges = range_query.ranges(Rounding::Floor)?;
+    list_response(exchange_list(&api, Some(&vhost), &ranges), &query)
 }
 
 fn find_exchange(api: &Api, vhost: &str, name: &str) -> Result<crate::introspect::ExchangeInfo, ApiError> {
@@ -508,8 +548,15 @@ fn find_exchange(api: &Api, vhost: &str, name: &str) -> Result<crate::introspect
         .ok_or_else(ApiError::object_not_found)
 }
 
-pub(super) async fn exchange(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
-    Ok(Json(json::exchange_json(&find_exchange(&api, &vhost, &name)?)).into_response())
+pub(super) async fn exchange(
+    State(api): State<Api>,
+    Path((vhost, name)): Path<(String, String)>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
+    let ranges = range_query.ranges(Rounding::Floor)?;
+    let exchange = find_exchange(&api, &vhost, &name)?;
+    Ok(Json(api.rates.read(|view| json::exchange_json(&exchange, &view.exchange(&exchange.vhost, &exchange.name), &ranges)))
+        .into_response())
 }
 
 pub(super) async fn declare_exchange(
@@ -813,6 +860,7 @@ pub(super) async fn publish(State(api): State<Api>, caller: Caller, Path((vhost,
         routing_key: short(&routing_key, "routing key")?,
         header: ContentHeader::from_properties(60, payload.len() as u64, &properties),
         body: Bytes::from(payload),
+        published_at_ns: crate::metrics::latency::clock_ns(),
     };
     let published = api.broker.publish_message(&vhost, message)?;
     if !published.tickets.is_empty() {

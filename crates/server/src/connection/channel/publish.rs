@@ -97,7 +97,13 @@ impl Channel {
             }
         }
         let header = if header.has_reply_to() { self.direct_reply_to(header)? } else { header };
-        let message = Arc::new(Message { exchange: content.exchange, routing_key: content.routing_key, header, body });
+        let message = Arc::new(Message {
+            exchange: content.exchange,
+            routing_key: content.routing_key,
+            header,
+            body,
+            published_at_ns: context.read_at_ns,
+        });
         let mut queues: Vec<Queue> = Vec::new();
         {
             let vhost = context.topology()?.read();
@@ -117,6 +123,7 @@ impl Channel {
             // Outside a transaction the message is routed under the same read lock as the checks.
             if self.transaction.is_none() {
                 route_to_queues(&vhost, &message, &mut queues);
+                self.exchange_counts.count(&exchange.stats.0, queues.len());
             }
         }
         let publish = Publish { mandatory: content.mandatory, message };
@@ -174,11 +181,15 @@ impl Channel {
 
     /// Routes a publish into its queues (a transaction's, at commit), adding the confirm tickets
     /// to wait for to `tickets`.
-    pub(super) fn route(&self, context: &Context, publish: &Publish, tickets: &mut ConfirmTickets) -> Routed {
+    pub(super) fn route(&mut self, context: &Context, publish: &Publish, tickets: &mut ConfirmTickets) -> Routed {
         let mut queues: Vec<Queue> = Vec::new();
         // Channels exist only after connection.open set the topology.
         if let Ok(topology) = context.topology() {
-            route_to_queues(&topology.read(), &publish.message, &mut queues);
+            let vhost = topology.read();
+            route_to_queues(&vhost, &publish.message, &mut queues);
+            if let Ok(exchange) = vhost.require_exchange(&publish.message.exchange) {
+                self.exchange_counts.count(&exchange.stats.0, queues.len());
+            }
         }
         count_routing(&self.shared, publish, &queues);
         enqueue(context, self.id(), publish, &queues, tickets)
