@@ -493,11 +493,27 @@ impl Broker {
         ChurnCounters::count(&self.churn.connections_opened);
     }
 
-    /// Forgets a closed connection.
+    /// Forgets a closed connection (its traffic joins the closed connections' totals under the
+    /// same lock as [`Broker::traffic_totals`] reads them, so those never go back).
     pub fn unregister_connection(&self, id: u64) {
-        if self.connections.lock().remove(&id).is_some() {
+        let mut connections = self.connections.lock();
+        if let Some(connection) = connections.remove(&id) {
             ChurnCounters::count(&self.churn.connections_closed);
+            self.churn.retire_traffic(&connection.traffic);
         }
+    }
+
+    /// Bytes received, socket reads, bytes sent and socket writes of every connection, open and
+    /// closed: counters that never go back.
+    pub fn traffic_totals(&self) -> [u64; 4] {
+        let connections = self.connections.lock();
+        let mut totals = self.churn.retired_traffic();
+        for connection in connections.values() {
+            for (total, value) in totals.iter_mut().zip(connection.traffic.read()) {
+                *total += value;
+            }
+        }
+        totals
     }
 
     /// Whether a resource alarm (disk or memory) blocks publishers now, and which.

@@ -6,6 +6,8 @@ pub mod counters;
 pub mod latency;
 mod rabbitmq;
 
+pub use rabbitmq::message_totals;
+
 use crate::broker::Broker;
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
@@ -119,6 +121,29 @@ fn register_storage_metrics(registry: &mut Registry, broker: &Broker) {
         "lepus_storage_sync_failures",
         "Group commits whose write or fdatasync failed (their confirms were nacked)",
         stats.failures.load(Ordering::Relaxed),
+    );
+}
+
+/// Bytes and socket reads and writes over every connection, open and closed, and what was
+/// published through each exchange.
+fn register_traffic_metrics(registry: &mut Registry, broker: &Broker) {
+    let [received_bytes, received_packets, sent_bytes, sent_packets] = broker.traffic_totals();
+    counter(registry, "lepus_network_received_bytes", "Bytes read from client connections' sockets", received_bytes);
+    counter(registry, "lepus_network_received_packets", "Socket reads of client connections that returned data", received_packets);
+    counter(registry, "lepus_network_sent_bytes", "Bytes written to client connections' sockets", sent_bytes);
+    counter(registry, "lepus_network_sent_packets", "Socket writes to client connections", sent_packets);
+    let published_in = Family::<Labels, Counter>::default();
+    let published_out = Family::<Labels, Counter>::default();
+    for exchange in broker.list_exchanges() {
+        let labels: Labels = vec![("vhost", exchange.vhost.clone()), ("exchange", exchange.name.clone())];
+        published_in.get_or_create(&labels).inc_by(exchange.published_in);
+        published_out.get_or_create(&labels).inc_by(exchange.published_out);
+    }
+    registry.register("lepus_exchange_messages_published_in", "Messages published to an exchange", published_in);
+    registry.register(
+        "lepus_exchange_messages_published_out",
+        "Messages an exchange routed into queues, one per queue reached",
+        published_out,
     );
 }
 
@@ -261,6 +286,7 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     if let Some(cluster) = broker.cluster.get() {
         crate::cluster::metrics::register(&mut registry, cluster);
     }
+    register_traffic_metrics(&mut registry, broker);
     // Summed over queues, which is how RabbitMQ's channel_queue_exchange_metrics add up on /metrics.
     counter(&mut registry, "rabbitmq_queue_messages_published", "Total number of messages published to queues", published_total);
     let scrape = rabbitmq::Scrape { broker, queues: &queues, connections: &connections, process, free_disk_bytes: free };
@@ -279,6 +305,11 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     text.insert_str(end, &confirms);
     let end = text.rfind("# EOF").unwrap_or(text.len());
     text.insert_str(end, &delayed_lateness_text(broker));
+    let deliveries = latency::DELIVERY_LATENCY.text(
+        "lepus_delivery_latency_seconds",
+        "Time from the socket read that carried a publish to the write of its first delivery to a consumer",
+    );
+    text.insert_str(end, &deliveries);
     Ok(text)
 }
 

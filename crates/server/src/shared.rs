@@ -107,6 +107,8 @@ pub struct ConnectionShared {
     pub close_reason: Mutex<Option<String>>,
     /// What TLS negotiated, for a connection to the AMQPS port.
     pub tls: Option<crate::tls::TlsInfo>,
+    /// Bytes and socket reads and writes (RabbitMQ's recv_oct, recv_cnt, send_oct, send_cnt).
+    pub traffic: crate::metrics::counters::ConnectionTraffic,
 }
 
 /// What the handshake learned about a connection, for listings.
@@ -150,6 +152,7 @@ impl ConnectionShared {
             session: Default::default(),
             close_reason: Default::default(),
             tls: None,
+            traffic: Default::default(),
         }
     }
 

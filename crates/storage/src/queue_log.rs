@@ -1513,7 +1513,7 @@ fn decode_publish(payload: Bytes) -> Option<Message> {
     let properties_raw = reader.read_long_str().ok()?.0;
     let body = reader.take(reader.remaining()).ok()?;
     let header = ContentHeader { class_id: 60, body_size: body.len() as u64, property_flags, properties_raw };
-    Some(Message { exchange, routing_key, header, body })
+    Some(Message { exchange, routing_key, header, body, published_at_ns: 0 })
 }
 
 #[cfg(test)]
@@ -1530,6 +1530,7 @@ mod tests {
             routing_key: ShortStr::from("k"),
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: Bytes::copy_from_slice(body.as_bytes()),
+            published_at_ns: 0,
         }
     }
 
@@ -1577,6 +1578,7 @@ mod tests {
             routing_key: ShortStr::from("k"),
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: Bytes::copy_from_slice(body.as_bytes()),
+            published_at_ns: 0,
         }
     }
 

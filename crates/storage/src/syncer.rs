@@ -978,6 +978,7 @@ mod tests {
             routing_key: ShortStr::from("k"),
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: Bytes::from(body),
+            published_at_ns: 0,
         }
     }
 
@@ -1259,6 +1260,7 @@ mod sync_order_tests {
             routing_key: ShortStr::from("k"),
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: Bytes::from(body),
+            published_at_ns: 0,
         }
     }
 

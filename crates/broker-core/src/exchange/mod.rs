@@ -10,6 +10,8 @@ pub use headers::headers_match;
 pub use topic::topic_matches;
 
 use amqp_codec::{BasicProperties, FieldTable, ShortStr};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 /// The exchange types RabbitMQ ships.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +84,28 @@ pub struct Binding {
     pub arguments: FieldTable,
 }
 
+/// What was published through an exchange, RabbitMQ's `publish_in` and `publish_out`. Channels
+/// count into it in batches (a channel adds its counts once per socket read, not per message),
+/// the management API reads it.
+#[derive(Debug, Default)]
+pub struct ExchangeStats {
+    /// Messages published to the exchange.
+    pub published_in: AtomicU64,
+    /// Messages it routed into queues, one per queue reached.
+    pub published_out: AtomicU64,
+}
+
+/// An exchange's [`ExchangeStats`], shared by its clones. Not part of the exchange's identity:
+/// exchanges compare equal whatever they counted.
+#[derive(Debug, Clone, Default)]
+pub struct ExchangeStatsHandle(pub Arc<ExchangeStats>);
+
+impl PartialEq for ExchangeStatsHandle {
+    fn eq(&self, _other: &ExchangeStatsHandle) -> bool {
+        true
+    }
+}
+
 /// An exchange and its outgoing bindings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Exchange {
@@ -104,6 +128,8 @@ pub struct Exchange {
     pub policy_alternate_exchange: Option<ShortStr>,
     /// Whether and how it drops duplicates (from its type and arguments, fixed at declaration).
     pub deduplication: Option<deduplication::DeduplicationSettings>,
+    /// What was published through it.
+    pub stats: ExchangeStatsHandle,
 }
 
 impl Exchange {
@@ -120,6 +146,7 @@ impl Exchange {
             bindings: Vec::new(),
             policy_alternate_exchange: None,
             deduplication,
+            stats: ExchangeStatsHandle::default(),
         }
     }
 

@@ -27,6 +27,9 @@ pub struct Context {
     /// A basic.get waiting for its queue's page-in; the connection handles no other frame until
     /// it is answered.
     pub waiting_get: Option<super::channel::WaitingGet>,
+    /// When the socket read being handled ended, on the latency clock: the publish time stamped
+    /// on the messages it carries (one clock read per read, not per message).
+    pub read_at_ns: u64,
 }
 
 impl Context {
@@ -43,6 +46,7 @@ impl Context {
             permission: None,
             topology: None,
             waiting_get: None,
+            read_at_ns: 0,
         }
     }
 

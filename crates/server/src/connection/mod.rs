@@ -93,6 +93,7 @@ pub async fn serve<S: ClientStream>(broker: Arc<Broker>, stream: S, peer: Socket
         session: Default::default(),
         close_reason: Default::default(),
         tls,
+        traffic: Default::default(),
     });
     broker.register_connection(shared.clone());
     let frame_max = Arc::new(AtomicU32::new(broker.config.frame_bytes_max));
@@ -196,7 +197,7 @@ impl Connection {
                 let channel = frame.channel;
                 self.handle_frame(frame);
                 self.answer_waiting_get().await;
-                let pending = |channel: &Channel| channel.has_pending_syncs() || channel.has_pending_acks();
+                let pending = |channel: &Channel| channel.has_pending_syncs() || channel.has_pending_acks() || channel.has_pending_counts();
                 if self.channels.get(&channel).is_some_and(pending) && !self.channels_with_pending_syncs.contains(&channel) {
                     self.channels_with_pending_syncs.push(channel);
                 }
@@ -241,7 +242,10 @@ impl Connection {
             };
             match read {
                 Ok(Ok(0)) => return Err(EndReason::Eof),
-                Ok(Ok(_)) => {}
+                Ok(Ok(read)) => {
+                    self.context.connection.traffic.count_read(read);
+                    self.context.read_at_ns = crate::metrics::latency::clock_ns();
+                }
                 Ok(Err(error)) => return Err(EndReason::Io(error)),
                 Err(_) => {
                     return Err(match self.phase {
@@ -313,6 +317,7 @@ impl Connection {
             if let Some(channel) = self.channels.get_mut(&id) {
                 channel.flush_syncs(&self.context);
                 channel.flush_acks();
+                channel.flush_counts();
             }
         }
     }

@@ -45,6 +45,7 @@ fn persistent(body: &'static str) -> Arc<Message> {
         routing_key: ShortStr::from("source"),
         header: ContentHeader::from_properties(60, body.len() as u64, &properties),
         body: Bytes::from_static(body.as_bytes()),
+        published_at_ns: 0,
     })
 }
 

@@ -285,6 +285,7 @@ fn record(key: &[u8], expires_at_ms: Option<u64>) -> Message {
         routing_key: ShortStr::from(""),
         header: ContentHeader::from_properties(60, body.len() as u64, &BasicProperties::default()),
         body,
+        published_at_ns: 0,
     }
 }
 

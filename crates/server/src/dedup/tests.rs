@@ -20,6 +20,7 @@ fn message_with(headers: &[(&str, FieldValue)]) -> Message {
         routing_key: ShortStr::from("k"),
         header: ContentHeader::from_properties(60, 1, &properties),
         body: Bytes::from_static(b"m"),
+        published_at_ns: 0,
     }
 }
 

@@ -43,7 +43,13 @@ pub fn wrap(envelope: &Envelope, message: &Message) -> Message {
     body.put_slice(&message.body);
     let mut header = message.header.clone();
     header.body_size = body.len() as u64;
-    Message { exchange: message.exchange.clone(), routing_key: message.routing_key.clone(), header, body: body.freeze() }
+    Message {
+        exchange: message.exchange.clone(),
+        routing_key: message.routing_key.clone(),
+        header,
+        body: body.freeze(),
+        published_at_ns: 0,
+    }
 }
 
 /// The envelope and the message a stored record holds; `None` when it is not an envelope.
@@ -63,7 +69,7 @@ pub fn unwrap(stored: Message) -> Option<(Envelope, Message)> {
     let original_body: Bytes = stored.body.slice(body_at..);
     let mut header = stored.header;
     header.body_size = original_body.len() as u64;
-    let message = Message { exchange: stored.exchange, routing_key: stored.routing_key, header, body: original_body };
+    let message = Message { exchange: stored.exchange, routing_key: stored.routing_key, header, body: original_body, published_at_ns: 0 };
     Some((Envelope { due_ms, delay_ms, vhost, exchange }, message))
 }
 
@@ -80,6 +86,7 @@ mod tests {
             routing_key: ShortStr::from("key"),
             header: ContentHeader::from_properties(60, 5, &properties),
             body: Bytes::from("hello"),
+            published_at_ns: 0,
         };
         let envelope = Envelope { due_ms: 1_700_000_000_123, delay_ms: 5000, vhost: "/v".to_string(), exchange: ShortStr::from("x") };
         let stored = wrap(&envelope, &message);

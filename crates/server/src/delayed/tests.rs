@@ -35,6 +35,7 @@ fn message(body: &str, persistent: bool) -> Message {
         routing_key: ShortStr::from("key"),
         header: ContentHeader::from_properties(60, body.len() as u64, &properties),
         body: Bytes::copy_from_slice(body.as_bytes()),
+        published_at_ns: 0,
     }
 }
 

@@ -97,7 +97,13 @@ impl Channel {
             }
         }
         let header = if header.has_reply_to() { self.direct_reply_to(header)? } else { header };
-        let message = Arc::new(Message { exchange: content.exchange, routing_key: content.routing_key, header, body });
+        let message = Arc::new(Message {
+            exchange: content.exchange,
+            routing_key: content.routing_key,
+            header,
+            body,
+            published_at_ns: context.read_at_ns,
+        });
         // The channel's own list, kept empty between publishes: no allocation per publish.
         let mut queues = std::mem::take(&mut self.routed_queues);
         let mut delayed: Vec<(DelayedRoute, bool)> = Vec::new();
@@ -125,6 +131,7 @@ impl Channel {
                 if !matches!(deduplicated, Deduplicated::Dropped) {
                     route_to_queues(&vhost, &message, &mut queues, &mut delayed);
                 }
+                self.exchange_counts.count(&exchange.stats.0, queues.len());
             }
         }
         let publish = Publish { mandatory: content.mandatory, message };
@@ -191,7 +198,7 @@ impl Channel {
 
     /// Routes a publish into its queues (a transaction's, at commit), adding the confirm tickets
     /// to wait for to `tickets`.
-    pub(super) fn route(&self, context: &Context, publish: &Publish, tickets: &mut ConfirmTickets) -> Routed {
+    pub(super) fn route(&mut self, context: &Context, publish: &Publish, tickets: &mut ConfirmTickets) -> Routed {
         let mut queues: Vec<Queue> = Vec::new();
         let mut delayed: Vec<(DelayedRoute, bool)> = Vec::new();
         let mut deduplicated = Deduplicated::Routed(None);
@@ -203,6 +210,9 @@ impl Channel {
             }
             if !matches!(deduplicated, Deduplicated::Dropped) {
                 route_to_queues(&vhost, &publish.message, &mut queues, &mut delayed);
+                if let Ok(exchange) = vhost.require_exchange(&publish.message.exchange) {
+                    self.exchange_counts.count(&exchange.stats.0, queues.len());
+                }
             }
         }
         count_routing(&self.shared, publish, &queues);
