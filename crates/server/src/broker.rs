@@ -5,7 +5,7 @@ use crate::auth::{Permission, Permissions, User, Users};
 use crate::config::ServerConfig;
 use crate::metrics::counters::ChurnCounters;
 use crate::policy::Policy;
-use crate::queue_type::{capabilities, ClassicStorage, ClassicStorageError, Queue};
+use crate::queue_type::{capabilities, ClassicStorage, ClassicStorageError, Queue, RecoveredLog};
 use crate::shared::{ConnectionShared, ConsumerHandle, Outbound};
 use crate::vhost_limits::{VhostLimit, VhostLimits};
 use amqp_codec::{encode_method_frame, BasicCancel, Method, ShortStr};
@@ -146,6 +146,13 @@ pub enum RecoveryError {
         queue_type: &'static str,
     },
 }
+
+/// What queue.declare answers: the queue's name, its ready messages and its consumers.
+pub type DeclaredQueue = (ShortStr, u32, u32);
+
+/// The most threads that open queue logs at once during a start (four per core, so reads that
+/// wait for a cold disk overlap).
+pub const RECOVERY_THREADS_MAX: usize = 16;
 
 /// Replays the node journal the previous run left into the queue segments (before any queue log
 /// is opened), then starts a new journal file.
@@ -309,9 +316,12 @@ impl Broker {
     }
 
     /// Recovers the durable queues with their messages; returns how many messages they hold.
+    ///
+    /// Their logs are opened on up to [`RECOVERY_THREADS_MAX`] threads at once (with a cold page
+    /// cache a start waits on the disk, one read at a time per thread), the seals recovery
+    /// writes are made durable with one sync of the file system, and then the queues are made.
     fn recover_queues(&self, records: &[QueueRecord], clean_shutdown: bool) -> Result<u64, RecoveryError> {
-        let storage = self.classic_storage();
-        let mut restored_messages = 0;
+        let mut queues = Vec::with_capacity(records.len());
         for record in records {
             let Some(vhost) = self.vhost(&record.vhost) else {
                 tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
@@ -335,12 +345,52 @@ impl Broker {
                 arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
                 queue_type: record.queue_type,
             };
-            let (queue, messages) = storage.recover(&definition, &record.vhost, clean_shutdown)?;
+            queues.push((record, vhost, definition));
+        }
+        let opened = self.open_recovered_logs(&queues)?;
+        if opened.iter().any(RecoveredLog::seals_unsynced) {
+            let data_dir = &self.config.data_dir;
+            storage::file_system::real()
+                .sync_file_system(data_dir)
+                .map_err(|source| RecoveryError::Io { path: data_dir.clone(), source })?;
+        }
+        let storage = self.classic_storage();
+        let mut restored_messages = 0;
+        for ((record, vhost, definition), log) in queues.into_iter().zip(opened) {
+            let (queue, messages) = storage.recover_opened(&definition, &record.vhost, clean_shutdown, log);
             restored_messages += messages;
             queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
             vhost.write().restore_queue(definition, queue);
         }
         Ok(restored_messages)
+    }
+
+    /// Opens the queues' logs, in their order, on several threads.
+    fn open_recovered_logs(&self, queues: &[(&QueueRecord, VhostTopology, QueueDefinition)]) -> Result<Vec<RecoveredLog>, RecoveryError> {
+        let threads = std::thread::available_parallelism().map_or(1, |cores| cores.get() * 4).min(RECOVERY_THREADS_MAX).min(queues.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let (data_dir, segment_bytes_max) = (&self.config.data_dir, self.config.segment_bytes_max);
+        let opened: Vec<Vec<(usize, Result<RecoveredLog, ClassicStorageError>)>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let index = next.fetch_add(1, Ordering::Relaxed);
+                            let Some((record, _, definition)) = queues.get(index) else { break };
+                            done.push((index, ClassicStorage::open_recovered_log(data_dir, segment_bytes_max, definition, &record.vhost)));
+                        }
+                        done
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|worker| worker.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+        });
+        let mut logs: Vec<Option<RecoveredLog>> = std::iter::repeat_with(|| None).take(queues.len()).collect();
+        for (index, result) in opened.into_iter().flatten() {
+            logs[index] = Some(result?);
+        }
+        Ok(logs.into_iter().map(|log| log.expect("every queue's log was opened")).collect())
     }
 
     /// Where classic queues keep their logs.
@@ -760,7 +810,10 @@ impl Broker {
     }
 
     /// Waits until a submitted change is on disk (the answer to the client is sent after).
-    fn await_definitions(&self, ticket: Option<DefinitionsTicket>) -> Result<(), AmqpError> {
+    /// Waiting for the last of several tickets covers the earlier ones: changes are committed in
+    /// the order they were submitted, and a commit that failed is folded into the next one's new
+    /// snapshot.
+    pub(crate) fn await_definitions(&self, ticket: Option<DefinitionsTicket>) -> Result<(), AmqpError> {
         let Some(ticket) = ticket else { return Ok(()) };
         self.definitions.wait(ticket).map_err(|error| {
             tracing::error!(%error, "saving definitions failed");
@@ -770,6 +823,17 @@ impl Broker {
 
     /// exchange.declare.
     pub fn declare_exchange(&self, vhost: &str, declaration: &ExchangeDeclaration) -> Result<(), AmqpError> {
+        let ticket = self.declare_exchange_unwaited(vhost, declaration)?;
+        self.await_definitions(ticket)
+    }
+
+    /// exchange.declare, returning the ticket of the stored change to wait for before answering
+    /// (see [`Broker::await_definitions`]), so pipelined declares can share one fdatasync.
+    pub fn declare_exchange_unwaited(
+        &self,
+        vhost: &str,
+        declaration: &ExchangeDeclaration,
+    ) -> Result<Option<DefinitionsTicket>, AmqpError> {
         let policy = self.policy_for_exchange(vhost, &declaration.name);
         let alternate = policy.and_then(|policy| policy.alternate_exchange.as_deref().map(ShortStr::truncating));
         let ticket = {
@@ -782,7 +846,7 @@ impl Broker {
             let exchange = topology.exchange(&declaration.name).filter(|exchange| created && exchange.durable);
             exchange.map(|exchange| self.submit_definition(DefinitionChange::PutExchange(exchange_record(vhost, exchange))))
         };
-        self.await_definitions(ticket)
+        Ok(ticket)
     }
 
     /// exchange.delete.
@@ -814,6 +878,21 @@ impl Broker {
         server_named: bool,
         connection_id: u64,
     ) -> Result<(ShortStr, u32, u32), AmqpError> {
+        let (declared, ticket) = self.declare_queue_unwaited(vhost_name, definition, passive, server_named, connection_id)?;
+        self.await_definitions(ticket)?;
+        Ok(declared)
+    }
+
+    /// queue.declare, returning (name, ready messages, consumers) and the ticket of the stored
+    /// change to wait for before answering (see [`Broker::await_definitions`]).
+    pub fn declare_queue_unwaited(
+        &self,
+        vhost_name: &str,
+        definition: QueueDefinition,
+        passive: bool,
+        server_named: bool,
+        connection_id: u64,
+    ) -> Result<(DeclaredQueue, Option<DefinitionsTicket>), AmqpError> {
         let storage = self.classic_storage();
         let topology = self.topology(vhost_name)?;
         let queue_bound = self.vhost_bound(vhost_name, VhostLimit::MaxQueues);
@@ -839,12 +918,11 @@ impl Broker {
             ChurnCounters::count(&self.churn.queues_created);
             queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
         }
-        self.await_definitions(ticket)?;
         if !created {
             queue.mark_used();
         }
         let (messages, consumers) = queue.counts();
-        Ok((queue.name().clone(), messages, consumers))
+        Ok(((queue.name().clone(), messages, consumers), ticket))
     }
 
     /// Removes a queue: from the topology, its log, and its consumers (told with basic.cancel).
@@ -899,6 +977,12 @@ impl Broker {
 
     /// queue.bind / exchange.bind.
     pub fn bind(&self, vhost_name: &str, source: &ShortStr, binding: Binding) -> Result<(), AmqpError> {
+        let ticket = self.bind_unwaited(vhost_name, source, binding)?;
+        self.await_definitions(ticket)
+    }
+
+    /// queue.bind / exchange.bind, returning the ticket to wait for (see [`Broker::await_definitions`]).
+    pub fn bind_unwaited(&self, vhost_name: &str, source: &ShortStr, binding: Binding) -> Result<Option<DefinitionsTicket>, AmqpError> {
         let ticket = {
             let topology = self.topology(vhost_name)?;
             let mut topology = topology.write();
@@ -907,11 +991,17 @@ impl Broker {
             let durable = added && binding_is_durable(&topology, source, &record);
             durable.then(|| self.submit_definition(DefinitionChange::PutBinding(record)))
         };
-        self.await_definitions(ticket)
+        Ok(ticket)
     }
 
     /// queue.unbind / exchange.unbind.
     pub fn unbind(&self, vhost_name: &str, source: &ShortStr, binding: &Binding) -> Result<(), AmqpError> {
+        let ticket = self.unbind_unwaited(vhost_name, source, binding)?;
+        self.await_definitions(ticket)
+    }
+
+    /// queue.unbind / exchange.unbind, returning the ticket to wait for (see [`Broker::await_definitions`]).
+    pub fn unbind_unwaited(&self, vhost_name: &str, source: &ShortStr, binding: &Binding) -> Result<Option<DefinitionsTicket>, AmqpError> {
         let ticket = {
             let topology = self.topology(vhost_name)?;
             let mut topology = topology.write();
@@ -923,7 +1013,7 @@ impl Broker {
                 .map(|exchange| DefinitionChange::DeleteExchange { vhost: vhost_name.to_string(), name: exchange.name.to_string_lossy() });
             unbound.into_iter().chain(source_gone).map(|change| self.submit_definition(change)).last()
         };
-        self.await_definitions(ticket)
+        Ok(ticket)
     }
 }
 
