@@ -260,6 +260,12 @@ impl<M: Payload> QueueCore<M> {
     /// Drops the oldest ready messages while the queue is past a limit (with room for a message
     /// of `incoming_bytes` when that is not zero).
     fn drop_head_while_over(&mut self, incoming_bytes: u64, effects: &mut Vec<Effect<M>>) -> Reply {
+        if self.limits.max_length.is_none() && self.limits.max_length_bytes.is_none() {
+            // Nothing to be over, and nothing to read: a recovered queue given its (limitless)
+            // policy at start must not page its window in with no consumer asking (100,000
+            // recovered queues read their messages back at every start).
+            return Reply::Ok;
+        }
         let incoming = u64::from(incoming_bytes > 0);
         // Past only the byte limit, paged messages' sizes are unknown until read: the queue stays
         // over it until the page-in asked for below brings them.

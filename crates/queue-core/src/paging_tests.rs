@@ -179,6 +179,23 @@ fn basic_get_on_an_all_paged_queue_waits_for_the_read_and_gets_the_oldest() {
     assert_eq!(queue.delivered(), vec![(95, true)]);
 }
 
+/// A recovered queue (everything paged) given its policy at start reads nothing while no
+/// consumer asks; with a length limit it is over, it reads to drop from the head.
+#[test]
+fn a_recovered_queue_pages_in_only_when_asked_or_over_a_limit() {
+    let mut queue = Queue {
+        core: QueueCore::new(QueueState::with_paged(100, 5), Limits::NONE, Some(WINDOW)),
+        effects: Vec::new(),
+        log: (95..100).collect(),
+    };
+    queue.apply(Command::SetLimits(Limits::NONE));
+    assert_eq!(queue.page_in_asked(), None, "no limit, no consumer: nothing read");
+    queue.apply(Command::SetLimits(Limits { message_ttl_ms: Some(60_000), ..Limits::NONE }));
+    assert_eq!(queue.page_in_asked(), None, "a TTL alone reads nothing either");
+    queue.apply(Command::SetLimits(Limits { max_length: Some(2), overflow: Overflow::DropHead, ..Limits::NONE }));
+    assert!(queue.page_in_asked().is_some(), "over x-max-length: the head is read to be dropped");
+}
+
 #[test]
 fn drop_head_during_a_read_drops_the_oldest_paged_when_they_are_read() {
     let limits = Limits { max_length: Some(3), overflow: Overflow::DropHead, ..Limits::NONE };

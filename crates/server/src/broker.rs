@@ -6,7 +6,7 @@ use crate::cluster::{Applied, MetadataCommand};
 use crate::config::ServerConfig;
 use crate::metrics::counters::ChurnCounters;
 use crate::policy::Policy;
-use crate::queue_type::{capabilities, ClassicStorage, ClassicStorageError, Queue, QuorumStorage};
+use crate::queue_type::{capabilities, ClassicStorage, ClassicStorageError, Queue, QuorumStorage, RecoveredLog};
 use crate::shared::{ConnectionShared, ConsumerHandle, Outbound};
 use crate::vhost_limits::{VhostLimit, VhostLimits};
 use amqp_codec::{encode_method_frame, BasicCancel, Method, ShortStr};
@@ -171,6 +171,13 @@ pub enum RecoveryError {
 /// How long a start waits for the quorum shards to apply their logs (a node alone needs
 /// milliseconds; a cluster node without a majority goes on without them).
 const QUORUM_RECOVERY_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What queue.declare answers: the queue's name, its ready messages and its consumers.
+pub type DeclaredQueue = (ShortStr, u32, u32);
+
+/// The most threads that open queue logs at once during a start (four per core, so reads that
+/// wait for a cold disk overlap).
+pub const RECOVERY_THREADS_MAX: usize = 16;
 
 /// Replays the node journal the previous run left into the queue segments (before any queue log
 /// is opened), then starts a new journal file.
@@ -345,10 +352,15 @@ impl Broker {
     }
 
     /// Recovers the durable queues with their messages; returns how many messages they hold.
+    ///
+    /// Their logs are opened on up to [`RECOVERY_THREADS_MAX`] threads at once (with a cold page
+    /// cache a start waits on the disk, one read at a time per thread), the seals recovery
+    /// writes are made durable with one sync of the file system, and then the queues are made.
     fn recover_queues(&self, records: &[QueueRecord], clean_shutdown: bool) -> Result<u64, RecoveryError> {
-        let storage = self.classic_storage();
         let quorum = QuorumStorage { host: &self.quorum };
         let mut restored_messages = 0;
+        // Classic queues' logs are opened together below, on several threads.
+        let mut queues = Vec::with_capacity(records.len());
         for record in records {
             let Some(vhost) = self.vhost(&record.vhost) else {
                 tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
@@ -377,13 +389,58 @@ impl Broker {
                 QueueType::Stream => {
                     self.stream_storage().recover(&definition, &record.vhost).map_err(|error| RecoveryError::Stream(error.to_string()))?
                 }
-                QueueType::Classic => storage.recover(&definition, &record.vhost, clean_shutdown)?,
+                QueueType::Classic => {
+                    queues.push((record, vhost, definition));
+                    continue;
+                }
             };
             restored_messages += messages;
             queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
             vhost.write().restore_queue(definition, queue);
         }
+        let opened = self.open_recovered_logs(&queues)?;
+        if opened.iter().any(RecoveredLog::seals_unsynced) {
+            let data_dir = &self.config.data_dir;
+            storage::file_system::real()
+                .sync_file_system(data_dir)
+                .map_err(|source| RecoveryError::Io { path: data_dir.clone(), source })?;
+        }
+        let storage = self.classic_storage();
+        for ((record, vhost, definition), log) in queues.into_iter().zip(opened) {
+            let (queue, messages) = storage.recover_opened(&definition, &record.vhost, clean_shutdown, log)?;
+            restored_messages += messages;
+            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
+            vhost.write().restore_queue(definition, queue);
+        }
         Ok(restored_messages)
+    }
+
+    /// Opens the queues' logs, in their order, on several threads.
+    fn open_recovered_logs(&self, queues: &[(&QueueRecord, VhostTopology, QueueDefinition)]) -> Result<Vec<RecoveredLog>, RecoveryError> {
+        let threads = std::thread::available_parallelism().map_or(1, |cores| cores.get() * 4).min(RECOVERY_THREADS_MAX).min(queues.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let (data_dir, segment_bytes_max) = (&self.config.data_dir, self.config.segment_bytes_max);
+        let opened: Vec<Vec<(usize, Result<RecoveredLog, ClassicStorageError>)>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let index = next.fetch_add(1, Ordering::Relaxed);
+                            let Some((record, _, definition)) = queues.get(index) else { break };
+                            done.push((index, ClassicStorage::open_recovered_log(data_dir, segment_bytes_max, definition, &record.vhost)));
+                        }
+                        done
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|worker| worker.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+        });
+        let mut logs: Vec<Option<RecoveredLog>> = std::iter::repeat_with(|| None).take(queues.len()).collect();
+        for (index, result) in opened.into_iter().flatten() {
+            logs[index] = Some(result?);
+        }
+        Ok(logs.into_iter().map(|log| log.expect("every queue's log was opened")).collect())
     }
 
     /// Where classic queues keep their logs.
@@ -899,7 +956,10 @@ impl Broker {
     }
 
     /// Waits until a submitted change is on disk (the answer to the client is sent after).
-    fn await_definitions(&self, ticket: Option<DefinitionsTicket>) -> Result<(), AmqpError> {
+    /// Waiting for the last of several tickets covers the earlier ones: changes are committed in
+    /// the order they were submitted, and a commit that failed is folded into the next one's new
+    /// snapshot.
+    pub(crate) fn await_definitions(&self, ticket: Option<DefinitionsTicket>) -> Result<(), AmqpError> {
         let Some(ticket) = ticket else { return Ok(()) };
         self.definitions.wait(ticket).map_err(|error| {
             tracing::error!(%error, "saving definitions failed");
@@ -909,9 +969,22 @@ impl Broker {
 
     /// exchange.declare.
     pub fn declare_exchange(&self, vhost: &str, declaration: &ExchangeDeclaration) -> Result<(), AmqpError> {
+        let ticket = self.declare_exchange_unwaited(vhost, declaration)?;
+        self.await_definitions(ticket)
+    }
+
+    /// exchange.declare, returning the ticket of the stored change to wait for before answering
+    /// (see [`Broker::await_definitions`]), so pipelined declares can share one fdatasync.
+    pub fn declare_exchange_unwaited(
+        &self,
+        vhost: &str,
+        declaration: &ExchangeDeclaration,
+    ) -> Result<Option<DefinitionsTicket>, AmqpError> {
         if let Some(cluster) = self.replicating() {
             if !declaration.passive && self.topology(vhost)?.read().exchange(&declaration.name).is_none() {
-                return cluster.propose(MetadataCommand::DeclareExchange(cluster_apply::exchange_command(vhost, declaration))).map(drop);
+                return cluster
+                    .propose(MetadataCommand::DeclareExchange(cluster_apply::exchange_command(vhost, declaration)))
+                    .map(|_| None);
             }
         }
         let policy = self.policy_for_exchange(vhost, &declaration.name);
@@ -928,7 +1001,7 @@ impl Broker {
             let exchange = topology.exchange(&declaration.name).filter(|exchange| created && exchange.durable);
             exchange.and_then(|exchange| self.submit_definition(DefinitionChange::PutExchange(exchange_record(vhost, exchange))))
         };
-        self.await_definitions(ticket)
+        Ok(ticket)
     }
 
     /// exchange.delete.
@@ -967,9 +1040,24 @@ impl Broker {
         server_named: bool,
         connection_id: u64,
     ) -> Result<(ShortStr, u32, u32), AmqpError> {
+        let (declared, ticket) = self.declare_queue_unwaited(vhost_name, definition, passive, server_named, connection_id)?;
+        self.await_definitions(ticket)?;
+        Ok(declared)
+    }
+
+    /// queue.declare, returning (name, ready messages, consumers) and the ticket of the stored
+    /// change to wait for before answering (see [`Broker::await_definitions`]).
+    pub fn declare_queue_unwaited(
+        &self,
+        vhost_name: &str,
+        definition: QueueDefinition,
+        passive: bool,
+        server_named: bool,
+        connection_id: u64,
+    ) -> Result<(DeclaredQueue, Option<DefinitionsTicket>), AmqpError> {
         if let Some(cluster) = self.replicating() {
             if !passive && self.topology(vhost_name)?.read().queue(&definition.name).is_none() {
-                return self.declare_queue_in_cluster(cluster, vhost_name, definition, server_named);
+                return self.declare_queue_in_cluster(cluster, vhost_name, definition, server_named).map(|declared| (declared, None));
             }
         }
         let storage = self.classic_storage();
@@ -1013,12 +1101,11 @@ impl Broker {
             ChurnCounters::count(&self.churn.queues_created);
             queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
         }
-        self.await_definitions(ticket)?;
         if !created {
             queue.mark_used();
         }
         let (messages, consumers) = queue.counts();
-        Ok((queue.name().clone(), messages, consumers))
+        Ok(((queue.name().clone(), messages, consumers), ticket))
     }
 
     /// Removes a queue: from the topology, its log, and its consumers (told with basic.cancel).
@@ -1076,8 +1163,14 @@ impl Broker {
 
     /// queue.bind / exchange.bind.
     pub fn bind(&self, vhost_name: &str, source: &ShortStr, binding: Binding) -> Result<(), AmqpError> {
+        let ticket = self.bind_unwaited(vhost_name, source, binding)?;
+        self.await_definitions(ticket)
+    }
+
+    /// queue.bind / exchange.bind, returning the ticket to wait for (see [`Broker::await_definitions`]).
+    pub fn bind_unwaited(&self, vhost_name: &str, source: &ShortStr, binding: Binding) -> Result<Option<DefinitionsTicket>, AmqpError> {
         if let Some(cluster) = self.replicating() {
-            return cluster.propose(MetadataCommand::Bind(binding_record(vhost_name, source, &binding))).map(drop);
+            return cluster.propose(MetadataCommand::Bind(binding_record(vhost_name, source, &binding))).map(|_| None);
         }
         let ticket = {
             let topology = self.topology(vhost_name)?;
@@ -1087,13 +1180,19 @@ impl Broker {
             let durable = added && binding_is_durable(&topology, source, &record);
             durable.then(|| self.submit_definition(DefinitionChange::PutBinding(record))).flatten()
         };
-        self.await_definitions(ticket)
+        Ok(ticket)
     }
 
     /// queue.unbind / exchange.unbind.
     pub fn unbind(&self, vhost_name: &str, source: &ShortStr, binding: &Binding) -> Result<(), AmqpError> {
+        let ticket = self.unbind_unwaited(vhost_name, source, binding)?;
+        self.await_definitions(ticket)
+    }
+
+    /// queue.unbind / exchange.unbind, returning the ticket to wait for (see [`Broker::await_definitions`]).
+    pub fn unbind_unwaited(&self, vhost_name: &str, source: &ShortStr, binding: &Binding) -> Result<Option<DefinitionsTicket>, AmqpError> {
         if let Some(cluster) = self.replicating() {
-            return cluster.propose(MetadataCommand::Unbind(binding_record(vhost_name, source, binding))).map(drop);
+            return cluster.propose(MetadataCommand::Unbind(binding_record(vhost_name, source, binding))).map(|_| None);
         }
         let ticket = {
             let topology = self.topology(vhost_name)?;
@@ -1106,7 +1205,7 @@ impl Broker {
                 .map(|exchange| DefinitionChange::DeleteExchange { vhost: vhost_name.to_string(), name: exchange.name.to_string_lossy() });
             unbound.into_iter().chain(source_gone).filter_map(|change| self.submit_definition(change)).last()
         };
-        self.await_definitions(ticket)
+        Ok(ticket)
     }
 }
 

@@ -128,6 +128,25 @@ pub async fn serve<S: ClientStream>(broker: Arc<Broker>, stream: S, peer: Socket
     broker.unregister_connection(shared.id);
 }
 
+/// Whether a frame may be handled while replies wait for definitions changes to be durable:
+/// declares and binds, whose only effect a client sees is their reply (held in order behind the
+/// others). Anything else (a publish, a consume, a delete that cancels consumers) first waits for
+/// the held changes, so its effects never overtake a reply that is not sent yet.
+fn waits_with_held_replies(frame: &Frame) -> bool {
+    matches!(
+        &frame.payload,
+        FramePayload::Heartbeat
+            | FramePayload::Method(
+                Method::QueueDeclare(_)
+                    | Method::QueueBind(_)
+                    | Method::QueueUnbind(_)
+                    | Method::ExchangeDeclare(_)
+                    | Method::ExchangeBind(_)
+                    | Method::ExchangeUnbind(_)
+            )
+    )
+}
+
 /// A refused login waiting for its answer.
 struct RefusedLogin {
     /// How long to wait before answering.
@@ -195,6 +214,9 @@ impl Connection {
             }
             while let Some(frame) = self.next_buffered_frame()? {
                 let channel = frame.channel;
+                if self.context.holds_replies() && !waits_with_held_replies(&frame) {
+                    self.release_held_replies();
+                }
                 self.handle_frame(frame);
                 self.answer_waiting_get().await;
                 let pending = |channel: &Channel| channel.has_pending_syncs() || channel.has_pending_acks() || channel.has_pending_counts();
@@ -202,12 +224,15 @@ impl Connection {
                     self.channels_with_pending_syncs.push(channel);
                 }
                 if self.phase == Phase::Done {
+                    self.release_held_replies();
                     let Some(refused) = self.refused_login.take() else {
                         return Err(EndReason::Closed);
                     };
                     self.answer_refused_login(refused).await;
                 }
             }
+            // Everything this read asked for is handled: its held replies share one fdatasync.
+            self.release_held_replies();
             self.flush_pending_syncs();
             let timeout = match self.phase {
                 Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => {
@@ -274,6 +299,14 @@ impl Connection {
             None => self.phase = Phase::Draining,
         }
         self.close_wait = Duration::from_secs(REFUSED_LOGIN_CLOSE_DELAY_S);
+    }
+
+    /// Sends the replies held for definitions changes once they are durable; a change that could
+    /// not be stored closes the connection (541), as a declare that waited alone did.
+    fn release_held_replies(&mut self) {
+        if let Err(error) = self.context.release_held_replies() {
+            self.fail(error);
+        }
     }
 
     /// Decodes the next complete frame; a decoding error closes the connection with its code.

@@ -196,7 +196,15 @@ impl PageInRead {
                     tracing::debug!(%error, attempt, "a segment was retired under a page-in; reading again");
                     attempt += 1;
                 }
-                Err(error) => return Err(error),
+                Err(error) => {
+                    if matches!(error, StorageError::Corrupt { .. }) {
+                        // Damage recovery did not see, maybe because the segment's index entry
+                        // kept it from reading it: the next start reads every segment and ends
+                        // the damaged one's replay there, reporting it, as for damage it finds.
+                        self.log.lock().forget_index();
+                    }
+                    return Err(error);
+                }
             }
         }
     }

@@ -59,16 +59,50 @@ fn expires_argument_ms(definition: &QueueDefinition) -> Option<u64> {
     definition.arguments.get("x-expires").and_then(|value| value.as_i64()).filter(|expires| *expires > 0).map(|expires| expires as u64)
 }
 
+/// A durable classic queue's log as recovery opened it, before its queue is made.
+pub struct RecoveredLog {
+    log: QueueLog,
+    recovery: storage::queue_log::Recovery,
+}
+
+impl RecoveredLog {
+    /// Whether recovery wrote seals into the log that the caller must sync (see
+    /// [`QueueLog::open_without_syncing_seals`]) before the queue is served.
+    pub fn seals_unsynced(&self) -> bool {
+        self.recovery.seals_unsynced
+    }
+}
+
 impl ClassicStorage<'_> {
     /// Opens a queue log and hands it to the group commit.
     fn open_log(&self, path: &Path) -> Result<(Arc<Mutex<QueueLog>>, storage::queue_log::Recovery), ClassicStorageError> {
-        let (mut log, recovery) = QueueLog::open(path, self.segment_bytes_max)?;
+        let (log, recovery) = QueueLog::open(path, self.segment_bytes_max)?;
+        Ok((self.watch(log), recovery))
+    }
+
+    /// Hands a log to the group commit (through the journal with `--sync always`).
+    fn watch(&self, mut log: QueueLog) -> Arc<Mutex<QueueLog>> {
         if self.journaled {
             log.use_journal();
         }
         let log = Arc::new(Mutex::new(log));
         self.syncer.watch(log.clone());
-        Ok((log, recovery))
+        log
+    }
+
+    /// Opens a durable classic queue's log for recovery, without syncing the seals it writes
+    /// (see [`RecoveredLog::seals_unsynced`]). Touches nothing but the queue's own directory, so
+    /// a start opens many logs at once on several threads.
+    pub fn open_recovered_log(
+        data_dir: &Path,
+        segment_bytes_max: u64,
+        definition: &QueueDefinition,
+        vhost: &str,
+    ) -> Result<RecoveredLog, ClassicStorageError> {
+        let path = queue_log_path(data_dir, vhost, &definition.name);
+        let (log, recovery) =
+            QueueLog::open_without_syncing_seals(&path, segment_bytes_max, storage::file_cache::FileCache::node().clone())?;
+        Ok(RecoveredLog { log, recovery })
     }
 
     /// A queue's x-expires clock; a durable queue with an expiry keeps its last use on disk.
@@ -152,10 +186,27 @@ impl ClassicStorage<'_> {
         Ok(Queue::Classic(queue))
     }
 
-    /// Recovers a durable classic queue from its log; returns it and how many messages it holds.
-    pub fn recover(&self, definition: &QueueDefinition, vhost: &str, clean_shutdown: bool) -> Result<(Queue, u64), ClassicStorageError> {
-        let path = queue_log_path(self.data_dir, vhost, &definition.name);
-        let (log, recovery) = self.open_log(&path)?;
+    /// Makes a durable classic queue from the log [`ClassicStorage::open_recovered_log`] opened
+    /// (once its seals are durable); returns it and how many messages it holds.
+    pub fn recover_opened(
+        &self,
+        definition: &QueueDefinition,
+        vhost: &str,
+        clean_shutdown: bool,
+        opened: RecoveredLog,
+    ) -> Result<(Queue, u64), ClassicStorageError> {
+        let log = self.watch(opened.log);
+        self.recovered_queue(definition, vhost, clean_shutdown, log, opened.recovery)
+    }
+
+    fn recovered_queue(
+        &self,
+        definition: &QueueDefinition,
+        vhost: &str,
+        clean_shutdown: bool,
+        log: Arc<Mutex<QueueLog>>,
+        recovery: storage::queue_log::Recovery,
+    ) -> Result<(Queue, u64), ClassicStorageError> {
         for (file, offset) in &recovery.truncated {
             tracing::error!(file = %file.display(), offset, queue = %definition.name, "recovered the intact part of a damaged segment");
         }

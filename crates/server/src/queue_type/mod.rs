@@ -20,7 +20,7 @@ mod stream;
 
 pub use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueSnapshot, GET_PAGE_IN_ROUNDS_MAX};
 pub use capabilities::{capabilities, QueueTypeCapabilities};
-pub use classic::{ClassicStorage, ClassicStorageError, EXPIRY_DIRECTORY};
+pub use classic::{ClassicStorage, ClassicStorageError, RecoveredLog, EXPIRY_DIRECTORY};
 pub use quorum::QuorumStorage;
 pub use storage::syncer::{Confirm as PendingConfirm, ConfirmSink};
 pub use stream::StreamStorage;
