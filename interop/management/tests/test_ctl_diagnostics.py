@@ -115,9 +115,12 @@ def test_report_lists_the_sections_rabbitmqctl_lists(fresh_lepus, names):
     assert permissions.split("\t")[:4] == ["user", "configure", "write", "read"]
 
 
-@pytest.mark.lepus_only("rabbitmqctl 3.10.8 refuses report --formatter json (\"Only report formatter is supported\")")
-def test_report_as_json_holds_every_section(fresh_lepus, names):
+def test_report_as_json_holds_every_section_where_rabbitmqctl_refuses_it(fresh_lepus, names):
     broker = fresh_lepus
+    if not broker.is_lepus:
+        refused = run(broker, "rabbitmqctl", "report", "--formatter", "json", expect=None)
+        assert refused.returncode != 0 and "Only report formatter is supported" in refused.stdout + refused.stderr, refused
+        return
     queue = names("report-json")
     assert broker.put("/queues/%2F/" + queue, {"durable": True}).status_code == 201
     report = json.loads(run(broker, "rabbitmqctl", "report", "--formatter", "json").stdout)
