@@ -21,9 +21,12 @@ fn cluster_facts(client: &Client) -> Result<(Value, Value), CtlError> {
     let cluster = client.get_json("/lepus/cluster")?;
     let members: Vec<&Value> = cluster.get("members").and_then(Value::as_array).map(|members| members.iter().collect()).unwrap_or_default();
     let name = |member: &Value| text(member.get("name"));
-    let disk_nodes: Vec<String> = members.iter().map(|member| name(member)).collect();
-    let running_nodes: Vec<String> =
+    // In name order, as rabbitmqctl lists them, whatever order the cluster keeps its members in.
+    let mut disk_nodes: Vec<String> = members.iter().map(|member| name(member)).collect();
+    disk_nodes.sort();
+    let mut running_nodes: Vec<String> =
         members.iter().filter(|member| member.get("running").and_then(Value::as_bool) == Some(true)).map(|member| name(member)).collect();
+    running_nodes.sort();
     let mut listeners: Map<String, Value> = Map::new();
     for listener in super::listeners(client, &overview) {
         let entry = listeners.entry(text(listener.get("node"))).or_insert_with(|| json!([]));
