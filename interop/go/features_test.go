@@ -1,0 +1,626 @@
+package interop
+
+// Queue and exchange features through amqp091-go (issue 12): message TTL with dead-lettering,
+// queue expiry, length limits and their overflow modes, direct reply-to and the consistent-hash
+// exchange, each checked against RabbitMQ 3.10.8's answers (reply codes, texts, header types);
+// then Lepus's extensions (delayed exchange, deduplication, a delivery limit on classic queues),
+// skipped on RabbitMQ with the reason. Priorities, single active consumer and the x-death merge
+// of a rejected message are in consumers_test.go and dead_letter_test.go.
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// lepusOnly skips a test of a feature RabbitMQ 3.10.8 (Debian's package) does not have.
+func lepusOnly(t *testing.T, reason string) {
+	t.Helper()
+	if product := brokerProduct(t); product != "Lepus" {
+		t.Skipf("Lepus only (the broker is %q): %s", product, reason)
+	}
+}
+
+// declareWithArgs declares a non-durable queue with arguments, deleted when the test ends.
+func declareWithArgs(t *testing.T, ch *amqp.Channel, prefix string, args amqp.Table) string {
+	t.Helper()
+	name := uniqueName(t, prefix)
+	if _, err := ch.QueueDeclare(name, false, false, false, false, args); err != nil {
+		t.Fatalf("queue.declare %s %v: %v", name, args, err)
+	}
+	cleanupQueue(t, name)
+	return name
+}
+
+// expectDeclareRefused declares a queue with args on a fresh channel of conn and checks the
+// channel is closed with 406 and exactly RabbitMQ's text (%s in want is the queue's name), and
+// that nothing was half-made. A wrong answer is reported and the test goes on to the next case.
+func expectDeclareRefused(t *testing.T, conn *amqp.Connection, args amqp.Table, want string) {
+	t.Helper()
+	ch := openChannel(t, conn)
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	name := uniqueName(t, "refused")
+	_, err := ch.QueueDeclare(name, false, false, false, false, args)
+	if err == nil {
+		cleanupQueue(t, name)
+		t.Errorf("queue.declare %v succeeded, want 406 %q", args, strings.ReplaceAll(want, "%s", name))
+		return
+	}
+	e := expectChannelError(t, conn, ch, closed, err, amqp.PreconditionFailed, "PRECONDITION_FAILED")
+	if text := strings.ReplaceAll(want, "%s", name); e.Reason != text {
+		t.Errorf("queue.declare %v: reply text\n got %q\nwant %q", args, e.Reason, text)
+	}
+	if queueExists(name) {
+		cleanupQueue(t, name)
+		t.Errorf("queue %s exists after its declaration was refused", name)
+	}
+}
+
+// xDeath checks a dead letter's single x-death entry with the field types RabbitMQ writes and
+// returns it.
+func xDeath(t *testing.T, d amqp.Delivery, queue, reason string) amqp.Table {
+	t.Helper()
+	deaths, ok := d.Headers["x-death"].([]interface{})
+	if !ok || len(deaths) != 1 {
+		t.Fatalf("%q: x-death = %#v (%T), want an array of 1 table", d.Body, d.Headers["x-death"], d.Headers["x-death"])
+	}
+	entry, ok := deaths[0].(amqp.Table)
+	if !ok {
+		t.Fatalf("x-death[0] is %T, want a table", deaths[0])
+	}
+	if count, ok := entry["count"].(int64); !ok || count != 1 {
+		t.Errorf("x-death[0].count = %#v (%T), want int64 1", entry["count"], entry["count"])
+	}
+	for key, value := range map[string]string{"queue": queue, "reason": reason, "exchange": ""} {
+		if text, ok := entry[key].(string); !ok || text != value {
+			t.Errorf("x-death[0].%s = %#v (%T), want string %q", key, entry[key], entry[key], value)
+		}
+	}
+	if keys, ok := entry["routing-keys"].([]interface{}); !ok || !reflect.DeepEqual(keys, []interface{}{queue}) {
+		t.Errorf("x-death[0].routing-keys = %#v (%T), want [%q]", entry["routing-keys"], entry["routing-keys"], queue)
+	}
+	if when, ok := entry["time"].(time.Time); !ok || time.Since(when) > time.Minute || time.Until(when) > time.Minute {
+		t.Errorf("x-death[0].time = %#v (%T), want a recent timestamp", entry["time"], entry["time"])
+	}
+	for key, value := range map[string]string{"x-first-death-queue": queue, "x-first-death-reason": reason, "x-first-death-exchange": ""} {
+		if text, ok := d.Headers[key].(string); !ok || text != value {
+			t.Errorf("%s = %#v (%T), want string %q", key, d.Headers[key], d.Headers[key], value)
+		}
+	}
+	return entry
+}
+
+// x-message-ttl and a message's expiration dead-letter with reason expired; the per-message
+// expiration is removed from the dead letter and kept as x-death's original-expiration.
+func TestMessageTTLDeadLettersExpiredWithOriginalExpiration(t *testing.T) {
+	_, ch := confirmChannel(t)
+	dead := declareQueue(t, ch, "ttl-dead").Name
+	source := declareWithArgs(t, ch, "ttl", amqp.Table{"x-message-ttl": int32(150),
+		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+	published := time.Now()
+	publish(t, ch, "", source, amqp.Publishing{Body: []byte("queue-ttl"), Headers: amqp.Table{"keep": "me"}})
+	publish(t, ch, "", source, amqp.Publishing{Body: []byte("own-ttl"), Expiration: "50"})
+	first := getEventually(t, ch, dead)
+	second := getEventually(t, ch, dead)
+	if elapsed := time.Since(published); elapsed < 150*time.Millisecond {
+		t.Fatalf("both dead-lettered after %s, before the queue's TTL of 150 ms", elapsed)
+	}
+	byBody := map[string]amqp.Delivery{string(first.Body): first, string(second.Body): second}
+	queueTTL, ok := byBody["queue-ttl"]
+	if !ok {
+		t.Fatalf("dead letters %q and %q, want queue-ttl and own-ttl", first.Body, second.Body)
+	}
+	entry := xDeath(t, queueTTL, source, "expired")
+	if _, ok := entry["original-expiration"]; ok {
+		t.Errorf("x-death has original-expiration %#v for a message published without one", entry["original-expiration"])
+	}
+	if keep, ok := queueTTL.Headers["keep"].(string); !ok || keep != "me" {
+		t.Errorf("the publisher's header keep = %#v, want \"me\"", queueTTL.Headers["keep"])
+	}
+	ownTTL := byBody["own-ttl"]
+	entry = xDeath(t, ownTTL, source, "expired")
+	if expiration, ok := entry["original-expiration"].(string); !ok || expiration != "50" {
+		t.Errorf("x-death[0].original-expiration = %#v (%T), want string \"50\"", entry["original-expiration"], entry["original-expiration"])
+	}
+	if ownTTL.Expiration != "" {
+		t.Errorf("the dead letter kept expiration %q, want it removed", ownTTL.Expiration)
+	}
+	assertMessageCount(t, ch, source, 0)
+}
+
+// A message whose TTL passed is never delivered, and without a dead-letter exchange it is gone;
+// an expiration of "0" is delivered only to a consumer waiting at the time.
+func TestMessageTTLExpiredMessagesAreNotDelivered(t *testing.T) {
+	_, ch := confirmChannel(t)
+	queue := declareWithArgs(t, ch, "ttl-drop", amqp.Table{"x-message-ttl": int32(100)})
+	publishText(t, ch, "", queue, "stale")
+	publish(t, ch, "", queue, amqp.Publishing{Body: []byte("now-or-never"), Expiration: "0"})
+	time.Sleep(250 * time.Millisecond)
+	expectQueueStaysEmpty(t, ch, queue)
+	msgs := consume(t, ch, queue, true)
+	publish(t, ch, "", queue, amqp.Publishing{Body: []byte("to-a-waiting-consumer"), Expiration: "0"})
+	if d := receive(t, msgs); string(d.Body) != "to-a-waiting-consumer" {
+		t.Fatalf("got %q, want to-a-waiting-consumer", d.Body)
+	}
+}
+
+// Bad x-message-ttl values: RabbitMQ's 406 texts. Lepus (main at 8466534) takes 315360000001
+// and answers {unacceptable_type,longstr} for a string: this test fails there.
+func TestMessageTTLBadValuesAre406(t *testing.T) {
+	conn := dial(t)
+	expectDeclareRefused(t, conn, amqp.Table{"x-message-ttl": int32(-1)},
+		"PRECONDITION_FAILED - invalid arg 'x-message-ttl' for queue '%s' in vhost '/': {value_negative,-1}")
+	// The longest TTL RabbitMQ 3.10.8 takes is ten years in milliseconds, as for x-expires.
+	declareWithArgs(t, openChannel(t, conn), "ttl-longest", amqp.Table{"x-message-ttl": int64(315360000000)})
+	expectDeclareRefused(t, conn, amqp.Table{"x-message-ttl": int64(315360000001)},
+		"PRECONDITION_FAILED - invalid arg 'x-message-ttl' for queue '%s' in vhost '/': {value_too_large,315360000001}")
+	expectDeclareRefused(t, conn, amqp.Table{"x-message-ttl": "soon"},
+		"PRECONDITION_FAILED - invalid arg 'x-message-ttl' for queue '%s' in vhost '/': \"expected integer, got longstr\"")
+}
+
+// A message whose expiration is not a non-negative integer closes the channel with RabbitMQ's 406.
+// Lepus 0.x (main at 8466534) enqueues it and keeps the channel open: this test fails there.
+func TestMessageExpirationInvalidIs406(t *testing.T) {
+	conn := dial(t)
+	for expiration, want := range map[string]string{
+		"soon": "PRECONDITION_FAILED - invalid expiration 'soon': no_integer",
+		"-1":   "PRECONDITION_FAILED - invalid expiration '-1': {value_negative,-1}",
+	} {
+		ch := openChannel(t, conn)
+		closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+		queue := declareQueue(t, ch, "ttl-bad").Name
+		if err := ch.PublishWithContext(context.Background(), "", queue, false, false,
+			amqp.Publishing{Body: []byte("x"), Expiration: expiration}); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		// A synchronous method behind the publish: the broker answers it only after the publish.
+		if q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil); err == nil {
+			t.Errorf("expiration %q: the channel is still open (the queue holds %d), want 406 %q", expiration, q.Messages, want)
+			continue
+		}
+		e := waitChannelClosed(t, closed)
+		if e.Code != amqp.PreconditionFailed || e.Reason != want {
+			t.Errorf("expiration %q: channel closed with %d %q, want 406 %q", expiration, e.Code, e.Reason, want)
+		}
+	}
+}
+
+// messageCount is the ready-message count of queue, from a passive declare on a new channel.
+func messageCount(t *testing.T, conn *amqp.Connection, queue string) int {
+	t.Helper()
+	ch := openChannel(t, conn)
+	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("passive declare %s: %v", queue, err)
+	}
+	return q.Messages
+}
+
+// x-expires deletes a queue unused for that long; a passive queue.declare is a use that renews
+// the lease (as RabbitMQ counts it); a consumer keeps the queue alive.
+func TestQueueExpiresDeletesAnUnusedQueue(t *testing.T) {
+	_, ch := connChannel(t)
+	unused := declareWithArgs(t, ch, "expires", amqp.Table{"x-expires": int32(800)})
+	used := declareWithArgs(t, ch, "expires-used", amqp.Table{"x-expires": int32(800)})
+	consume(t, ch, used, true)
+	time.Sleep(400 * time.Millisecond)
+	if !queueExists(unused) {
+		t.Fatalf("the queue expired after 400 ms, before its x-expires of 800 ms")
+	}
+	time.Sleep(600 * time.Millisecond)
+	if !queueExists(unused) {
+		t.Fatalf("the queue expired 1 s after its declaration: the passive declare at 400 ms did not renew its lease")
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if queueExists(unused) {
+		t.Fatalf("the unused queue still exists 1.1 s after its last use (x-expires 800 ms)")
+	}
+	if !queueExists(used) {
+		t.Fatalf("the queue with a consumer expired")
+	}
+	conn := dial(t)
+	expectDeclareRefused(t, conn, amqp.Table{"x-expires": int32(0)},
+		"PRECONDITION_FAILED - invalid arg 'x-expires' for queue '%s' in vhost '/': {value_zero,0}")
+}
+
+// x-max-length with the default overflow (drop-head) drops the oldest messages, dead-lettering
+// them with reason maxlen.
+func TestMaxLengthDropHeadDeadLettersTheOldest(t *testing.T) {
+	_, ch := confirmChannel(t)
+	dead := declareQueue(t, ch, "maxlen-dead").Name
+	queue := declareWithArgs(t, ch, "maxlen", amqp.Table{"x-max-length": int32(2),
+		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+	for i := 1; i <= 4; i++ {
+		publishText(t, ch, "", queue, fmt.Sprint("m", i))
+	}
+	assertMessageCount(t, ch, queue, 2)
+	if got := []string{string(getOne(t, ch, queue, true).Body), string(getOne(t, ch, queue, true).Body)}; !reflect.DeepEqual(got, []string{"m3", "m4"}) {
+		t.Fatalf("kept %v, want [m3 m4]", got)
+	}
+	for _, want := range []string{"m1", "m2"} {
+		d := getEventually(t, ch, dead)
+		if string(d.Body) != want {
+			t.Fatalf("dead letter %q, want %q", d.Body, want)
+		}
+		xDeath(t, d, queue, "maxlen")
+	}
+}
+
+// x-overflow reject-publish: a publish past the limit is nacked (basic.nack with confirms) and
+// not dead-lettered; reject-publish-dlx dead-letters it with reason maxlen.
+func TestMaxLengthRejectPublishNacks(t *testing.T) {
+	_, ch := confirmChannel(t)
+	dead := declareQueue(t, ch, "reject-dead").Name
+	for _, overflow := range []string{"reject-publish", "reject-publish-dlx"} {
+		queue := declareWithArgs(t, ch, overflow, amqp.Table{"x-max-length": int32(2), "x-overflow": overflow,
+			"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+		var acks []bool
+		for i := 1; i <= 3; i++ {
+			dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", queue, false, false,
+				amqp.Publishing{Body: []byte(fmt.Sprint(overflow, "-", i))})
+			if err != nil {
+				t.Fatalf("publish: %v", err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+			acked, err := dc.WaitContext(ctx)
+			cancel()
+			if err != nil {
+				t.Fatalf("waiting for a confirm: %v", err)
+			}
+			acks = append(acks, acked)
+		}
+		if want := []bool{true, true, false}; !reflect.DeepEqual(acks, want) {
+			t.Fatalf("%s: confirms (ack=true) %v, want %v", overflow, acks, want)
+		}
+		assertMessageCount(t, ch, queue, 2)
+		if d := getOne(t, ch, queue, true); string(d.Body) != overflow+"-1" {
+			t.Fatalf("%s: head %q, want the first message kept", overflow, d.Body)
+		}
+	}
+	d := getEventually(t, ch, dead)
+	if string(d.Body) != "reject-publish-dlx-3" {
+		t.Fatalf("dead letter %q, want reject-publish-dlx-3 (reject-publish dead-letters nothing)", d.Body)
+	}
+	deaths, _ := d.Headers["x-death"].([]interface{})
+	entry, _ := deaths[0].(amqp.Table)
+	if reason, _ := entry["reason"].(string); reason != "maxlen" || len(deaths) != 1 {
+		t.Fatalf("x-death = %#v, want one entry with reason maxlen", d.Headers["x-death"])
+	}
+	expectQueueStaysEmpty(t, ch, dead)
+}
+
+// x-max-length-bytes counts message bodies: the oldest go until the rest fit.
+func TestMaxLengthBytesDropsTheOldest(t *testing.T) {
+	_, ch := confirmChannel(t)
+	queue := declareWithArgs(t, ch, "maxbytes", amqp.Table{"x-max-length-bytes": int32(10)})
+	for _, body := range []string{"aaaa", "bbbb", "cccc", "dd"} {
+		publish(t, ch, "", queue, amqp.Publishing{Body: []byte(body), Headers: amqp.Table{"padding": strings.Repeat("h", 100)}})
+	}
+	var got []string
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatalf("basic.get: %v", err)
+		}
+		if !ok {
+			break
+		}
+		got = append(got, string(d.Body))
+	}
+	if want := []string{"bbbb", "cccc", "dd"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("kept %v, want %v (10 bytes of bodies; headers do not count)", got, want)
+	}
+}
+
+// Bad length-limit arguments: RabbitMQ's 406 texts. Lepus (main at 8466534) answers
+// {unacceptable_type,longstr} for x-max-length "ten" and {unacceptable_value,<<"sideways">>} for
+// x-overflow "sideways": this test fails there.
+func TestMaxLengthBadValuesAre406(t *testing.T) {
+	conn := dial(t)
+	expectDeclareRefused(t, conn, amqp.Table{"x-max-length": int32(-1)},
+		"PRECONDITION_FAILED - invalid arg 'x-max-length' for queue '%s' in vhost '/': {value_negative,-1}")
+	expectDeclareRefused(t, conn, amqp.Table{"x-max-length": "ten"},
+		"PRECONDITION_FAILED - invalid arg 'x-max-length' for queue '%s' in vhost '/': \"expected integer, got longstr\"")
+	expectDeclareRefused(t, conn, amqp.Table{"x-overflow": int32(5)},
+		"PRECONDITION_FAILED - invalid arg 'x-overflow' for queue '%s' in vhost '/': {unacceptable_type,signedint}")
+	expectDeclareRefused(t, conn, amqp.Table{"x-max-length-bytes": "big"},
+		"PRECONDITION_FAILED - invalid arg 'x-max-length-bytes' for queue '%s' in vhost '/': \"expected integer, got longstr\"")
+	expectDeclareRefused(t, conn, amqp.Table{"x-overflow": "sideways"},
+		`PRECONDITION_FAILED - invalid arg 'x-overflow' for queue '%s' in vhost '/': invalid_overflow`)
+}
+
+const directReplyTo = "amq.rabbitmq.reply-to"
+
+// Direct reply-to: an RPC client consumes amq.rabbitmq.reply-to with no-ack, its request's
+// reply_to becomes amq.rabbitmq.reply-to.<token>, and the reply published to that address on the
+// default exchange reaches the requesting channel.
+func TestDirectReplyToRoundTrip(t *testing.T) {
+	clientConn, client := connChannel(t)
+	if capabilities, _ := clientConn.Properties["capabilities"].(amqp.Table); capabilities["direct_reply_to"] != true {
+		t.Fatalf("capabilities.direct_reply_to = %#v, want true", capabilities["direct_reply_to"])
+	}
+	_, server := connChannel(t)
+	requests := declareQueue(t, server, "rpc").Name
+	replies, err := client.Consume(directReplyTo, "rpc-client", true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("basic.consume %s: %v", directReplyTo, err)
+	}
+	publish(t, client, "", requests, amqp.Publishing{Body: []byte("ping"), ReplyTo: directReplyTo, CorrelationId: "c-1"})
+	request := getEventually(t, server, requests)
+	_ = request.Ack(false)
+	if string(request.Body) != "ping" || request.CorrelationId != "c-1" {
+		t.Fatalf("request %q correlation %q", request.Body, request.CorrelationId)
+	}
+	if !strings.HasPrefix(request.ReplyTo, directReplyTo+".") || len(request.ReplyTo) <= len(directReplyTo)+1 {
+		t.Fatalf("reply_to %q, want %s.<token>", request.ReplyTo, directReplyTo)
+	}
+	publish(t, server, "", request.ReplyTo, amqp.Publishing{Body: []byte("pong"), CorrelationId: "c-1"})
+	reply := receive(t, replies)
+	if string(reply.Body) != "pong" || reply.CorrelationId != "c-1" || reply.Exchange != "" ||
+		reply.RoutingKey != request.ReplyTo || reply.ConsumerTag != "rpc-client" || reply.Redelivered {
+		t.Fatalf("reply %q correlation %q exchange %q key %q tag %q redelivered %v",
+			reply.Body, reply.CorrelationId, reply.Exchange, reply.RoutingKey, reply.ConsumerTag, reply.Redelivered)
+	}
+	expectNoDelivery(t, replies)
+}
+
+// Direct reply-to refusals, with RabbitMQ's texts: a consumer that would ack, and a request from
+// a channel that does not consume replies.
+func TestDirectReplyToRefusalsAre406(t *testing.T) {
+	conn, ch := connChannel(t)
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	_, err := ch.Consume(directReplyTo, "", false, false, false, false, nil)
+	e := expectChannelError(t, conn, ch, closed, err, amqp.PreconditionFailed, "PRECONDITION_FAILED")
+	if e.Reason != "PRECONDITION_FAILED - reply consumer cannot acknowledge" {
+		t.Fatalf("reply text %q", e.Reason)
+	}
+	ch = openChannel(t, conn)
+	closed = ch.NotifyClose(make(chan *amqp.Error, 1))
+	queue := uniqueName(t, "rpc-none")
+	if err := ch.PublishWithContext(context.Background(), "", queue, false, false,
+		amqp.Publishing{Body: []byte("request"), ReplyTo: directReplyTo}); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	e = waitChannelClosed(t, closed)
+	if e.Code != amqp.PreconditionFailed || e.Reason != "PRECONDITION_FAILED - fast reply consumer does not exist" {
+		t.Fatalf("channel closed with %d %q", e.Code, e.Reason)
+	}
+}
+
+// declareConsistentHash declares an x-consistent-hash exchange, or skips where the broker has no
+// such type (503 closes the connection), as the Python suite does. The reference node enables
+// rabbitmq_consistent_hash_exchange (Debian's package ships it), so it runs there too.
+func declareConsistentHash(t *testing.T, args amqp.Table) (*amqp.Connection, *amqp.Channel, string) {
+	t.Helper()
+	conn, ch := connChannel(t)
+	name := uniqueName(t, "chx")
+	err := ch.ExchangeDeclare(name, "x-consistent-hash", false, false, false, false, args)
+	if e, ok := err.(*amqp.Error); ok && e.Code == amqp.CommandInvalid {
+		t.Skipf("the broker has no x-consistent-hash exchange type (rabbitmq_consistent_hash_exchange plugin): %v", e)
+	}
+	if err != nil {
+		t.Fatalf("exchange.declare %s x-consistent-hash: %v", name, err)
+	}
+	cleanupExchange(t, name)
+	return conn, ch, name
+}
+
+// x-consistent-hash: each routing key reaches one queue, always the same one, and the queues'
+// shares follow the weights in their binding keys.
+func TestConsistentHashExchangeSpreadsByWeight(t *testing.T) {
+	_, ch, exchange := declareConsistentHash(t, nil)
+	weights := []int{1, 3}
+	queues := make([]string, len(weights))
+	for index, weight := range weights {
+		queues[index] = declareQueue(t, ch, fmt.Sprint("chx-", weight)).Name
+		if err := ch.QueueBind(queues[index], fmt.Sprint(weight), exchange, false, nil); err != nil {
+			t.Fatalf("queue.bind weight %d: %v", weight, err)
+		}
+	}
+	const keys = 2000
+	if err := ch.Confirm(false); err != nil {
+		t.Fatalf("confirm.select: %v", err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 2*keys))
+	for round := 0; round < 2; round++ {
+		for key := 0; key < keys; key++ {
+			name := fmt.Sprint("key-", key)
+			if err := ch.PublishWithContext(context.Background(), exchange, name, false, false, amqp.Publishing{Body: []byte(name)}); err != nil {
+				t.Fatalf("publish: %v", err)
+			}
+		}
+	}
+	for index := 0; index < 2*keys; index++ {
+		select {
+		case confirm := <-confirms:
+			if !confirm.Ack {
+				t.Fatalf("publish %d nacked", confirm.DeliveryTag)
+			}
+		case <-time.After(waitTimeout):
+			t.Fatalf("%d of %d confirms within %s", index, 2*keys, waitTimeout)
+		}
+	}
+	queueOf := map[string]string{}
+	shares := make([]int, len(queues))
+	for index, queue := range queues {
+		for {
+			d, ok, err := ch.Get(queue, true)
+			if err != nil {
+				t.Fatalf("basic.get: %v", err)
+			}
+			if !ok {
+				break
+			}
+			key := string(d.Body)
+			if previous, seen := queueOf[key]; seen && previous != queue {
+				t.Fatalf("key %s reached two queues", key)
+			} else if !seen {
+				shares[index]++
+			}
+			queueOf[key] = queue
+		}
+	}
+	if len(queueOf) != keys {
+		t.Fatalf("%d distinct keys arrived, want %d", len(queueOf), keys)
+	}
+	for index, weight := range weights {
+		expected := float64(keys*weight) / 4
+		if diff := float64(shares[index]) - expected; diff > expected*0.15 || diff < -expected*0.15 {
+			t.Fatalf("weight %d got %d keys, want %.0f within 15%% (shares %v)", weight, shares[index], expected, shares)
+		}
+	}
+	t.Logf("shares for weights %v: %v", weights, shares)
+}
+
+// x-consistent-hash binding keys are positive integers: RabbitMQ's plugin's 406 texts.
+func TestConsistentHashBadBindingKeyIs406(t *testing.T) {
+	conn, _, exchange := declareConsistentHash(t, nil)
+	for key, want := range map[string]string{
+		"abc": `PRECONDITION_FAILED - The binding key must be an integer: <<"abc">>`,
+		"0":   "PRECONDITION_FAILED - The binding key must be greater than 0",
+	} {
+		ch := openChannel(t, conn)
+		queue := declareQueue(t, ch, "chx-bad").Name
+		closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+		err := ch.QueueBind(queue, key, exchange, false, nil)
+		e := expectChannelError(t, conn, ch, closed, err, amqp.PreconditionFailed, "PRECONDITION_FAILED")
+		if e.Reason != want {
+			t.Fatalf("binding key %q: reply text %q, want %q", key, e.Reason, want)
+		}
+	}
+}
+
+// x-delayed-message (Lepus only): x-delay (any integer type) holds a message back, then it is
+// routed by the x-delayed-type with x-delay negated, a signed int as the plugin writes it (int32);
+// an undelayed one goes at once; no x-delayed-type is 406.
+func TestDelayedMessageExchange(t *testing.T) {
+	lepusOnly(t, "the RabbitMQ reference node lacks rabbitmq_delayed_message_exchange (not in Debian's package)")
+	conn, ch := connChannel(t)
+	exchange := declareExchange(t, ch, "delayed", "x-delayed-message", amqp.Table{"x-delayed-type": "direct"})
+	queue := declareQueue(t, ch, "delayed-q").Name
+	if err := ch.QueueBind(queue, "k", exchange, false, nil); err != nil {
+		t.Fatalf("queue.bind: %v", err)
+	}
+	msgs := consume(t, ch, queue, true)
+	published := time.Now()
+	publish(t, ch, exchange, "k", amqp.Publishing{Body: []byte("late"), Headers: amqp.Table{"x-delay": int64(600)}})
+	publish(t, ch, exchange, "k", amqp.Publishing{Body: []byte("early"), Headers: amqp.Table{"x-delay": int32(300)}})
+	publish(t, ch, exchange, "k", amqp.Publishing{Body: []byte("now")})
+	got := receiveN(t, msgs, 3)
+	if want := []string{"now", "early", "late"}; !reflect.DeepEqual(bodies(got), want) {
+		t.Fatalf("arrival order %v, want %v", bodies(got), want)
+	}
+	if elapsed := time.Since(published); elapsed < 600*time.Millisecond {
+		t.Fatalf("the 600 ms message arrived after %s", elapsed)
+	}
+	if got[0].Headers != nil && len(got[0].Headers) != 0 {
+		t.Errorf("the undelayed message has headers %#v", got[0].Headers)
+	}
+	for index, delay := range map[int]int32{1: -300, 2: -600} {
+		if value, ok := got[index].Headers["x-delay"].(int32); !ok || value != delay {
+			t.Errorf("%q: x-delay = %#v (%T), want int32 %d", got[index].Body, got[index].Headers["x-delay"], got[index].Headers["x-delay"], delay)
+		}
+	}
+	bad := openChannel(t, conn)
+	closed := bad.NotifyClose(make(chan *amqp.Error, 1))
+	err := bad.ExchangeDeclare(uniqueName(t, "delayed-bad"), "x-delayed-message", false, false, false, false, nil)
+	e := expectChannelError(t, conn, bad, closed, err, amqp.PreconditionFailed, "PRECONDITION_FAILED")
+	if e.Reason != "PRECONDITION_FAILED - Invalid argument, 'x-delayed-type' must be an existing exchange type" {
+		t.Fatalf("reply text %q", e.Reason)
+	}
+}
+
+// Message deduplication (Lepus only, LavinMQ's argument and header names): a queue enqueues a
+// key once; an exchange routes a key once and returns a mandatory duplicate 312 NO_ROUTE, still
+// confirming it; x-deduplication-header names another header.
+func TestMessageDeduplication(t *testing.T) {
+	lepusOnly(t, "RabbitMQ 3.10.8 has no message deduplication (a plugin not in Debian's package)")
+	_, ch := confirmChannel(t)
+	queue := declareWithArgs(t, ch, "dedup-q", amqp.Table{"x-message-deduplication": true, "x-cache-size": int32(100)})
+	for _, message := range [][2]string{{"q1", "x"}, {"q2", "x"}, {"q3", "y"}} {
+		publish(t, ch, "", queue, amqp.Publishing{Body: []byte(message[0]), Headers: amqp.Table{"x-deduplication-header": message[1]}})
+	}
+	if got := []string{string(getOne(t, ch, queue, true).Body), string(getOne(t, ch, queue, true).Body)}; !reflect.DeepEqual(got, []string{"q1", "q3"}) {
+		t.Fatalf("queue kept %v, want [q1 q3]", got)
+	}
+	expectQueueStaysEmpty(t, ch, queue)
+
+	exchange := declareExchange(t, ch, "dedup-x", "direct", amqp.Table{"x-message-deduplication": true, "x-deduplication-header": "id"})
+	target := declareQueue(t, ch, "dedup-target").Name
+	if err := ch.QueueBind(target, "k", exchange, false, nil); err != nil {
+		t.Fatalf("queue.bind: %v", err)
+	}
+	returns := ch.NotifyReturn(make(chan amqp.Return, 4))
+	publishFlags(t, ch, exchange, "k", true, amqp.Publishing{Body: []byte("first"), Headers: amqp.Table{"id": "order-1"}})
+	publishFlags(t, ch, exchange, "k", true, amqp.Publishing{Body: []byte("again"), Headers: amqp.Table{"id": "order-1"}})
+	publishFlags(t, ch, exchange, "k", true, amqp.Publishing{Body: []byte("not-the-key"), Headers: amqp.Table{"x-deduplication-header": "order-1"}})
+	select {
+	case r := <-returns:
+		if r.ReplyCode != amqp.NoRoute || r.ReplyText != "NO_ROUTE" || string(r.Body) != "again" {
+			t.Fatalf("returned %d %q %q, want 312 NO_ROUTE again", r.ReplyCode, r.ReplyText, r.Body)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatalf("the mandatory duplicate was not returned")
+	}
+	if first, second := getOne(t, ch, target, true), getOne(t, ch, target, true); string(first.Body) != "first" || string(second.Body) != "not-the-key" {
+		t.Fatalf("exchange routed %q, %q; want first, not-the-key", first.Body, second.Body)
+	}
+	expectQueueStaysEmpty(t, ch, target)
+}
+
+// x-delivery-limit with x-delivery-count: quorum semantics. RabbitMQ 3.10.8 has it on quorum
+// queues only (a classic queue is refused with 406, checked); Lepus also on classic queues, as an
+// extension, so the same behaviour is checked on a quorum queue on RabbitMQ and a classic one on
+// Lepus, as the Python suite does.
+func TestDeliveryLimitDeadLettersWithDeliveryCount(t *testing.T) {
+	conn, ch := connChannel(t)
+	dead := declareQueue(t, ch, "limit-dead").Name
+	args := amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead, "x-delivery-limit": int32(1)}
+	source := uniqueName(t, "limited")
+	durable := false
+	if brokerProduct(t) != "Lepus" {
+		expectDeclareRefused(t, conn, args,
+			"PRECONDITION_FAILED - invalid arg 'x-delivery-limit' for queue '%s' in vhost '/' of queue type rabbit_classic_queue")
+		args["x-queue-type"] = "quorum"
+		durable = true
+	}
+	if _, err := ch.QueueDeclare(source, durable, false, false, false, args); err != nil {
+		t.Fatalf("queue.declare %s: %v", source, err)
+	}
+	cleanupQueue(t, source)
+	if err := ch.Confirm(false); err != nil {
+		t.Fatalf("confirm.select: %v", err)
+	}
+	publish(t, ch, "", source, amqp.Publishing{Body: []byte("fragile"), Headers: amqp.Table{"keep": "me"}})
+	var counts []interface{}
+	for i := 0; i < 2; i++ {
+		d := getEventually(t, ch, source)
+		counts = append(counts, d.Headers["x-delivery-count"])
+		if err := d.Nack(false, true); err != nil {
+			t.Fatalf("basic.nack: %v", err)
+		}
+	}
+	if want := []interface{}{int64(0), int64(1)}; !reflect.DeepEqual(counts, want) {
+		t.Fatalf("x-delivery-count %#v, want %#v (int64: a long, as RabbitMQ writes it)", counts, want)
+	}
+	d := getEventually(t, ch, dead)
+	if string(d.Body) != "fragile" || d.Headers["keep"] != "me" {
+		t.Fatalf("dead letter %q headers %#v", d.Body, d.Headers)
+	}
+	if _, ok := d.Headers["x-delivery-count"]; ok {
+		t.Errorf("the dead letter carries x-delivery-count %#v: it is the message as published", d.Headers["x-delivery-count"])
+	}
+	deaths, _ := d.Headers["x-death"].([]interface{})
+	if len(deaths) != 1 {
+		t.Fatalf("x-death = %#v", d.Headers["x-death"])
+	}
+	if entry, _ := deaths[0].(amqp.Table); entry["reason"] != "delivery_limit" || entry["queue"] != source {
+		t.Fatalf("x-death[0] = %#v, want reason delivery_limit, queue %s", entry, source)
+	}
+	assertMessageCount(t, ch, source, 0)
+}
