@@ -606,7 +606,7 @@ func TestDeliveryLimitDeadLettersWithDeliveryCount(t *testing.T) {
 		}
 	}
 	if want := []interface{}{int64(0), int64(1)}; !reflect.DeepEqual(counts, want) {
-		t.Fatalf("x-delivery-count %#v, want %#v (int64: a long, as RabbitMQ writes it)", counts, want)
+		t.Fatalf("x-delivery-count %#v of types %T, %T; want int64 0, 1 (a long, as RabbitMQ writes it)", counts, counts[0], counts[1])
 	}
 	d := getEventually(t, ch, dead)
 	if string(d.Body) != "fragile" || d.Headers["keep"] != "me" {
@@ -623,4 +623,78 @@ func TestDeliveryLimitDeadLettersWithDeliveryCount(t *testing.T) {
 		t.Fatalf("x-death[0] = %#v, want reason delivery_limit, queue %s", entry, source)
 	}
 	assertMessageCount(t, ch, source, 0)
+}
+
+// Dead-letter cycles are cut as RabbitMQ cuts them: a message expiring into a fanout that feeds
+// its own queue and a witness reaches only the witness (the copy for its own queue is dropped, as
+// x-death already names that queue with no reject on the way); a client's reject is no cycle: a
+// message rejected into its own queue comes back, counted.
+func TestDeadLetterCycleOfExpiriesIsCutAndRejectsAreNot(t *testing.T) {
+	_, ch := confirmChannel(t)
+	fanout := declareExchange(t, ch, "cycle-dlx", "fanout", nil)
+	loop := declareWithArgs(t, ch, "cycle", amqp.Table{"x-message-ttl": int32(100), "x-dead-letter-exchange": fanout})
+	witness := declareQueue(t, ch, "cycle-witness").Name
+	for _, queue := range []string{loop, witness} {
+		if err := ch.QueueBind(queue, "", fanout, false, nil); err != nil {
+			t.Fatalf("queue.bind %s: %v", queue, err)
+		}
+	}
+	publishText(t, ch, "", loop, "round")
+	d := getEventually(t, ch, witness)
+	if string(d.Body) != "round" {
+		t.Fatalf("witness got %q", d.Body)
+	}
+	xDeath(t, d, loop, "expired")
+	expectQueueStaysEmpty(t, ch, loop)
+	expectQueueStaysEmpty(t, ch, witness)
+
+	rejected := uniqueName(t, "cycle-rejected")
+	if _, err := ch.QueueDeclare(rejected, false, false, false, false,
+		amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": rejected}); err != nil {
+		t.Fatalf("queue.declare %s: %v", rejected, err)
+	}
+	cleanupQueue(t, rejected)
+	publishText(t, ch, "", rejected, "again")
+	for round := 0; round < 2; round++ {
+		if err := getEventually(t, ch, rejected).Reject(false); err != nil {
+			t.Fatalf("basic.reject: %v", err)
+		}
+	}
+	d = getEventually(t, ch, rejected)
+	deaths, _ := d.Headers["x-death"].([]interface{})
+	if len(deaths) != 1 {
+		t.Fatalf("x-death = %#v, want one entry", d.Headers["x-death"])
+	}
+	if entry, _ := deaths[0].(amqp.Table); entry["count"] != int64(2) || entry["reason"] != "rejected" || entry["queue"] != rejected {
+		t.Fatalf("x-death[0] = %#v, want count 2, reason rejected, queue %s", entry, rejected)
+	}
+}
+
+// A priority queue's consumer gets what waited in priority order; a message without the priority
+// property counts as 0; a non-integer x-max-priority is RabbitMQ's 406.
+func TestPriorityQueueConsumerGetsHigherPrioritiesFirst(t *testing.T) {
+	conn, ch := confirmChannel(t)
+	queue := declareWithArgs(t, ch, "priority-consume", amqp.Table{"x-max-priority": int32(10)})
+	publish(t, ch, "", queue, amqp.Publishing{Body: []byte("none")})
+	for _, priority := range []uint8{3, 10, 1, 7} {
+		publish(t, ch, "", queue, amqp.Publishing{Body: []byte(fmt.Sprint("p", priority)), Priority: priority})
+	}
+	publish(t, ch, "", queue, amqp.Publishing{Body: []byte("zero"), Priority: 0})
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Fatalf("basic.qos: %v", err)
+	}
+	msgs := consume(t, ch, queue, false)
+	var got []string
+	for i := 0; i < 6; i++ {
+		d := receive(t, msgs)
+		got = append(got, string(d.Body))
+		if err := d.Ack(false); err != nil {
+			t.Fatalf("basic.ack: %v", err)
+		}
+	}
+	if want := []string{"p10", "p7", "p3", "p1", "none", "zero"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("delivery order %v, want %v", got, want)
+	}
+	expectDeclareRefused(t, conn, amqp.Table{"x-max-priority": "5"},
+		"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '%s' in vhost '/': \"expected integer, got longstr\"")
 }
