@@ -698,3 +698,128 @@ func TestPriorityQueueConsumerGetsHigherPrioritiesFirst(t *testing.T) {
 	expectDeclareRefused(t, conn, amqp.Table{"x-max-priority": "5"},
 		"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '%s' in vhost '/': \"expected integer, got longstr\"")
 }
+
+// The lower of the queue's x-message-ttl and a message's expiration applies, either way round.
+func TestMessageTTLTheLowerOfQueueAndMessageApplies(t *testing.T) {
+	_, ch := confirmChannel(t)
+	dead := declareQueue(t, ch, "lower-dead").Name
+	for _, c := range []struct{ queueTTL, expiration string }{{"60000", "100"}, {"100", "60000"}} {
+		var ttl int32
+		_, _ = fmt.Sscan(c.queueTTL, &ttl)
+		source := declareWithArgs(t, ch, "lower", amqp.Table{"x-message-ttl": ttl,
+			"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+		publish(t, ch, "", source, amqp.Publishing{Body: []byte(c.queueTTL), Expiration: c.expiration})
+		d := getEventually(t, ch, dead)
+		entry := xDeath(t, d, source, "expired")
+		if expiration, ok := entry["original-expiration"].(string); !ok || expiration != c.expiration {
+			t.Errorf("queue TTL %s: x-death[0].original-expiration = %#v, want %q", c.queueTTL, entry["original-expiration"], c.expiration)
+		}
+	}
+}
+
+// A reply to a requesting channel that has gone, or to an address no channel made, is dropped;
+// the replier's channel stays open. Two requesting channels get two addresses.
+func TestDirectReplyToGoneOrMadeUpAddressIsDropped(t *testing.T) {
+	clientConn, client := connChannel(t)
+	if _, err := client.Consume(directReplyTo, "", true, false, false, false, nil); err != nil {
+		t.Fatalf("basic.consume: %v", err)
+	}
+	_, server := connChannel(t)
+	closed := server.NotifyClose(make(chan *amqp.Error, 1))
+	requests := declareQueue(t, server, "rpc-gone").Name
+	publish(t, client, "", requests, amqp.Publishing{Body: []byte("ping"), ReplyTo: directReplyTo})
+	first := getEventually(t, server, requests)
+	other := openChannel(t, dial(t))
+	if _, err := other.Consume(directReplyTo, "", true, false, false, false, nil); err != nil {
+		t.Fatalf("basic.consume: %v", err)
+	}
+	publish(t, other, "", requests, amqp.Publishing{Body: []byte("ping-2"), ReplyTo: directReplyTo})
+	second := getEventually(t, server, requests)
+	if first.ReplyTo == second.ReplyTo {
+		t.Fatalf("two requesting channels share the address %q", first.ReplyTo)
+	}
+	_ = clientConn.Close()
+	publish(t, server, "", first.ReplyTo, amqp.Publishing{Body: []byte("late")})
+	publish(t, server, "", directReplyTo+".made-up", amqp.Publishing{Body: []byte("nobody")})
+	if _, err := server.QueueDeclarePassive(requests, false, false, false, false, nil); err != nil {
+		t.Fatalf("the replier's channel: %v", err)
+	}
+	select {
+	case e := <-closed:
+		t.Fatalf("the replier's channel was closed: %v", e)
+	default:
+	}
+}
+
+// x-consistent-hash with hash-header or hash-property (message_id): the routing key no longer
+// decides, each value keeps its queue; the plugin's 406 texts for bad arguments.
+func TestConsistentHashHeaderAndProperty(t *testing.T) {
+	for _, c := range []struct {
+		args    amqp.Table
+		message func(value string) amqp.Publishing
+	}{
+		{amqp.Table{"hash-header": "shard"}, func(value string) amqp.Publishing {
+			return amqp.Publishing{Body: []byte(value), Headers: amqp.Table{"shard": value}}
+		}},
+		{amqp.Table{"hash-property": "message_id"}, func(value string) amqp.Publishing {
+			return amqp.Publishing{Body: []byte(value), MessageId: value}
+		}},
+	} {
+		_, ch, exchange := declareConsistentHash(t, c.args)
+		if err := ch.Confirm(false); err != nil {
+			t.Fatalf("confirm.select: %v", err)
+		}
+		queues := make([]string, 3)
+		for index := range queues {
+			queues[index] = declareQueue(t, ch, "chx-by").Name
+			if err := ch.QueueBind(queues[index], "1", exchange, false, nil); err != nil {
+				t.Fatalf("queue.bind: %v", err)
+			}
+		}
+		for round := 0; round < 3; round++ {
+			for value := 0; value < 60; value++ {
+				publish(t, ch, exchange, fmt.Sprint("rk-", round, "-", value), c.message(fmt.Sprint("v-", value)))
+			}
+		}
+		queueOf := map[string]string{}
+		reached := 0
+		for _, queue := range queues {
+			count := 0
+			for {
+				d, ok, err := ch.Get(queue, true)
+				if err != nil {
+					t.Fatalf("basic.get: %v", err)
+				}
+				if !ok {
+					break
+				}
+				count++
+				if previous, seen := queueOf[string(d.Body)]; seen && previous != queue {
+					t.Fatalf("%v: value %s reached two queues", c.args, d.Body)
+				}
+				queueOf[string(d.Body)] = queue
+			}
+			if count > 0 {
+				reached++
+			}
+		}
+		if len(queueOf) != 60 || reached != 3 {
+			t.Fatalf("%v: %d values arrived in %d queues, want 60 in 3", c.args, len(queueOf), reached)
+		}
+	}
+	conn := dial(t)
+	for _, c := range []struct {
+		args amqp.Table
+		want string
+	}{
+		{amqp.Table{"hash-property": "app_id"}, "PRECONDITION_FAILED - Unsupported property: app_id"},
+		{amqp.Table{"hash-property": "message_id", "hash-header": "h"}, "PRECONDITION_FAILED - hash-header and hash-property are mutually exclusive"},
+	} {
+		ch := openChannel(t, conn)
+		closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+		err := ch.ExchangeDeclare(uniqueName(t, "chx-bad"), "x-consistent-hash", false, false, false, false, c.args)
+		if e := expectChannelError(t, conn, ch, closed, err, amqp.PreconditionFailed, "PRECONDITION_FAILED"); e.Reason != c.want {
+			t.Errorf("%v: reply text %q, want %q", c.args, e.Reason, c.want)
+		}
+	}
+}
