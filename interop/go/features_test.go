@@ -823,3 +823,136 @@ func TestConsistentHashHeaderAndProperty(t *testing.T) {
 		}
 	}
 }
+
+// x-single-active-consumer: when the active consumer cancels, the next in subscription order
+// takes the following messages; a waiting one cancelling changes nothing; an exclusive consumer
+// is refused 403 with RabbitMQ's text.
+func TestSingleActiveConsumerCancelHandsOverInSubscriptionOrder(t *testing.T) {
+	conn, publisher := confirmChannel(t)
+	queue := declareWithArgs(t, publisher, "sac-cancel", amqp.Table{"x-single-active-consumer": true})
+	channels := make([]*amqp.Channel, 3)
+	deliveries := make([]<-chan amqp.Delivery, 3)
+	for index := range channels {
+		channels[index] = openChannel(t, conn)
+		msgs, err := channels[index].Consume(queue, fmt.Sprint("c", index), true, false, false, false, nil)
+		if err != nil {
+			t.Fatalf("basic.consume c%d: %v", index, err)
+		}
+		deliveries[index] = msgs
+	}
+	publishText(t, publisher, "", queue, "a")
+	if d := receive(t, deliveries[0]); string(d.Body) != "a" {
+		t.Fatalf("c0 got %q", d.Body)
+	}
+	if err := channels[0].Cancel("c0", false); err != nil {
+		t.Fatalf("basic.cancel c0: %v", err)
+	}
+	publishText(t, publisher, "", queue, "b")
+	if d := receive(t, deliveries[1]); string(d.Body) != "b" {
+		t.Fatalf("c1 got %q", d.Body)
+	}
+	if err := channels[2].Cancel("c2", false); err != nil {
+		t.Fatalf("basic.cancel c2: %v", err)
+	}
+	publishText(t, publisher, "", queue, "c")
+	if d := receive(t, deliveries[1]); string(d.Body) != "c" {
+		t.Fatalf("c1 got %q", d.Body)
+	}
+	expectNoDelivery(t, deliveries[2])
+	exclusive := openChannel(t, conn)
+	closed := exclusive.NotifyClose(make(chan *amqp.Error, 1))
+	_, err := exclusive.Consume(queue, "", true, true, false, false, nil)
+	e := expectChannelError(t, conn, exclusive, closed, err, amqp.AccessRefused, "ACCESS_REFUSED")
+	if want := fmt.Sprintf("ACCESS_REFUSED - queue '%s' in vhost '/' in exclusive use", queue); e.Reason != want {
+		t.Fatalf("reply text %q, want %q", e.Reason, want)
+	}
+}
+
+// x-delayed-message (Lepus only): a delayed message routes nowhere at publish, as with the
+// plugin: a mandatory one is returned 312 NO_ROUTE at once and the alternate exchange takes a
+// copy (x-delay unchanged), and it is still delivered at its time.
+func TestDelayedMessageMandatoryReturnAndAlternateExchange(t *testing.T) {
+	lepusOnly(t, "the RabbitMQ reference node lacks rabbitmq_delayed_message_exchange (not in Debian's package)")
+	_, ch := connChannel(t)
+	alternate := declareExchange(t, ch, "delayed-ae", "fanout", nil)
+	parked := declareQueue(t, ch, "delayed-parked").Name
+	if err := ch.QueueBind(parked, "", alternate, false, nil); err != nil {
+		t.Fatalf("queue.bind: %v", err)
+	}
+	exchange := declareExchange(t, ch, "delayed-m", "x-delayed-message", amqp.Table{"x-delayed-type": "direct", "alternate-exchange": alternate})
+	plain := declareExchange(t, ch, "delayed-plain", "x-delayed-message", amqp.Table{"x-delayed-type": "direct"})
+	queue := declareQueue(t, ch, "delayed-target").Name
+	for _, source := range []string{exchange, plain} {
+		if err := ch.QueueBind(queue, "k", source, false, nil); err != nil {
+			t.Fatalf("queue.bind: %v", err)
+		}
+	}
+	returns := ch.NotifyReturn(make(chan amqp.Return, 2))
+	publishFlags(t, ch, plain, "k", true, amqp.Publishing{Body: []byte("returned"), Headers: amqp.Table{"x-delay": int32(200)}})
+	publish(t, ch, exchange, "k", amqp.Publishing{Body: []byte("copied"), Headers: amqp.Table{"x-delay": int32(300)}})
+	select {
+	case r := <-returns:
+		if r.ReplyCode != amqp.NoRoute || r.ReplyText != "NO_ROUTE" || string(r.Body) != "returned" {
+			t.Fatalf("returned %d %q %q, want 312 NO_ROUTE returned", r.ReplyCode, r.ReplyText, r.Body)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatalf("the mandatory delayed message was not returned")
+	}
+	parkedCopy := getEventually(t, ch, parked)
+	if string(parkedCopy.Body) != "copied" || parkedCopy.Headers["x-delay"] != int32(300) {
+		t.Fatalf("alternate exchange copy %q with x-delay %#v, want copied with int32 300", parkedCopy.Body, parkedCopy.Headers["x-delay"])
+	}
+	msgs := consume(t, ch, queue, true)
+	got := receiveN(t, msgs, 2)
+	if want := []string{"returned", "copied"}; !reflect.DeepEqual(bodies(got), want) {
+		t.Fatalf("delivered %v, want %v", bodies(got), want)
+	}
+	select {
+	case r := <-returns:
+		t.Fatalf("returned again at its due time: %q", r.Body)
+	case <-time.After(quietPeriod):
+	}
+}
+
+// Message deduplication (Lepus only): a key is routed again once its x-cache-ttl passes and a
+// message's own x-cache-ttl header wins; a bad argument is 406 naming it, with the queue's name.
+func TestMessageDeduplicationCacheTTLAndBadArguments(t *testing.T) {
+	lepusOnly(t, "RabbitMQ 3.10.8 has no message deduplication (a plugin not in Debian's package)")
+	conn, ch := confirmChannel(t)
+	exchange := declareExchange(t, ch, "dedup-ttl", "direct", amqp.Table{"x-message-deduplication": true, "x-cache-ttl": int32(300)})
+	queue := declareQueue(t, ch, "dedup-ttl-q").Name
+	if err := ch.QueueBind(queue, "k", exchange, false, nil); err != nil {
+		t.Fatalf("queue.bind: %v", err)
+	}
+	send := func(body, key string, ttl int32) {
+		headers := amqp.Table{"x-deduplication-header": key}
+		if ttl > 0 {
+			headers["x-cache-ttl"] = ttl
+		}
+		publish(t, ch, exchange, "k", amqp.Publishing{Body: []byte(body), Headers: headers})
+	}
+	send("a1", "a", 0)
+	send("b1", "b", 5000)
+	send("a2", "a", 0)
+	time.Sleep(450 * time.Millisecond)
+	send("a3", "a", 0)
+	send("b2", "b", 0)
+	var got []string
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatalf("basic.get: %v", err)
+		}
+		if !ok {
+			break
+		}
+		got = append(got, string(d.Body))
+	}
+	if want := []string{"a1", "b1", "a3"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("routed %v, want %v", got, want)
+	}
+	expectDeclareRefused(t, conn, amqp.Table{"x-message-deduplication": "yes"},
+		"PRECONDITION_FAILED - invalid arg 'x-message-deduplication' for queue '%s' in vhost '/': {unacceptable_type,longstr}")
+	expectDeclareRefused(t, conn, amqp.Table{"x-message-deduplication": true, "x-cache-ttl": int32(-5)},
+		"PRECONDITION_FAILED - invalid arg 'x-cache-ttl' for queue '%s' in vhost '/': {value_negative,-5}")
+}
