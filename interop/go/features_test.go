@@ -956,3 +956,85 @@ func TestMessageDeduplicationCacheTTLAndBadArguments(t *testing.T) {
 	expectDeclareRefused(t, conn, amqp.Table{"x-message-deduplication": true, "x-cache-ttl": int32(-5)},
 		"PRECONDITION_FAILED - invalid arg 'x-cache-ttl' for queue '%s' in vhost '/': {value_negative,-5}")
 }
+
+// A dead letter for an exchange that does not exist is dropped silently, as RabbitMQ drops it;
+// the channel stays open.
+func TestDeadLetterToAMissingExchangeIsDropped(t *testing.T) {
+	_, ch := confirmChannel(t)
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	queue := declareWithArgs(t, ch, "dlx-missing", amqp.Table{"x-dead-letter-exchange": uniqueName(t, "missing")})
+	publishText(t, ch, "", queue, "nowhere")
+	if err := getOne(t, ch, queue, false).Reject(false); err != nil {
+		t.Fatalf("basic.reject: %v", err)
+	}
+	expectQueueStaysEmpty(t, ch, queue)
+	select {
+	case e := <-closed:
+		t.Fatalf("channel closed: %v", e)
+	default:
+	}
+}
+
+// x-message-ttl 0 with nobody consuming dead-letters at once (reason expired); x-max-length 0
+// drops every message (drop-head dead-letters it, reason maxlen) or nacks it (reject-publish).
+func TestZeroTTLAndZeroMaxLength(t *testing.T) {
+	_, ch := confirmChannel(t)
+	dead := declareQueue(t, ch, "zero-dead").Name
+	dlx := amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}
+	withArgs := func(extra amqp.Table) amqp.Table {
+		args := amqp.Table{}
+		for key, value := range dlx {
+			args[key] = value
+		}
+		for key, value := range extra {
+			args[key] = value
+		}
+		return args
+	}
+	expiring := declareWithArgs(t, ch, "zero-ttl", withArgs(amqp.Table{"x-message-ttl": int32(0)}))
+	publishText(t, ch, "", expiring, "expired")
+	xDeath(t, getEventually(t, ch, dead), expiring, "expired")
+	dropping := declareWithArgs(t, ch, "zero-len", withArgs(amqp.Table{"x-max-length": int32(0)}))
+	publishText(t, ch, "", dropping, "dropped")
+	xDeath(t, getEventually(t, ch, dead), dropping, "maxlen")
+	assertMessageCount(t, ch, dropping, 0)
+	rejecting := declareWithArgs(t, ch, "zero-reject", withArgs(amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"}))
+	dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", rejecting, false, false, amqp.Publishing{Body: []byte("refused")})
+	if err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if acked, err := dc.WaitContext(ctx); err != nil || acked {
+		t.Fatalf("reject-publish at length 0: acked=%v err=%v, want a nack", acked, err)
+	}
+	expectQueueStaysEmpty(t, ch, dead)
+}
+
+// The direct reply-to pseudo-queue answers queue.declare (passive or not) with itself, no
+// messages and one consumer; a second reply consumer on one channel is RabbitMQ's 406.
+func TestDirectReplyToDeclareAndSecondConsumer(t *testing.T) {
+	conn, ch := connChannel(t)
+	for _, passive := range []bool{true, false} {
+		declare := ch.QueueDeclare
+		if passive {
+			declare = ch.QueueDeclarePassive
+		}
+		q, err := declare(directReplyTo, false, false, false, false, nil)
+		if err != nil {
+			t.Fatalf("queue.declare %s (passive %v): %v", directReplyTo, passive, err)
+		}
+		if q.Name != directReplyTo || q.Messages != 0 || q.Consumers != 1 {
+			t.Fatalf("declare-ok (passive %v): %+v, want %s with 0 messages and 1 consumer", passive, q, directReplyTo)
+		}
+	}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if _, err := ch.Consume(directReplyTo, "first", true, false, false, false, nil); err != nil {
+		t.Fatalf("basic.consume: %v", err)
+	}
+	_, err := ch.Consume(directReplyTo, "second", true, false, false, false, nil)
+	e := expectChannelError(t, conn, ch, closed, err, amqp.PreconditionFailed, "PRECONDITION_FAILED")
+	if e.Reason != "PRECONDITION_FAILED - reply consumer already set" {
+		t.Fatalf("reply text %q", e.Reason)
+	}
+}
