@@ -1038,3 +1038,71 @@ func TestDirectReplyToDeclareAndSecondConsumer(t *testing.T) {
 		t.Fatalf("reply text %q", e.Reason)
 	}
 }
+
+// A requeued message keeps the expiry it had from its publish: nacked back after its TTL passed,
+// it dead-letters as expired instead of being delivered again.
+func TestMessageTTLCountsFromPublishAcrossARequeue(t *testing.T) {
+	_, ch := confirmChannel(t)
+	dead := declareQueue(t, ch, "requeue-dead").Name
+	queue := declareWithArgs(t, ch, "requeue-ttl", amqp.Table{"x-message-ttl": int32(300),
+		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+	publishText(t, ch, "", queue, "old")
+	d := getOne(t, ch, queue, false)
+	time.Sleep(450 * time.Millisecond)
+	if err := d.Nack(false, true); err != nil {
+		t.Fatalf("basic.nack: %v", err)
+	}
+	if again, ok, err := ch.Get(queue, true); err != nil || ok {
+		t.Fatalf("basic.get after the requeue: %q ok=%v err=%v, want get-empty (expired 300 ms after its publish)", again.Body, ok, err)
+	}
+	xDeath(t, getEventually(t, ch, dead), queue, "expired")
+	expectQueueStaysEmpty(t, ch, queue)
+}
+
+// CC and BCC headers route a message to more queues; a dead letter's x-death routing-keys are
+// its routing key and CC's (BCC is removed at publish, as RabbitMQ removes it). Lepus (main at
+// 8466534) routes nothing by CC/BCC (a gap docs/compatibility.md admits) and keeps BCC in the
+// message: this test fails there.
+func TestDeadLetterRoutingKeysIncludeCC(t *testing.T) {
+	_, ch := confirmChannel(t)
+	fanout := declareExchange(t, ch, "cc-dlx", "fanout", nil)
+	dead := declareQueue(t, ch, "cc-dead").Name
+	if err := ch.QueueBind(dead, "", fanout, false, nil); err != nil {
+		t.Fatalf("queue.bind: %v", err)
+	}
+	source := declareWithArgs(t, ch, "cc", amqp.Table{"x-dead-letter-exchange": fanout})
+	carbon := declareQueue(t, ch, "cc-copy").Name
+	blind := declareQueue(t, ch, "bcc-copy").Name
+	publish(t, ch, "", source, amqp.Publishing{Body: []byte("copied"),
+		Headers: amqp.Table{"CC": []interface{}{carbon}, "BCC": []interface{}{blind}}})
+	for _, queue := range []string{carbon, blind} {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatalf("basic.get %s: %v", queue, err)
+		}
+		if !ok {
+			t.Errorf("%s: no copy routed by the CC/BCC header", queue)
+		} else if _, ok := d.Headers["BCC"]; ok {
+			t.Errorf("%s: the BCC header reached a consumer: %#v", queue, d.Headers)
+		}
+	}
+	original := getOne(t, ch, source, false)
+	if _, ok := original.Headers["BCC"]; ok {
+		t.Errorf("the BCC header reached the consumer of the routing key's queue: %#v", original.Headers)
+	}
+	if err := original.Reject(false); err != nil {
+		t.Fatalf("basic.reject: %v", err)
+	}
+	d := getEventually(t, ch, dead)
+	deaths, _ := d.Headers["x-death"].([]interface{})
+	if len(deaths) != 1 {
+		t.Fatalf("x-death = %#v", d.Headers["x-death"])
+	}
+	entry, _ := deaths[0].(amqp.Table)
+	if keys := entry["routing-keys"]; !reflect.DeepEqual(keys, []interface{}{source, carbon}) {
+		t.Fatalf("x-death[0].routing-keys = %#v, want [%s %s]", keys, source, carbon)
+	}
+	if cc, ok := d.Headers["CC"].([]interface{}); !ok || !reflect.DeepEqual(cc, []interface{}{carbon}) {
+		t.Errorf("the dead letter's CC = %#v, want [%s]", d.Headers["CC"], carbon)
+	}
+}
