@@ -1106,3 +1106,78 @@ func TestDeadLetterRoutingKeysIncludeCC(t *testing.T) {
 		t.Errorf("the dead letter's CC = %#v, want [%s]", d.Headers["CC"], carbon)
 	}
 }
+
+// Redeclaring a queue with other feature arguments is RabbitMQ's 406 naming the argument, the
+// value received and the current one (with their types); the queue is unchanged.
+func TestFeatureArgumentsRedeclaredOtherwiseAre406(t *testing.T) {
+	conn, ch := connChannel(t)
+	args := amqp.Table{"x-max-priority": int32(10), "x-message-ttl": int32(60000), "x-max-length": int32(5),
+		"x-overflow": "reject-publish", "x-dead-letter-exchange": "", "x-expires": int32(60000)}
+	queue := declareWithArgs(t, ch, "redeclare", args)
+	for _, c := range []struct {
+		key   string
+		value interface{}
+		want  string
+	}{
+		{"x-max-priority", int32(5), "received '5' but current is '10'"},
+		{"x-max-length", nil, "received none but current is the value '5' of type 'signedint'"},
+		{"x-overflow", "drop-head", "received 'drop-head' but current is 'reject-publish'"},
+		{"x-dead-letter-exchange", "other", "received 'other' but current is ''"},
+		{"x-expires", int32(1000), "received '1000' but current is '60000'"},
+	} {
+		changed := amqp.Table{}
+		for key, value := range args {
+			changed[key] = value
+		}
+		if c.value == nil {
+			delete(changed, c.key)
+		} else {
+			changed[c.key] = c.value
+		}
+		redeclare := openChannel(t, conn)
+		closed := redeclare.NotifyClose(make(chan *amqp.Error, 1))
+		_, err := redeclare.QueueDeclare(queue, false, false, false, false, changed)
+		if err == nil {
+			t.Errorf("redeclare with %s = %#v succeeded, want 406", c.key, c.value)
+			continue
+		}
+		e := expectChannelError(t, conn, redeclare, closed, err, amqp.PreconditionFailed, "PRECONDITION_FAILED")
+		want := fmt.Sprintf("PRECONDITION_FAILED - inequivalent arg '%s' for queue '%s' in vhost '/': %s", c.key, queue, c.want)
+		if e.Reason != want {
+			t.Errorf("redeclare with %s = %#v:\n got %q\nwant %q", c.key, c.value, e.Reason, want)
+		}
+	}
+	if _, err := openChannel(t, conn).QueueDeclare(queue, false, false, false, false, args); err != nil {
+		t.Fatalf("the same arguments again: %v", err)
+	}
+}
+
+// An integer argument redeclared with another integer type of the same value is equivalent, as
+// RabbitMQ compares them (by type class). Lepus (main at 8466534) refuses every one of them,
+// e.g. "inequivalent arg 'x-message-ttl' ...: received '60000' but current is '60000'": this test
+// fails there.
+func TestFeatureArgumentsOfAnotherIntegerTypeAreEquivalent(t *testing.T) {
+	conn, ch := connChannel(t)
+	args := amqp.Table{"x-max-priority": int32(10), "x-message-ttl": int32(60000), "x-max-length": int32(5),
+		"x-max-length-bytes": int32(5000), "x-expires": int32(60000), "x-delivery-limit": int32(3)}
+	if brokerProduct(t) != "Lepus" {
+		delete(args, "x-delivery-limit") // quorum queues only on RabbitMQ
+	}
+	queue := declareWithArgs(t, ch, "redeclare-width", args)
+	for key, value := range args {
+		others := []interface{}{int64(value.(int32))}
+		if value.(int32) <= 32767 {
+			others = append(others, int16(value.(int32)))
+		}
+		for _, other := range others {
+			changed := amqp.Table{}
+			for k, v := range args {
+				changed[k] = v
+			}
+			changed[key] = other
+			if _, err := openChannel(t, conn).QueueDeclare(queue, false, false, false, false, changed); err != nil {
+				t.Errorf("redeclare with %s = %T %v: %v", key, other, other, err)
+			}
+		}
+	}
+}
