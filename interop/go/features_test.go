@@ -1181,3 +1181,42 @@ func TestFeatureArgumentsOfAnotherIntegerTypeAreEquivalent(t *testing.T) {
 		}
 	}
 }
+
+// x-max-length and x-max-length-bytes count ready messages only: messages delivered and not yet
+// acknowledged leave room, and drop-head drops the oldest ready one, never an unacked one; when
+// unacked messages are requeued past the limit, the oldest ready ones are dropped at once.
+// Lepus (main at 8466534) keeps all four after the requeue, past x-max-length 2: this test fails
+// there.
+func TestMaxLengthCountsReadyMessagesOnly(t *testing.T) {
+	_, ch := confirmChannel(t)
+	for _, args := range []amqp.Table{{"x-max-length": int32(2)}, {"x-max-length-bytes": int32(2)}} {
+		queue := declareWithArgs(t, ch, "maxlen-ready", args)
+		publishText(t, ch, "", queue, "u")
+		publishText(t, ch, "", queue, "v")
+		unacked := []amqp.Delivery{getOne(t, ch, queue, false), getOne(t, ch, queue, false)}
+		for _, body := range []string{"w", "x", "y"} {
+			publishText(t, ch, "", queue, body)
+		}
+		assertMessageCount(t, ch, queue, 2)
+		for _, d := range unacked {
+			if err := d.Nack(false, true); err != nil {
+				t.Fatalf("basic.nack: %v", err)
+			}
+		}
+		// basic.get after the nacks on one channel: the queue has taken the requeue by then.
+		var got []string
+		for {
+			d, ok, err := ch.Get(queue, true)
+			if err != nil {
+				t.Fatalf("basic.get: %v", err)
+			}
+			if !ok {
+				break
+			}
+			got = append(got, string(d.Body))
+		}
+		if want := []string{"x", "y"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("%v: kept %v after the requeue, want %v (the requeued u, v are dropped from the head)", args, got, want)
+		}
+	}
+}
