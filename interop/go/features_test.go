@@ -1220,3 +1220,75 @@ func TestMaxLengthCountsReadyMessagesOnly(t *testing.T) {
 		}
 	}
 }
+
+// A mandatory reply that reaches no requesting channel is returned 312 NO_ROUTE, as RabbitMQ
+// returns it: to an address whose channel has gone, to an address no channel made, and to the
+// bare pseudo-queue name. Lepus (main at 8466534) returns only the last, and drops the other two
+// silently: this test fails there.
+func TestDirectReplyToMandatoryReplyToNobodyIsReturned(t *testing.T) {
+	clientConn, client := connChannel(t)
+	if _, err := client.Consume(directReplyTo, "", true, false, false, false, nil); err != nil {
+		t.Fatalf("basic.consume: %v", err)
+	}
+	_, server := confirmChannel(t)
+	requests := declareQueue(t, server, "rpc-mandatory").Name
+	publish(t, client, "", requests, amqp.Publishing{Body: []byte("ping"), ReplyTo: directReplyTo})
+	gone := getEventually(t, server, requests).ReplyTo
+	_ = clientConn.Close()
+	returns := server.NotifyReturn(make(chan amqp.Return, 3))
+	addresses := []string{gone, directReplyTo + ".made-up", directReplyTo}
+	for _, address := range addresses {
+		publishFlags(t, server, "", address, true, amqp.Publishing{Body: []byte(address)})
+	}
+	returned := map[string]bool{}
+	for range addresses {
+		select {
+		case r := <-returns:
+			if r.ReplyCode != amqp.NoRoute || r.ReplyText != "NO_ROUTE" || r.RoutingKey != string(r.Body) {
+				t.Errorf("returned %d %q, key %q for %q", r.ReplyCode, r.ReplyText, r.RoutingKey, r.Body)
+			}
+			returned[string(r.Body)] = true
+		case <-time.After(quietPeriod):
+		}
+	}
+	for _, address := range addresses {
+		if !returned[address] {
+			t.Errorf("the mandatory reply to %q was not returned", address)
+		}
+	}
+}
+
+// x-delivery-count counts every return: a channel closed with the message unacked and a reject
+// with requeue alike (quorum queue on RabbitMQ, classic on Lepus).
+func TestDeliveryCountCountsChannelCloseAndReject(t *testing.T) {
+	conn, ch := connChannel(t)
+	args := amqp.Table{"x-delivery-limit": int32(10)}
+	durable := false
+	if brokerProduct(t) != "Lepus" {
+		args["x-queue-type"] = "quorum"
+		durable = true
+	}
+	source := uniqueName(t, "delivery-count")
+	if _, err := ch.QueueDeclare(source, durable, false, false, false, args); err != nil {
+		t.Fatalf("queue.declare %s: %v", source, err)
+	}
+	cleanupQueue(t, source)
+	publishText(t, ch, "", source, "m")
+	var seen []string
+	for round := 0; round < 2; round++ {
+		other := openChannel(t, conn)
+		d := getEventually(t, other, source)
+		seen = append(seen, fmt.Sprintf("%v/%v", d.Headers["x-delivery-count"], d.Redelivered))
+		_ = other.Close()
+	}
+	d := getEventually(t, ch, source)
+	seen = append(seen, fmt.Sprintf("%v/%v", d.Headers["x-delivery-count"], d.Redelivered))
+	if err := d.Reject(true); err != nil {
+		t.Fatalf("basic.reject: %v", err)
+	}
+	d = getEventually(t, ch, source)
+	seen = append(seen, fmt.Sprintf("%v/%v", d.Headers["x-delivery-count"], d.Redelivered))
+	if want := []string{"0/false", "1/true", "2/true", "3/true"}; !reflect.DeepEqual(seen, want) {
+		t.Fatalf("x-delivery-count/redelivered %v, want %v", seen, want)
+	}
+}
