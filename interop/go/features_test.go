@@ -61,6 +61,22 @@ func expectDeclareRefused(t *testing.T, conn *amqp.Connection, args amqp.Table, 
 	}
 }
 
+// drainBodies takes every ready message of queue with basic.get (auto-ack), in order.
+func drainBodies(t *testing.T, ch *amqp.Channel, queue string) []string {
+	t.Helper()
+	var got []string
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatalf("basic.get %s: %v", queue, err)
+		}
+		if !ok {
+			return got
+		}
+		got = append(got, string(d.Body))
+	}
+}
+
 // xDeath checks a dead letter's single x-death entry with the field types RabbitMQ writes and
 // returns it.
 func xDeath(t *testing.T, d amqp.Delivery, queue, reason string) amqp.Table {
@@ -301,17 +317,7 @@ func TestMaxLengthBytesDropsTheOldest(t *testing.T) {
 	for _, body := range []string{"aaaa", "bbbb", "cccc", "dd"} {
 		publish(t, ch, "", queue, amqp.Publishing{Body: []byte(body), Headers: amqp.Table{"padding": strings.Repeat("h", 100)}})
 	}
-	var got []string
-	for {
-		d, ok, err := ch.Get(queue, true)
-		if err != nil {
-			t.Fatalf("basic.get: %v", err)
-		}
-		if !ok {
-			break
-		}
-		got = append(got, string(d.Body))
-	}
+	got := drainBodies(t, ch, queue)
 	if want := []string{"bbbb", "cccc", "dd"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("kept %v, want %v (10 bytes of bodies; headers do not count)", got, want)
 	}
@@ -448,15 +454,7 @@ func TestConsistentHashExchangeSpreadsByWeight(t *testing.T) {
 	queueOf := map[string]string{}
 	shares := make([]int, len(queues))
 	for index, queue := range queues {
-		for {
-			d, ok, err := ch.Get(queue, true)
-			if err != nil {
-				t.Fatalf("basic.get: %v", err)
-			}
-			if !ok {
-				break
-			}
-			key := string(d.Body)
+		for _, key := range drainBodies(t, ch, queue) {
 			if previous, seen := queueOf[key]; seen && previous != queue {
 				t.Fatalf("key %s reached two queues", key)
 			} else if !seen {
@@ -784,22 +782,14 @@ func TestConsistentHashHeaderAndProperty(t *testing.T) {
 		queueOf := map[string]string{}
 		reached := 0
 		for _, queue := range queues {
-			count := 0
-			for {
-				d, ok, err := ch.Get(queue, true)
-				if err != nil {
-					t.Fatalf("basic.get: %v", err)
+			got := drainBodies(t, ch, queue)
+			for _, value := range got {
+				if previous, seen := queueOf[value]; seen && previous != queue {
+					t.Fatalf("%v: value %s reached two queues", c.args, value)
 				}
-				if !ok {
-					break
-				}
-				count++
-				if previous, seen := queueOf[string(d.Body)]; seen && previous != queue {
-					t.Fatalf("%v: value %s reached two queues", c.args, d.Body)
-				}
-				queueOf[string(d.Body)] = queue
+				queueOf[value] = queue
 			}
-			if count > 0 {
+			if len(got) > 0 {
 				reached++
 			}
 		}
@@ -937,17 +927,7 @@ func TestMessageDeduplicationCacheTTLAndBadArguments(t *testing.T) {
 	time.Sleep(450 * time.Millisecond)
 	send("a3", "a", 0)
 	send("b2", "b", 0)
-	var got []string
-	for {
-		d, ok, err := ch.Get(queue, true)
-		if err != nil {
-			t.Fatalf("basic.get: %v", err)
-		}
-		if !ok {
-			break
-		}
-		got = append(got, string(d.Body))
-	}
+	got := drainBodies(t, ch, queue)
 	if want := []string{"a1", "b1", "a3"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("routed %v, want %v", got, want)
 	}
@@ -1204,17 +1184,7 @@ func TestMaxLengthCountsReadyMessagesOnly(t *testing.T) {
 			}
 		}
 		// basic.get after the nacks on one channel: the queue has taken the requeue by then.
-		var got []string
-		for {
-			d, ok, err := ch.Get(queue, true)
-			if err != nil {
-				t.Fatalf("basic.get: %v", err)
-			}
-			if !ok {
-				break
-			}
-			got = append(got, string(d.Body))
-		}
+		got := drainBodies(t, ch, queue)
 		if want := []string{"x", "y"}; !reflect.DeepEqual(got, want) {
 			t.Errorf("%v: kept %v after the requeue, want %v (the requeued u, v are dropped from the head)", args, got, want)
 		}
