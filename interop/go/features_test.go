@@ -1262,3 +1262,85 @@ func TestDeliveryCountCountsChannelCloseAndReject(t *testing.T) {
 		t.Fatalf("x-delivery-count/redelivered %v, want %v", seen, want)
 	}
 }
+
+// A publish routed to several queues is nacked when one of them refuses it (reject-publish), and
+// the others keep their copy, as RabbitMQ does.
+func TestRejectPublishByOneQueueNacksAndTheOthersKeepIt(t *testing.T) {
+	_, ch := confirmChannel(t)
+	full := declareWithArgs(t, ch, "refusing", amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"})
+	open := declareQueue(t, ch, "taking").Name
+	fanout := declareExchange(t, ch, "reject-fan", "fanout", nil)
+	for _, queue := range []string{full, open} {
+		if err := ch.QueueBind(queue, "", fanout, false, nil); err != nil {
+			t.Fatalf("queue.bind: %v", err)
+		}
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), fanout, "", false, false, amqp.Publishing{Body: []byte("two")})
+	if err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if acked, err := dc.WaitContext(ctx); err != nil || acked {
+		t.Fatalf("acked=%v err=%v, want a nack", acked, err)
+	}
+	if got := drainBodies(t, ch, open); !reflect.DeepEqual(got, []string{"two"}) {
+		t.Fatalf("the accepting queue holds %v, want [two]", got)
+	}
+	assertMessageCount(t, ch, full, 0)
+}
+
+// A dead letter keeps the message's properties (priority, correlation id, delivery mode, message
+// id, timestamp, type, app id, content type), is not marked redelivered, and carries the
+// dead-letter routing key on the dead-letter exchange.
+func TestDeadLetterKeepsTheProperties(t *testing.T) {
+	_, ch := confirmChannel(t)
+	dead := declareQueue(t, ch, "props-dead").Name
+	source := declareWithArgs(t, ch, "props", amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead, "x-max-priority": int32(5)})
+	sent := amqp.Publishing{Body: []byte("props"), Priority: 3, CorrelationId: "c", DeliveryMode: amqp.Persistent, MessageId: "m",
+		Timestamp: time.Unix(1700000000, 0), Type: "ty", AppId: "app", ContentType: "text/x", ReplyTo: "back"}
+	publish(t, ch, "", source, sent)
+	if err := getOne(t, ch, source, false).Reject(false); err != nil {
+		t.Fatalf("basic.reject: %v", err)
+	}
+	d := getEventually(t, ch, dead)
+	got := amqp.Publishing{Body: d.Body, Priority: d.Priority, CorrelationId: d.CorrelationId, DeliveryMode: d.DeliveryMode, MessageId: d.MessageId,
+		Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, ContentType: d.ContentType, ReplyTo: d.ReplyTo}
+	if got.Timestamp.Unix() != sent.Timestamp.Unix() {
+		t.Errorf("timestamp %v, want %v", got.Timestamp, sent.Timestamp)
+	}
+	got.Timestamp = sent.Timestamp
+	if !reflect.DeepEqual(got, sent) {
+		t.Errorf("dead letter\n got %+v\nwant %+v", got, sent)
+	}
+	if d.Redelivered || d.Exchange != "" || d.RoutingKey != dead {
+		t.Errorf("redelivered %v, exchange %q, routing key %q; want false, \"\", %q", d.Redelivered, d.Exchange, d.RoutingKey, dead)
+	}
+}
+
+// A mandatory reply to a live direct reply-to address is delivered. RabbitMQ 3.10.8 also returns
+// it (312 NO_ROUTE: its direct replies bypass queue routing, so the mandatory check sees no
+// queue), which Lepus does not copy: it returns only a reply that reached no one. The return is
+// logged here, not required either way.
+func TestDirectReplyToMandatoryReplyIsDelivered(t *testing.T) {
+	_, client := connChannel(t)
+	replies, err := client.Consume(directReplyTo, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("basic.consume: %v", err)
+	}
+	_, server := confirmChannel(t)
+	requests := declareQueue(t, server, "rpc-live").Name
+	publish(t, client, "", requests, amqp.Publishing{Body: []byte("ping"), ReplyTo: directReplyTo})
+	request := getEventually(t, server, requests)
+	returns := server.NotifyReturn(make(chan amqp.Return, 1))
+	publishFlags(t, server, "", request.ReplyTo, true, amqp.Publishing{Body: []byte("pong")})
+	if reply := receive(t, replies); string(reply.Body) != "pong" {
+		t.Fatalf("reply %q", reply.Body)
+	}
+	select {
+	case r := <-returns:
+		t.Logf("%s returned the delivered reply too: %d %q", brokerProduct(t), r.ReplyCode, r.ReplyText)
+	case <-time.After(quietPeriod):
+		t.Logf("%s did not return the delivered reply", brokerProduct(t))
+	}
+}
