@@ -1344,3 +1344,51 @@ func TestDirectReplyToMandatoryReplyIsDelivered(t *testing.T) {
 		t.Logf("%s did not return the delivered reply", brokerProduct(t))
 	}
 }
+
+// An expiration of "0" behind a consumer at its prefetch limit expires: it is never delivered,
+// the next message is.
+func TestExpirationZeroBehindABusyConsumerIsDropped(t *testing.T) {
+	_, ch := confirmChannel(t)
+	queue := declareQueue(t, ch, "zero-busy").Name
+	consumer := openChannel(t, dial(t))
+	if err := consumer.Qos(1, 0, false); err != nil {
+		t.Fatalf("basic.qos: %v", err)
+	}
+	msgs := consume(t, consumer, queue, false)
+	publishText(t, ch, "", queue, "first")
+	publish(t, ch, "", queue, amqp.Publishing{Body: []byte("now-or-never"), Expiration: "0"})
+	publishText(t, ch, "", queue, "third")
+	first := receive(t, msgs)
+	time.Sleep(100 * time.Millisecond)
+	if err := first.Ack(false); err != nil {
+		t.Fatalf("basic.ack: %v", err)
+	}
+	next := receive(t, msgs)
+	_ = next.Ack(false)
+	if got := []string{string(first.Body), string(next.Body)}; !reflect.DeepEqual(got, []string{"first", "third"}) {
+		t.Fatalf("delivered %v, want [first third]", got)
+	}
+	expectNoDelivery(t, msgs)
+}
+
+// A mandatory publish refused by a full reject-publish queue is nacked, not returned: it was
+// routed.
+func TestRejectPublishMandatoryIsNackedNotReturned(t *testing.T) {
+	_, ch := confirmChannel(t)
+	full := declareWithArgs(t, ch, "full-mandatory", amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"})
+	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
+	dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", full, true, false, amqp.Publishing{Body: []byte("m")})
+	if err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if acked, err := dc.WaitContext(ctx); err != nil || acked {
+		t.Fatalf("acked=%v err=%v, want a nack", acked, err)
+	}
+	select {
+	case r := <-returns:
+		t.Fatalf("returned %d %q", r.ReplyCode, r.ReplyText)
+	case <-time.After(quietPeriod):
+	}
+}
