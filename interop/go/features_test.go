@@ -1392,3 +1392,29 @@ func TestRejectPublishMandatoryIsNackedNotReturned(t *testing.T) {
 	case <-time.After(quietPeriod):
 	}
 }
+
+// A message dead-lettered for its queue's length (drop-head drops the old one, reject-publish-dlx
+// the new one) loses its expiration to x-death's original-expiration, and its first death's
+// x-first-death-* replace any the publisher wrote.
+func TestMaxLengthDeadLetterKeepsOriginalExpiration(t *testing.T) {
+	_, ch := confirmChannel(t)
+	dead := declareQueue(t, ch, "maxlen-exp-dead").Name
+	for overflow, want := range map[string]string{"drop-head": "m1", "reject-publish-dlx": "m2"} {
+		queue := declareWithArgs(t, ch, overflow, amqp.Table{"x-max-length": int32(1), "x-overflow": overflow,
+			"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+		forged := amqp.Table{"x-first-death-queue": "forged", "x-first-death-reason": "forged"}
+		for _, body := range []string{"m1", "m2"} {
+			if err := ch.PublishWithContext(context.Background(), "", queue, false, false,
+				amqp.Publishing{Body: []byte(body), Expiration: "60000", Headers: forged}); err != nil {
+				t.Fatalf("publish: %v", err)
+			}
+		}
+		d := getEventually(t, ch, dead)
+		if string(d.Body) != want || d.Expiration != "" {
+			t.Fatalf("%s: dead letter %q with expiration %q, want %s without one", overflow, d.Body, d.Expiration, want)
+		}
+		if entry := xDeath(t, d, queue, "maxlen"); entry["original-expiration"] != "60000" {
+			t.Errorf("%s: original-expiration %#v, want \"60000\"", overflow, entry["original-expiration"])
+		}
+	}
+}
