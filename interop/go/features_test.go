@@ -1201,10 +1201,9 @@ func TestMaxLengthCountsReadyMessagesOnly(t *testing.T) {
 
 // A mandatory reply that reaches no requesting channel is returned 312 NO_ROUTE, as RabbitMQ
 // returns it: to an address whose channel has gone, to an address no channel made, and to the
-// bare pseudo-queue name. Lepus returns only the last and drops the other two
-// silently: a known difference (skipped on Lepus, listed in docs/compatibility.md).
+// bare pseudo-queue name. Lepus returned only the last and dropped the other two
+// silently until this test found it.
 func TestDirectReplyToMandatoryReplyToNobodyIsReturned(t *testing.T) {
-	knownDifference(t, "a mandatory reply to a direct reply-to address that reaches no channel is dropped, not returned 312 NO_ROUTE")
 	clientConn, client := connChannel(t)
 	if _, err := client.Consume(directReplyTo, "", true, false, false, false, nil); err != nil {
 		t.Fatalf("basic.consume: %v", err)

@@ -235,7 +235,11 @@ impl Channel {
 fn enqueue(context: &Context, channel: u16, publish: &Publish, queues: &[Queue], tickets: &mut ConfirmTickets) -> Routed {
     let message = &publish.message;
     // A reply to a direct reply-to request names no queue; checked only for what routed nowhere.
-    if queues.is_empty() && message.exchange.is_empty() && context.broker.reply_consumers.deliver(message) {
+    // One that reaches no channel is unroutable: returned below when mandatory.
+    if queues.is_empty()
+        && message.exchange.is_empty()
+        && context.broker.reply_consumers.deliver(message) == crate::direct_reply::ReplyDelivery::Delivered
+    {
         return Routed { waits: false, rejected: false };
     }
     if queues.is_empty() {
