@@ -26,16 +26,6 @@ func lepusOnly(t *testing.T, reason string) {
 	}
 }
 
-// knownDifference skips, on Lepus only, a test of RabbitMQ behaviour Lepus does not have yet; the
-// test still runs against RabbitMQ, and docs/compatibility.md lists the difference. Remove the call
-// when Lepus does it.
-func knownDifference(t *testing.T, difference string) {
-	t.Helper()
-	if product := brokerProduct(t); product == "Lepus" {
-		t.Skipf("known difference from RabbitMQ 3.10.8, not implemented in Lepus yet: %s", difference)
-	}
-}
-
 // declareWithArgs declares a non-durable queue with arguments, deleted when the test ends.
 func declareWithArgs(t *testing.T, ch *amqp.Channel, prefix string, args amqp.Table) string {
 	t.Helper()
@@ -1049,11 +1039,9 @@ func TestMessageTTLCountsFromPublishAcrossARequeue(t *testing.T) {
 }
 
 // CC and BCC headers route a message to more queues; a dead letter's x-death routing-keys are
-// its routing key and CC's (BCC is removed at publish, as RabbitMQ removes it). Lepus routes
-// nothing by CC/BCC and keeps BCC in the message: a known difference (skipped on Lepus, listed in
-// docs/compatibility.md).
+// its routing key and CC's (BCC is removed at publish, as RabbitMQ removes it). Lepus routed
+// nothing by CC/BCC and kept BCC in the message until this test found it.
 func TestDeadLetterRoutingKeysIncludeCC(t *testing.T) {
-	knownDifference(t, "routing by the CC and BCC headers (and removing BCC at publish)")
 	_, ch := confirmChannel(t)
 	fanout := declareExchange(t, ch, "cc-dlx", "fanout", nil)
 	dead := declareQueue(t, ch, "cc-dead").Name

@@ -111,6 +111,7 @@ impl Channel {
         let mut queues = std::mem::take(&mut self.routed_queues);
         let mut delayed: Vec<(DelayedRoute, bool)> = Vec::new();
         let mut deduplicated = Deduplicated::Routed(None);
+        let mut has_bcc = false;
         {
             let vhost = context.topology()?.read();
             let exchange = vhost.require_exchange(&message.exchange).map_err(|error| error.during(60, 40))?;
@@ -132,11 +133,12 @@ impl Channel {
                     deduplicated = deduplicate(context, exchange, &message);
                 }
                 if !matches!(deduplicated, Deduplicated::Dropped) {
-                    route_to_queues(&vhost, &message, &mut queues, &mut delayed);
+                    has_bcc = route_to_queues(&vhost, &message, &mut queues, &mut delayed);
                 }
                 self.exchange_counts.count(&exchange.stats.0, queues.len());
             }
         }
+        let message = if has_bcc { super::header_routes::without_bcc(&message) } else { message };
         let publish = Publish { mandatory: content.mandatory, message };
         let counters = &self.shared.publish_counters;
         bump_single_writer(&counters.received);
@@ -205,6 +207,7 @@ impl Channel {
         let mut queues: Vec<Queue> = Vec::new();
         let mut delayed: Vec<(DelayedRoute, bool)> = Vec::new();
         let mut deduplicated = Deduplicated::Routed(None);
+        let mut has_bcc = false;
         // Channels exist only after connection.open set the topology.
         if let Ok(topology) = context.topology() {
             let vhost = topology.read();
@@ -212,12 +215,19 @@ impl Channel {
                 deduplicated = deduplicate(context, exchange, &publish.message);
             }
             if !matches!(deduplicated, Deduplicated::Dropped) {
-                route_to_queues(&vhost, &publish.message, &mut queues, &mut delayed);
+                has_bcc = route_to_queues(&vhost, &publish.message, &mut queues, &mut delayed);
                 if let Ok(exchange) = vhost.require_exchange(&publish.message.exchange) {
                     self.exchange_counts.count(&exchange.stats.0, queues.len());
                 }
             }
         }
+        let stripped;
+        let publish = if has_bcc {
+            stripped = Publish { mandatory: publish.mandatory, message: super::header_routes::without_bcc(&publish.message) };
+            &stripped
+        } else {
+            publish
+        };
         count_routing(&self.shared, publish, &queues);
         let mut routed = enqueue(context, self.id(), publish, &queues, tickets);
         if let Deduplicated::Routed(Some(log)) = deduplicated {
@@ -283,14 +293,27 @@ fn count_routing(channel: &ChannelShared, publish: &Publish, queues: &[Queue]) {
 
 /// The queues the message's exchange and routing key lead to, and the delayed exchanges on the
 /// way that hold it back (with whether each is durable).
-fn route_to_queues(vhost: &Vhost<Queue>, message: &Message, queues: &mut Vec<Queue>, delayed: &mut Vec<(DelayedRoute, bool)>) {
+/// Routes a message by its routing key and its CC and BCC keys; true when its BCC header must be
+/// taken out before a queue holds it (see `header_routes`).
+fn route_to_queues(vhost: &Vhost<Queue>, message: &Message, queues: &mut Vec<Queue>, delayed: &mut Vec<(DelayedRoute, bool)>) -> bool {
     let mut properties = || message.header.properties().ok();
     let mut routes: Vec<DelayedRoute> = Vec::new();
     vhost.route(&message.exchange, &message.routing_key, &mut properties, queues, &mut routes);
+    let (header_keys, has_bcc) = super::header_routes::header_routes(message);
+    for key in &header_keys {
+        let mut more: Vec<Queue> = Vec::new();
+        vhost.route(&message.exchange, key, &mut properties, &mut more, &mut routes);
+        for queue in more {
+            if !queues.iter().any(|routed| routed.same(&queue)) {
+                queues.push(queue);
+            }
+        }
+    }
     for route in routes {
         let durable = vhost.exchange(&route.exchange).is_some_and(|exchange| exchange.durable);
         delayed.push((route, durable));
     }
+    has_bcc
 }
 
 /// What an exchange's deduplication made of a publish.
