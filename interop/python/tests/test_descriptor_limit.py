@@ -26,6 +26,7 @@ import pytest
 from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from conftest import make_params, safe_close
+import test_many_queues
 from test_lifecycle import LepusBroker
 
 pytestmark = pytest.mark.lepus_only
@@ -47,13 +48,8 @@ class UnboundedConnectionsBroker(LepusBroker):
 
 
 def limited_broker(tmp_path):
-    """A LepusBroker whose process runs under `ulimit -n DESCRIPTOR_LIMIT` (soft and hard)."""
-    wrapper = tmp_path / "lepus-ulimit"
-    wrapper.write_text('#!/bin/sh\nulimit -n %d || exit 97\nexec "%s" "$@"\n' % (DESCRIPTOR_LIMIT, os.environ["LEPUS_BIN"]))
-    wrapper.chmod(0o755)
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    return UnboundedConnectionsBroker(str(wrapper), data_dir, tmp_path)
+    """A broker whose process runs under `ulimit -n DESCRIPTOR_LIMIT` (soft and hard)."""
+    return test_many_queues.limited_broker(tmp_path, DESCRIPTOR_LIMIT, UnboundedConnectionsBroker)
 
 
 def descriptors(broker):

@@ -2,9 +2,10 @@
 
 A restart does not read a durable queue's sealed segments: their summaries in the queue's index
 (docs/storage.md, "Recovery") give its live and delivered positions, and only the newest segment
-is read. This test builds a backlog over a few hundred small segments (`--segment-bytes-max 64
-KiB`), acks messages spread over two thirds of it, requeues the others of those two thirds (delivered
-before the restart), and:
+is read. This test builds a backlog over about 85 small segments (`--segment-bytes-max 64 KiB`),
+acks messages spread over half of it, requeues the others of that half (delivered before the
+restart), publishes the rest (so the settles and delivered markers are in sealed, summarised
+segments), and:
 
 - after a graceful restart, checks the broker read a small part of the backlog to start (rchar of
   /proc/PID/io until the queue answers a passive declare), then drains the queue: exactly the
@@ -38,9 +39,13 @@ BODY_BYTES = 400
 COMMIT_EVERY = 1000
 # Seconds a consumer may take to receive its messages.
 CONSUME_TIMEOUT_SECONDS = 60
-# Taken before the restart: the first two thirds; of those, every ACKED_EVERY-th is acked (acks
-# spread over the older segments, their settle records in the newer ones), the rest requeued.
-FETCHED = MESSAGES * 2 // 3
+# Published after the messages were taken, so that the segments holding the settles and delivered
+# markers of the take are sealed and summarised too (the newest segment is always read).
+TAIL = 3000
+# Taken before the restart: two thirds of those published before; of those, every ACKED_EVERY-th
+# is acked (acks spread over the older segments, their settle records in the newer ones), the rest
+# requeued.
+FETCHED = (MESSAGES - TAIL) * 2 // 3
 ACKED_EVERY = 3
 # At most this share of the backlog's bytes may be read to start (the newest segment, the index,
 # the definitions): a start that scans every segment reads all of it.
@@ -96,19 +101,25 @@ def consume(connection, queue, count, auto_ack):
     return channel, got
 
 
+def publish(channel, queue, numbers):
+    """Persistent messages in transactions of COMMIT_EVERY (tx.commit-ok: they are on disk)."""
+    for index, number in enumerate(numbers):
+        channel.basic_publish("", queue, body(number), pika.BasicProperties(delivery_mode=2))
+        if index % COMMIT_EVERY == COMMIT_EVERY - 1 or index == len(numbers) - 1:
+            channel.tx_commit()
+
+
 def build(broker, queue):
-    """Publishes the backlog (committed), then takes the first FETCHED messages with a consumer,
-    acks every ACKED_EVERY-th and lets the channel's close requeue the others (delivered before
-    the restart). Returns the numbers left in the queue, those delivered and those acked."""
+    """Publishes the backlog but its TAIL, takes the first FETCHED messages with a consumer, acks
+    every ACKED_EVERY-th and lets the channel's close requeue the others (delivered before the
+    restart), then publishes the TAIL. Returns the numbers left in the queue, those delivered and
+    those acked."""
     connection = broker.connect()
     try:
-        channel = connection.channel()
-        channel.queue_declare(queue, durable=True)
-        channel.tx_select()
-        for number in range(MESSAGES):
-            channel.basic_publish("", queue, body(number), pika.BasicProperties(delivery_mode=2))
-            if number % COMMIT_EVERY == COMMIT_EVERY - 1 or number == MESSAGES - 1:
-                channel.tx_commit()
+        publisher = connection.channel()
+        publisher.queue_declare(queue, durable=True)
+        publisher.tx_select()
+        publish(publisher, queue, range(MESSAGES - TAIL))
         channel, got = consume(connection, queue, FETCHED, auto_ack=False)
         assert [number for number, _, _ in got] == list(range(FETCHED))
         delivered, acked = set(), set()
@@ -119,6 +130,7 @@ def build(broker, queue):
             else:
                 delivered.add(number)
         channel.close()
+        publish(publisher, queue, range(MESSAGES - TAIL, MESSAGES))
         left = [number for number in range(MESSAGES) if number not in acked]
         return left, delivered, acked
     finally:
@@ -133,26 +145,15 @@ def message_count(broker, queue):
         safe_close(connection)
 
 
-def drain(broker, queue):
-    """Every message of the queue, taken (auto-ack): [(number, redelivered)]."""
+def take_all(broker, queue, auto_ack):
+    """Every message of the queue, in order, by a consumer: [(number, redelivered)]. Taken with
+    auto_ack, else left in the queue (requeued when the channel closes)."""
     count = message_count(broker, queue)
     connection = broker.connect()
     try:
-        _, got = consume(connection, queue, count, auto_ack=True)
-        assert message_count(broker, queue) == 0
-        return [(number, redelivered) for number, redelivered, _ in got]
-    finally:
-        safe_close(connection)
-
-
-def peek(broker, queue):
-    """The numbers of every message of the queue, in order, left in the queue (requeued)."""
-    count = message_count(broker, queue)
-    connection = broker.connect()
-    try:
-        channel, got = consume(connection, queue, count, auto_ack=False)
+        channel, got = consume(connection, queue, count, auto_ack=auto_ack)
         channel.close()
-        return [number for number, _, _ in got]
+        return [(number, redelivered) for number, redelivered, _ in got]
     finally:
         safe_close(connection)
 
@@ -180,7 +181,8 @@ def test_a_lazily_recovered_backlog_serves_every_message_in_order(tmp_path):
         assert index_files(data_dir), "no segment index was written"
         print("backlog %.1f MiB in segments, read %.2f MiB to start (%.2f s)" % (total / 2**20, read / 2**20, seconds))
         assert read < READ_SHARE_MAX * total, "read %d bytes of a %d-byte backlog to start" % (read, total)
-        got = drain(broker, queue)
+        got = take_all(broker, queue, auto_ack=True)
+        assert message_count(broker, queue) == 0
         assert [number for number, _ in got] == left, "the recovered queue did not serve exactly its messages in order"
         redelivered = {number for number, flag in got if flag}
         assert redelivered == delivered_before, "the delivered markers did not decide the redelivered flags"
@@ -197,7 +199,7 @@ def test_after_a_crash_and_without_the_index_the_same_messages_come_back(tmp_pat
     try:
         left, _, acked = build(broker, queue)
         restart_and_measure(broker, queue, None, signal.SIGKILL)
-        recovered = peek(broker, queue)
+        recovered = [number for number, _ in take_all(broker, queue, auto_ack=False)]
         assert recovered == sorted(recovered), "the recovered queue served its messages out of order"
         assert set(left) <= set(recovered), "unacked messages lost: %s" % sorted(set(left) - set(recovered))[:10]
         assert set(recovered) - set(left) <= acked, "a message neither published nor requeued came back"
@@ -208,7 +210,8 @@ def test_after_a_crash_and_without_the_index_the_same_messages_come_back(tmp_pat
         for path in index_files(data_dir):
             os.remove(path)
         broker.start()
-        got = drain(broker, queue)
+        got = take_all(broker, queue, auto_ack=True)
+        assert message_count(broker, queue) == 0
         assert [number for number, _ in got] == recovered, "without the index, other messages came back"
         assert all(flag for _, flag in got), "after a crash every recovered message is flagged redelivered"
     finally:
