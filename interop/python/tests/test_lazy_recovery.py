@@ -1,14 +1,15 @@
 """A backlog recovered lazily serves every message (Lepus only, through pika).
 
-A restart does not read a durable queue's sealed segments: their summaries in the queue's index
-(docs/storage.md, "Recovery") give its live and delivered positions, and only the newest segment
-is read. This test builds a backlog over about 85 small segments (`--segment-bytes-max 64 KiB`),
+A restart does not replay a durable queue's sealed segments: their summaries in the queue's index
+(docs/storage.md, "Recovery") give its live and delivered positions; the segments are only read
+to verify their checksums, so damage is still found and reported at start (test_corruption.py),
+and only the newest segment is replayed. This test builds a backlog over about 85 small segments (`--segment-bytes-max 64 KiB`),
 acks messages spread over half of it, requeues the others of that half (delivered before the
 restart), publishes the rest (so the settles and delivered markers are in sealed, summarised
 segments), and:
 
-- after a graceful restart, checks the broker read a small part of the backlog to start (rchar of
-  /proc/PID/io until the queue answers a passive declare), then drains the queue: exactly the
+- after a graceful restart (printing the bytes read to start: rchar of /proc/PID/io until the queue
+  answers a passive declare), drains the queue: exactly the
   unacked messages, in order, those delivered before flagged redelivered, the others not;
 - after a SIGKILL and a restart (every recovered message flagged redelivered), every unacked
   message, in order; acks are not confirmed, so the last of them may be lost with the process
@@ -47,10 +48,6 @@ TAIL = 3000
 # requeued.
 FETCHED = (MESSAGES - TAIL) * 2 // 3
 ACKED_EVERY = 3
-# At most this share of the backlog's bytes may be read to start (the newest segment, the index,
-# the definitions): a start that scans every segment reads all of it.
-READ_SHARE_MAX = 0.2
-
 
 class SmallSegmentBroker(LepusBroker):
     def extra_port_args(self):
@@ -180,7 +177,6 @@ def test_a_lazily_recovered_backlog_serves_every_message_in_order(tmp_path):
         total = backlog_bytes(data_dir)
         assert index_files(data_dir), "no segment index was written"
         print("backlog %.1f MiB in segments, read %.2f MiB to start (%.2f s)" % (total / 2**20, read / 2**20, seconds))
-        assert read < READ_SHARE_MAX * total, "read %d bytes of a %d-byte backlog to start" % (read, total)
         got = take_all(broker, queue, auto_ack=True)
         assert message_count(broker, queue) == 0
         assert [number for number, _ in got] == left, "the recovered queue did not serve exactly its messages in order"
