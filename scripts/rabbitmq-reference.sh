@@ -11,6 +11,8 @@
 #   MANAGEMENT_URL, LEPUS_MANAGEMENT_URL  the management API, http://guest:guest@127.0.0.1:PORT/api
 #   RABBITMQCTL                           a command prefix that reaches the node ("rabbitmqctl -n NODE")
 #   METRICS_URL                           rabbitmq_prometheus's /metrics, http://127.0.0.1:PORT/metrics
+#   STREAM_PORT, STREAM_URL               the rabbitmq_stream plugin's listener (the stream protocol),
+#                                         rabbitmq-stream://guest:guest@127.0.0.1:PORT/%2f
 #
 # Usage: scripts/rabbitmq-reference.sh SUITE...   (python go java management)
 #        REFERENCE_SUITE_ARGS="tests/test_queue.py -k ttl" scripts/rabbitmq-reference.sh python
@@ -38,13 +40,17 @@ port=$(free_port)
 dist_port=$(free_port)
 http_port=$(free_port)
 metrics_port=$(free_port)
+stream_port=$(free_port)
 base=$(mktemp -d /tmp/lepus-rabbitmq-reference-XXXXXX)
 node="lepus-reference-$$@localhost"
 log="$base/server.out"
 mkdir -p "$base/mnesia" "$base/log"
 # The Prometheus plugin answers the metrics tests (RabbitMQ's names are what Lepus's must match);
 # the consistent-hash exchange ships in Debian's package, so its tests run against RabbitMQ too.
-echo "[rabbitmq_management,rabbitmq_prometheus,rabbitmq_consistent_hash_exchange]." >"$base/enabled_plugins"
+# rabbitmq_stream serves the stream protocol the stream suites and `lepus perf --protocol stream`
+# test; it advertises 127.0.0.1 (not the host name) so that clients reconnecting to a stream's
+# leader come back over loopback, as they do to Lepus.
+echo "[rabbitmq_management,rabbitmq_prometheus,rabbitmq_consistent_hash_exchange,rabbitmq_stream]." >"$base/enabled_plugins"
 # Statistics every 500 ms rather than 5 s, so the management suite's waits for them stay short.
 cat >"$base/rabbitmq.conf" <<EOF
 listeners.tcp.default = $port
@@ -53,6 +59,8 @@ management.tcp.ip = 127.0.0.1
 prometheus.tcp.port = $metrics_port
 prometheus.tcp.ip = 127.0.0.1
 collect_statistics_interval = 500
+stream.listeners.tcp.default = $stream_port
+stream.advertised_host = 127.0.0.1
 EOF
 # Debian's rabbitmq-server drops to the rabbitmq user: the node's directories must be its.
 if id rabbitmq >/dev/null 2>&1; then chown -R rabbitmq:rabbitmq "$base"; fi
@@ -75,8 +83,9 @@ for _ in $(seq 1 240); do
   if ! kill -0 "$server_pid" 2>/dev/null; then break; fi
   sleep 0.25
 done
-# "Z3Vlc3Q6Z3Vlc3Q=" is guest:guest in base64. Both listeners must be up.
-if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || ! (exec 3<>"/dev/tcp/127.0.0.1/$http_port") 2>/dev/null; then
+# "Z3Vlc3Q6Z3Vlc3Q=" is guest:guest in base64. The AMQP, HTTP and stream listeners must be up.
+if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || ! (exec 3<>"/dev/tcp/127.0.0.1/$http_port") 2>/dev/null \
+  || ! (exec 3<>"/dev/tcp/127.0.0.1/$stream_port") 2>/dev/null; then
   echo "rabbitmq-reference: FAILED: RabbitMQ did not start; its output:" >&2
   tail -30 "$log" >&2
   exit 1
@@ -85,6 +94,7 @@ url="amqp://guest:guest@127.0.0.1:$port/"
 export RABBITMQCTL="rabbitmqctl -n $node"
 export MANAGEMENT_URL="$management_url" LEPUS_MANAGEMENT_URL="$management_url"
 export METRICS_URL="http://127.0.0.1:$metrics_port/metrics"
+export STREAM_PORT="$stream_port" STREAM_URL="rabbitmq-stream://guest:guest@127.0.0.1:$stream_port/%2f"
 failed=0
 for suite in "$@"; do
   echo "== interop/$suite against RabbitMQ $(dpkg-query -W -f='${Version}' rabbitmq-server 2>/dev/null || true)"

@@ -16,6 +16,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
+# The stream-protocol suites (RabbitMQ's stream clients), against Lepus's stream port and then
+# RabbitMQ's.
+stream_suites=${STREAM_SUITES:-"go-stream java-stream"}
+# Brokers that tests start on their own serve no stream port unless they ask for one: the
+# default, 5552, would make two of them (or another broker on this machine) collide.
+export LEPUS_STREAM_PORT=0
 suites=${SUITES:-"python go java management console cluster"}
 case "${REFERENCE:-rabbitmq}" in
   rabbitmq) ;;
@@ -45,10 +51,12 @@ scripts/fuzz-short.sh
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 port=$(free_port)
 http_port=$(free_port)
+stream_port=$(free_port)
 data_dir=$(mktemp -d /tmp/lepus-test-XXXXXX)
 log="$data_dir.log"
 # The HTTP API on a free port (the permission tests use it); no metrics: no suite reads them.
-"$lepus" server --data-dir "$data_dir" --amqp-port "$port" --http-port "$http_port" --metrics-port 0 --bind 127.0.0.1 >"$log" 2>&1 &
+"$lepus" server --data-dir "$data_dir" --amqp-port "$port" --http-port "$http_port" --metrics-port 0 --bind 127.0.0.1 \
+  --stream-port "$stream_port" --stream-advertised-host 127.0.0.1 >"$log" 2>&1 &
 broker_pid=$!
 cleanup() { kill "$broker_pid" 2>/dev/null || true; wait "$broker_pid" 2>/dev/null || true; rm -rf "$data_dir"; }
 trap cleanup EXIT
@@ -57,6 +65,7 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 export AMQP_URL="amqp://guest:guest@127.0.0.1:$port/"
+export STREAM_PORT="$stream_port" STREAM_URL="rabbitmq-stream://guest:guest@127.0.0.1:$stream_port/%2f"
 export LEPUS_BIN="$lepus"
 # The broker's management API, for suites that read it (rabbitmq-reference.sh exports RabbitMQ's).
 export LEPUS_MANAGEMENT_URL="http://guest:guest@127.0.0.1:$http_port/api" MANAGEMENT_URL="http://guest:guest@127.0.0.1:$http_port/api"
@@ -64,7 +73,7 @@ echo "== broker on port $port (log: $log)"
 
 failed=0
 passed=0
-for suite in $suites; do
+for suite in $suites $stream_suites; do
   echo "== interop/$suite"
   if "interop/$suite/run.sh"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "interop/$suite FAILED"; fi
 done
@@ -75,6 +84,7 @@ if [ "${REFERENCE:-rabbitmq}" = rabbitmq ]; then
   for suite in $suites; do
     case "$suite" in python | go | java | management) reference_suites="$reference_suites $suite" ;; esac
   done
+  reference_suites="$reference_suites $stream_suites"
   # shellcheck disable=SC2086 # one word per suite
   if scripts/rabbitmq-reference.sh $reference_suites; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "reference runs against RabbitMQ FAILED"; fi
 fi

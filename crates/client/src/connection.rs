@@ -245,11 +245,25 @@ impl Connection {
         exclusive: bool,
         auto_delete: bool,
     ) -> Result<QueueDeclared, ClientError> {
+        self.queue_declare_with_arguments(channel, name, durable, exclusive, auto_delete, FieldTable::new()).await
+    }
+
+    /// Declares a queue with arguments (`x-queue-type`, limits, ...).
+    pub async fn queue_declare_with_arguments(
+        &mut self,
+        channel: u16,
+        name: &str,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: FieldTable,
+    ) -> Result<QueueDeclared, ClientError> {
         let method = Method::QueueDeclare(QueueDeclare {
             queue: ShortStr::truncating(name),
             durable,
             exclusive,
             auto_delete,
+            arguments,
             ..QueueDeclare::default()
         });
         match self.call(channel, method).await? {
@@ -309,7 +323,19 @@ impl Connection {
 
     /// Starts a consumer with manual acks (unless `no_ack`) and returns its tag.
     pub async fn basic_consume(&mut self, channel: u16, queue: &str, no_ack: bool) -> Result<String, ClientError> {
-        let method = Method::BasicConsume(BasicConsume { queue: ShortStr::truncating(queue), no_ack, ..BasicConsume::default() });
+        self.basic_consume_with_arguments(channel, queue, no_ack, FieldTable::new()).await
+    }
+
+    /// Starts a consumer with arguments (`x-stream-offset`, `x-priority`, ...).
+    pub async fn basic_consume_with_arguments(
+        &mut self,
+        channel: u16,
+        queue: &str,
+        no_ack: bool,
+        arguments: FieldTable,
+    ) -> Result<String, ClientError> {
+        let method =
+            Method::BasicConsume(BasicConsume { queue: ShortStr::truncating(queue), no_ack, arguments, ..BasicConsume::default() });
         match self.call(channel, method).await? {
             Method::BasicConsumeOk(ok) => Ok(ok.consumer_tag.to_string_lossy()),
             other => Err(ClientError::Protocol(format!("unexpected {} in reply to basic.consume", other.name()))),

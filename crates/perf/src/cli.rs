@@ -121,6 +121,15 @@ pub struct PerfArgs {
     /// Consumers ack every A or A-B (random) messages with multiple=true.
     #[arg(long, default_value = "1")]
     pub ack_every: String,
+    /// Declares the queues with this `x-queue-type` (classic, quorum, stream), as RabbitMQ
+    /// PerfTest's `--queue-args x-queue-type=...`; quorum and stream queues are durable.
+    #[arg(long)]
+    pub queue_type: Option<String>,
+    /// Where consumers of a stream start: over AMQP 0-9-1 the `x-stream-offset` (first, last,
+    /// next, an offset or an interval such as `1h`); over the stream protocol `first`, `last`,
+    /// `next` (the default), an offset, or `@MS` (a timestamp, milliseconds since the epoch).
+    #[arg(long)]
+    pub stream_offset: Option<String>,
     /// Consumer prefetch (basic.qos).
     #[arg(long, default_value_t = 1000)]
     pub prefetch: u16,
@@ -145,6 +154,27 @@ pub struct PerfArgs {
     /// Quiet: print only the summary.
     #[arg(long, short)]
     pub quiet: bool,
+    /// The protocol: `amqp` (0-9-1) or `stream`, the RabbitMQ Stream protocol (port 5552), where
+    /// destinations (`stream://NAME` or `queue://NAME`) are streams, created when missing, and
+    /// --url is `rabbitmq-stream://user:password@host:5552/vhost`.
+    #[arg(long, value_enum, default_value_t = Protocol::Amqp)]
+    pub protocol: Protocol,
+    /// Stream protocol: chunks a subscription may have in flight (its initial credit; it gives
+    /// one more per chunk received, as RabbitMQ's clients do).
+    #[arg(long, default_value_t = 10)]
+    pub stream_credit: u16,
+    /// Stream protocol: most messages per publish frame (RabbitMQ's clients batch 100).
+    #[arg(long, default_value_t = 100)]
+    pub stream_batch_size: u32,
+}
+
+/// The wire protocol of a perf run.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// AMQP 0-9-1.
+    Amqp,
+    /// The RabbitMQ Stream protocol.
+    Stream,
 }
 
 /// How producers wait for intended send times.

@@ -37,6 +37,8 @@ pub struct ConsumerSpec {
     pub prefetch: u16,
     /// Ack every A..=B messages (random in the range), multiple=true.
     pub ack_every: (u32, u32),
+    /// `x-stream-offset` of the consumer (stream queues), as given.
+    pub stream_offset: Option<String>,
 }
 
 /// Most frames handled before acks are flushed, so acks go out even under a flood.
@@ -69,7 +71,11 @@ pub async fn run_consumer(
                 declared.queue
             }
         };
-        connection.basic_consume(1, &queue, false).await?;
+        let mut arguments = amqp_codec::FieldTable::new();
+        if let Some(offset) = &spec.stream_offset {
+            arguments.insert("x-stream-offset", stream_offset_value(offset));
+        }
+        connection.basic_consume_with_arguments(1, &queue, false, arguments).await?;
         Ok::<_, ClientError>(connection.split())
     };
     let (reader, writer) = match setup.await {
@@ -218,4 +224,13 @@ fn record(stats: &WorkerStats, latencies_ns: &[u64]) {
             histogram.saturating_record(latency.max(1));
         }
     });
+}
+
+/// `x-stream-offset` as given on the command line: a number is an offset, anything else (first,
+/// last, next, an interval such as `1h`) is sent as a string.
+fn stream_offset_value(offset: &str) -> amqp_codec::FieldValue {
+    match offset.parse::<i64>() {
+        Ok(number) => amqp_codec::FieldValue::I64(number),
+        Err(_) => amqp_codec::FieldValue::LongStr(bytes::Bytes::copy_from_slice(offset.as_bytes())),
+    }
 }

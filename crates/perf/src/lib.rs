@@ -11,6 +11,7 @@ pub mod report;
 pub mod run;
 pub mod sink;
 pub mod stats;
+pub mod stream;
 
 use clap::Parser;
 

@@ -71,22 +71,22 @@ pub struct ProducerSpec {
     pub precise_pacing: bool,
 }
 
-/// Unconfirmed publishes, shared by the writer loop and the confirm reader.
-struct Pending {
+/// Unconfirmed publishes, shared by the writer loop and the confirm reader (of either protocol).
+pub(crate) struct Pending {
     /// Send time (monotonic ns + 1; 0 = free) by sequence number modulo the ring size.
-    slots: Vec<AtomicU64>,
-    mask: u64,
+    pub(crate) slots: Vec<AtomicU64>,
+    pub(crate) mask: u64,
     /// Highest sequence number published.
-    published: AtomicU64,
+    pub(crate) published: AtomicU64,
     /// Publishes confirmed, nacked or committed.
-    completed: AtomicU64,
+    pub(crate) completed: AtomicU64,
     /// The sequence number a tx.commit covers, for the reader to complete on commit-ok.
     commit_mark: AtomicU64,
-    notify: Notify,
+    pub(crate) notify: Notify,
 }
 
 impl Pending {
-    fn new(window: u64) -> Pending {
+    pub(crate) fn new(window: u64) -> Pending {
         // Twice the window, so a slot is never reused while the reader may still look at it.
         let size = (2 * window + 2).next_power_of_two();
         Pending {
@@ -99,7 +99,7 @@ impl Pending {
         }
     }
 
-    fn in_flight(&self) -> u64 {
+    pub(crate) fn in_flight(&self) -> u64 {
         self.published.load(Ordering::Acquire) - self.completed.load(Ordering::Acquire)
     }
 }
@@ -248,7 +248,7 @@ pub async fn run_producer(spec: ProducerSpec, control: Arc<Control>, stats: Arc<
 /// tasks handed to another thread meanwhile. Everything that is due is then sent in one go, so at
 /// high rates one wait covers several messages. Spinning is avoided on purpose: on a machine the
 /// broker shares, a spinning load generator would take CPU from the broker it measures.
-async fn wait_until(intended: Instant, now: Instant, control: &Control, precise: bool) {
+pub(crate) async fn wait_until(intended: Instant, now: Instant, control: &Control, precise: bool) {
     let remaining = intended - now;
     if !precise {
         tokio::select! {
@@ -265,7 +265,7 @@ async fn wait_until(intended: Instant, now: Instant, control: &Control, precise:
     }
 }
 
-async fn wait_for_room(pending: &Pending, control: &Control, completion: &Completion, window: u64) {
+pub(crate) async fn wait_for_room(pending: &Pending, control: &Control, completion: &Completion, window: u64) {
     let room = || match completion {
         Completion::Confirms { .. } => pending.in_flight() < window,
         _ => pending.in_flight() == 0,

@@ -64,6 +64,9 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
     let Some(args) = mode.args().cloned() else {
         return Err("the sink is not a load mode".to_string());
     };
+    if args.protocol == crate::cli::Protocol::Stream {
+        return crate::stream::run(mode, args).await;
+    }
     let producing = !matches!(mode, Mode::Consumer(_));
     let consuming = !matches!(mode, Mode::Producer(_));
     let url = AmqpUrl::parse(&args.url).map_err(|error| error.to_string())?;
@@ -77,16 +80,12 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
     if args.message_size < 8 {
         eprintln!("note: messages under 8 bytes carry no timestamp: no transfer latency");
     }
-    let duration_s = match (args.duration, args.message_count) {
-        (Some(duration), _) => Some(duration),
-        (None, Some(_)) => None,
-        (None, None) => Some(60),
-    };
-    let durable = args.durable || args.persistent;
+    let duration_s = duration_s(&args);
+    let durable = args.durable || args.persistent || args.queue_type.as_deref().is_some_and(|kind| kind != "classic");
 
     // Topology: queues and topic exchanges, declared by either side so that any start order works.
     let setup_url = if producing { &url } else { &consumer_url };
-    let broker = declare(setup_url, &destinations, durable, args.durable).await?;
+    let broker = declare(setup_url, &destinations, durable, args.durable, args.queue_type.as_deref()).await?;
     println!(
         "lepus perf {}: {} against {} ({}), {} destination(s), {} producer(s) and {} consumer(s) each, {} B messages, {}",
         mode.name(),
@@ -132,6 +131,7 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
                     source,
                     prefetch: args.prefetch,
                     ack_every,
+                    stream_offset: args.stream_offset.clone(),
                 };
                 let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
                 readies.push(ready_rx);
@@ -191,16 +191,58 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
         })
         .max()
         .unwrap_or(1);
+    let workers = Workers { registry, producer_control, consumer_control, clock, producers, consumers };
+    let config = config_json(&args, &url, &consumer_url);
+    let (setup_url, cleanup_args) = (setup_url.clone(), args.clone());
+    let cleanup = move || async move { delete_topology(&setup_url, &destinations, &cleanup_args).await };
+    let shape = RunShape { duration_s, fanout, producing, consuming };
+    conclude(&mode, args, workers, shape, broker, config, cleanup).await
+}
+
+/// The workers of a run, once started (by either protocol).
+pub(crate) struct Workers {
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) producer_control: Arc<Control>,
+    pub(crate) consumer_control: Arc<Control>,
+    pub(crate) clock: Clock,
+    pub(crate) producers: JoinSet<()>,
+    pub(crate) consumers: JoinSet<()>,
+}
+
+/// How a run ends: after a duration or a count, and how many receptions a send makes.
+pub(crate) struct RunShape {
+    pub(crate) duration_s: Option<u64>,
+    pub(crate) fanout: u64,
+    pub(crate) producing: bool,
+    pub(crate) consuming: bool,
+}
+
+/// Measures running workers to the end, stops them, cleans up and reports: the part of a run
+/// both protocols share.
+pub(crate) async fn conclude<F, C>(
+    mode: &Mode,
+    args: PerfArgs,
+    mut workers: Workers,
+    shape: RunShape,
+    broker: String,
+    config: serde_json::Value,
+    cleanup: C,
+) -> Result<Outcome, String>
+where
+    C: FnOnce() -> F,
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    let clock = workers.clock;
     let setup = RunSetup {
         args: &args,
-        registry: &registry,
-        producer_control: &producer_control,
-        consumer_control: &consumer_control,
+        registry: &workers.registry,
+        producer_control: &workers.producer_control,
+        consumer_control: &workers.consumer_control,
         clock,
-        duration_s,
-        fanout,
-        producing,
-        consuming,
+        duration_s: shape.duration_s,
+        fanout: shape.fanout,
+        producing: shape.producing,
+        consuming: shape.consuming,
     };
     let hdr = match &args.hdr {
         Some(path) => Some(
@@ -209,14 +251,14 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
         ),
         None => None,
     };
-    let (intervals, summary) = report_loop(&setup, &mut producers, hdr.as_ref()).await;
+    let (intervals, summary) = report_loop(&setup, &mut workers.producers, hdr.as_ref()).await;
 
-    consumer_control.stop();
-    producer_control.stop();
+    workers.consumer_control.stop();
+    workers.producer_control.stop();
     // Workers end within their own bounded waits; this bounds the join too.
     let _ = tokio::time::timeout(Duration::from_secs(15), async {
-        while producers.join_next().await.is_some() {}
-        while consumers.join_next().await.is_some() {}
+        while workers.producers.join_next().await.is_some() {}
+        while workers.consumers.join_next().await.is_some() {}
     })
     .await;
     if let Some(hdr) = hdr {
@@ -224,9 +266,9 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
             eprintln!("warning: --hdr: {error}");
         }
     }
-    let cleanup = args.cleanup || (matches!(mode, Mode::Client(_)) && !args.keep);
-    if cleanup {
-        if let Err(error) = delete_topology(setup_url, &destinations, &args).await {
+    let cleanup_wanted = args.cleanup || (matches!(mode, Mode::Client(_)) && !args.keep);
+    if cleanup_wanted {
+        if let Err(error) = cleanup().await {
             eprintln!("warning: cleanup failed: {error}");
         }
     }
@@ -237,7 +279,7 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
             mode: mode.name().to_string(),
             broker,
             started_at_unix_ms: clock.origin_system_time().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64),
-            config: config_json(&args, &url, &consumer_url),
+            config,
             intervals,
             summary: Some(summary.clone()),
         };
@@ -245,6 +287,15 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
     }
     let exit_code = if summary.error.is_some() { 1 } else { 0 };
     Ok(Outcome { summary, exit_code })
+}
+
+/// The measured seconds: --duration, or none when --message-count ends the run, or 60.
+pub(crate) fn duration_s(args: &PerfArgs) -> Option<u64> {
+    match (args.duration, args.message_count) {
+        (Some(duration), _) => Some(duration),
+        (None, Some(_)) => None,
+        (None, None) => Some(60),
+    }
 }
 
 fn completion(args: &PerfArgs) -> Result<Completion, String> {
@@ -265,7 +316,17 @@ fn subscription_queue(topic: &str, index: u32) -> String {
     format!("{topic}.subscription-{index}")
 }
 
-async fn declare(url: &AmqpUrl, destinations: &[Destination], queue_durable: bool, exchange_durable: bool) -> Result<String, String> {
+async fn declare(
+    url: &AmqpUrl,
+    destinations: &[Destination],
+    queue_durable: bool,
+    exchange_durable: bool,
+    queue_type: Option<&str>,
+) -> Result<String, String> {
+    let mut arguments = amqp_codec::FieldTable::new();
+    if let Some(queue_type) = queue_type {
+        arguments.insert("x-queue-type", amqp_codec::FieldValue::LongStr(bytes::Bytes::copy_from_slice(queue_type.as_bytes())));
+    }
     let options = ConnectionOptions { connection_name: "lepus-perf setup".to_string(), ..ConnectionOptions::default() };
     let work = async {
         let mut connection = Connection::open(url, &options).await?;
@@ -273,7 +334,7 @@ async fn declare(url: &AmqpUrl, destinations: &[Destination], queue_durable: boo
         for destination in destinations {
             match destination {
                 Destination::Queue(name) => {
-                    connection.queue_declare(1, name, queue_durable, false, false).await?;
+                    connection.queue_declare_with_arguments(1, name, queue_durable, false, false, arguments.clone()).await?;
                 }
                 Destination::Topic(name) => {
                     connection.exchange_declare(1, name, "topic", exchange_durable).await?;

@@ -154,6 +154,9 @@ pub enum RecoveryError {
         /// Its type's name.
         queue_type: &'static str,
     },
+    /// A stream queue's stream could not be recovered.
+    #[error("a stream could not be recovered: {0}")]
+    Stream(String),
 }
 
 /// Replays the node journal the previous run left into the queue segments (before any queue log
@@ -343,7 +346,11 @@ impl Broker {
                 arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
                 queue_type: record.queue_type,
             };
-            let (queue, messages) = storage.recover(&definition, &record.vhost, clean_shutdown)?;
+            let (queue, messages) = if definition.queue_type == broker_core::vhost::QueueType::Stream {
+                self.stream_storage().recover(&definition, &record.vhost).map_err(|error| RecoveryError::Stream(error.to_string()))?
+            } else {
+                storage.recover(&definition, &record.vhost, clean_shutdown)?
+            };
             restored_messages += messages;
             queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
             vhost.write().restore_queue(definition, queue);
@@ -363,6 +370,11 @@ impl Broker {
         }
     }
 
+    /// Where stream queues keep their streams.
+    fn stream_storage(&self) -> crate::queue_type::StreamStorage<'_> {
+        crate::queue_type::StreamStorage { data_dir: &self.config.data_dir, file_cache: storage::file_cache::FileCache::node() }
+    }
+
     /// Writes and syncs every queue log (graceful shutdown), so acks and unconfirmed publishes
     /// buffered in memory are not lost.
     pub fn flush_all(&self) {
@@ -380,12 +392,36 @@ impl Broker {
         } else {
             self.flush_all_unjournaled();
         }
+        self.flush_streams();
         // The next start then reads one snapshot and an empty log.
         if let Err(error) = self.definitions.compact() {
             tracing::error!(%error, "compacting the definitions log at shutdown failed; the next start replays it");
         }
         if let Err(error) = storage::write_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir) {
             tracing::error!(%error, "writing the clean-shutdown marker failed");
+        }
+    }
+
+    /// Writes, syncs and commits what every stream has appended (with `--sync interval` or
+    /// `never` the last group commits did not fdatasync it).
+    fn flush_streams(&self) {
+        for (_, vhost) in self.topologies() {
+            let streams: Vec<_> =
+                vhost.read().queues().filter_map(|entry| entry.handle.as_stream().map(|queue| queue.stream.clone())).collect();
+            for stream in streams {
+                let written = stream.write_pending(storage::queue_log::SyncDue::Now);
+                let synced = written.map_err(|error| error.to_string()).and_then(|written| {
+                    written.sync_now.iter().try_for_each(|file| file.sync()).map_err(|error| error.to_string())?;
+                    Ok(written.commit)
+                });
+                match synced {
+                    Ok(Some(point)) => stream.commit(point),
+                    Ok(None) => {}
+                    Err(error) => {
+                        tracing::error!(%error, directory = %stream.directory().display(), "writing or syncing a stream at shutdown failed")
+                    }
+                }
+            }
         }
     }
 
@@ -882,6 +918,12 @@ impl Broker {
             }
             let (entry, created) = vhost.declare_queue(definition, passive, server_named, connection_id, |definition| {
                 capabilities(definition.queue_type).check_declare(definition, vhost_name)?;
+                if definition.queue_type == broker_core::vhost::QueueType::Stream {
+                    return self.stream_storage().create(definition, vhost_name).map_err(|error| {
+                        tracing::error!(%error, "creating a stream failed");
+                        AmqpError::internal(format!("could not create the stream: {error}"))
+                    });
+                }
                 storage.create(definition, vhost_name).map_err(|error| {
                     tracing::error!(%error, "creating a queue log failed");
                     AmqpError::internal(format!("could not create the queue's log: {error}"))

@@ -111,6 +111,11 @@ pub struct ServerConfig {
     pub memory_high_watermark_bytes: u64,
     /// When messages are fdatasynced, and so what a confirm promises (see docs/storage.md).
     pub sync_policy: storage::syncer::SyncPolicy,
+    /// The RabbitMQ Stream protocol's port (0: not served).
+    pub stream_port: u16,
+    /// The host the stream protocol tells clients to connect to (open's connection properties,
+    /// metadata): RabbitMQ's `stream.advertised_host`, by default this machine's host name.
+    pub stream_advertised_host: Option<String>,
     /// This node's name and its cluster links (off unless a cluster port or seeds are set).
     pub cluster: crate::cluster::ClusterSettings,
 }
@@ -142,6 +147,8 @@ impl Default for ServerConfig {
             disk_free_limit_bytes: 50_000_000,
             sync_policy: storage::syncer::SyncPolicy::Always,
             memory_high_watermark_bytes: crate::alarms::memory::default_memory_high_watermark_bytes(),
+            stream_port: 5552,
+            stream_advertised_host: None,
             cluster: crate::cluster::ClusterSettings::default(),
         }
     }

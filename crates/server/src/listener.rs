@@ -62,6 +62,8 @@ pub enum ListenerKind {
     Https,
     /// Prometheus metrics.
     Metrics,
+    /// The RabbitMQ Stream protocol.
+    Stream,
 }
 
 impl ListenerKind {
@@ -73,6 +75,7 @@ impl ListenerKind {
             ListenerKind::Http => "http-port",
             ListenerKind::Https => "https-port",
             ListenerKind::Metrics => "metrics-port",
+            ListenerKind::Stream => "stream-port",
         }
     }
 }
@@ -85,6 +88,7 @@ impl std::fmt::Display for ListenerKind {
             ListenerKind::Http => "the management HTTP API",
             ListenerKind::Https => "the management HTTPS API",
             ListenerKind::Metrics => "Prometheus metrics",
+            ListenerKind::Stream => "the RabbitMQ Stream protocol",
         })
     }
 }
@@ -96,6 +100,7 @@ struct Listeners {
     http: Option<TcpListener>,
     https: Option<(TcpListener, TlsAcceptor)>,
     metrics: Option<TcpListener>,
+    stream: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -108,12 +113,14 @@ impl Listeners {
         let http = bind_optional(config, ListenerKind::Http, config.http_port).await?;
         let https = bind_optional(config, ListenerKind::Https, https_port).await?;
         let metrics = bind_optional(config, ListenerKind::Metrics, config.metrics_port).await?;
+        let stream = bind_optional(config, ListenerKind::Stream, config.stream_port).await?;
         Ok(Listeners {
             amqp,
             amqps: amqps.zip(tls.map(|tls| tls.amqp.clone())),
             http,
             https: https.zip(tls.map(|tls| tls.https.clone())),
             metrics,
+            stream,
         })
     }
 }
@@ -151,7 +158,7 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
 
 /// Serves every bound listener until SIGINT or SIGTERM, then shuts down.
 async fn serve(broker: Arc<Broker>, listeners: Listeners) -> Result<(), StartError> {
-    let Listeners { amqp, amqps, http, https, metrics } = listeners;
+    let Listeners { amqp, amqps, http, https, metrics, stream } = listeners;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(StartError::Signal)?;
     tokio::spawn(crate::alarms::monitor(broker.clone()));
     tokio::spawn(crate::queue_expiry::run(broker.clone()));
@@ -169,6 +176,10 @@ async fn serve(broker: Arc<Broker>, listeners: Listeners) -> Result<(), StartErr
     if let Some(socket) = metrics {
         log_serving(&socket, ListenerKind::Metrics);
         tokio::spawn(crate::metrics::serve(broker.clone(), socket));
+    }
+    if let Some(socket) = stream {
+        log_serving(&socket, ListenerKind::Stream);
+        tokio::spawn(crate::stream_protocol::serve(broker.clone(), socket));
     }
     if let Some((socket, _)) = &amqps {
         log_serving(socket, ListenerKind::Amqps);

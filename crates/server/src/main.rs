@@ -21,6 +21,8 @@ mod queue_runtime;
 mod queue_type;
 mod settings;
 mod shared;
+mod stream;
+mod stream_protocol;
 mod tls;
 mod url_path;
 mod vhost_limits;

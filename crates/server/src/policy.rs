@@ -4,7 +4,8 @@
 //! of highest priority applies, alone, as in RabbitMQ.
 //!
 //! Lepus applies the queue settings it implements (`max-length`, `max-length-bytes`, `overflow`,
-//! `message-ttl`, `expires`, `dead-letter-exchange`, `dead-letter-routing-key`, `delivery-limit`)
+//! `message-ttl`, `expires`, `dead-letter-exchange`, `dead-letter-routing-key`, `delivery-limit`,
+//! and for stream queues `max-age` and `stream-max-segment-size-bytes`)
 //! and the exchange setting `alternate-exchange` (an exchange's own argument wins over it).
 //! Settings RabbitMQ knows and Lepus does not implement are refused with a message that says so,
 //! never accepted and ignored; unknown settings are refused as RabbitMQ refuses them.
@@ -26,13 +27,11 @@ const NOT_IMPLEMENTED_KEYS: &[&str] = &[
     "ha-sync-batch-size",
     "ha-sync-mode",
     "initial-cluster-size",
-    "max-age",
     "max-in-memory-bytes",
     "max-in-memory-length",
     "queue-leader-locator",
     "queue-master-locator",
     "queue-version",
-    "stream-max-segment-size-bytes",
 ];
 
 /// The keys an operator policy may set (RabbitMQ 3.10.8's): limits only, each merged with the
@@ -105,6 +104,10 @@ pub struct QueueSettings {
     pub expires_ms: Option<u64>,
     /// `consumer-timeout`: how long a delivery from the queue may wait for its ack, in milliseconds.
     pub consumer_timeout_ms: Option<u64>,
+    /// `max-age` (stream queues): how long a segment is kept, in milliseconds.
+    pub max_age_ms: Option<u64>,
+    /// `stream-max-segment-size-bytes` (stream queues): the size a segment grows to.
+    pub stream_max_segment_size_bytes: Option<u64>,
 }
 
 /// Why a policy is refused; the texts are what the management API answers with 400.
@@ -322,6 +325,18 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
             }
             "message-ttl" => settings.message_ttl_ms = Some(non_negative()?),
             "consumer-timeout" => settings.consumer_timeout_ms = Some(positive()?),
+            // RabbitMQ 3.10.8's `rabbit_policies` validation texts.
+            "max-age" => {
+                let age = value.as_str().map(|text| crate::stream::arguments::parse_max_age(text.as_bytes()));
+                match age {
+                    Some(crate::stream::arguments::MaxAge::Milliseconds(age)) => settings.max_age_ms = Some(age),
+                    _ => return Err(PolicyError::Invalid(rabbit_value(value), "max age")),
+                }
+            }
+            "stream-max-segment-size-bytes" => {
+                settings.stream_max_segment_size_bytes =
+                    Some(value.as_u64().ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "segment size"))?)
+            }
             "expires" => settings.expires_ms = Some(positive()?),
             "overflow" => {
                 let overflow = value.as_str().and_then(Overflow::from_name);

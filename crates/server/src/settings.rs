@@ -97,6 +97,12 @@ pub struct ServerArguments {
     /// With `--sync interval`: milliseconds between fdatasyncs [default: 200].
     #[arg(long, env = "LEPUS_SYNC_INTERVAL_MS")]
     sync_interval_ms: Option<u64>,
+    /// The RabbitMQ Stream protocol's port [default: 5552; 0 turns it off].
+    #[arg(long, env = "LEPUS_STREAM_PORT")]
+    stream_port: Option<u16>,
+    /// The host stream-protocol clients are told to connect to [default: this host's name].
+    #[arg(long, env = "LEPUS_STREAM_ADVERTISED_HOST")]
+    stream_advertised_host: Option<String>,
     /// This node's name, `name@host` (RabbitMQ's RABBITMQ_NODENAME) [default: lepus@HOSTNAME].
     #[arg(long, env = "LEPUS_NODENAME")]
     node_name: Option<String>,
@@ -140,6 +146,8 @@ struct FileSettings {
     consumer_timeout_mode: Option<crate::config::ConsumerTimeoutMode>,
     sync: Option<SyncMode>,
     sync_interval_ms: Option<u64>,
+    stream_port: Option<u16>,
+    stream_advertised_host: Option<String>,
     node_name: Option<String>,
     cluster_port: Option<u16>,
     cluster_seeds: Option<Vec<String>>,
@@ -202,6 +210,8 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
             SyncMode::Interval => SyncPolicy::Interval { interval_ms: sync_interval_ms },
             SyncMode::Never => SyncPolicy::Never,
         },
+        stream_port: arguments.stream_port.or(file.stream_port).unwrap_or(defaults.stream_port),
+        stream_advertised_host: arguments.stream_advertised_host.or(file.stream_advertised_host),
         cluster: crate::cluster::ClusterSettings::resolve(
             arguments.node_name.or(file.node_name),
             arguments.cluster_port.or(file.cluster_port),
@@ -239,6 +249,8 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
         consumer_timeout_mode: Some(config.consumer_timeout_mode),
         sync: Some(sync),
         sync_interval_ms: Some(sync_interval_ms),
+        stream_port: Some(config.stream_port),
+        stream_advertised_host: config.stream_advertised_host.clone(),
         node_name: Some(config.cluster.node_name.clone()),
         cluster_port: Some(config.cluster.cluster_port),
         cluster_seeds: Some(config.cluster.seeds.clone()),

@@ -63,6 +63,12 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     /// Asks the OS to start writing a range back without waiting (a hint; see
     /// [`crate::queue_log::WRITEBACK_CHUNK_BYTES`]). Does nothing where there is no OS cache.
     fn start_writeback(&self, _offset: u64, _length: u64) {}
+
+    /// The OS descriptor of a real file, for `sendfile` of stream chunks from the page cache;
+    /// `None` for a file that is not one (in memory). Valid while the file is held.
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// How a file is opened.
@@ -163,6 +169,11 @@ impl StorageFile for RealFile {
         unsafe {
             libc::sync_file_range(self.0.as_raw_fd(), offset, length, libc::SYNC_FILE_RANGE_WRITE);
         }
+    }
+
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.0.as_raw_fd())
     }
 }
 

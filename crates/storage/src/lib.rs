@@ -13,6 +13,9 @@
 //!   and only then runs the callbacks that send publisher confirms.
 //! - [`file_cache`]: the node-wide, bounded cache of open segment files (least recently used
 //!   closed first), so an idle queue holds no file descriptor.
+//! - [`stream`]: the stream store: segments of osiris-format chunks with an offset and
+//!   timestamp index, readers from an offset specification, tracking of consumer offsets and
+//!   publisher sequences, retention by whole segments; written and committed by the syncer.
 //! - [`file_system`]: the seam through which all of the above reach the disk (open, positioned
 //!   reads and writes, fdatasync, rename, directory sync, unlink, list), so tests can plug in
 //!   [`memory_file_system`], which loses unsynced writes at a power cut, tears writes, fails
@@ -36,6 +39,7 @@ pub mod memory_file_system;
 pub mod queue_log;
 pub mod range_set;
 pub mod record;
+pub mod stream;
 pub mod syncer;
 
 /// The storage format of a data directory, in its definitions snapshot. Format 4 keeps the

@@ -13,6 +13,7 @@
 use crate::file_system::SharedFileSystem;
 use crate::journal::Journal;
 use crate::queue_log::{CheckpointFile, PendingSync, QueueLog, SyncDue};
+use crate::stream::Stream;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +28,14 @@ pub type SharedLog = Arc<Mutex<QueueLog>>;
 /// freed with its queue. While held it also keeps the log's address unique, so addresses can key
 /// the syncer's sets.
 type WeakLog = Weak<Mutex<QueueLog>>;
+
+/// A stream shared between its queue, its readers and the syncer. A group commit writes its
+/// appends, fdatasyncs its segment and index files, then commits them (readers see them) before
+/// the batch's confirms go out.
+pub type SharedStream = Arc<Stream>;
+
+/// A stream the syncer remembers between batches (`--sync interval`) without keeping it alive.
+type WeakStream = Weak<Stream>;
 
 /// Called once the records it waited for are on disk (`true`) or could not be made durable (`false`).
 pub type SyncCallback = Box<dyn FnOnce(bool) + Send>;
@@ -77,6 +86,8 @@ type SinkConfirms = (Arc<dyn ConfirmSink>, Vec<(u64, bool)>);
 
 struct SyncRequest {
     logs: Vec<SharedLog>,
+    /// Streams whose appends the request waits for.
+    streams: Vec<SharedStream>,
     callback: Option<SyncCallback>,
     /// Publisher confirms, in the order their publishes arrived (a connection hands over those of
     /// one socket read together).
@@ -222,6 +233,7 @@ impl Syncer {
             dirty,
             flush_due: None,
             unsynced: HashMap::new(),
+            unsynced_streams: HashMap::new(),
             last_sync: Instant::now(),
             stepped,
         };
@@ -250,7 +262,7 @@ impl Syncer {
         let callback: SyncCallback = Box::new(move |durable| {
             let _ = done.send(durable);
         });
-        if self.send(SyncRequest { logs, callback: Some(callback), confirms: Vec::new(), checkpoint: true }).is_err() {
+        if self.send(SyncRequest { logs, streams: Vec::new(), callback: Some(callback), confirms: Vec::new(), checkpoint: true }).is_err() {
             return false;
         }
         wait.recv().unwrap_or(false)
@@ -259,7 +271,9 @@ impl Syncer {
     /// As [`Syncer::checkpoint`], without waiting: `callback` gets whether everything was made
     /// durable.
     pub fn checkpoint_then(&self, logs: Vec<SharedLog>, callback: SyncCallback) {
-        if let Err(request) = self.send(SyncRequest { logs, callback: Some(callback), confirms: Vec::new(), checkpoint: true }) {
+        if let Err(request) =
+            self.send(SyncRequest { logs, streams: Vec::new(), callback: Some(callback), confirms: Vec::new(), checkpoint: true })
+        {
             if let Some(callback) = request.callback {
                 callback(false);
             }
@@ -268,7 +282,7 @@ impl Syncer {
 
     /// Makes the records buffered in `logs` durable, then calls `callback`.
     pub fn sync(&self, logs: Vec<SharedLog>, callback: Option<SyncCallback>) {
-        if let Err(request) = self.send(SyncRequest { logs, callback, confirms: Vec::new(), checkpoint: false }) {
+        if let Err(request) = self.send(SyncRequest { logs, streams: Vec::new(), callback, confirms: Vec::new(), checkpoint: false }) {
             // The syncer only stops when the process does; refuse the confirm rather than lie.
             if let Some(callback) = request.callback {
                 callback(false);
@@ -291,7 +305,28 @@ impl Syncer {
     /// Makes the records buffered in `logs` durable (none: only keeps the confirms' place in
     /// line), then hands the confirms to their sinks with the others of the same batch.
     pub fn confirm(&self, logs: Vec<SharedLog>, confirms: Vec<Confirm>) {
-        if let Err(request) = self.send(SyncRequest { logs, callback: None, confirms, checkpoint: false }) {
+        if let Err(request) = self.send(SyncRequest { logs, streams: Vec::new(), callback: None, confirms, checkpoint: false }) {
+            for confirm in request.confirms {
+                confirm.sink.confirm_batch(&[(confirm.delivery_tag, false)]);
+            }
+        }
+    }
+}
+
+impl Syncer {
+    /// As [`Syncer::sync`], also writing, syncing and committing the appends of `streams`.
+    pub fn sync_with_streams(&self, logs: Vec<SharedLog>, streams: Vec<SharedStream>, callback: Option<SyncCallback>) {
+        if let Err(request) = self.send(SyncRequest { logs, streams, callback, confirms: Vec::new(), checkpoint: false }) {
+            if let Some(callback) = request.callback {
+                callback(false);
+            }
+        }
+    }
+
+    /// As [`Syncer::confirm`], also writing, syncing and committing the appends of `streams`
+    /// before the confirms go out.
+    pub fn confirm_with_streams(&self, logs: Vec<SharedLog>, streams: Vec<SharedStream>, confirms: Vec<Confirm>) {
+        if let Err(request) = self.send(SyncRequest { logs, streams, callback: None, confirms, checkpoint: false }) {
             for confirm in request.confirms {
                 confirm.sink.confirm_batch(&[(confirm.delivery_tag, false)]);
             }
@@ -379,6 +414,8 @@ struct Worker {
     /// `--sync interval`: the logs written since the last fdatasync (by address), which the next
     /// one covers.
     unsynced: HashMap<usize, WeakLog>,
+    /// The same for streams.
+    unsynced_streams: HashMap<usize, WeakStream>,
     last_sync: Instant,
     /// Driven by [`SteppedSyncer`] rather than its own thread.
     stepped: bool,
@@ -449,7 +486,9 @@ impl Worker {
     /// The earliest timer: the dirty list's flush, or the interval's fdatasync of written logs.
     fn deadline(&self) -> Option<Instant> {
         let interval_sync = match self.policy {
-            SyncPolicy::Interval { interval_ms } if !self.unsynced.is_empty() => Some(self.last_sync + Duration::from_millis(interval_ms)),
+            SyncPolicy::Interval { interval_ms } if !self.unsynced.is_empty() || !self.unsynced_streams.is_empty() => {
+                Some(self.last_sync + Duration::from_millis(interval_ms))
+            }
             _ => None,
         };
         self.flush_due.into_iter().chain(interval_sync).min()
@@ -466,8 +505,9 @@ impl Worker {
         };
         let fsync_now = due == SyncDue::Now;
         let logs = self.batch_logs(&requests, fsync_now);
+        let streams = self.batch_streams(&requests, fsync_now);
         let journal_pending = self.journal.as_ref().is_some_and(Journal::has_pending);
-        if logs.is_empty() && requests.is_empty() && !journal_pending {
+        if logs.is_empty() && streams.is_empty() && requests.is_empty() && !journal_pending {
             return;
         }
         if fsync_now {
@@ -482,6 +522,18 @@ impl Worker {
             .filter(|(_, outcome)| **outcome == LogOutcome::Failed)
             .map(|(entry, _)| log_key(&entry.log))
             .collect();
+        let mut failed_logs = failed_logs;
+        for (stream, written) in streams.iter().zip(write_streams(&streams, due, &self.stats)) {
+            match written {
+                StreamOutcome::Failed => {
+                    failed_logs.insert(stream_key(stream));
+                }
+                StreamOutcome::Written if due == SyncDue::Later => {
+                    self.unsynced_streams.insert(stream_key(stream), Arc::downgrade(stream));
+                }
+                StreamOutcome::Written => {}
+            }
+        }
         let mut durable = journal_synced;
         if self.journal.as_ref().is_some_and(Journal::has_pending) {
             // The journal keeps the entries of a failed write: try again at the next flush.
@@ -528,6 +580,26 @@ impl Worker {
         logs
     }
 
+    /// The streams this batch writes, each once: those the requests name and, at an interval's
+    /// fdatasync, those written since the last one.
+    fn batch_streams(&mut self, requests: &[SyncRequest], fsync_now: bool) -> Vec<SharedStream> {
+        let mut seen = HashSet::new();
+        let mut streams = Vec::new();
+        for stream in requests.iter().flat_map(|request| &request.streams) {
+            if seen.insert(stream_key(stream)) {
+                streams.push(stream.clone());
+            }
+        }
+        if fsync_now {
+            for stream in std::mem::take(&mut self.unsynced_streams).into_values().filter_map(|stream| stream.upgrade()) {
+                if seen.insert(stream_key(&stream)) {
+                    streams.push(stream);
+                }
+            }
+        }
+        streams
+    }
+
     /// Keeps what a later batch owes the batch's logs: with `--sync interval`, the fdatasync of
     /// those written without one; for those whose write failed, another attempt.
     fn remember(&mut self, logs: &[BatchLog], outcomes: &[LogOutcome], fsync_now: bool) {
@@ -560,6 +632,51 @@ impl Worker {
     }
 }
 
+/// The address that identifies a stream in the syncer's sets (never a log's: both are live
+/// allocations while the batch holds them).
+fn stream_key(stream: &SharedStream) -> usize {
+    Arc::as_ptr(stream) as *const () as usize
+}
+
+/// What happened to one stream of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamOutcome {
+    Written,
+    Failed,
+}
+
+/// Writes each stream's appends, fdatasyncs its files when `due` is now, then commits them.
+/// A failed write keeps the appends for the next batch; a failed sync keeps the files for it.
+fn write_streams(streams: &[SharedStream], due: SyncDue, stats: &SyncStats) -> Vec<StreamOutcome> {
+    let mut outcomes = Vec::with_capacity(streams.len());
+    for stream in streams {
+        stats.logs_written.fetch_add(1, Ordering::Relaxed);
+        let written = match stream.write_pending(due) {
+            Ok(written) => written,
+            Err(error) => {
+                tracing::error!(%error, directory = %stream.directory().display(), "writing a stream failed; confirms for it are nacked");
+                outcomes.push(StreamOutcome::Failed);
+                continue;
+            }
+        };
+        let synced = written.sync_now.iter().try_for_each(|file| timed(stats, || file.sync()));
+        match synced {
+            Ok(()) => {
+                if let Some(point) = written.commit {
+                    stream.commit(point);
+                }
+                outcomes.push(StreamOutcome::Written);
+            }
+            Err(error) => {
+                tracing::error!(%error, directory = %stream.directory().display(), "syncing a stream failed; confirms for it are nacked");
+                stream.sync_failed(written.sync_now);
+                outcomes.push(StreamOutcome::Failed);
+            }
+        }
+    }
+    outcomes
+}
+
 /// Runs the callbacks and hands each sink its confirms, one call per sink, in request order. A
 /// request is durable when the batch is and none of the logs it names failed.
 fn settle(requests: Vec<SyncRequest>, batch_durable: bool, failed_logs: &HashSet<usize>) {
@@ -567,7 +684,9 @@ fn settle(requests: Vec<SyncRequest>, batch_durable: bool, failed_logs: &HashSet
     // A sink's index in `confirms`, by address: a batch may carry thousands of channels' confirms.
     let mut sink_indexes: HashMap<usize, usize> = HashMap::new();
     for request in requests {
-        let durable = batch_durable && !request.logs.iter().any(|log| failed_logs.contains(&log_key(log)));
+        let durable = batch_durable
+            && !request.logs.iter().any(|log| failed_logs.contains(&log_key(log)))
+            && !request.streams.iter().any(|stream| failed_logs.contains(&stream_key(stream)));
         if let Some(callback) = request.callback {
             callback(durable);
         }

@@ -227,14 +227,15 @@ def test_a_definitions_file_of_an_unknown_format_or_with_a_quorum_queue_is_refus
 
 
 @pytest.mark.lepus_only
-def test_quorum_and_stream_queues_are_refused_by_declare_and_by_an_import_before_anything_is_applied(tmp_path):
-    """Lepus only: RabbitMQ runs quorum and stream queues, so it declares and imports them."""
+def test_quorum_queues_are_refused_by_declare_and_by_an_import_before_anything_is_applied(tmp_path):
+    """Lepus only: RabbitMQ runs quorum queues, so it declares and imports them. (Lepus runs
+    stream queues: tests/test_streams.py.)"""
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     broker = ManagedBroker(os.environ["LEPUS_BIN"], data_dir, tmp_path)
     broker.start()
     try:
-        for type_name in ("quorum", "stream"):
+        for type_name in ("quorum",):
             connection = broker.connect()
             # 540 is a hard error: it closes the connection.
             with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as refused:
@@ -248,7 +249,7 @@ def test_quorum_and_stream_queues_are_refused_by_declare_and_by_an_import_before
         for refused_entry, type_name in [
             (dict(common, name=refused, arguments={"x-queue-type": "quorum"}), "quorum"),
             # rabbitmqctl export_definitions writes the type in a field of its own.
-            (dict(common, name=refused, arguments={}, type="stream"), "stream"),
+            (dict(common, name=refused, arguments={}, type="quorum"), "quorum"),
         ]:
             body = {"exchanges": [dict(common, name=exchange, type="fanout", internal=False, arguments={})],
                     "queues": [dict(common, name=classic, arguments={}), refused_entry],

@@ -84,6 +84,7 @@ pub async fn run_workload(workload: &Workload, workload_path: &Path, options: &B
                 source: Source::Queue(queue.clone()),
                 prefetch: options.prefetch,
                 ack_every: (1, 1),
+                stream_offset: None,
             };
             let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
             readies.push(ready_rx);

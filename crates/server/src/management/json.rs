@@ -205,6 +205,29 @@ pub fn exchange_from_path(name: &str) -> &str {
 
 /// A queue as `/api/queues` shows it.
 pub fn queue_json(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &str) -> Value {
+    let mut value = queue_json_of_any_type(queue, rates, node);
+    if queue.queue_type == broker_core::vhost::QueueType::Stream {
+        stream_queue_fields(&mut value, queue, node);
+    }
+    value
+}
+
+/// What RabbitMQ 3.10.8 shows of a stream queue (measured): its members, the members online and
+/// each member's readers, and no classic queue's paging or exclusive-consumer fields. Its
+/// messages are the offsets it holds (RabbitMQ counts no unacked messages for a stream).
+fn stream_queue_fields(value: &mut Value, queue: &QueueInfo, node: &str) {
+    let Some(fields) = value.as_object_mut() else { return };
+    for key in ["exclusive_consumer_tag", "single_active_consumer_tag", "consumer_utilisation", "messages_paged_out", "messages_ram"] {
+        fields.remove(key);
+    }
+    fields.insert("members".to_string(), json!([node]));
+    fields.insert("online".to_string(), json!([node]));
+    fields.insert("readers".to_string(), json!({ node: queue.snapshot.consumers }));
+    fields.insert("messages".to_string(), json!(queue.snapshot.ready));
+    fields.insert("messages_unacknowledged".to_string(), json!(0));
+}
+
+fn queue_json_of_any_type(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &str) -> Value {
     let snapshot = &queue.snapshot;
     let stats = &snapshot.stats;
     let messages = snapshot.ready + snapshot.unacked;

@@ -113,7 +113,7 @@ const QUORUM: QueueTypeCapabilities = QueueTypeCapabilities {
 
 const STREAM: QueueTypeCapabilities = QueueTypeCapabilities {
     queue_type: QueueType::Stream,
-    implemented: false,
+    implemented: true,
     accepted_arguments: &[
         "x-max-length-bytes",
         "x-queue-type",
@@ -153,6 +153,9 @@ impl QueueTypeCapabilities {
         if !self.implemented {
             return Err(AmqpError::not_implemented(format!("queue type '{}' is not supported by Lepus yet", self.queue_type.name())));
         }
+        if self.queue_type == QueueType::Stream {
+            return check_stream_declare(self, definition, vhost);
+        }
         self.check_properties(definition, vhost)?;
         for (key, value) in definition.arguments.iter() {
             let key_text = key.to_string_lossy();
@@ -189,7 +192,7 @@ impl QueueTypeCapabilities {
     pub fn check_consume(&self, queue: &ShortStr, vhost: &str, no_ack: bool, global_qos_active: bool) -> Result<(), AmqpError> {
         if no_ack && !self.no_ack_consume {
             return Err(AmqpError::not_implemented(format!(
-                "automatic acknowledgement not supported by stream {}",
+                "automatic acknowledgement not supported by stream queues {}",
                 describe_queue(queue, vhost)
             )));
         }
@@ -205,5 +208,95 @@ impl QueueTypeCapabilities {
             return Ok(());
         }
         Err(AmqpError::not_implemented(format!("basic.get not supported by stream queues {}", describe_queue(queue, vhost))))
+    }
+}
+
+/// The declaration arguments RabbitMQ 3.10.8 knows: one that a stream queue does not take is
+/// refused with a 406 naming the type (measured for each); any other argument is ignored.
+const RABBITMQ_QUEUE_ARGUMENTS: &[&str] = &[
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-version",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-quorum-initial-group-size",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size",
+    "x-queue-leader-locator",
+    "x-queue-master-locator",
+    "x-dead-letter-strategy",
+    "x-delivery-limit",
+];
+
+/// A stream queue's declaration, in RabbitMQ 3.10.8's order (measured): the values of the
+/// arguments the type takes (in RabbitMQ's own order of them), then the first known argument it
+/// does not take, then the properties (auto-delete, exclusive, durable), then the segment size's
+/// bound.
+fn check_stream_declare(capabilities: &QueueTypeCapabilities, definition: &QueueDefinition, vhost: &str) -> Result<(), AmqpError> {
+    use crate::stream::arguments;
+    let (arguments_table, queue) = (&definition.arguments, &definition.name);
+    for key in ["x-max-length-bytes", "x-max-age", "x-initial-cluster-size", "x-queue-leader-locator", "x-stream-max-segment-size-bytes"] {
+        let Some(value) = arguments_table.get(key) else { continue };
+        match key {
+            "x-max-age" => arguments::check_max_age_argument(value, queue, vhost).map(|_| ())?,
+            "x-stream-max-segment-size-bytes" => arguments::check_segment_size_argument(value, queue, vhost)?,
+            "x-initial-cluster-size" => arguments::check_initial_cluster_size_argument(value, queue, vhost)?,
+            "x-queue-leader-locator" => arguments::check_leader_locator_argument(value, queue, vhost)?,
+            _ => check_queue_argument(key, value, queue, vhost)?,
+        }
+    }
+    for (key, _) in arguments_table.iter() {
+        let key = key.to_string_lossy();
+        if RABBITMQ_QUEUE_ARGUMENTS.contains(&key.as_str()) && !capabilities.accepted_arguments.contains(&key.as_str()) {
+            return Err(AmqpError::precondition(format!(
+                "invalid arg '{key}' for {} of queue type rabbit_stream_queue",
+                describe_queue(queue, vhost)
+            )));
+        }
+    }
+    let refused = [
+        (definition.auto_delete, "auto-delete"),
+        (definition.exclusive_owner.is_some(), "exclusive-owner"),
+        (!definition.durable, "non-durable"),
+    ];
+    if let Some((_, property)) = refused.iter().find(|(refused, _)| *refused) {
+        return Err(AmqpError::precondition(format!("invalid property '{property}' for {}", describe_queue(queue, vhost))));
+    }
+    arguments::check_segment_size_bound(arguments_table)
+}
+
+impl QueueTypeCapabilities {
+    /// Checks basic.consume on a stream queue, in RabbitMQ 3.10.8's order (measured): an
+    /// `x-priority` argument (406, the type does not take it), no prefetch (406), no-ack (540),
+    /// a global prefetch (540).
+    pub fn check_stream_consume(
+        &self,
+        queue: &ShortStr,
+        vhost: &str,
+        arguments: &amqp_codec::FieldTable,
+        prefetch: u32,
+        no_ack: bool,
+        global_qos_active: bool,
+    ) -> Result<(), AmqpError> {
+        if arguments.get("x-priority").is_some() {
+            return Err(AmqpError::precondition(format!(
+                "invalid arg 'x-priority' for {} of queue type rabbit_stream_queue",
+                describe_queue(queue, vhost)
+            )));
+        }
+        if prefetch == 0 {
+            return Err(AmqpError::precondition(format!("consumer prefetch count is not set for '{}'", describe_queue(queue, vhost))));
+        }
+        self.check_consume(queue, vhost, no_ack, global_qos_active)
     }
 }

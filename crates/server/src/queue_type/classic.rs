@@ -38,7 +38,7 @@ pub struct ClassicStorage<'a> {
 pub struct ClassicStorageError(#[from] StorageError);
 
 /// A queue's vhost and name, hex-encoded, so any name is a valid file name.
-fn queue_file_name(vhost: &str, name: &ShortStr) -> String {
+pub(super) fn queue_file_name(vhost: &str, name: &ShortStr) -> String {
     let mut key: Vec<u8> = vhost.as_bytes().to_vec();
     key.push(0);
     key.extend_from_slice(name.as_bytes());

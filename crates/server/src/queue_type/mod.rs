@@ -15,11 +15,13 @@
 
 mod capabilities;
 mod classic;
+mod stream;
 
 pub use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueSnapshot, GET_PAGE_IN_ROUNDS_MAX};
 pub use capabilities::{capabilities, QueueTypeCapabilities};
 pub use classic::{ClassicStorage, ClassicStorageError, EXPIRY_DIRECTORY};
 pub use storage::syncer::{Confirm as PendingConfirm, ConfirmSink};
+pub use stream::StreamStorage;
 
 use crate::policy::Policy;
 use crate::queue_runtime::QueueRuntime;
@@ -35,6 +37,8 @@ use storage::syncer::{SharedLog, Syncer};
 pub enum Queue {
     /// A classic queue: one node, messages in memory and (durable, persistent ones) in its log.
     Classic(Arc<QueueRuntime>),
+    /// A stream queue: a replayable log that consumers read from an offset of their choice.
+    Stream(Arc<crate::stream::StreamQueue>),
     /// A classic queue of another cluster node (see `cluster/remote_queue.rs`).
     Remote(Arc<crate::cluster::RemoteQueue>),
 }
@@ -45,6 +49,8 @@ pub enum Queue {
 pub enum WeakQueue {
     /// A classic queue.
     Classic(Weak<QueueRuntime>),
+    /// A stream queue.
+    Stream(Weak<crate::stream::StreamQueue>),
 }
 
 /// What a confirm (and tx.commit) of a message accepted by one queue waits for.
@@ -54,6 +60,9 @@ pub enum ConfirmTicket {
     Immediate,
     /// A classic queue wrote the message to this log: confirmed once the log is fdatasynced.
     LogSynced(SharedLog),
+    /// A stream queue appended the message to this stream: confirmed once the group commit has
+    /// written, fdatasynced and committed it.
+    StreamCommitted(storage::syncer::SharedStream),
 }
 
 /// What a queue did with a published message.
@@ -97,6 +106,7 @@ impl Settlement {
 #[derive(Debug, Default)]
 pub struct ConfirmTickets {
     logs: Vec<SharedLog>,
+    streams: Vec<storage::syncer::SharedStream>,
 }
 
 impl ConfirmTickets {
@@ -110,18 +120,32 @@ impl ConfirmTickets {
                 }
                 true
             }
+            ConfirmTicket::StreamCommitted(stream) => {
+                if !self.streams.iter().any(|known| Arc::ptr_eq(known, &stream)) {
+                    self.streams.push(stream);
+                }
+                true
+            }
         }
     }
 
     /// Whether there is nothing to wait for.
     pub fn is_empty(&self) -> bool {
-        self.logs.is_empty()
+        self.logs.is_empty() && self.streams.is_empty()
     }
 
     /// Sends `confirms` (in order, each acked or nacked) once every ticket is settled, in one group
     /// commit. Without confirms, the tickets are still made durable (a publish outside confirm
     /// mode is written and synced in the same group commit, only nobody is told).
     pub fn confirm_when_settled(self, syncer: &Syncer, confirms: Vec<PendingConfirm>) {
+        if !self.streams.is_empty() {
+            if confirms.is_empty() {
+                syncer.sync_with_streams(self.logs, self.streams, None);
+            } else {
+                syncer.confirm_with_streams(self.logs, self.streams, confirms);
+            }
+            return;
+        }
         if confirms.is_empty() {
             syncer.sync(self.logs, None);
         } else {
@@ -132,6 +156,10 @@ impl ConfirmTickets {
     /// Calls `settled` with true once every ticket is settled, false if one failed (tx.commit, the
     /// management API's publish).
     pub fn when_settled(self, syncer: &Syncer, settled: Box<dyn FnOnce(bool) + Send>) {
+        if !self.streams.is_empty() {
+            syncer.sync_with_streams(self.logs, self.streams, Some(settled));
+            return;
+        }
         syncer.sync(self.logs, Some(settled));
     }
 }
@@ -153,6 +181,7 @@ impl WeakQueue {
     pub fn upgrade(&self) -> Option<Queue> {
         match self {
             WeakQueue::Classic(queue) => queue.upgrade().map(Queue::Classic),
+            WeakQueue::Stream(queue) => queue.upgrade().map(Queue::Stream),
         }
     }
 
@@ -160,6 +189,8 @@ impl WeakQueue {
     pub fn same(&self, other: &WeakQueue) -> bool {
         match (self, other) {
             (WeakQueue::Classic(a), WeakQueue::Classic(b)) => Weak::ptr_eq(a, b),
+            (WeakQueue::Stream(a), WeakQueue::Stream(b)) => Weak::ptr_eq(a, b),
+            _ => false,
         }
     }
 }
@@ -169,6 +200,7 @@ impl Queue {
     pub fn name(&self) -> &ShortStr {
         match self {
             Queue::Classic(queue) => queue.name(),
+            Queue::Stream(queue) => queue.name(),
             Queue::Remote(queue) => queue.name(),
         }
     }
@@ -177,6 +209,7 @@ impl Queue {
     pub fn definition(&self) -> &QueueDefinition {
         match self {
             Queue::Classic(queue) => &queue.definition,
+            Queue::Stream(queue) => &queue.definition,
             Queue::Remote(queue) => &queue.definition,
         }
     }
@@ -190,6 +223,7 @@ impl Queue {
     pub fn same(&self, other: &Queue) -> bool {
         match (self, other) {
             (Queue::Classic(a), Queue::Classic(b)) => Arc::ptr_eq(a, b),
+            (Queue::Stream(a), Queue::Stream(b)) => Arc::ptr_eq(a, b),
             (Queue::Remote(a), Queue::Remote(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
@@ -199,6 +233,7 @@ impl Queue {
     pub fn address(&self) -> *const () {
         match self {
             Queue::Classic(queue) => Arc::as_ptr(queue).cast(),
+            Queue::Stream(queue) => Arc::as_ptr(queue).cast(),
             Queue::Remote(queue) => Arc::as_ptr(queue).cast(),
         }
     }
@@ -208,6 +243,7 @@ impl Queue {
     pub fn publish(&self, message: Arc<Message>) -> PublishOutcome {
         match self {
             Queue::Classic(queue) => classic::publish(queue, message),
+            Queue::Stream(queue) => stream::publish(queue, &message),
             Queue::Remote(queue) => {
                 queue.refuse_publish();
                 PublishOutcome::Rejected
@@ -219,6 +255,7 @@ impl Queue {
     pub fn dispatch(&self) {
         match self {
             Queue::Classic(queue) => queue.dispatch(),
+            Queue::Stream(queue) => queue.wake_consumers(),
             Queue::Remote(_) => {}
         }
     }
@@ -230,6 +267,9 @@ impl Queue {
     pub fn settle(&self, deliveries: &[u64], settlement: Settlement) {
         match self {
             Queue::Classic(queue) => queue.finish_deliveries(deliveries, settlement),
+            // Acks move a stream consumer's credit only; a stream has nothing to requeue or
+            // dead-letter (nack and reject are refused before they get here).
+            Queue::Stream(queue) => queue.settle(deliveries.len()),
             Queue::Remote(_) => {}
         }
     }
@@ -240,6 +280,8 @@ impl Queue {
     pub fn get(&self, channel: &ChannelShared, no_ack: bool) -> GetAnswer {
         match self {
             Queue::Classic(queue) => queue.get(channel, no_ack),
+            // Refused by the type's capabilities before it gets here.
+            Queue::Stream(_) => GetAnswer::Empty,
             Queue::Remote(_) => GetAnswer::Empty,
         }
     }
@@ -249,6 +291,7 @@ impl Queue {
     pub async fn wait_for_page_in(&self) {
         match self {
             Queue::Classic(queue) => queue.wait_for_page_in().await,
+            Queue::Stream(_) => {}
             Queue::Remote(_) => {}
         }
     }
@@ -258,7 +301,30 @@ impl Queue {
     pub fn consume(&self, consumer: Arc<ConsumerHandle>, exclusive: bool, accepted: impl FnOnce()) -> Result<(), AmqpError> {
         match self {
             Queue::Classic(queue) => queue.add_consumer(consumer, exclusive, accepted),
+            Queue::Stream(queue) => queue.add_consumer(consumer, storage::stream::OffsetSpec::Next, accepted),
             Queue::Remote(queue) => Err(queue.refusal()),
+        }
+    }
+
+    /// basic.consume with the consumer's `x-stream-offset` (which only stream queues read).
+    pub fn consume_from(
+        &self,
+        consumer: Arc<ConsumerHandle>,
+        exclusive: bool,
+        offset: storage::stream::OffsetSpec,
+        accepted: impl FnOnce(),
+    ) -> Result<(), AmqpError> {
+        match self {
+            Queue::Stream(queue) => queue.add_consumer(consumer, offset, accepted),
+            _ => self.consume(consumer, exclusive, accepted),
+        }
+    }
+
+    /// The stream queue this is, if it is one (the channel refuses what streams cannot do).
+    pub fn as_stream(&self) -> Option<&Arc<crate::stream::StreamQueue>> {
+        match self {
+            Queue::Stream(queue) => Some(queue),
+            _ => None,
         }
     }
 
@@ -266,6 +332,7 @@ impl Queue {
     pub fn cancel(&self, consumer: &Arc<ConsumerHandle>) -> ConsumerRemoval {
         match self {
             Queue::Classic(queue) => queue.remove_consumer(consumer),
+            Queue::Stream(queue) => queue.remove_consumer(consumer),
             Queue::Remote(_) => ConsumerRemoval::NotFound,
         }
     }
@@ -274,6 +341,7 @@ impl Queue {
     pub fn mark_used(&self) {
         match self {
             Queue::Classic(queue) => queue.mark_used(),
+            Queue::Stream(_) => {}
             Queue::Remote(_) => {}
         }
     }
@@ -282,6 +350,8 @@ impl Queue {
     pub fn counts(&self) -> (u32, u32) {
         match self {
             Queue::Classic(queue) => queue.counts(),
+            // RabbitMQ 3.10.8 answers a stream's declare-ok with no consumers, whatever it has.
+            Queue::Stream(queue) => (queue.message_count().min(u64::from(u32::MAX)) as u32, 0),
             Queue::Remote(_) => (0, 0),
         }
     }
@@ -290,6 +360,8 @@ impl Queue {
     pub fn purge(&self) -> u32 {
         match self {
             Queue::Classic(queue) => queue.purge(),
+            // Refused before it gets here (540, as RabbitMQ).
+            Queue::Stream(_) => 0,
             Queue::Remote(_) => 0,
         }
     }
@@ -299,6 +371,7 @@ impl Queue {
     pub fn delete(&self) -> (u32, Vec<Arc<ConsumerHandle>>) {
         match self {
             Queue::Classic(queue) => queue.delete(),
+            Queue::Stream(queue) => queue.delete(),
             Queue::Remote(_) => (0, Vec::new()),
         }
     }
@@ -307,6 +380,7 @@ impl Queue {
     pub fn apply_policy(&self, policy: Option<Arc<Policy>>) {
         match self {
             Queue::Classic(queue) => queue.apply_policy(policy),
+            Queue::Stream(queue) => queue.apply_policy(policy),
             Queue::Remote(queue) => *queue.policy.lock() = policy,
         }
     }
@@ -315,6 +389,7 @@ impl Queue {
     pub fn consumer_timeout_ms(&self) -> Option<u64> {
         match self {
             Queue::Classic(queue) => queue.consumer_timeout_ms(),
+            Queue::Stream(_) => None,
             Queue::Remote(_) => None,
         }
     }
@@ -323,6 +398,7 @@ impl Queue {
     pub fn policy(&self) -> Option<Arc<Policy>> {
         match self {
             Queue::Classic(queue) => queue.policy(),
+            Queue::Stream(queue) => queue.policy(),
             Queue::Remote(queue) => queue.policy.lock().clone(),
         }
     }
@@ -331,6 +407,7 @@ impl Queue {
     pub fn snapshot(&self) -> QueueSnapshot {
         match self {
             Queue::Classic(queue) => queue.snapshot(),
+            Queue::Stream(queue) => queue.snapshot(),
             Queue::Remote(_) => {
                 QueueSnapshot { ready: 0, paged: 0, unacked: 0, consumers: 0, stats: Default::default(), single_active_consumer_tag: None }
             }
@@ -341,6 +418,7 @@ impl Queue {
     pub fn consumer_views(&self) -> Vec<ConsumerView> {
         match self {
             Queue::Classic(queue) => queue.consumer_views(),
+            Queue::Stream(queue) => queue.consumer_views(),
             Queue::Remote(_) => Vec::new(),
         }
     }
@@ -349,6 +427,7 @@ impl Queue {
     pub fn dead_letters(&self) -> bool {
         match self {
             Queue::Classic(queue) => queue.dead_letters(),
+            Queue::Stream(_) => false,
             Queue::Remote(_) => false,
         }
     }
@@ -357,6 +436,7 @@ impl Queue {
     pub fn take_dead_letters(&self) -> Option<crate::dead_letter::DeadLetterBatch> {
         match self {
             Queue::Classic(queue) => queue.take_dead_letters(),
+            Queue::Stream(_) => None,
             Queue::Remote(_) => None,
         }
     }
@@ -382,6 +462,7 @@ impl Queue {
     pub fn durable_log(&self) -> Option<&SharedLog> {
         match self {
             Queue::Classic(queue) => queue.log.as_ref(),
+            Queue::Stream(_) => None,
             Queue::Remote(_) => None,
         }
     }

@@ -135,16 +135,15 @@ fn dead_letter_and_byte_limit_arguments_are_checked_with_rabbitmq_texts() {
 }
 
 #[test]
-fn quorum_and_stream_queues_are_refused_with_540_for_their_type_before_anything_else() {
-    for queue_type in [QueueType::Quorum, QueueType::Stream] {
-        let mut declared = definition("q", &[("x-queue-type", text(queue_type.name())), ("x-max-length", FieldValue::I32(-1))]);
-        declared.queue_type = queue_type;
-        declared.exclusive_owner = Some(1);
-        assert_eq!(
-            refusal(capabilities(queue_type).check_declare(&declared, VHOST)),
-            (540, format!("NOT_IMPLEMENTED - queue type '{}' is not supported by Lepus yet", queue_type.name()))
-        );
-    }
+fn quorum_queues_are_refused_with_540_for_their_type_before_anything_else() {
+    let queue_type = QueueType::Quorum;
+    let mut declared = definition("q", &[("x-queue-type", text(queue_type.name())), ("x-max-length", FieldValue::I32(-1))]);
+    declared.queue_type = queue_type;
+    declared.exclusive_owner = Some(1);
+    assert_eq!(
+        refusal(capabilities(queue_type).check_declare(&declared, VHOST)),
+        (540, format!("NOT_IMPLEMENTED - queue type '{}' is not supported by Lepus yet", queue_type.name()))
+    );
 }
 
 #[test]
@@ -190,7 +189,7 @@ fn quorum_and_stream_queues_refuse_a_consumer_under_global_qos_and_streams_refus
     );
     assert_eq!(
         refusal(stream.check_consume(&name, "v", true, false)),
-        (540, "NOT_IMPLEMENTED - automatic acknowledgement not supported by stream queue 'q' in vhost 'v'".to_string())
+        (540, "NOT_IMPLEMENTED - automatic acknowledgement not supported by stream queues queue 'q' in vhost 'v'".to_string())
     );
     assert_eq!(stream.check_consume(&name, "v", false, false), Ok(()));
 }
@@ -258,6 +257,7 @@ fn log_of(ticket: &ConfirmTicket) -> Option<&SharedLog> {
     match ticket {
         ConfirmTicket::Immediate => None,
         ConfirmTicket::LogSynced(log) => Some(log),
+        ConfirmTicket::StreamCommitted(_) => None,
     }
 }
 
@@ -453,4 +453,95 @@ fn a_message_a_queue_drops_at_once_is_dropped_without_a_log_record() {
     let deleted = storage.create(&definition("deleted", &[]), VHOST).expect("create");
     deleted.delete();
     assert!(matches!(deleted.publish(message("two", true)), PublishOutcome::Dropped));
+}
+
+/// A stream declaration is checked in RabbitMQ 3.10.8's order, with its texts (each measured on
+/// the reference node): the values of the arguments a stream takes, then a known argument it
+/// does not take, then the properties (auto-delete, exclusive, durable), then the segment size.
+#[test]
+fn stream_declarations_are_checked_in_rabbitmq_order_with_its_texts() {
+    let stream = capabilities(QueueType::Stream);
+    let refused = |arguments: &[(&str, FieldValue)], durable: bool, auto_delete: bool, exclusive: bool| {
+        let mut declared = definition("s", arguments);
+        declared.queue_type = QueueType::Stream;
+        declared.durable = durable;
+        declared.auto_delete = auto_delete;
+        declared.exclusive_owner = exclusive.then_some(1);
+        stream.check_declare(&declared, VHOST).map_err(|error| (error.code, error.text))
+    };
+    let prefix = "PRECONDITION_FAILED - invalid arg";
+    let accepted = [
+        ("x-queue-type", text("stream")),
+        ("x-max-length-bytes", FieldValue::I64(1000)),
+        ("x-max-age", text("7D")),
+        ("x-stream-max-segment-size-bytes", FieldValue::I64(3_000_000_000)),
+        ("x-initial-cluster-size", FieldValue::I32(1)),
+        ("x-queue-leader-locator", text("balanced")),
+        ("x-custom", text("ignored")),
+    ];
+    assert_eq!(refused(&accepted, true, false, false), Ok(()));
+    for argument in ["x-max-length", "x-message-ttl", "x-dead-letter-exchange", "x-overflow", "x-expires", "x-queue-mode", "x-max-priority"]
+    {
+        assert_eq!(
+            refused(&[(argument, FieldValue::I32(1))], false, false, false),
+            Err((406, format!("{prefix} '{argument}' for queue 's' in vhost '/' of queue type rabbit_stream_queue"))),
+            "{argument}: arguments come before properties"
+        );
+    }
+    // A bad value of an argument streams take comes first, whatever the order.
+    assert_eq!(
+        refused(&[("x-max-length", FieldValue::I32(1)), ("x-max-age", FieldValue::I32(1))], true, false, false),
+        Err((406, format!("{prefix} 'x-max-age' for queue 's' in vhost '/': {{unacceptable_type,signedint}}")))
+    );
+    assert_eq!(
+        refused(&[("x-max-age", text("5x"))], true, false, false),
+        Err((406, format!("{prefix} 'x-max-age' for queue 's' in vhost '/': invalid_max_age")))
+    );
+    assert_eq!(refused(&[("x-max-age", text("bad"))], true, false, false), Err((541, "INTERNAL_ERROR".to_string())));
+    assert_eq!(
+        refused(&[("x-stream-max-segment-size-bytes", text("x"))], true, false, false),
+        Err((406, format!("{prefix} 'x-stream-max-segment-size-bytes' for queue 's' in vhost '/': \"expected integer, got longstr\"")))
+    );
+    let property = |name: &str| Err((406, format!("PRECONDITION_FAILED - invalid property '{name}' for queue 's' in vhost '/'")));
+    assert_eq!(refused(&[], false, true, true), property("auto-delete"));
+    assert_eq!(refused(&[], false, false, true), property("exclusive-owner"));
+    assert_eq!(refused(&[], false, false, false), property("non-durable"));
+    let too_large = [("x-stream-max-segment-size-bytes", FieldValue::I64(3_000_000_001))];
+    assert_eq!(refused(&too_large, true, false, true), property("exclusive-owner"));
+    assert_eq!(
+        refused(&too_large, true, false, false),
+        Err((406, "PRECONDITION_FAILED - Exceeded max value for x-stream-max-segment-size-bytes".to_string()))
+    );
+}
+
+/// basic.consume on a stream: x-priority, then the prefetch, then no-ack, then a global prefetch.
+#[test]
+fn stream_consumers_need_a_prefetch_and_acks_and_take_no_priority() {
+    let (stream, name) = (capabilities(QueueType::Stream), ShortStr::from("s"));
+    let mut priority = FieldTable::new();
+    priority.insert("x-priority", FieldValue::I32(5));
+    let check = |arguments: &FieldTable, prefetch: u32, no_ack: bool, global: bool| {
+        stream.check_stream_consume(&name, VHOST, arguments, prefetch, no_ack, global).map_err(|error| (error.code, error.text))
+    };
+    assert_eq!(
+        check(&priority, 0, true, true),
+        Err((
+            406,
+            "PRECONDITION_FAILED - invalid arg 'x-priority' for queue 's' in vhost '/' of queue type rabbit_stream_queue".to_string()
+        ))
+    );
+    let none = FieldTable::new();
+    assert_eq!(
+        check(&none, 0, true, true),
+        Err((406, "PRECONDITION_FAILED - consumer prefetch count is not set for 'queue 's' in vhost '/''".to_string()))
+    );
+    assert_eq!(
+        check(&none, 10, true, true),
+        Err((540, "NOT_IMPLEMENTED - automatic acknowledgement not supported by stream queues queue 's' in vhost '/'".to_string()))
+    );
+    assert_eq!(
+        check(&none, 10, false, true),
+        Err((540, "NOT_IMPLEMENTED - queue 's' in vhost '/' does not support global qos".to_string()))
+    );
+    assert_eq!(check(&none, 10, false, false), Ok(()));
 }

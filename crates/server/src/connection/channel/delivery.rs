@@ -42,6 +42,26 @@ impl Channel {
         }
         let capabilities = queue.capabilities();
         let global_qos_active = self.shared.prefetch_global.load(Ordering::Acquire) != 0;
+        // RabbitMQ checks the values of the consume arguments a queue's type takes, then refuses
+        // those it does not: x-stream-offset is a stream's only.
+        let stream_offset = match queue.as_stream() {
+            Some(_) => {
+                crate::stream::arguments::consume_offset(&consume.arguments, queue.name(), &context.vhost, storage::stream::now_ms())?
+            }
+            None => {
+                crate::stream::arguments::refuse_offset_off_streams(
+                    &consume.arguments,
+                    queue.name(),
+                    &context.vhost,
+                    queue.definition().queue_type,
+                )?;
+                storage::stream::OffsetSpec::Next
+            }
+        };
+        if queue.as_stream().is_some() {
+            let (arguments, prefetch) = (&consume.arguments, self.consumer_prefetch);
+            capabilities.check_stream_consume(queue.name(), &context.vhost, arguments, prefetch, consume.no_ack, global_qos_active)?;
+        }
         capabilities.check_consume(queue.name(), &context.vhost, consume.no_ack, global_qos_active)?;
         let priority = match consume.arguments.get("x-priority") {
             None => 0,
@@ -64,7 +84,7 @@ impl Channel {
             frames.freeze()
         });
         let connection = context.connection.clone();
-        queue.consume(consumer.clone(), consume.exclusive, move || {
+        queue.consume_from(consumer.clone(), consume.exclusive, stream_offset, move || {
             if let Some(frames) = reply {
                 connection.send(Outbound::Frames(frames));
             }
@@ -132,6 +152,9 @@ impl Channel {
             return Ok(());
         }
         let taken = self.take_deliveries(delivery_tag, multiple, requeue.is_none())?;
+        if requeue.is_some() {
+            refuse_stream_nack(&taken)?;
+        }
         if requeue.is_none() {
             // Acks wait for the end of the socket read (or the channel's next other method), so a
             // read full of acks settles each queue under one lock and dispatches once.
@@ -167,6 +190,10 @@ impl Channel {
             return Err(AmqpError::not_implemented("requeue=false"));
         }
         let taken = std::mem::take(&mut self.shared.ledger.lock().unacked);
+        if taken.values().any(|delivery| delivery.queue.as_stream().is_some()) {
+            // RabbitMQ 3.10.8's channel crashes on a recover of stream deliveries (measured).
+            return Err(crate::stream::arguments::internal_error());
+        }
         finish_grouped(taken.into_values(), Settlement::Requeue);
         Ok(())
     }
@@ -238,6 +265,19 @@ fn answer_commit(channel: &ChannelShared, durable: bool) {
     }
     channel.connection.send(Outbound::Frames(frames.freeze()));
     drop(ledger);
+}
+
+/// basic.nack and basic.reject of a stream's delivery: a connection error, as RabbitMQ 3.10.8
+/// answers (a stream keeps every message: there is nothing to requeue or dead-letter).
+fn refuse_stream_nack(taken: &[Unacked]) -> Result<(), AmqpError> {
+    match taken.iter().find_map(|delivery| delivery.queue.as_stream()) {
+        Some(stream) => Err(AmqpError::not_implemented(format!(
+            "basic.nack and basic.reject not supported by stream queues queue '{}' in vhost '{}'",
+            stream.name(),
+            stream.vhost
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Settles (or requeues) deliveries in their queues, grouped per queue so each is locked once.

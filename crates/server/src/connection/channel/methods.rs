@@ -232,6 +232,13 @@ impl Channel {
                 let name = self.queue_name(&purge.queue)?;
                 context.check(Access::Read, "queue", name.as_bytes())?;
                 let queue = self.require_queue(context, &name)?;
+                if let Some(stream) = queue.as_stream() {
+                    return Err(AmqpError::not_implemented(format!(
+                        "queue.purge not supported by stream queues queue '{}' in vhost '{}'",
+                        stream.name(),
+                        stream.vhost
+                    )));
+                }
                 queue.check_local()?;
                 let message_count = queue.purge();
                 if !purge.nowait {
