@@ -668,6 +668,12 @@ pub fn check_dead_letter_routing_key(arguments: &FieldTable, queue: &ShortStr, v
     Ok(())
 }
 
+/// The AMQP type name RabbitMQ reports for a value of the wrong type (for the checks of other
+/// crates: the server's queue types check their own arguments).
+pub fn field_type_name(value: &FieldValue) -> &'static str {
+    type_name(value)
+}
+
 /// The AMQP type name RabbitMQ reports for a value of the wrong type.
 fn type_name(value: &FieldValue) -> &'static str {
     match value {

@@ -64,9 +64,22 @@ pub struct PerfArgs {
     /// queue per subscriber).
     #[arg(default_value = "queue://lepus-perf")]
     pub destination: String,
-    /// Broker URL.
-    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/")]
-    pub url: String,
+    /// Broker URL. Given several times (one per node of a cluster), producers and consumers are
+    /// spread over the URLs, round robin, as RabbitMQ PerfTest spreads them over its --uris.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/", action = clap::ArgAction::Append)]
+    pub url: Vec<String>,
+    /// The queues' type: classic (declared without x-queue-type), quorum or stream (declared
+    /// durable with x-queue-type).
+    #[arg(long, value_enum)]
+    pub queue_type: Option<QueueType>,
+    /// The same as --queue-type quorum (RabbitMQ PerfTest's --quorum-queue).
+    #[arg(long, conflicts_with = "queue_type")]
+    pub quorum_queue: bool,
+    /// Queue arguments as KEY=VALUE pairs separated by commas (RabbitMQ PerfTest's --queue-args,
+    /// e.g. x-max-length=100000,x-overflow=reject-publish): integers are sent as longs,
+    /// true and false as booleans, anything else as a string.
+    #[arg(long)]
+    pub queue_args: Option<String>,
     /// Broker URL for consumers (default: --url).
     #[arg(long)]
     pub consumer_url: Option<String>,
@@ -121,13 +134,9 @@ pub struct PerfArgs {
     /// Consumers ack every A or A-B (random) messages with multiple=true.
     #[arg(long, default_value = "1")]
     pub ack_every: String,
-    /// Declares the queues with this `x-queue-type` (classic, quorum, stream), as RabbitMQ
-    /// PerfTest's `--queue-args x-queue-type=...`; quorum and stream queues are durable.
-    #[arg(long)]
-    pub queue_type: Option<String>,
-    /// Where consumers of a stream start: over AMQP 0-9-1 the `x-stream-offset` (first, last,
-    /// next, an offset or an interval such as `1h`); over the stream protocol `first`, `last`,
-    /// `next` (the default), an offset, or `@MS` (a timestamp, milliseconds since the epoch).
+    /// Consumers start at this `x-stream-offset` (stream queues): first, last, next, an offset or
+    /// an interval such as `1h`. With `--protocol stream`, the subscription's offset: `first`,
+    /// `last`, `next` (the default there), an offset, or `@MS` (a timestamp, ms since the epoch).
     #[arg(long)]
     pub stream_offset: Option<String>,
     /// Consumer prefetch (basic.qos).
@@ -177,6 +186,65 @@ pub enum Protocol {
     Stream,
 }
 
+/// A queue type `--queue-type` names.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueType {
+    /// A classic queue (no x-queue-type argument).
+    Classic,
+    /// A quorum queue.
+    Quorum,
+    /// A stream queue.
+    Stream,
+}
+
+impl PerfArgs {
+    /// The queue type asked for (--queue-type, or --quorum-queue).
+    pub fn queue_type(&self) -> QueueType {
+        match (self.queue_type, self.quorum_queue) {
+            (Some(queue_type), _) => queue_type,
+            (None, true) => QueueType::Quorum,
+            (None, false) => QueueType::Classic,
+        }
+    }
+
+    /// The queues' declaration arguments: --queue-args, and x-queue-type unless classic.
+    pub fn queue_arguments(&self) -> Result<amqp_codec::FieldTable, String> {
+        let mut arguments = match &self.queue_args {
+            Some(text) => parse_queue_arguments(text)?,
+            None => amqp_codec::FieldTable::default(),
+        };
+        match self.queue_type() {
+            QueueType::Classic => {}
+            QueueType::Quorum => arguments.insert("x-queue-type", amqp_codec::FieldValue::LongStr(bytes::Bytes::from_static(b"quorum"))),
+            QueueType::Stream => arguments.insert("x-queue-type", amqp_codec::FieldValue::LongStr(bytes::Bytes::from_static(b"stream"))),
+        }
+        Ok(arguments)
+    }
+}
+
+/// `KEY=VALUE,KEY=VALUE` as a field table (see [`PerfArgs::queue_args`]).
+pub fn parse_queue_arguments(text: &str) -> Result<amqp_codec::FieldTable, String> {
+    use amqp_codec::FieldValue;
+    let mut arguments = amqp_codec::FieldTable::default();
+    for pair in text.split(',').map(str::trim).filter(|pair| !pair.is_empty()) {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(format!("--queue-args: {pair:?} is not KEY=VALUE"));
+        };
+        let (key, value) = (key.trim(), value.trim());
+        if key.is_empty() {
+            return Err(format!("--queue-args: {pair:?} has no key"));
+        }
+        let value = match (value.parse::<i64>(), value) {
+            (Ok(number), _) => FieldValue::I64(number),
+            (_, "true") => FieldValue::Bool(true),
+            (_, "false") => FieldValue::Bool(false),
+            (_, text) => FieldValue::LongStr(bytes::Bytes::from(text.to_string())),
+        };
+        arguments.insert(key, value);
+    }
+    Ok(arguments)
+}
+
 /// How producers wait for intended send times.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pacing {
@@ -203,6 +271,36 @@ pub fn parse_range(text: &str) -> Result<(u32, u32), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queue_types_arguments_and_several_urls() {
+        let cli = PerfCli::try_parse_from([
+            "lepus perf",
+            "client",
+            "--url",
+            "amqp://a/",
+            "--url",
+            "amqp://b/",
+            "--quorum-queue",
+            "--queue-args",
+            "x-max-length=10, x-overflow=reject-publish,x-single-active-consumer=true",
+        ])
+        .unwrap();
+        let args = cli.mode.args().unwrap();
+        assert_eq!(args.url, vec!["amqp://a/", "amqp://b/"]);
+        assert_eq!(args.queue_type(), QueueType::Quorum);
+        let arguments = args.queue_arguments().unwrap();
+        assert_eq!(arguments.get("x-max-length"), Some(&amqp_codec::FieldValue::I64(10)));
+        assert_eq!(arguments.get("x-single-active-consumer"), Some(&amqp_codec::FieldValue::Bool(true)));
+        assert_eq!(arguments.get("x-overflow").and_then(|value| value.as_text()).as_deref(), Some("reject-publish"));
+        assert_eq!(arguments.get("x-queue-type").and_then(|value| value.as_text()).as_deref(), Some("quorum"));
+        let default = PerfCli::try_parse_from(["lepus perf", "client", "--queue-type", "stream"]).unwrap();
+        let args = default.mode.args().unwrap();
+        assert_eq!(args.url, vec!["amqp://guest:guest@127.0.0.1:5672/"]);
+        assert_eq!(args.queue_type(), QueueType::Stream);
+        assert!(parse_queue_arguments("novalue").is_err());
+        assert!(PerfCli::try_parse_from(["lepus perf", "client", "--queue-type", "quorum", "--quorum-queue"]).is_err());
+    }
 
     #[test]
     fn ranges() {

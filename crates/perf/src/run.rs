@@ -69,11 +69,19 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
     }
     let producing = !matches!(mode, Mode::Consumer(_));
     let consuming = !matches!(mode, Mode::Producer(_));
-    let url = AmqpUrl::parse(&args.url).map_err(|error| error.to_string())?;
-    let consumer_url = match &args.consumer_url {
-        Some(text) => AmqpUrl::parse(text).map_err(|error| error.to_string())?,
-        None => url.clone(),
+    let urls = args.url.iter().map(|text| AmqpUrl::parse(text).map_err(|error| error.to_string())).collect::<Result<Vec<_>, _>>()?;
+    let url = urls.first().cloned().ok_or("--url: at least one broker URL")?;
+    // Consumers spread over --url too, unless --consumer-url names their one broker.
+    let consumer_urls = match &args.consumer_url {
+        Some(text) => vec![AmqpUrl::parse(text).map_err(|error| error.to_string())?],
+        None => urls.clone(),
     };
+    let consumer_url = consumer_urls[0].clone();
+    let queue_arguments = args.queue_arguments()?;
+    if args.queue_type() != crate::cli::QueueType::Classic && args.destination.starts_with("topic://") {
+        // A topic's subscription queues are declared by its consumers, without arguments.
+        return Err("--queue-type quorum and stream apply to queue:// destinations".to_string());
+    }
     let destinations = Destination::expand(&args.destination, args.num_destinations)?;
     let ack_every = parse_range(&args.ack_every).map_err(|error| format!("--ack-every {error}"))?;
     let completion = completion(&args)?;
@@ -81,11 +89,12 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
         eprintln!("note: messages under 8 bytes carry no timestamp: no transfer latency");
     }
     let duration_s = duration_s(&args);
-    let durable = args.durable || args.persistent || args.queue_type.as_deref().is_some_and(|kind| kind != "classic");
+    // Quorum and stream queues exist only durable.
+    let durable = args.durable || args.persistent || args.queue_type() != crate::cli::QueueType::Classic;
 
     // Topology: queues and topic exchanges, declared by either side so that any start order works.
     let setup_url = if producing { &url } else { &consumer_url };
-    let broker = declare(setup_url, &destinations, durable, args.durable, args.queue_type.as_deref()).await?;
+    let broker = declare(setup_url, &destinations, durable, args.durable, &queue_arguments).await?;
     println!(
         "lepus perf {}: {} against {} ({}), {} destination(s), {} producer(s) and {} consumer(s) each, {} B messages, {}",
         mode.name(),
@@ -116,8 +125,11 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
 
     if consuming {
         let mut readies = Vec::new();
+        let mut spread = 0;
         for destination in &destinations {
             for index in 0..args.consumers {
+                let consumer_url = consumer_urls[spread % consumer_urls.len()].clone();
+                spread += 1;
                 let source = match destination {
                     Destination::Queue(name) => Source::Queue(name.clone()),
                     Destination::Topic(name) => Source::Subscription {
@@ -155,15 +167,18 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
     if producing {
         let payload: Vec<u8> = (0..args.message_size).map(|index| b'a' + (index % 26) as u8).collect();
         let payloads = Arc::new(vec![payload]);
+        let mut spread = 0;
         for destination in &destinations {
             let (exchange, routing_key) = match destination {
                 Destination::Queue(name) => (String::new(), name.clone()),
                 Destination::Topic(name) => (name.clone(), name.clone()),
             };
             for index in 0..args.producers {
+                let url = urls[spread % urls.len()].clone();
+                spread += 1;
                 let spec = ProducerSpec {
                     name: format!("lepus-perf producer {} #{index}", destination.name()),
-                    url: url.clone(),
+                    url,
                     exchange: exchange.clone(),
                     routing_key: routing_key.clone(),
                     persistent: args.persistent,
@@ -192,7 +207,7 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
         .max()
         .unwrap_or(1);
     let workers = Workers { registry, producer_control, consumer_control, clock, producers, consumers };
-    let config = config_json(&args, &url, &consumer_url);
+    let config = config_json(&args, &urls, &consumer_url);
     let (setup_url, cleanup_args) = (setup_url.clone(), args.clone());
     let cleanup = move || async move { delete_topology(&setup_url, &destinations, &cleanup_args).await };
     let shape = RunShape { duration_s, fanout, producing, consuming };
@@ -321,12 +336,8 @@ async fn declare(
     destinations: &[Destination],
     queue_durable: bool,
     exchange_durable: bool,
-    queue_type: Option<&str>,
+    queue_arguments: &amqp_codec::FieldTable,
 ) -> Result<String, String> {
-    let mut arguments = amqp_codec::FieldTable::new();
-    if let Some(queue_type) = queue_type {
-        arguments.insert("x-queue-type", amqp_codec::FieldValue::LongStr(bytes::Bytes::copy_from_slice(queue_type.as_bytes())));
-    }
     let options = ConnectionOptions { connection_name: "lepus-perf setup".to_string(), ..ConnectionOptions::default() };
     let work = async {
         let mut connection = Connection::open(url, &options).await?;
@@ -334,7 +345,7 @@ async fn declare(
         for destination in destinations {
             match destination {
                 Destination::Queue(name) => {
-                    connection.queue_declare_with_arguments(1, name, queue_durable, false, false, arguments.clone()).await?;
+                    connection.queue_declare_with_arguments(1, name, queue_durable, false, false, queue_arguments.clone()).await?;
                 }
                 Destination::Topic(name) => {
                     connection.exchange_declare(1, name, "topic", exchange_durable).await?;
@@ -375,10 +386,18 @@ async fn delete_topology(url: &AmqpUrl, destinations: &[Destination], args: &Per
     }
 }
 
-fn config_json(args: &PerfArgs, url: &AmqpUrl, consumer_url: &AmqpUrl) -> serde_json::Value {
+fn config_json(args: &PerfArgs, urls: &[AmqpUrl], consumer_url: &AmqpUrl) -> serde_json::Value {
+    let queue_type = match args.queue_type() {
+        crate::cli::QueueType::Classic => "classic",
+        crate::cli::QueueType::Quorum => "quorum",
+        crate::cli::QueueType::Stream => "stream",
+    };
     serde_json::json!({
         "destination": args.destination,
-        "url": redact(url),
+        "url": redact(&urls[0]),
+        "urls": urls.iter().map(redact).collect::<Vec<_>>(),
+        "queue_type": queue_type,
+        "queue_args": args.queue_args,
         "consumer_url": redact(consumer_url),
         "num_destinations": args.num_destinations,
         "producers_per_destination": args.producers,

@@ -15,6 +15,8 @@ async fn omb_workload_with_backlog_build_and_drain() {
     let workload: Workload = serde_yaml::from_str(yaml).unwrap();
     let options = BenchOptions {
         url: AmqpUrl::parse(&broker.url).unwrap(),
+        more_urls: Vec::new(),
+        queue_arguments: Default::default(),
         period_s: 1,
         warmup_s: Some(1),
         duration_s: Some(2),

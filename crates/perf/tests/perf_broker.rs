@@ -81,6 +81,59 @@ async fn rabbitmq_queue_round_trip() {
     queue_round_trip(&url).await;
 }
 
+/// `--queue-type quorum` with `--queue-args`, and two `--url`s (the same broker twice: producers and
+/// consumers alternate between them), as a cluster's nodes would be given.
+async fn quorum_round_trip(url: &str) {
+    let json = std::env::temp_dir().join(format!("{}.json", unique("perf-quorum")));
+    let destination = format!("queue://{}", unique("lepus-perf-quorum"));
+    let outcome = run(mode(&[
+        "client",
+        "--url",
+        url,
+        "--url",
+        url,
+        "--queue-type",
+        "quorum",
+        "--queue-args",
+        "x-max-length=100000",
+        "--producers",
+        "2",
+        "--consumers",
+        "2",
+        "--message-count",
+        "1000",
+        "--persistent",
+        "--json",
+        json.to_str().unwrap(),
+        &destination,
+    ]))
+    .await
+    .unwrap();
+    let summary = &outcome.summary;
+    assert_eq!(outcome.exit_code, 0, "{:?}", summary.error);
+    assert_eq!((summary.sent, summary.completed, summary.received), (2000, 2000, 2000));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["config"]["queue_type"], "quorum");
+    assert_eq!(report["config"]["urls"].as_array().map(Vec::len), Some(2));
+    let _ = std::fs::remove_file(json);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lepus_quorum_round_trip() {
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    quorum_round_trip(&broker.url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_quorum_round_trip() {
+    let Some(url) = rabbitmq_url() else {
+        return;
+    };
+    quorum_round_trip(&url).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_topics_fan_out_to_every_subscriber() {
     let Some(broker) = Broker::start() else {

@@ -90,6 +90,16 @@ impl<M: Payload> QueueCore<M> {
                 }
                 Reply::Ok
             }
+            Command::RequeueToTail { position } => {
+                if let Some((new_position, holder)) = self.messages.requeue_to_tail(position) {
+                    self.stats.requeued += 1;
+                    self.release(holder);
+                    if let Some(limit) = self.limits.delivery_limit {
+                        self.drop_past_delivery_limit(new_position, limit, effects);
+                    }
+                }
+                Reply::Ok
+            }
             Command::Undeliver { position, queued, no_ack } => {
                 let holder = self.messages.unpop(position, queued);
                 self.release(holder);

@@ -141,6 +141,9 @@ pub enum Command<M> {
     Reject { position: u64 },
     /// Reject, nack or recover with requeue: back to its place, marked redelivered.
     Requeue { position: u64 },
+    /// Requeue to the back of the queue, marked redelivered, under a new position (RabbitMQ 3.10's
+    /// quorum queues do this with a nack, reject or recover that requeues).
+    RequeueToTail { position: u64 },
     /// A delivery the caller could not hand over (its channel had closed): back, unchanged.
     Undeliver { position: u64, queued: QueuedMessage<M>, no_ack: bool },
     /// queue.purge: drop every ready message.

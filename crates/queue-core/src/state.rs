@@ -290,6 +290,19 @@ impl<M: Payload> QueueState<M> {
         Some(consumer)
     }
 
+    /// Takes an unacked message back as the newest ready one, marked redelivered, under a new
+    /// position (RabbitMQ's quorum queues put a nacked or rejected message at the back); returns
+    /// the new position and the consumer that held it.
+    pub fn requeue_to_tail(&mut self, position: u64) -> Option<(u64, Option<ConsumerId>)> {
+        let Unacked { mut queued, consumer } = self.unacked.remove(&position)?;
+        queued.redelivered = true;
+        queued.delivery_count = queued.delivery_count.saturating_add(1);
+        let new_position = self.next_position;
+        self.next_position += 1;
+        self.insert_ready(new_position, queued);
+        Some((new_position, consumer))
+    }
+
     /// Removes a ready message in memory by position (one requeued past its delivery limit).
     pub fn take_ready(&mut self, position: u64) -> Option<QueuedMessage<M>> {
         let queued = self.ready.remove(&position)?;
@@ -327,6 +340,15 @@ impl<M: Payload> QueueState<M> {
     /// Positions of the unacked messages, in no order.
     pub fn unacked_positions(&self) -> impl Iterator<Item = u64> + '_ {
         self.unacked.keys().copied()
+    }
+
+    /// Positions of the unacked messages `consumer` holds, in position order (a replicated
+    /// queue requeues them when the consumer's node goes away).
+    pub fn unacked_positions_held_by(&self, consumer: ConsumerId) -> Vec<u64> {
+        let mut positions: Vec<u64> =
+            self.unacked.iter().filter(|(_, unacked)| unacked.consumer == Some(consumer)).map(|(position, _)| *position).collect();
+        positions.sort_unstable();
+        positions
     }
 
     /// Whether the queue holds no message at all.

@@ -28,6 +28,8 @@ pub struct Batcher {
     /// Every command proposed and not confirmed, by sequence number.
     unconfirmed: BTreeMap<u64, ProposedCommand>,
     unconfirmed_commands_max: usize,
+    /// A command came back out of order: retry everything unconfirmed.
+    retry_due: bool,
 }
 
 fn command_bytes(command: &QueueCommand) -> usize {
@@ -49,6 +51,7 @@ impl Batcher {
             batch_bytes_max,
             unconfirmed: BTreeMap::new(),
             unconfirmed_commands_max,
+            retry_due: false,
         }
     }
 
@@ -77,6 +80,7 @@ impl Batcher {
     /// Every unconfirmed command again, in number order, for a new leader (or after a
     /// proposal timed out). Those already committed come back `Duplicate` and count as confirmed.
     pub fn retry(&mut self, now_ms: u64) -> Vec<Batch> {
+        self.retry_due = false;
         let commands: Vec<ProposedCommand> = self.unconfirmed.values().cloned().collect();
         self.split(commands, now_ms)
     }
@@ -101,17 +105,52 @@ impl Batcher {
     }
 
     /// Takes the confirms among applied outcomes: returns this proposer's confirmed numbers with
-    /// their results (a `Duplicate` is the retry of a command applied before: confirmed).
+    /// their results (a `Duplicate` is the retry of a command applied before: confirmed). A
+    /// command refused `OutOfOrder` stays unconfirmed and makes [`Batcher::retry_due`] true.
     pub fn confirm(&mut self, outcomes: &[Outcome]) -> Vec<(u64, CommandResult)> {
         let mut confirmed = Vec::new();
         for outcome in outcomes {
             if let Outcome::Committed { proposer, sequence, result, .. } = outcome {
-                if *proposer == self.proposer && self.unconfirmed.remove(sequence).is_some() {
-                    confirmed.push((*sequence, result.clone()));
+                if *proposer != self.proposer {
+                    continue;
+                }
+                match result {
+                    CommandResult::OutOfOrder | CommandResult::Retired => self.retry_due = true,
+                    _ => {
+                        if self.unconfirmed.remove(sequence).is_some() {
+                            confirmed.push((*sequence, result.clone()));
+                        }
+                    }
                 }
             }
         }
         confirmed
+    }
+
+    /// Whether a command came back `OutOfOrder` (or `Retired`) since the last [`Batcher::retry`]:
+    /// everything unconfirmed must be proposed again, in order.
+    pub fn retry_due(&self) -> bool {
+        self.retry_due
+    }
+
+    /// This batcher's proposer id.
+    pub fn proposer(&self) -> u64 {
+        self.proposer
+    }
+
+    /// Commands in the open window.
+    pub fn open_count(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Takes every command not confirmed (proposed or still in the open window), in number
+    /// order, leaving the batcher empty: a node whose proposer was retired proposes them again
+    /// under a new one.
+    pub fn take_unconfirmed(&mut self) -> Vec<ProposedCommand> {
+        let mut commands: Vec<ProposedCommand> = std::mem::take(&mut self.unconfirmed).into_values().collect();
+        commands.append(&mut self.open);
+        self.open_bytes = 0;
+        commands
     }
 
     /// Commands proposed and not confirmed.

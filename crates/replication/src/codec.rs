@@ -174,3 +174,34 @@ pub fn verify_checksum(input: &Bytes, seed: u32) -> Result<Bytes, DecodeError> {
     }
     Ok(input.slice(..body_length))
 }
+
+/// A queue's limits, as commands and snapshot images carry them.
+pub fn encode_limits(writer: &mut Writer, limits: &queue_core::Limits) {
+    writer.optional_u64(limits.max_length);
+    writer.optional_u64(limits.max_length_bytes);
+    writer.u8(match limits.overflow {
+        queue_core::Overflow::DropHead => 1,
+        queue_core::Overflow::RejectPublish => 2,
+    });
+    writer.optional_u64(limits.message_ttl_ms);
+    writer.optional_u64(limits.delivery_limit.map(u64::from));
+    writer.u8(u8::from(limits.dead_letters));
+}
+
+/// See [`encode_limits`].
+pub fn decode_limits(reader: &mut Reader) -> Result<queue_core::Limits, DecodeError> {
+    let max_length = reader.optional_u64("max length")?;
+    let max_length_bytes = reader.optional_u64("max length bytes")?;
+    let overflow = match reader.u8()? {
+        1 => queue_core::Overflow::DropHead,
+        2 => queue_core::Overflow::RejectPublish,
+        value => return Err(DecodeError::Invalid { field: "overflow", value: value.into() }),
+    };
+    let message_ttl_ms = reader.optional_u64("message ttl")?;
+    let delivery_limit = match reader.optional_u64("delivery limit")? {
+        Some(limit) => Some(u32::try_from(limit).map_err(|_| DecodeError::Invalid { field: "delivery limit", value: limit })?),
+        None => None,
+    };
+    let dead_letters = reader.bool("dead letters")?;
+    Ok(queue_core::Limits { max_length, max_length_bytes, overflow, message_ttl_ms, delivery_limit, dead_letters })
+}

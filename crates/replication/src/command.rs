@@ -2,27 +2,59 @@
 //! at the end of a group-commit window, with the leader's clock at that moment so every replica
 //! applies the batch at the same time.
 
-use crate::codec::{DecodeError, Reader, Writer};
+use crate::codec::{decode_limits, encode_limits, DecodeError, Reader, Writer};
 use bytes::Bytes;
+use queue_core::Limits;
 
 /// A quorum queue's id within the cluster (assigned when its declaration is committed).
 pub type QueueId = u64;
 
 /// The body of a replicated message: a slice of the Raft entry it arrived in (no copy).
+///
+/// The server stores a message as `u32 envelope length (LE) | envelope | payload`, the envelope
+/// holding what is not the payload (exchange, routing key, properties); the queue's byte limits
+/// count the payload only, as RabbitMQ's `x-max-length-bytes` counts bodies. Bytes without a
+/// valid prefix (the crate's own tests use plain bodies) count whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Body(pub Bytes);
 
+impl Body {
+    /// The payload's size: everything after the envelope.
+    pub fn payload_bytes(&self) -> u64 {
+        let bytes = &self.0;
+        if bytes.len() < 4 {
+            return bytes.len() as u64;
+        }
+        let envelope = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        match bytes.len().checked_sub(4 + envelope) {
+            Some(payload) => payload as u64,
+            None => bytes.len() as u64,
+        }
+    }
+}
+
 impl queue_core::Payload for Body {
     fn size_bytes(&self) -> u64 {
-        self.0.len() as u64
+        self.payload_bytes()
     }
 }
 
 /// What a command does to its queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QueueCommand {
-    /// Creates the queue (empty, no limits); a second declare of the same id does nothing.
-    Declare,
+    /// Creates the queue, empty, with its limits. The queue's id is the command's `queue` when
+    /// not 0, else one the machine assigns (unique, never reused: a stale command of a deleted
+    /// queue can never reach a new queue of the same name). `name` (when not empty) finds the
+    /// queue again after a restart; a second declare of a name or id answers with the queue
+    /// that exists.
+    Declare {
+        /// The queue's name as the server keys it (vhost and name), or empty.
+        name: Bytes,
+        /// x-max-length, x-overflow, x-message-ttl, x-delivery-limit, dead-lettering.
+        limits: Limits,
+        /// x-single-active-consumer.
+        single_active_consumer: bool,
+    },
     /// Removes the queue and its messages.
     Delete,
     /// A published message.
@@ -31,35 +63,76 @@ pub enum QueueCommand {
         persistent: bool,
         /// The message's own expiration, if any.
         own_ttl_ms: Option<u64>,
-        /// The message as the broker stores it.
+        /// The message as the broker stores it (see [`Body`]).
         body: Bytes,
     },
-    /// basic.consume (the consumer's id is unique in the cluster: node id in the high bits).
+    /// basic.consume. `consumer` is the proposer's own name for it (unique per proposer); the
+    /// proposer owns it: its node sends its deliveries, and when the proposer is released (its
+    /// node restarted or went away) the consumer goes and its unacked messages come back.
     AddConsumer {
-        /// The consumer.
+        /// The consumer, as its proposer names it.
         consumer: u64,
         /// x-priority.
         priority: i64,
         /// The channel's prefetch count for it (0: unlimited).
         prefetch: u32,
     },
-    /// basic.cancel, or the consumer's channel or node went away.
+    /// basic.cancel, or the consumer's channel went away.
     CancelConsumer {
-        /// The consumer.
+        /// The consumer, as its proposer names it.
         consumer: u64,
     },
-    /// basic.ack (or reject without requeue) of the delivery at `position`.
+    /// basic.ack of the delivery at `position`.
     Settle {
         /// The delivery's queue position.
         position: u64,
     },
-    /// basic.reject / basic.nack with requeue.
+    /// A delivery whose consumer or channel went away: back to its place, redelivered.
     Requeue {
         /// The delivery's queue position.
         position: u64,
     },
     /// queue.purge.
     Purge,
+    /// basic.reject, basic.nack or basic.recover with requeue: to the back of the queue,
+    /// redelivered, under a new position (RabbitMQ 3.10.8's quorum queues, measured).
+    RequeueToTail {
+        /// The delivery's queue position.
+        position: u64,
+    },
+    /// basic.reject / basic.nack without requeue: the message leaves (dead-lettered, reason
+    /// `rejected`, when the queue has a dead-letter exchange).
+    Reject {
+        /// The delivery's queue position.
+        position: u64,
+    },
+    /// basic.get: the first ready message goes to the proposer (held by it unless `no_ack`).
+    Get {
+        /// basic.get's no-ack.
+        no_ack: bool,
+    },
+    /// New limits (a policy changed); a lower drop-head length limit drops at once.
+    SetLimits {
+        /// The limits.
+        limits: Limits,
+    },
+    /// Time passed: expired messages at the head leave (reason `expired`).
+    Expire,
+    /// Says which node the proposer runs on, so its consumers and basic.gets can be released
+    /// when that node restarts or goes away.
+    RegisterProposer {
+        /// The node's Raft id.
+        node: u64,
+    },
+    /// Releases every proposer of `node` except `keep`: their consumers are cancelled, the
+    /// messages they and their basic.gets held come back (redelivered), and their numbers are
+    /// forgotten (a command of a released proposer is refused from then on). `queue` is ignored.
+    ReleaseNode {
+        /// The node whose earlier (or every) proposer is gone.
+        node: u64,
+        /// Its proposer that stays (its current one), or 0.
+        keep: u64,
+    },
 }
 
 /// One command with its queue and the name its proposer gave it.
@@ -133,7 +206,12 @@ fn encode_command(writer: &mut Writer, proposed: &ProposedCommand) {
     writer.u64(proposed.proposer);
     writer.u64(proposed.sequence);
     match &proposed.command {
-        QueueCommand::Declare => writer.u8(0),
+        QueueCommand::Declare { name, limits, single_active_consumer } => {
+            writer.u8(0);
+            writer.bytes(name);
+            encode_limits(writer, limits);
+            writer.u8(u8::from(*single_active_consumer));
+        }
         QueueCommand::Delete => writer.u8(1),
         QueueCommand::Enqueue { persistent, own_ttl_ms, body } => {
             writer.u8(2);
@@ -160,6 +238,32 @@ fn encode_command(writer: &mut Writer, proposed: &ProposedCommand) {
             writer.u64(*position);
         }
         QueueCommand::Purge => writer.u8(7),
+        QueueCommand::Reject { position } => {
+            writer.u8(8);
+            writer.u64(*position);
+        }
+        QueueCommand::Get { no_ack } => {
+            writer.u8(9);
+            writer.u8(u8::from(*no_ack));
+        }
+        QueueCommand::SetLimits { limits } => {
+            writer.u8(10);
+            encode_limits(writer, limits);
+        }
+        QueueCommand::Expire => writer.u8(11),
+        QueueCommand::RegisterProposer { node } => {
+            writer.u8(12);
+            writer.u64(*node);
+        }
+        QueueCommand::RequeueToTail { position } => {
+            writer.u8(14);
+            writer.u64(*position);
+        }
+        QueueCommand::ReleaseNode { node, keep } => {
+            writer.u8(13);
+            writer.u64(*node);
+            writer.u64(*keep);
+        }
     }
 }
 
@@ -168,7 +272,11 @@ fn decode_command(reader: &mut Reader) -> Result<ProposedCommand, DecodeError> {
     let proposer = reader.u64()?;
     let sequence = reader.u64()?;
     let command = match reader.u8()? {
-        0 => QueueCommand::Declare,
+        0 => QueueCommand::Declare {
+            name: reader.bytes()?,
+            limits: decode_limits(reader)?,
+            single_active_consumer: reader.bool("single active consumer")?,
+        },
         1 => QueueCommand::Delete,
         2 => QueueCommand::Enqueue {
             persistent: reader.bool("persistent")?,
@@ -180,6 +288,13 @@ fn decode_command(reader: &mut Reader) -> Result<ProposedCommand, DecodeError> {
         5 => QueueCommand::Settle { position: reader.u64()? },
         6 => QueueCommand::Requeue { position: reader.u64()? },
         7 => QueueCommand::Purge,
+        8 => QueueCommand::Reject { position: reader.u64()? },
+        9 => QueueCommand::Get { no_ack: reader.bool("no ack")? },
+        10 => QueueCommand::SetLimits { limits: decode_limits(reader)? },
+        11 => QueueCommand::Expire,
+        12 => QueueCommand::RegisterProposer { node: reader.u64()? },
+        13 => QueueCommand::ReleaseNode { node: reader.u64()?, keep: reader.u64()? },
+        14 => QueueCommand::RequeueToTail { position: reader.u64()? },
         kind => return Err(DecodeError::Invalid { field: "command kind", value: kind.into() }),
     };
     Ok(ProposedCommand { queue, proposer, sequence, command })
@@ -192,7 +307,16 @@ mod tests {
     #[test]
     fn a_batch_decodes_to_what_was_encoded_and_garbage_is_refused() {
         let commands = vec![
-            ProposedCommand { queue: 1, proposer: 2, sequence: 3, command: QueueCommand::Declare },
+            ProposedCommand {
+                queue: 1,
+                proposer: 2,
+                sequence: 3,
+                command: QueueCommand::Declare {
+                    name: Bytes::from_static(b"/\0q"),
+                    limits: Limits { max_length: Some(3), delivery_limit: Some(2), ..Limits::NONE },
+                    single_active_consumer: true,
+                },
+            },
             ProposedCommand {
                 queue: 1,
                 proposer: 2,
@@ -206,6 +330,18 @@ mod tests {
                 command: QueueCommand::AddConsumer { consumer: 9, priority: -1, prefetch: 10 },
             },
             ProposedCommand { queue: 1, proposer: 2, sequence: 6, command: QueueCommand::Requeue { position: 0 } },
+            ProposedCommand { queue: 1, proposer: 2, sequence: 7, command: QueueCommand::Reject { position: 4 } },
+            ProposedCommand { queue: 1, proposer: 2, sequence: 8, command: QueueCommand::Get { no_ack: true } },
+            ProposedCommand {
+                queue: 1,
+                proposer: 2,
+                sequence: 9,
+                command: QueueCommand::SetLimits { limits: Limits { message_ttl_ms: Some(9), ..Limits::NONE } },
+            },
+            ProposedCommand { queue: 1, proposer: 2, sequence: 10, command: QueueCommand::Expire },
+            ProposedCommand { queue: 1, proposer: 2, sequence: 13, command: QueueCommand::RequeueToTail { position: 3 } },
+            ProposedCommand { queue: 0, proposer: 2, sequence: 11, command: QueueCommand::RegisterProposer { node: 3 } },
+            ProposedCommand { queue: 0, proposer: 2, sequence: 12, command: QueueCommand::ReleaseNode { node: 3, keep: 2 } },
         ];
         let batch = Batch { now_ms: 77, commands };
         let encoded = Bytes::from(batch.encode());

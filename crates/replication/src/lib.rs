@@ -19,4 +19,4 @@ pub mod snapshot_image;
 pub mod state_machine;
 pub mod transport;
 
-pub use raft::eraftpb::Message;
+pub use raft::eraftpb::{Message, MessageType};

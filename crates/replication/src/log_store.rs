@@ -31,6 +31,11 @@ const RECORD_HEADER_BYTES: usize = 8;
 /// The largest record recovery accepts; a longer length field is damage, not a record.
 pub const RECORD_BYTES_MAX: u32 = 64 << 20;
 
+/// How many bytes of the newest entries a group keeps in memory (at least the newest entry):
+/// the log past the snapshot may hold up to `snapshot_entries_interval` entries of up to 1 MiB
+/// each, and only the newest are read often (to apply and to replicate).
+pub const LOG_CACHE_BYTES_MAX: usize = 32 << 20;
+
 /// Why a group's durable state could not be opened or written.
 #[derive(Debug, thiserror::Error)]
 pub enum LogStoreError {
@@ -72,9 +77,14 @@ pub struct LogStore {
     checksum_seed: u32,
     log: Arc<dyn StorageFile>,
     log_end: u64,
-    /// Entries after the snapshot, in index order; `offsets[i]` is where `entries[i]`'s record starts.
-    entries: Vec<Entry>,
+    /// Per entry after the snapshot, in index order: where its record starts, and its term.
     offsets: Vec<u64>,
+    terms: Vec<u64>,
+    /// The newest entries, in index order, kept in memory up to [`LOG_CACHE_BYTES_MAX`]: raft-rs
+    /// reads them to apply and to send; older ones are read back from the file when asked for.
+    cache: std::collections::VecDeque<Entry>,
+    cache_bytes: usize,
+    cache_bytes_max: usize,
     hard_state: HardState,
     conf_state: ConfState,
     snapshot: Snapshot,
@@ -165,7 +175,74 @@ impl LogStore {
 
     /// The index of the last entry (or of the snapshot when the log after it is empty).
     pub fn last_index_now(&self) -> u64 {
-        self.snapshot.get_metadata().index + self.entries.len() as u64
+        self.snapshot.get_metadata().index + self.offsets.len() as u64
+    }
+
+    /// Bounds the entries kept in memory at `bytes` (tests use small bounds).
+    pub fn set_cache_bytes_max(&mut self, bytes: usize) {
+        self.cache_bytes_max = bytes;
+    }
+
+    /// The entries kept in memory now (the newest ones).
+    pub fn cached_entries(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Adds an entry (the newest) to the cache, evicting the oldest past the byte bound.
+    fn cache_push(&mut self, entry: Entry) {
+        self.cache_bytes += entry.data.len() + entry.context.len() + 32;
+        self.cache.push_back(entry);
+        while self.cache_bytes > self.cache_bytes_max && self.cache.len() > 1 {
+            if let Some(evicted) = self.cache.pop_front() {
+                self.cache_bytes -= evicted.data.len() + evicted.context.len() + 32;
+            }
+        }
+    }
+
+    /// Drops cached entries at or past `index` (a truncated suffix) or at or before it (compacted).
+    fn cache_drop_from(&mut self, index: u64) {
+        while self.cache.back().is_some_and(|entry| entry.index >= index) {
+            if let Some(dropped) = self.cache.pop_back() {
+                self.cache_bytes -= dropped.data.len() + dropped.context.len() + 32;
+            }
+        }
+    }
+
+    fn cache_drop_through(&mut self, index: u64) {
+        while self.cache.front().is_some_and(|entry| entry.index <= index) {
+            if let Some(dropped) = self.cache.pop_front() {
+                self.cache_bytes -= dropped.data.len() + dropped.context.len() + 32;
+            }
+        }
+    }
+
+    /// Entry `index` (after the snapshot, at or before the last index): from the cache, or read
+    /// back from the log file and checked against its checksum.
+    fn entry(&self, index: u64) -> io::Result<Entry> {
+        if let Some(first) = self.cache.front() {
+            if index >= first.index {
+                return Ok(self.cache[(index - first.index) as usize].clone());
+            }
+        }
+        let position = (index - self.snapshot.get_metadata().index - 1) as usize;
+        let start = self.offsets[position];
+        let end = self.offsets.get(position + 1).copied().unwrap_or(self.log_end);
+        let mut record = vec![0; (end - start) as usize];
+        self.log.read_exact_at(&mut record, start)?;
+        let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("raft log record of entry {index}: {what}"));
+        if record.len() < RECORD_HEADER_BYTES {
+            return Err(invalid("shorter than its header"));
+        }
+        let stored_checksum = u32::from_le_bytes(record[4..8].try_into().expect("4 bytes"));
+        let body = Bytes::from(record).slice(RECORD_HEADER_BYTES..);
+        if crc32c::crc32c_append(self.checksum_seed, &body) != stored_checksum {
+            return Err(invalid("checksum mismatch"));
+        }
+        let entry = decode_record(body).map_err(|error| invalid(&error.to_string()))?;
+        if entry.index != index {
+            return Err(invalid("another index"));
+        }
+        Ok(entry)
     }
 
     /// Where the log file is (tests damage it).

@@ -95,7 +95,10 @@ pub struct ReplicaNode {
     undecodable_entries: u64,
 }
 
+mod checks;
 mod driver;
+
+pub use checks::RefusedMessage;
 
 impl ReplicaNode {
     /// Opens a member from its directory (created, empty, when missing).
@@ -163,6 +166,45 @@ impl ReplicaNode {
         self.raw.raft.raft_log.committed
     }
 
+    /// Whether this node has applied an entry of the current term: everything committed before
+    /// the term began (in particular, before a restart) is applied, so the state machine is
+    /// as current as a leader's of this term was when it was elected.
+    pub fn caught_up(&self) -> bool {
+        let applied = self.machine.applied_index();
+        applied > 0 && applied >= self.commit_index() && self.raw.raft.raft_log.term(applied).is_ok_and(|term| term == self.term())
+    }
+
+    /// Starts an election now (a group of one elects itself at once, instead of after an
+    /// election timeout). A damaged node does not campaign.
+    pub fn campaign(&mut self) -> Result<(), NodeError> {
+        if self.damage != Damage::None {
+            return Ok(());
+        }
+        self.raw.campaign()?;
+        self.draw_election_timeout();
+        Ok(())
+    }
+
+    /// As leader: hands the leadership to `to` if its log is as long as the leader's (so the
+    /// transfer is immediate and loses no time); returns whether a transfer started. A node
+    /// that leads more shards than its share gives some away this way (docs/replication.md).
+    pub fn transfer_leadership(&mut self, to: u64) -> bool {
+        if !self.is_leader() || to == self.id() {
+            return false;
+        }
+        let last_index = self.raw.raft.raft_log.last_index();
+        let caught_up = self.raw.raft.prs().get(to).is_some_and(|progress| progress.matched == last_index && progress.recent_active);
+        if caught_up {
+            self.raw.transfer_leader(to);
+        }
+        caught_up
+    }
+
+    /// The group's voters, this node included.
+    pub fn voters(&self) -> Vec<u64> {
+        self.raw.raft.prs().conf().voters().ids().iter().collect()
+    }
+
     /// Whether the log is damaged and not yet repaired.
     pub fn damage(&self) -> Damage {
         self.damage
@@ -197,6 +239,17 @@ impl ReplicaNode {
     /// majority has it fdatasynced.
     pub fn propose(&mut self, batch: &Batch) -> Result<(), NodeError> {
         if !self.is_leader() {
+            return Err(NodeError::NotLeader { leader: self.leader() });
+        }
+        self.raw.propose(Vec::new(), batch.encode())?;
+        Ok(())
+    }
+
+    /// Proposes a batch on the leader, or, on a follower that knows the leader, forwards it there
+    /// (raft-rs sends the leader a `MsgPropose`). A forwarded proposal may be lost on the way, or
+    /// overtaken by a later one: the proposer's numbers and its retries take care of both.
+    pub fn propose_anywhere(&mut self, batch: &Batch) -> Result<(), NodeError> {
+        if !self.is_leader() && (self.leader().is_none() || self.damage != Damage::None) {
             return Err(NodeError::NotLeader { leader: self.leader() });
         }
         self.raw.propose(Vec::new(), batch.encode())?;

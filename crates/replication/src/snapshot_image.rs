@@ -2,14 +2,14 @@
 //! binary encoding. Equal machines encode to equal bytes (queues in id order, unacked messages in
 //! position order), which is also how the tests compare replicas.
 
-use crate::codec::{append_checksum, verify_checksum, DecodeError, Reader, Writer};
+use crate::codec::{append_checksum, decode_limits, encode_limits, verify_checksum, DecodeError, Reader, Writer};
 use crate::command::Body;
-use crate::state_machine::QueueStateMachine;
+use crate::state_machine::{ConsumerOwner, QueueStateMachine, ReplicatedQueue};
 use bytes::Bytes;
-use queue_core::{ConsumerImage, CoreImage, Limits, MessagesImage, Overflow, QueueCore, QueueStats, QueuedMessage};
+use queue_core::{ConsumerImage, CoreImage, MessagesImage, QueueCore, QueueStats, QueuedMessage};
 
 /// Marks a snapshot image (and its format version).
-const IMAGE_MAGIC: u32 = u32::from_le_bytes(*b"LQS1");
+const IMAGE_MAGIC: u32 = u32::from_le_bytes(*b"LQS2");
 
 /// Seeds the image checksum, so a log record is never taken for an image.
 const IMAGE_CHECKSUM_SEED: u32 = 0x5EED_1A6E;
@@ -21,15 +21,32 @@ impl QueueStateMachine {
         let mut writer = Writer(&mut buffer);
         writer.u32(IMAGE_MAGIC);
         writer.u64(self.applied_index);
-        writer.u64(self.last_sequences.len() as u64);
-        for (proposer, sequence) in &self.last_sequences {
-            writer.u64(*proposer);
-            writer.u64(*sequence);
+        for map in [&self.last_sequences, &self.proposers, &self.retired] {
+            writer.u64(map.len() as u64);
+            for (key, value) in map {
+                writer.u64(*key);
+                writer.u64(*value);
+            }
+        }
+        writer.u64(self.next_consumer_id);
+        writer.u64(self.consumers.len() as u64);
+        for (id, owner) in &self.consumers {
+            for value in [*id, owner.queue, owner.proposer, owner.local] {
+                writer.u64(value);
+            }
+        }
+        writer.u64(self.get_holders.len() as u64);
+        for ((queue, position), proposer) in &self.get_holders {
+            for value in [*queue, *position, *proposer] {
+                writer.u64(value);
+            }
         }
         writer.u64(self.queues.len() as u64);
-        for (queue, core) in &self.queues {
+        for (queue, replicated) in &self.queues {
             writer.u64(*queue);
-            encode_core(&mut writer, &core.image());
+            writer.bytes(&replicated.name);
+            encode_limits(&mut writer, &replicated.limits);
+            encode_core(&mut writer, &replicated.core.image());
         }
         append_checksum(&mut buffer, 0, IMAGE_CHECKSUM_SEED);
         buffer
@@ -44,14 +61,32 @@ impl QueueStateMachine {
         }
         let mut machine = QueueStateMachine::new();
         machine.applied_index = reader.u64()?;
-        for _ in 0..count(&mut reader, "proposer count")? {
-            let proposer = reader.u64()?;
-            machine.last_sequences.insert(proposer, reader.u64()?);
+        for map in [&mut machine.last_sequences, &mut machine.proposers, &mut machine.retired] {
+            for _ in 0..count(&mut reader, "map length")? {
+                let key = reader.u64()?;
+                map.insert(key, reader.u64()?);
+            }
         }
-        let count = reader.u64()?;
-        for _ in 0..count {
+        machine.next_consumer_id = reader.u64()?;
+        for _ in 0..count(&mut reader, "consumer count")? {
+            let id = reader.u64()?;
+            let owner = ConsumerOwner { queue: reader.u64()?, proposer: reader.u64()?, local: reader.u64()? };
+            machine.consumer_ids.insert((owner.proposer, owner.local, owner.queue), id);
+            machine.consumers.insert(id, owner);
+        }
+        for _ in 0..count(&mut reader, "get holder count")? {
+            let key = (reader.u64()?, reader.u64()?);
+            machine.get_holders.insert(key, reader.u64()?);
+        }
+        for _ in 0..count(&mut reader, "queue count")? {
             let queue = reader.u64()?;
-            machine.queues.insert(queue, QueueCore::from_image(decode_core(&mut reader)?, None));
+            let name = reader.bytes()?;
+            let limits = decode_limits(&mut reader)?;
+            let core = QueueCore::from_image(decode_core(&mut reader)?, None);
+            if !name.is_empty() {
+                machine.names.insert(name.clone(), queue);
+            }
+            machine.queues.insert(queue, ReplicatedQueue { core, limits, name });
         }
         if !reader.is_at_end() {
             return Err(DecodeError::Invalid { field: "bytes after the image", value: 0 });
@@ -104,16 +139,7 @@ fn encode_core(writer: &mut Writer, image: &CoreImage<Body>) {
     writer.u64(image.next_consumer as u64);
     writer.u8(u8::from(image.has_exclusive_consumer));
     writer.u8(u8::from(image.single_active_consumer));
-    let limits = image.limits;
-    writer.optional_u64(limits.max_length);
-    writer.optional_u64(limits.max_length_bytes);
-    writer.u8(match limits.overflow {
-        Overflow::DropHead => 1,
-        Overflow::RejectPublish => 2,
-    });
-    writer.optional_u64(limits.message_ttl_ms);
-    writer.optional_u64(limits.delivery_limit.map(u64::from));
-    writer.u8(u8::from(limits.dead_letters));
+    encode_limits(writer, &image.limits);
     let stats = image.stats;
     for total in [stats.published, stats.delivered, stats.acked, stats.requeued] {
         writer.u64(total);
@@ -154,20 +180,7 @@ fn decode_core(reader: &mut Reader) -> Result<CoreImage<Body>, DecodeError> {
     let next_consumer = reader.u64()? as usize;
     let has_exclusive_consumer = reader.bool("exclusive")?;
     let single_active_consumer = reader.bool("single active consumer")?;
-    let max_length = reader.optional_u64("max length")?;
-    let max_length_bytes = reader.optional_u64("max length bytes")?;
-    let overflow = match reader.u8()? {
-        1 => Overflow::DropHead,
-        2 => Overflow::RejectPublish,
-        value => return Err(DecodeError::Invalid { field: "overflow", value: value.into() }),
-    };
-    let message_ttl_ms = reader.optional_u64("message ttl")?;
-    let delivery_limit = match reader.optional_u64("delivery limit")? {
-        Some(limit) => Some(u32::try_from(limit).map_err(|_| DecodeError::Invalid { field: "delivery limit", value: limit })?),
-        None => None,
-    };
-    let dead_letters = reader.bool("dead letters")?;
-    let limits = Limits { max_length, max_length_bytes, overflow, message_ttl_ms, delivery_limit, dead_letters };
+    let limits = decode_limits(reader)?;
     let stats = QueueStats { published: reader.u64()?, delivered: reader.u64()?, acked: reader.u64()?, requeued: reader.u64()? };
     let messages = MessagesImage { next_position, ready, unacked, paged };
     Ok(CoreImage { messages, consumers, next_consumer, has_exclusive_consumer, single_active_consumer, limits, stats })

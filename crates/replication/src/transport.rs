@@ -29,6 +29,32 @@ pub trait Transport {
     fn send(&mut self, shard: ShardId, message: Message);
 }
 
+/// How a node's quorum-queue host reaches the other nodes: the cluster's links between processes,
+/// in-memory channels in tests. Every shard's thread sends through the same one, so a link per
+/// node pair carries every group's messages (the frame names the group: [`encode_frame`]).
+///
+/// This is the whole node-to-node protocol of quorum queues: Raft messages of each shard. A
+/// command proposed on a node that does not lead its shard reaches the leader inside them (a
+/// raft-rs `MsgPropose`), and its outcome, like every delivery of the plan, comes back to each
+/// node by applying the committed log itself. The receiving side hands each decoded frame to the
+/// host (`QuorumHost::receive` in the server), which checks it before stepping it.
+pub trait PeerTransport: Send + Sync {
+    /// Queues `message` (of group `shard`) for node `message.to`. Never blocks: when there is no
+    /// link to the peer or its queue is full, the message is dropped and this returns false (Raft
+    /// resends; the host reports a dropped snapshot as failed so the leader sends it again).
+    fn send(&self, shard: ShardId, message: Message) -> bool;
+}
+
+/// A node alone: every group has this node as its only voter, so nothing is ever sent.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoPeers;
+
+impl PeerTransport for NoPeers {
+    fn send(&self, _shard: ShardId, _message: Message) -> bool {
+        false
+    }
+}
+
 /// Why a frame was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {

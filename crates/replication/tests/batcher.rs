@@ -6,6 +6,11 @@ use replication::batcher::{Batcher, BatcherError};
 use replication::command::{QueueCommand, BATCH_COMMANDS_MAX};
 use replication::state_machine::{CommandResult, QueueStateMachine};
 
+/// A declaration without a name or limits.
+fn declare() -> QueueCommand {
+    QueueCommand::Declare { name: bytes::Bytes::new(), limits: queue_core::Limits::NONE, single_active_consumer: false }
+}
+
 fn enqueue(bytes: usize) -> QueueCommand {
     QueueCommand::Enqueue { persistent: true, own_ttl_ms: None, body: Bytes::from(vec![7u8; bytes]) }
 }
@@ -45,7 +50,7 @@ fn a_retry_after_a_lost_leader_applies_every_command_once() {
     let mut batcher = Batcher::new(4, 100, 1_000);
     let mut machine = QueueStateMachine::new();
     let mut outcomes = Vec::new();
-    let declare = batcher.push(1, QueueCommand::Declare).expect("room");
+    let declare = batcher.push(1, declare()).expect("room");
     for _ in 0..6 {
         batcher.push(1, enqueue(30)).expect("room");
     }

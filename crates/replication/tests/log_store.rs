@@ -119,3 +119,37 @@ fn a_hard_state_failing_its_checksum_is_damage() {
     let (_, recovery) = open(&file_system);
     assert!(recovery.damaged, "the vote is unknown: {recovery:?}");
 }
+
+/// Only the newest entries stay in memory (LOG_CACHE_BYTES_MAX): older ones are read back from the
+/// file, checked, after a conflicting append, a compaction and a restart alike.
+#[test]
+fn old_entries_are_read_from_the_file_not_kept_in_memory() {
+    let big = |range: std::ops::RangeInclusive<u64>, term: u64| -> Vec<Entry> {
+        range
+            .map(|index| {
+                let mut data = vec![index as u8; 64 << 10];
+                data[0] = term as u8;
+                Entry { index, term, data: Bytes::from(data), ..Default::default() }
+            })
+            .collect()
+    };
+    let file_system = file_system();
+    let (mut store, _) = open(&file_system);
+    store.set_cache_bytes_max(1 << 20);
+    store.append(&big(1..=60, 1)).expect("appended");
+    store.sync().expect("synced");
+    assert!(store.cached_entries() <= 16, "{} entries of 64 KiB kept in memory", store.cached_entries());
+    assert_eq!(all_entries(&store), big(1..=60, 1), "every entry, most of them read from the file");
+    // A new leader overwrote the suffix from 50 on.
+    store.append(&big(50..=55, 2)).expect("appended");
+    let mut expected = big(1..=49, 1);
+    expected.extend(big(50..=55, 2));
+    assert_eq!(all_entries(&store), expected);
+    store.set_hard_state(&HardState { term: 2, vote: 1, commit: 55, ..Default::default() }).expect("written");
+    store.compact(20, b"image".to_vec()).expect("compacted");
+    assert_eq!(all_entries(&store), expected[20..].to_vec());
+    store.sync().expect("synced");
+    let (store, recovery) = open(&file_system);
+    assert!(!recovery.damaged);
+    assert_eq!(all_entries(&store), expected[20..].to_vec());
+}

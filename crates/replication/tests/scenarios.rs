@@ -9,6 +9,11 @@ use replication::node::Damage;
 use storage::memory_file_system::PowerCut;
 use support::{Cluster, CONSUMER, QUEUE};
 
+/// A declaration without a name or limits.
+fn declaration() -> QueueCommand {
+    QueueCommand::Declare { name: bytes::Bytes::new(), limits: queue_core::Limits::NONE, single_active_consumer: false }
+}
+
 fn run(cluster: &mut Cluster, ticks: u64) {
     for _ in 0..ticks {
         cluster.step();
@@ -27,7 +32,7 @@ fn elect(cluster: &mut Cluster) -> u64 {
 
 fn declare(cluster: &mut Cluster, with_consumer: bool) {
     elect(cluster);
-    let mut commands = vec![(QUEUE, QueueCommand::Declare)];
+    let mut commands = vec![(QUEUE, declaration())];
     if with_consumer {
         commands.push((QUEUE, QueueCommand::AddConsumer { consumer: CONSUMER, priority: 0, prefetch: 4 }));
     }
@@ -195,7 +200,7 @@ fn a_group_of_one_commits_on_its_own_fsync() {
             command: QueueCommand::Enqueue { persistent: true, own_ttl_ms: None, body },
         }];
         if sequence == 0 {
-            commands.insert(0, ProposedCommand { queue: QUEUE, proposer: 1, sequence: 0, command: QueueCommand::Declare });
+            commands.insert(0, ProposedCommand { queue: QUEUE, proposer: 1, sequence: 0, command: declaration() });
         }
         node.propose(&Batch { now_ms: 1, commands }).expect("the leader proposes");
         node.process_ready().expect("persists");

@@ -18,6 +18,11 @@ fn libc_enospc() -> i32 {
 }
 use support::{Cluster, CONSUMER, QUEUE};
 
+/// A declaration without a name or limits.
+fn declare() -> QueueCommand {
+    QueueCommand::Declare { name: bytes::Bytes::new(), limits: queue_core::Limits::NONE, single_active_consumer: false }
+}
+
 /// Declares the queue and attaches the consumer, once a leader exists.
 fn set_up(cluster: &mut Cluster) {
     for _ in 0..200 {
@@ -27,10 +32,7 @@ fn set_up(cluster: &mut Cluster) {
         }
     }
     assert!(cluster.leader().is_some(), "seed {}: no leader after 200 ticks", cluster.seed);
-    assert!(cluster.propose(vec![
-        (QUEUE, QueueCommand::Declare),
-        (QUEUE, QueueCommand::AddConsumer { consumer: CONSUMER, priority: 0, prefetch: 8 })
-    ]));
+    assert!(cluster.propose(vec![(QUEUE, declare()), (QUEUE, QueueCommand::AddConsumer { consumer: CONSUMER, priority: 0, prefetch: 8 })]));
     for _ in 0..20 {
         cluster.step();
     }

@@ -5,6 +5,11 @@ use bytes::Bytes;
 use replication::command::{Batch, ProposedCommand, QueueCommand};
 use replication::state_machine::{CommandResult, Outcome, QueueStateMachine};
 
+/// A declaration without a name or limits.
+fn declare() -> QueueCommand {
+    QueueCommand::Declare { name: bytes::Bytes::new(), limits: queue_core::Limits::NONE, single_active_consumer: false }
+}
+
 /// A batch of commands that are not deduplicated (sequence 0).
 fn batch(now_ms: u64, commands: Vec<QueueCommand>) -> Batch {
     let commands = commands.into_iter().map(|command| ProposedCommand { queue: 1, proposer: 9, sequence: 0, command }).collect();
@@ -17,7 +22,7 @@ fn enqueue(body: &'static str, own_ttl_ms: Option<u64>) -> QueueCommand {
 
 fn log() -> Vec<Batch> {
     vec![
-        batch(1_000, vec![QueueCommand::Declare, enqueue("a", None), enqueue("b", None), enqueue("c", None)]),
+        batch(1_000, vec![declare(), enqueue("a", None), enqueue("b", None), enqueue("c", None)]),
         batch(
             1_010,
             vec![
@@ -57,7 +62,7 @@ fn replicas_applying_the_same_log_agree_on_state_and_deliveries() {
 #[test]
 fn expiry_uses_the_batch_time_not_a_clock() {
     let batches = vec![
-        batch(1_000, vec![QueueCommand::Declare, enqueue("short", Some(100)), enqueue("long", Some(10_000))]),
+        batch(1_000, vec![declare(), enqueue("short", Some(100)), enqueue("long", Some(10_000))]),
         // 200 ms later by the leader's clock: "short" is past its TTL when the consumer comes.
         batch(1_200, vec![QueueCommand::AddConsumer { consumer: 5, priority: 0, prefetch: 0 }]),
     ];
@@ -74,10 +79,7 @@ fn expiry_uses_the_batch_time_not_a_clock() {
 
 #[test]
 fn commands_for_a_queue_that_does_not_exist_are_refused() {
-    let (_, outcomes) = replay(&[batch(
-        1,
-        vec![enqueue("a", None), QueueCommand::Declare, QueueCommand::Declare, QueueCommand::Delete, QueueCommand::Delete],
-    )]);
+    let (_, outcomes) = replay(&[batch(1, vec![enqueue("a", None), declare(), declare(), QueueCommand::Delete, QueueCommand::Delete])]);
     let results: Vec<&CommandResult> = outcomes
         .iter()
         .filter_map(|outcome| match outcome {
@@ -89,8 +91,8 @@ fn commands_for_a_queue_that_does_not_exist_are_refused() {
         results,
         vec![
             &CommandResult::NoSuchQueue,
-            &CommandResult::Declared,
-            &CommandResult::Declared,
+            &CommandResult::Declared { queue: 1 },
+            &CommandResult::Declared { queue: 1 },
             &CommandResult::Deleted,
             &CommandResult::NoSuchQueue
         ]
@@ -102,7 +104,7 @@ fn commands_for_a_queue_that_does_not_exist_are_refused() {
 fn an_entry_applied_twice_stops_the_replica() {
     let mut machine = QueueStateMachine::new();
     let mut outcomes = Vec::new();
-    machine.apply(1, batch(1, vec![QueueCommand::Declare]), &mut outcomes);
+    machine.apply(1, batch(1, vec![declare()]), &mut outcomes);
     machine.apply(1, batch(1, vec![enqueue("again", None)]), &mut outcomes);
 }
 
@@ -114,11 +116,7 @@ fn a_retried_command_is_applied_once_even_after_a_snapshot() {
     let numbered = |proposer: u64, sequence: u64, command: QueueCommand| ProposedCommand { queue: 1, proposer, sequence, command };
     let mut machine = QueueStateMachine::new();
     let mut outcomes = Vec::new();
-    machine.apply(
-        1,
-        Batch { now_ms: 1, commands: vec![numbered(3, 1, QueueCommand::Declare), numbered(3, 2, enqueue("a", None))] },
-        &mut outcomes,
-    );
+    machine.apply(1, Batch { now_ms: 1, commands: vec![numbered(3, 1, declare()), numbered(3, 2, enqueue("a", None))] }, &mut outcomes);
     let mut restored = QueueStateMachine::decode_image(Bytes::from(machine.encode_image())).expect("decodes");
     for replica in [&mut machine, &mut restored] {
         outcomes.clear();
@@ -136,4 +134,128 @@ fn a_retried_command_is_applied_once_even_after_a_snapshot() {
         assert_eq!(replica.queue(1).expect("declared").stats().published, 2);
     }
     assert_eq!(machine.encode_image(), restored.encode_image());
+}
+
+fn results(outcomes: &[Outcome]) -> Vec<CommandResult> {
+    outcomes
+        .iter()
+        .filter_map(|outcome| match outcome {
+            Outcome::Committed { result, .. } => Some(result.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A proposer's numbers are applied only without a gap: a command that overtook an earlier one
+/// (lost, or slower on its way to the leader) is refused `OutOfOrder`, so a later retry of the
+/// earlier one is applied rather than taken for a duplicate (which would lose it).
+#[test]
+fn a_command_past_a_gap_in_its_proposers_numbers_is_refused_until_the_gap_is_filled() {
+    let numbered = |sequence: u64, command: QueueCommand| ProposedCommand { queue: 1, proposer: 3, sequence, command };
+    let mut machine = QueueStateMachine::new();
+    let mut outcomes = Vec::new();
+    machine.apply(1, Batch { now_ms: 1, commands: vec![numbered(1, declare())] }, &mut outcomes);
+    // Number 2 was lost; 3 arrives first.
+    machine.apply(2, Batch { now_ms: 1, commands: vec![numbered(3, enqueue("c", None))] }, &mut outcomes);
+    machine.apply(3, Batch { now_ms: 1, commands: vec![numbered(2, enqueue("b", None)), numbered(3, enqueue("c", None))] }, &mut outcomes);
+    let results = results(&outcomes);
+    assert_eq!(results[1], CommandResult::OutOfOrder);
+    assert_eq!(&results[2..], &[CommandResult::Core(queue_core::Reply::Ok), CommandResult::Core(queue_core::Reply::Ok)]);
+    assert_eq!(machine.queue(1).expect("declared").stats().published, 2);
+}
+
+/// Declared by name, a queue gets an id from the machine (never one a deleted queue had), and is
+/// found by its name, also in a replica restored from a snapshot.
+#[test]
+fn a_named_queue_gets_a_fresh_id_and_is_found_by_its_name() {
+    let named = |name: &'static str| ProposedCommand {
+        queue: 0,
+        proposer: 9,
+        sequence: 0,
+        command: QueueCommand::Declare {
+            name: Bytes::from_static(name.as_bytes()),
+            limits: queue_core::Limits::NONE,
+            single_active_consumer: false,
+        },
+    };
+    let mut machine = QueueStateMachine::new();
+    let mut outcomes = Vec::new();
+    machine.apply(1, Batch { now_ms: 1, commands: vec![named("a"), named("b"), named("a")] }, &mut outcomes);
+    let ids: Vec<u64> = results(&outcomes)
+        .iter()
+        .map(|result| match result {
+            CommandResult::Declared { queue } => *queue,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_ne!(ids[0], ids[1]);
+    assert_eq!(ids[0], ids[2], "a second declaration of a name answers with the queue that exists");
+    let first = ids[0];
+    outcomes.clear();
+    let delete = ProposedCommand { queue: first, proposer: 9, sequence: 0, command: QueueCommand::Delete };
+    machine.apply(2, Batch { now_ms: 1, commands: vec![delete, named("a")] }, &mut outcomes);
+    let again = match &results(&outcomes)[1] {
+        CommandResult::Declared { queue } => *queue,
+        other => panic!("{other:?}"),
+    };
+    assert_ne!(again, first, "a queue declared again after a delete never gets the old id");
+    let restored = QueueStateMachine::decode_image(Bytes::from(machine.encode_image())).expect("decodes");
+    assert_eq!(restored.queue_by_name(b"a"), Some(again));
+    assert_eq!(restored.queue_by_name(b"b"), Some(ids[1]));
+}
+
+/// basic.get hands the message to its proposer, which holds it; a reject drops it (the dead-letter
+/// outcome) and releasing a node gives back what its consumers and gets held, redelivered.
+#[test]
+fn releasing_a_node_cancels_its_consumers_and_requeues_what_they_and_its_gets_held() {
+    let from = |proposer: u64, command: QueueCommand| ProposedCommand { queue: 1, proposer, sequence: 0, command };
+    let mut machine = QueueStateMachine::new();
+    let mut outcomes = Vec::new();
+    let setup = vec![
+        from(1, declare()),
+        from(1, QueueCommand::RegisterProposer { node: 10 }),
+        from(2, QueueCommand::RegisterProposer { node: 20 }),
+        from(1, enqueue("a", None)),
+        from(1, enqueue("b", None)),
+        from(1, enqueue("c", None)),
+        from(1, QueueCommand::Get { no_ack: false }),
+        from(1, QueueCommand::AddConsumer { consumer: 7, priority: 0, prefetch: 1 }),
+        from(2, QueueCommand::Get { no_ack: false }),
+    ];
+    machine.apply(1, Batch { now_ms: 1, commands: setup }, &mut outcomes);
+    let got: Vec<u64> = results(&outcomes)
+        .iter()
+        .filter_map(|result| match result {
+            CommandResult::Got { position, .. } => Some(*position),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, vec![0, 2]);
+    let delivered: Vec<(u64, u64, u64)> = outcomes
+        .iter()
+        .filter_map(|outcome| match outcome {
+            Outcome::Delivered { owner, consumer, position, .. } => Some((*owner, *consumer, *position)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(delivered, vec![(1, 7, 1)], "the consumer's delivery names its owner and the owner's name for it");
+    outcomes.clear();
+    machine.apply(2, Batch { now_ms: 2, commands: vec![from(2, QueueCommand::Reject { position: 2 })] }, &mut outcomes);
+    assert!(outcomes
+        .iter()
+        .any(|outcome| matches!(outcome, Outcome::Dropped { position: 2, reason: queue_core::DeadLetterReason::Rejected, .. })));
+    // Node 10 restarted as proposer 3: proposer 1's consumer and get go, their messages come back.
+    outcomes.clear();
+    let restart = vec![from(3, QueueCommand::RegisterProposer { node: 10 }), from(3, QueueCommand::ReleaseNode { node: 10, keep: 3 })];
+    machine.apply(3, Batch { now_ms: 3, commands: restart }, &mut outcomes);
+    let core = machine.queue(1).expect("declared");
+    assert_eq!(core.messages().ready_count(), 2);
+    assert_eq!(core.messages().unacked_count(), 0);
+    assert_eq!(core.consumer_ids().count(), 0);
+    assert!(!machine.proposer_holds_anything(1));
+    outcomes.clear();
+    machine.apply(4, Batch { now_ms: 4, commands: vec![from(1, enqueue("late", None))] }, &mut outcomes);
+    assert_eq!(results(&outcomes), vec![CommandResult::Retired], "a released proposer's late command is refused");
+    let restored = QueueStateMachine::decode_image(Bytes::from(machine.encode_image())).expect("decodes");
+    assert_eq!(restored.encode_image(), machine.encode_image());
 }

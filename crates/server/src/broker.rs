@@ -6,12 +6,12 @@ use crate::cluster::{Applied, MetadataCommand};
 use crate::config::ServerConfig;
 use crate::metrics::counters::ChurnCounters;
 use crate::policy::Policy;
-use crate::queue_type::{capabilities, ClassicStorage, ClassicStorageError, Queue};
+use crate::queue_type::{capabilities, ClassicStorage, ClassicStorageError, Queue, QuorumStorage};
 use crate::shared::{ConnectionShared, ConsumerHandle, Outbound};
 use crate::vhost_limits::{VhostLimit, VhostLimits};
 use amqp_codec::{encode_method_frame, BasicCancel, Method, ShortStr};
 use broker_core::exchange::{Binding, Destination, Exchange, ExchangeKind};
-use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, Vhost};
+use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType, Vhost};
 use broker_core::AmqpError;
 use bytes::BytesMut;
 use parking_lot::{Mutex, RwLock};
@@ -114,6 +114,8 @@ pub struct Broker {
     pub reply_consumers: crate::direct_reply::ReplyConsumers,
     /// Deadlines of unused queues with x-expires (see `queue_expiry.rs`).
     pub expiry_timers: Arc<crate::queue_expiry::ExpiryTimers>,
+    /// The node's quorum-queue shards (see `quorum/`).
+    pub quorum: Arc<crate::quorum::QuorumHost>,
     /// The cluster half, when clustered (set once at start; see `cluster/`): definition changes
     /// are then proposed to the metadata group and applied on every node in log order.
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
@@ -142,6 +144,9 @@ pub enum RecoveryError {
     /// A queue's log could not be recovered.
     #[error(transparent)]
     QueueLog(#[from] ClassicStorageError),
+    /// The quorum queues' shards could not be opened.
+    #[error(transparent)]
+    Quorum(#[from] crate::quorum::HostError),
     /// The definitions name a queue of a type this build does not run.
     #[error("{file}: queue '{queue}' in vhost '{vhost}' is a {queue_type} queue, which Lepus does not run yet")]
     QueueTypeNotRun {
@@ -158,6 +163,10 @@ pub enum RecoveryError {
     #[error("a stream could not be recovered: {0}")]
     Stream(String),
 }
+
+/// How long a start waits for the quorum shards to apply their logs (a node alone needs
+/// milliseconds; a cluster node without a majority goes on without them).
+const QUORUM_RECOVERY_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Replays the node journal the previous run left into the queue segments (before any queue log
 /// is opened), then starts a new journal file.
@@ -183,7 +192,11 @@ impl Broker {
         // Only `--sync always` syncs before confirms; the other policies write segments directly.
         let journaled = config.sync_policy == storage::syncer::SyncPolicy::Always;
         let (dead_letters, dead_letter_receiver) = crate::dead_letter::channel();
+        let quorum_config = crate::quorum::HostConfig::single_node(config.data_dir.clone(), config.quorum_shards);
+        let quorum =
+            crate::quorum::QuorumHost::start(quorum_config, Arc::new(replication::transport::NoPeers), Some(dead_letters.clone()))?;
         let mut broker = Broker {
+            quorum,
             dead_letters,
             journaled,
             users: Users::default(),
@@ -295,6 +308,9 @@ impl Broker {
         // Logs of queues deleted just before a crash, renamed away but not yet removed.
         storage::queue_log::remove_deleted_logs(&self.config.data_dir.join("queues"));
         let restored_messages = self.recover_queues(&definitions.queues, clean_shutdown)?;
+        if !self.quorum.wait_ready(QUORUM_RECOVERY_WAIT_MAX) {
+            tracing::warn!("the quorum shards did not apply their logs within the start's wait; their queues catch up in the background");
+        }
         for record in &definitions.bindings {
             let Some(vhost) = self.vhost(&record.vhost) else {
                 tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
@@ -322,6 +338,7 @@ impl Broker {
     /// Recovers the durable queues with their messages; returns how many messages they hold.
     fn recover_queues(&self, records: &[QueueRecord], clean_shutdown: bool) -> Result<u64, RecoveryError> {
         let storage = self.classic_storage();
+        let quorum = QuorumStorage { host: &self.quorum };
         let mut restored_messages = 0;
         for record in records {
             let Some(vhost) = self.vhost(&record.vhost) else {
@@ -346,10 +363,12 @@ impl Broker {
                 arguments: table_from_hex(&record.arguments_hex).unwrap_or_default(),
                 queue_type: record.queue_type,
             };
-            let (queue, messages) = if definition.queue_type == broker_core::vhost::QueueType::Stream {
-                self.stream_storage().recover(&definition, &record.vhost).map_err(|error| RecoveryError::Stream(error.to_string()))?
-            } else {
-                storage.recover(&definition, &record.vhost, clean_shutdown)?
+            let (queue, messages) = match definition.queue_type {
+                QueueType::Quorum => (quorum.recover(&definition, &record.vhost), 0),
+                QueueType::Stream => {
+                    self.stream_storage().recover(&definition, &record.vhost).map_err(|error| RecoveryError::Stream(error.to_string()))?
+                }
+                QueueType::Classic => storage.recover(&definition, &record.vhost, clean_shutdown)?,
             };
             restored_messages += messages;
             queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
@@ -378,6 +397,9 @@ impl Broker {
     /// Writes and syncs every queue log (graceful shutdown), so acks and unconfirmed publishes
     /// buffered in memory are not lost.
     pub fn flush_all(&self) {
+        // The quorum shards' logs hold everything they committed; their threads stop first, so no
+        // commit lands after the marker below.
+        self.quorum.stop();
         if self.journaled {
             // Through the syncer, which owns the journal: every log written, journaled and synced,
             // then a checkpoint, so the next start has nothing to replay.
@@ -909,6 +931,7 @@ impl Broker {
             }
         }
         let storage = self.classic_storage();
+        let quorum = QuorumStorage { host: &self.quorum };
         let topology = self.topology(vhost_name)?;
         let queue_bound = self.vhost_bound(vhost_name, VhostLimit::MaxQueues);
         let (queue, created, ticket) = {
@@ -917,8 +940,16 @@ impl Broker {
                 check_queue_limit(&vhost, &definition, passive, server_named, bound)?;
             }
             let (entry, created) = vhost.declare_queue(definition, passive, server_named, connection_id, |definition| {
+                if server_named && definition.queue_type != QueueType::Classic {
+                    // RabbitMQ 3.10.8 refuses this before looking at anything else (measured).
+                    let module = if definition.queue_type == QueueType::Quorum { "rabbit_quorum_queue" } else { "rabbit_stream_queue" };
+                    return Err(AmqpError::precondition(format!("Cannot declare a server-named queue for type {module}")));
+                }
                 capabilities(definition.queue_type).check_declare(definition, vhost_name)?;
-                if definition.queue_type == broker_core::vhost::QueueType::Stream {
+                if definition.queue_type == QueueType::Quorum {
+                    return Ok(quorum.create(definition, vhost_name));
+                }
+                if definition.queue_type == QueueType::Stream {
                     return self.stream_storage().create(definition, vhost_name).map_err(|error| {
                         tracing::error!(%error, "creating a stream failed");
                         AmqpError::internal(format!("could not create the stream: {error}"))

@@ -111,6 +111,8 @@ pub struct ServerConfig {
     pub memory_high_watermark_bytes: u64,
     /// When messages are fdatasynced, and so what a confirm promises (see docs/storage.md).
     pub sync_policy: storage::syncer::SyncPolicy,
+    /// How many Raft groups (shards) quorum queues are spread over (docs/replication.md).
+    pub quorum_shards: u32,
     /// The RabbitMQ Stream protocol's port (0: not served).
     pub stream_port: u16,
     /// The host the stream protocol tells clients to connect to (open's connection properties,
@@ -147,6 +149,7 @@ impl Default for ServerConfig {
             disk_free_limit_bytes: 50_000_000,
             sync_policy: storage::syncer::SyncPolicy::Always,
             memory_high_watermark_bytes: crate::alarms::memory::default_memory_high_watermark_bytes(),
+            quorum_shards: crate::quorum::SHARDS_DEFAULT,
             stream_port: 5552,
             stream_advertised_host: None,
             cluster: crate::cluster::ClusterSettings::default(),

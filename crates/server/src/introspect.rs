@@ -43,6 +43,8 @@ pub struct QueueInfo {
     pub snapshot: QueueSnapshot,
     /// The policy that applies to it.
     pub policy: Option<std::sync::Arc<crate::policy::Policy>>,
+    /// A quorum queue's leader, members and online members.
+    pub replicas: Option<crate::quorum::ReplicaInfo>,
     /// The node holding it, when another node of the cluster does.
     pub home: Option<String>,
 }
@@ -147,6 +149,7 @@ impl Broker {
                     queue_type: definition.queue_type,
                     snapshot: queue.snapshot(),
                     policy: queue.policy(),
+                    replicas: queue.replicas(),
                     home: queue.home_node().map(str::to_string),
                 });
             }

@@ -19,6 +19,7 @@ mod policy;
 mod queue_expiry;
 mod queue_runtime;
 mod queue_type;
+mod quorum;
 mod settings;
 mod shared;
 mod stream;

@@ -64,6 +64,29 @@ fn as_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
+/// Each quorum shard's Raft state on this node: term, commit index, applied index, leadership.
+fn register_raft_metrics(registry: &mut Registry, broker: &Broker) {
+    let families = [
+        ("lepus_raft_term", "The current Raft term of the quorum shard"),
+        ("lepus_raft_commit_index", "The highest log index this node knows committed in the quorum shard"),
+        ("lepus_raft_applied_index", "The highest log index this node applied in the quorum shard"),
+        ("lepus_raft_leader", "1 while this node leads the quorum shard"),
+    ];
+    for (position, (name, help)) in families.into_iter().enumerate() {
+        let family = Family::<Labels, Gauge>::default();
+        for (shard, figures) in broker.quorum.shard_figures() {
+            let value = match position {
+                0 => as_i64(figures.term.load(Ordering::Relaxed)),
+                1 => as_i64(figures.commit_index.load(Ordering::Relaxed)),
+                2 => as_i64(figures.applied_index.load(Ordering::Relaxed)),
+                _ => i64::from(figures.is_leader.load(Ordering::Relaxed)),
+            };
+            family.get_or_create(&vec![("shard", shard.to_string())]).set(value);
+        }
+        registry.register(name, help, family);
+    }
+}
+
 /// The syncer's counters (group commits, the publishes and logs they covered, wake-ups, failed batches).
 fn register_storage_metrics(registry: &mut Registry, broker: &Broker) {
     let stats = broker.syncer.stats();
@@ -207,6 +230,7 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     registry.register("lepus_build_info", "Always 1; the version is a label", build);
 
     register_storage_metrics(&mut registry, broker);
+    register_raft_metrics(&mut registry, broker);
     if let Some(cluster) = broker.cluster.get() {
         crate::cluster::metrics::register(&mut registry, cluster);
     }

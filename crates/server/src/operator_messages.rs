@@ -77,7 +77,7 @@ impl Broker {
         // A channel that belongs to no socket: get-ok comes back as a value, never through a writer.
         let (sender, _receiver) = tokio::sync::mpsc::unbounded_channel();
         let connection = std::sync::Arc::new(ConnectionShared::detached(0, sender));
-        let channel = ChannelShared::new(1, connection);
+        let channel = std::sync::Arc::new(ChannelShared::new(1, connection));
         let mut got = Vec::new();
         let mut page_in_rounds = 0;
         while got.len() < count {

@@ -261,6 +261,8 @@ pub struct ChannelShared {
     /// Groups of confirms in the syncer, for the confirm latency histogram (a lock per group of
     /// a socket read, never per message).
     pub confirm_groups: Mutex<crate::metrics::latency::ConfirmGroups>,
+    /// Confirms and tx.commits waiting for quorum queues' commits, released in order.
+    pub quorum_confirms: Arc<crate::quorum::ConfirmGate>,
 }
 
 impl ChannelShared {
@@ -282,6 +284,7 @@ impl ChannelShared {
             closed_by_broker: AtomicBool::new(false),
             publish_counters: Default::default(),
             confirm_groups: Default::default(),
+            quorum_confirms: crate::quorum::ConfirmGate::new(),
         }
     }
 }

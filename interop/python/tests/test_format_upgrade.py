@@ -9,10 +9,10 @@ Lepus only (they start their own brokers on data directories of their own):
   (the snapshot, complete after a graceful stop) now says the current format with a type for every
   queue. The same for a data directory written by the last release of format 3
   (`fixtures/format3-data-dir.tar.gz`, made by the same script with main's binary at 0cdeff6).
-- A definitions file of an unknown format, or naming a quorum queue, stops the start with an error
-  that says why, and is left as it was.
-- A quorum or stream queue is refused: queue.declare with 540, a definitions import whole (HTTP 400
-  naming the queue) before anything of it is applied; RabbitMQ would create the queue.
+- A definitions file of an unknown format stops the start with an error that says why, and is
+  left as it was.
+- Quorum and stream queues are declared, and imported from a definitions file (with `x-queue-type`
+  or with the `type` field `rabbitmqctl export_definitions` writes), as RabbitMQ does.
 
 Against either broker (run against RabbitMQ 3.10.8 too): redeclaring with and without
 `x-queue-type` is equivalent or not exactly as RabbitMQ decides, with its texts; the management
@@ -204,7 +204,7 @@ def test_an_older_data_directory_is_upgraded_to_the_current_format_with_everythi
 
 
 @pytest.mark.lepus_only
-def test_a_definitions_file_of_an_unknown_format_or_with_a_quorum_queue_is_refused_at_start(tmp_path):
+def test_a_definitions_file_of_an_unknown_format_is_refused_at_start(tmp_path):
     data_dir = unpack_fixture(tmp_path)
     path = os.path.join(str(data_dir), "definitions.json")
     definitions = read_definitions(data_dir)
@@ -216,52 +216,35 @@ def test_a_definitions_file_of_an_unknown_format_or_with_a_quorum_queue_is_refus
     assert code != 0
     assert "storage format 99 is not supported" in stderr and "upgrades format 2" in stderr, stderr[-2000:]
     assert open(path).read() == before, "a refused definitions file was rewritten"
-    definitions["storage_format_version"] = STORAGE_FORMAT_VERSION
-    for queue in definitions["queues"]:
-        queue["type"] = "quorum" if queue["name"] == "upgrade-classic" else "classic"
-    with open(path, "w") as out:
-        json.dump(definitions, out)
-    code, stderr = run_server(data_dir, "--amqp-port", "0", "--http-port", "0", "--metrics-port", "0")
-    assert code != 0
-    assert "queue 'upgrade-classic' in vhost '/' is a quorum queue" in stderr, stderr[-2000:]
 
 
 @pytest.mark.lepus_only
-def test_quorum_queues_are_refused_by_declare_and_by_an_import_before_anything_is_applied(tmp_path):
-    """Lepus only: RabbitMQ runs quorum queues, so it declares and imports them. (Lepus runs
-    stream queues: tests/test_streams.py.)"""
+def test_quorum_and_stream_queues_are_declared_and_imported_as_rabbitmq_does(tmp_path):
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     broker = ManagedBroker(os.environ["LEPUS_BIN"], data_dir, tmp_path)
     broker.start()
     try:
-        for type_name in ("quorum",):
-            connection = broker.connect()
-            # 540 is a hard error: it closes the connection.
-            with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as refused:
-                connection.channel().queue_declare(unique("declare-" + type_name), durable=True,
-                                                   arguments={"x-queue-type": type_name})
-            safe_close(connection)
-            assert (refused.value.reply_code, refused.value.reply_text) == (
-                540, "NOT_IMPLEMENTED - queue type '%s' is not supported by Lepus yet" % type_name)
-        exchange, classic, refused = unique("import-x"), unique("import-classic"), unique("import-quorum")
+        connection = broker.connect()
+        for type_name in ("quorum", "stream"):
+            declared = unique("declare-" + type_name)
+            connection.channel().queue_declare(declared, durable=True, arguments={"x-queue-type": type_name})
+            assert api(broker.api_url, "GET", "/queues/%%2F/%s" % declared)[1]["type"] == type_name
+        safe_close(connection)
+        exchange, classic = unique("import-x"), unique("import-classic")
+        quorum, stream = unique("import-quorum"), unique("import-stream")
         common = {"vhost": "/", "durable": True, "auto_delete": False}
-        for refused_entry, type_name in [
-            (dict(common, name=refused, arguments={"x-queue-type": "quorum"}), "quorum"),
-            # rabbitmqctl export_definitions writes the type in a field of its own.
-            (dict(common, name=refused, arguments={}, type="quorum"), "quorum"),
-        ]:
-            body = {"exchanges": [dict(common, name=exchange, type="fanout", internal=False, arguments={})],
-                    "queues": [dict(common, name=classic, arguments={}), refused_entry],
-                    "bindings": [{"vhost": "/", "source": exchange, "destination": classic,
-                                  "destination_type": "queue", "routing_key": "", "arguments": {}}]}
-            status, answer = api(broker.api_url, "POST", "/definitions", body)
-            assert status == 400, answer
-            # Every problem of the file is listed, each as its declare would be refused.
-            refusal = "queue '%s' in vhost '/': 540 NOT_IMPLEMENTED - queue type '%s' is not supported by Lepus yet"
-            assert refusal % (refused, type_name) in answer["problems"], answer
-            for path in ["/exchanges/%%2F/%s" % exchange, "/queues/%%2F/%s" % classic, "/queues/%%2F/%s" % refused]:
-                assert api(broker.api_url, "GET", path)[0] == 404, "%s was applied before the refusal" % path
+        body = {"exchanges": [dict(common, name=exchange, type="fanout", internal=False, arguments={})],
+                "queues": [dict(common, name=classic, arguments={}),
+                           dict(common, name=quorum, arguments={"x-queue-type": "quorum"}),
+                           # rabbitmqctl export_definitions writes the type in a field of its own.
+                           dict(common, name=stream, arguments={}, type="stream")],
+                "bindings": [{"vhost": "/", "source": exchange, "destination": quorum,
+                              "destination_type": "queue", "routing_key": "", "arguments": {}}]}
+        status, answer = api(broker.api_url, "POST", "/definitions", body)
+        assert status in (200, 204), answer
+        for name, type_name in [(classic, "classic"), (quorum, "quorum"), (stream, "stream")]:
+            assert api(broker.api_url, "GET", "/queues/%%2F/%s" % name)[1]["type"] == type_name
     finally:
         broker.stop(signal.SIGTERM)
 

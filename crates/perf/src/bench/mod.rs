@@ -17,9 +17,15 @@ pub struct BenchCli {
     /// OMB workload files (YAML), run one after the other.
     #[arg(required = true)]
     pub workloads: Vec<PathBuf>,
-    /// Broker URL.
-    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/")]
-    pub url: String,
+    /// Broker URL; given several times, producers and consumers are spread over them, round robin.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/", action = clap::ArgAction::Append)]
+    pub url: Vec<String>,
+    /// The subscription queues' type (classic: no x-queue-type; quorum and stream are durable).
+    #[arg(long, value_enum)]
+    pub queue_type: Option<crate::cli::QueueType>,
+    /// Queue arguments as KEY=VALUE pairs separated by commas (as `lepus perf --queue-args`).
+    #[arg(long)]
+    pub queue_args: Option<String>,
     /// Folder for the result files (`WORKLOAD-DRIVER-DATE.json`, as OMB names them).
     #[arg(long, default_value = ".")]
     pub output_dir: PathBuf,
@@ -82,15 +88,36 @@ pub fn run(args: Vec<String>) -> i32 {
             return if error.use_stderr() { 2 } else { 0 };
         }
     };
-    let url = match AmqpUrl::parse(&cli.url) {
-        Ok(url) => url,
+    let urls = match cli.url.iter().map(|text| AmqpUrl::parse(text)).collect::<Result<Vec<_>, _>>() {
+        Ok(urls) if !urls.is_empty() => urls,
+        Ok(_) => {
+            eprintln!("error: --url: at least one broker URL");
+            return 1;
+        }
         Err(error) => {
             eprintln!("error: {error}");
             return 1;
         }
     };
+    let mut queue_arguments = match cli.queue_args.as_deref().map(crate::cli::parse_queue_arguments).transpose() {
+        Ok(arguments) => arguments.unwrap_or_default(),
+        Err(error) => {
+            eprintln!("error: {error}");
+            return 1;
+        }
+    };
+    let type_name = match cli.queue_type {
+        Some(crate::cli::QueueType::Quorum) => Some("quorum"),
+        Some(crate::cli::QueueType::Stream) => Some("stream"),
+        _ => None,
+    };
+    if let Some(name) = type_name {
+        queue_arguments.insert("x-queue-type", amqp_codec::FieldValue::LongStr(bytes::Bytes::from_static(name.as_bytes())));
+    }
     let options = omb::BenchOptions {
-        url,
+        url: urls[0].clone(),
+        more_urls: urls[1..].to_vec(),
+        queue_arguments,
         period_s: cli.period_s,
         warmup_s: cli.warmup_s,
         duration_s: cli.duration_s,

@@ -24,6 +24,11 @@ use tokio::task::JoinSet;
 pub struct BenchOptions {
     /// Broker.
     pub url: AmqpUrl,
+    /// More brokers (the other nodes of a cluster): producers and consumers are spread over
+    /// `url` and these, round robin.
+    pub more_urls: Vec<AmqpUrl>,
+    /// The subscription queues' arguments (`x-queue-type` and --queue-args).
+    pub queue_arguments: amqp_codec::FieldTable,
     /// Stats period in seconds (OMB: 10).
     pub period_s: u64,
     /// Override of warmupDurationMinutes, in seconds.
@@ -55,7 +60,9 @@ pub async fn run_workload(workload: &Workload, workload_path: &Path, options: &B
         .iter()
         .flat_map(|topic| (0..workload.subscriptions_per_topic).map(move |index| (topic.clone(), format!("{topic}-sub-{index:03}"))))
         .collect();
-    let broker = declare(&options.url, &topics, &subscriptions).await?;
+    let broker = declare(&options.url, &topics, &subscriptions, &options.queue_arguments).await?;
+    let urls: Vec<AmqpUrl> = std::iter::once(options.url.clone()).chain(options.more_urls.iter().cloned()).collect();
+    let mut spread = 0;
     let driver = options.driver.clone().unwrap_or_else(|| broker.split_whitespace().next().unwrap_or("AMQP").to_string());
     println!(
         "lepus bench: {} on {broker}: {} topic(s), {} subscription(s)/topic x {} consumer(s), {} producer(s)/topic, {} B",
@@ -78,9 +85,11 @@ pub async fn run_workload(workload: &Workload, workload_path: &Path, options: &B
     let mut readies = Vec::new();
     for (_, queue) in &subscriptions {
         for index in 0..workload.consumer_per_subscription {
+            let url = urls[spread % urls.len()].clone();
+            spread += 1;
             let spec = ConsumerSpec {
                 name: format!("lepus-bench consumer {queue} #{index}"),
-                url: options.url.clone(),
+                url,
                 source: Source::Queue(queue.clone()),
                 prefetch: options.prefetch,
                 ack_every: (1, 1),
@@ -106,9 +115,11 @@ pub async fn run_workload(workload: &Workload, workload_path: &Path, options: &B
     let payloads = Arc::new(workload.payloads(workload_path));
     for topic in &topics {
         for index in 0..workload.producers_per_topic {
+            let url = urls[spread % urls.len()].clone();
+            spread += 1;
             let spec = ProducerSpec {
                 name: format!("lepus-bench producer {topic} #{index}"),
-                url: options.url.clone(),
+                url,
                 exchange: topic.clone(),
                 // Keys do not route on a fanout exchange (keyDistributor has no effect, as with
                 // OMB's RabbitMQ driver).
@@ -365,7 +376,12 @@ async fn build_and_drain(workload: &Workload, registry: &Registry, consumers: &C
     tokio::time::sleep(Duration::from_secs(duration_s)).await;
 }
 
-async fn declare(url: &AmqpUrl, topics: &[String], subscriptions: &[(String, String)]) -> Result<String, String> {
+async fn declare(
+    url: &AmqpUrl,
+    topics: &[String],
+    subscriptions: &[(String, String)],
+    arguments: &amqp_codec::FieldTable,
+) -> Result<String, String> {
     let work = async {
         let options = ConnectionOptions { connection_name: "lepus-bench setup".to_string(), ..ConnectionOptions::default() };
         let mut connection = Connection::open(url, &options).await?;
@@ -374,7 +390,7 @@ async fn declare(url: &AmqpUrl, topics: &[String], subscriptions: &[(String, Str
             connection.exchange_declare(1, topic, "fanout", true).await?;
         }
         for (topic, queue) in subscriptions {
-            connection.queue_declare(1, queue, true, false, false).await?;
+            connection.queue_declare_with_arguments(1, queue, true, false, false, arguments.clone()).await?;
             connection.queue_bind(1, queue, topic, "").await?;
         }
         let product = connection.server_product().to_string();

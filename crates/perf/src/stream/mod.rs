@@ -46,7 +46,8 @@ pub async fn run(mode: Mode, args: PerfArgs) -> Result<Outcome, String> {
     }
     let producing = !matches!(mode, Mode::Consumer(_));
     let consuming = !matches!(mode, Mode::Producer(_));
-    let url = StreamUrl::parse(&args.url)?;
+    // The stream protocol runs against the first --url (spreading over several is AMQP's).
+    let url = StreamUrl::parse(&args.url[0])?;
     let consumer_url = match &args.consumer_url {
         Some(text) => StreamUrl::parse(text)?,
         None => url.clone(),
@@ -213,7 +214,7 @@ fn config_json(args: &PerfArgs, url: &StreamUrl, consumer_url: &StreamUrl) -> se
         "max_pending": args.max_pending,
         "stream_batch_size": args.stream_batch_size,
         "stream_credit": args.stream_credit,
-        "stream_offset": args.stream_offset,
+        "stream_offset": args.stream_offset.as_deref().unwrap_or("next"),
         "pacing": format!("{:?}", args.pacing).to_lowercase(),
         "warmup_s": args.warmup,
         "duration_s": args.duration,

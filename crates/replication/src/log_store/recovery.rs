@@ -88,16 +88,19 @@ pub(super) fn open(
         checksum_seed,
         log,
         log_end: 0,
-        entries: Vec::new(),
         offsets: Vec::new(),
+        terms: Vec::new(),
+        cache: Default::default(),
+        cache_bytes: 0,
+        cache_bytes_max: super::LOG_CACHE_BYTES_MAX,
         hard_state,
         conf_state,
         snapshot,
     };
     store.read_log(&mut recovery).map_err(io_error(&log_path))?;
     // A node never holds an entry of a term above its own (a lost hard state would say 0).
-    if let Some(last) = store.entries.last() {
-        store.hard_state.term = store.hard_state.term.max(last.term);
+    if let Some(last) = store.terms.last() {
+        store.hard_state.term = store.hard_state.term.max(*last);
     }
     let snapshot_index = store.snapshot.get_metadata().index;
     let last_index = store.last_index_now();
@@ -151,8 +154,9 @@ impl LogStore {
                 recovery.damaged = true;
                 break;
             }
-            self.entries.push(entry);
             self.offsets.push(offset as u64);
+            self.terms.push(entry.term);
+            self.cache_push(entry);
             recovery.records += 1;
             expected_index += 1;
             offset = end;

@@ -15,10 +15,19 @@ impl raft::Storage for LogStore {
             return Err(raft::Error::Store(StorageError::Compacted));
         }
         assert!(high <= self.last_index_now() + 1, "entries up to {high} asked, the log ends at {}", self.last_index_now());
-        let start = (low - snapshot_index - 1) as usize;
-        let end = (high - snapshot_index - 1) as usize;
-        let mut entries = self.entries[start..end].to_vec();
-        raft::util::limit_size(&mut entries, max_size.into());
+        let max_size = max_size.into().unwrap_or(u64::MAX);
+        let mut entries = Vec::with_capacity((high - low).min(1024) as usize);
+        let mut size = 0u64;
+        for index in low..high {
+            // A read that fails is reported as the log ending there: raft-rs asks again later (an
+            // entry whose record went bad on disk is damage, found again at the next start).
+            let entry = self.entry(index).map_err(|error| raft::Error::Store(StorageError::Other(Box::new(error))))?;
+            size += u64::from(protobuf::Message::compute_size(&entry));
+            if !entries.is_empty() && size > max_size {
+                break;
+            }
+            entries.push(entry);
+        }
         Ok(entries)
     }
 
@@ -30,8 +39,8 @@ impl raft::Storage for LogStore {
         if index < metadata.index {
             return Err(raft::Error::Store(StorageError::Compacted));
         }
-        match self.entries.get((index - metadata.index - 1) as usize) {
-            Some(entry) => Ok(entry.term),
+        match self.terms.get((index - metadata.index - 1) as usize) {
+            Some(term) => Ok(*term),
             None => Err(raft::Error::Store(StorageError::Unavailable)),
         }
     }

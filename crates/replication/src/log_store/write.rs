@@ -23,17 +23,19 @@ impl LogStore {
         assert!(first.index > snapshot_index, "append of entry {} at or below the snapshot {snapshot_index}", first.index);
         assert!(first.index <= self.last_index_now() + 1, "append of entry {} leaves a gap after {}", first.index, self.last_index_now());
         let keep = (first.index - snapshot_index - 1) as usize;
-        if keep < self.entries.len() {
+        if keep < self.offsets.len() {
             self.log_end = self.offsets[keep];
-            self.entries.truncate(keep);
             self.offsets.truncate(keep);
+            self.terms.truncate(keep);
+            self.cache_drop_from(first.index);
             self.log.set_len(self.log_end)?;
         }
         let mut buffer = Vec::new();
         for entry in entries {
             self.offsets.push(self.log_end + buffer.len() as u64);
+            self.terms.push(entry.term);
             encode_record(&mut buffer, entry, self.checksum_seed);
-            self.entries.push(entry.clone());
+            self.cache_push(entry.clone());
         }
         self.log.write_all_at(&buffer, self.log_end)?;
         self.log_end += buffer.len() as u64;
@@ -111,9 +113,11 @@ impl LogStore {
         self.conf_state = metadata.get_conf_state().clone();
         self.snapshot = snapshot;
         self.write_snapshot()?;
-        self.entries.clear();
         self.offsets.clear();
-        self.rewrite_log()?;
+        self.terms.clear();
+        self.cache.clear();
+        self.cache_bytes = 0;
+        self.rewrite_log(self.log_end)?;
         self.write_hard_state()
     }
 
@@ -127,7 +131,7 @@ impl LogStore {
         }
         assert!(applied_index <= self.hard_state.commit, "snapshot at {applied_index} past the commit index {}", self.hard_state.commit);
         let drop = (applied_index - snapshot_index) as usize;
-        let term = self.entries[drop - 1].term;
+        let term = self.terms[drop - 1];
         let mut snapshot = Snapshot { data: image.into(), ..Default::default() };
         let metadata = snapshot.mut_metadata();
         metadata.index = applied_index;
@@ -135,21 +139,24 @@ impl LogStore {
         metadata.set_conf_state(self.conf_state.clone());
         self.snapshot = snapshot;
         self.write_snapshot()?;
-        self.entries.drain(..drop);
-        self.rewrite_log()
+        let kept_from = self.offsets.get(drop).copied().unwrap_or(self.log_end);
+        self.offsets.drain(..drop);
+        self.terms.drain(..drop);
+        self.cache_drop_through(applied_index);
+        self.rewrite_log(kept_from)
     }
 
-    /// Writes the entries kept in memory as the new log file.
-    fn rewrite_log(&mut self) -> io::Result<()> {
-        let mut buffer = Vec::new();
-        self.offsets.clear();
-        for entry in &self.entries {
-            self.offsets.push(buffer.len() as u64);
-            encode_record(&mut buffer, entry, self.checksum_seed);
+    /// Makes the records from byte `kept_from` on the whole new log file (records do not depend
+    /// on where they sit: their checksums are seeded by the group, not the offset).
+    fn rewrite_log(&mut self, kept_from: u64) -> io::Result<()> {
+        let mut kept = vec![0; (self.log_end - kept_from) as usize];
+        self.log.read_exact_at(&mut kept, kept_from)?;
+        for offset in &mut self.offsets {
+            *offset -= kept_from;
         }
-        self.replace_file(LOG_FILE, &buffer)?;
+        self.replace_file(LOG_FILE, &kept)?;
         self.log = self.file_system.open(&self.directory.join(LOG_FILE), OpenMode::ReadWrite)?;
-        self.log_end = buffer.len() as u64;
+        self.log_end = kept.len() as u64;
         Ok(())
     }
 }

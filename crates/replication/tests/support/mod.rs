@@ -374,7 +374,7 @@ impl Cluster {
         }
         for outcome in outcomes {
             match outcome {
-                Outcome::Committed { index, proposer, sequence, result } => {
+                Outcome::Committed { index, proposer, sequence, result, .. } => {
                     if result == CommandResult::Duplicate {
                         continue;
                     }
@@ -409,6 +409,7 @@ impl Cluster {
                     }
                     self.outstanding.insert(position, body);
                 }
+                Outcome::Dropped { .. } | Outcome::ConsumerRemoved { .. } => {}
             }
         }
     }

@@ -209,6 +209,9 @@ pub fn queue_json(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &st
     if queue.queue_type == broker_core::vhost::QueueType::Stream {
         stream_queue_fields(&mut value, queue, node);
     }
+    if let Some(replicas) = &queue.replicas {
+        add_replica_fields(&mut value, replicas);
+    }
     value
 }
 
@@ -267,6 +270,26 @@ fn queue_json_of_any_type(queue: &QueueInfo, rates: &super::rates::QueueRates, n
             "redeliver_details": details(rates.redeliver),
         },
     })
+}
+
+/// A quorum queue's fields as RabbitMQ 3.10.8 shows them (measured): its leader as `node`,
+/// `leader`, `members` and `online`, `single_active_consumer_ctag`, the dead-letter counts, and
+/// none of a classic queue's paging or exclusive-consumer fields.
+pub fn add_replica_fields(answer: &mut Value, replicas: &crate::quorum::ReplicaInfo) {
+    let Some(object) = answer.as_object_mut() else { return };
+    let messages = object.get("messages").cloned().unwrap_or(json!(0));
+    let single_active = object.remove("single_active_consumer_tag").unwrap_or(Value::Null);
+    object.remove("exclusive_consumer_tag");
+    object.remove("messages_paged_out");
+    object.insert("single_active_consumer_ctag".to_string(), single_active);
+    object.insert("messages_ram".to_string(), messages);
+    object.insert("messages_dlx".to_string(), json!(0));
+    if let Some(leader) = &replicas.leader {
+        object.insert("node".to_string(), json!(leader));
+    }
+    object.insert("leader".to_string(), json!(replicas.leader));
+    object.insert("members".to_string(), json!(replicas.members));
+    object.insert("online".to_string(), json!(replicas.online));
 }
 
 /// An exchange as `/api/exchanges` shows it.

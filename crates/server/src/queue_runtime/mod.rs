@@ -79,16 +79,16 @@ struct QueueInner {
 /// `x-overflow`, `x-dead-letter-exchange` or `x-dead-letter-routing-key` argument wins over the
 /// policy's).
 #[derive(Debug, Clone, Default)]
-struct QueueLimits {
+pub(crate) struct QueueLimits {
     max_length: Option<u64>,
     max_length_bytes: Option<u64>,
-    overflow: Option<Overflow>,
-    message_ttl_ms: Option<u64>,
+    pub(crate) overflow: Option<Overflow>,
+    pub(crate) message_ttl_ms: Option<u64>,
     /// x-delivery-limit (a Lepus extension on classic queues, as quorum queues have it).
     delivery_limit: Option<u64>,
     /// Where dropped messages go; none drops them (no per-message work beyond this branch).
-    dead_letter: Option<DeadLetterTarget>,
-    policy: Option<Arc<Policy>>,
+    pub(crate) dead_letter: Option<DeadLetterTarget>,
+    pub(crate) policy: Option<Arc<Policy>>,
 }
 
 fn non_negative_argument(arguments: &amqp_codec::FieldTable, key: &str) -> Option<u64> {
@@ -103,7 +103,7 @@ fn text_argument(arguments: &amqp_codec::FieldTable, key: &str) -> Option<ShortS
 }
 
 impl QueueLimits {
-    fn new(arguments: &amqp_codec::FieldTable, policy: Option<Arc<Policy>>) -> QueueLimits {
+    pub(crate) fn new(arguments: &amqp_codec::FieldTable, policy: Option<Arc<Policy>>) -> QueueLimits {
         let settings = policy.as_ref().map(|policy| policy.queue_settings.clone()).unwrap_or_default();
         let argument_overflow = arguments.get("x-overflow").and_then(|value| value.as_text()).and_then(|name| Overflow::from_name(&name));
         let exchange =
@@ -122,7 +122,7 @@ impl QueueLimits {
     }
 
     /// The limits as the core applies them.
-    fn core_limits(&self) -> Limits {
+    pub(crate) fn core_limits(&self) -> Limits {
         let overflow = match self.overflow.unwrap_or(Overflow::DropHead) {
             Overflow::DropHead => queue_core::Overflow::DropHead,
             Overflow::RejectPublish | Overflow::RejectPublishDeadLetter => queue_core::Overflow::RejectPublish,
@@ -138,7 +138,7 @@ impl QueueLimits {
     }
 
     /// Where a message refused by reject-publish-dlx goes.
-    fn refused_dead_letter(&self) -> Option<&DeadLetterTarget> {
+    pub(crate) fn refused_dead_letter(&self) -> Option<&DeadLetterTarget> {
         match self.overflow {
             Some(Overflow::RejectPublishDeadLetter) => self.dead_letter.as_ref(),
             _ => None,
@@ -146,7 +146,7 @@ impl QueueLimits {
     }
 }
 
-fn lower(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+pub(crate) fn lower(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -406,7 +406,7 @@ impl QueueRuntime {
         for &position in positions {
             let command = || match settlement {
                 Settlement::Ack => Command::Settle { position },
-                Settlement::Requeue => Command::Requeue { position },
+                Settlement::Requeue | Settlement::Return => Command::Requeue { position },
                 Settlement::Reject => Command::Reject { position },
             };
             self.run_at(&mut inner, command, perform::Context::default(), now_ms);
@@ -613,14 +613,14 @@ impl QueueRuntime {
 }
 
 /// Whether the declaration asks for a single active consumer (a bool, as RabbitMQ requires).
-fn single_active_consumer(arguments: &amqp_codec::FieldTable) -> bool {
+pub(crate) fn single_active_consumer(arguments: &amqp_codec::FieldTable) -> bool {
     matches!(arguments.get("x-single-active-consumer"), Some(amqp_codec::FieldValue::Bool(true)))
 }
 
 /// x-consumer-timeout when it is a positive integer. RabbitMQ 3.10.8 ignores the argument (and
 /// takes any value, measured); later versions honour it, as Lepus does: another value is ignored,
 /// as 3.10.8 ignores it, so a declaration that RabbitMQ takes is never refused.
-fn consumer_timeout_argument_ms(arguments: &amqp_codec::FieldTable) -> Option<u64> {
+pub(crate) fn consumer_timeout_argument_ms(arguments: &amqp_codec::FieldTable) -> Option<u64> {
     arguments.get("x-consumer-timeout").and_then(|value| value.as_i64()).filter(|timeout| *timeout > 0).map(|timeout| timeout as u64)
 }
 
@@ -633,7 +633,7 @@ fn active_consumer(inner: &QueueInner) -> Option<&Arc<ConsumerHandle>> {
 }
 
 /// The message's own TTL (its expiration property), in milliseconds.
-fn own_ttl_ms(message: &Message) -> Option<u64> {
+pub(crate) fn own_ttl_ms(message: &Message) -> Option<u64> {
     if !message.header.has_expiration() {
         return None;
     }

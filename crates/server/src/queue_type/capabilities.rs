@@ -84,7 +84,9 @@ const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
 
 const QUORUM: QueueTypeCapabilities = QueueTypeCapabilities {
     queue_type: QueueType::Quorum,
-    implemented: false,
+    implemented: true,
+    // What RabbitMQ 3.10.8's quorum queues take; x-expires (and at-least-once dead-lettering) is
+    // refused with 540 by `not_implemented_for` until Lepus honours it for quorum queues.
     accepted_arguments: &[
         "x-dead-letter-exchange",
         "x-dead-letter-routing-key",
@@ -131,6 +133,89 @@ const STREAM: QueueTypeCapabilities = QueueTypeCapabilities {
     consumer_priorities: false,
 };
 
+/// The declaration arguments RabbitMQ 3.10.8 knows (`rabbit_amqqueue:declare_args/0`, and
+/// x-delivery-limit). A queue type other than classic refuses one of them that it does not take
+/// with 406 "invalid arg ... of queue type ..." (measured: x-max-priority, x-queue-mode,
+/// x-queue-version, x-max-age on a quorum queue); an argument RabbitMQ does not know is ignored.
+pub const RABBITMQ_QUEUE_ARGUMENTS: &[&str] = &[
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-dead-letter-strategy",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-version",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-quorum-initial-group-size",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size",
+    "x-queue-leader-locator",
+    "x-queue-master-locator",
+    "x-delivery-limit",
+];
+
+/// Arguments a type takes that Lepus does not implement for it yet: refused with 540.
+fn not_implemented_for(queue_type: QueueType, key: &str, value: &amqp_codec::FieldValue) -> bool {
+    match (queue_type, key) {
+        (QueueType::Quorum, "x-expires") => true,
+        // At-least-once dead-lettering (RabbitMQ's, with reject-publish) is not there: at most once is.
+        (QueueType::Quorum, "x-dead-letter-strategy") => value.as_text().as_deref() == Some("at-least-once"),
+        _ => false,
+    }
+}
+
+/// The name RabbitMQ's replies give a queue type's module.
+fn type_module(queue_type: QueueType) -> &'static str {
+    match queue_type {
+        QueueType::Classic => "rabbit_classic_queue",
+        QueueType::Quorum => "rabbit_quorum_queue",
+        QueueType::Stream => "rabbit_stream_queue",
+    }
+}
+
+/// RabbitMQ 3.10.8's checks of the arguments only quorum and stream queues know (measured).
+fn check_replicated_argument(key: &str, value: &amqp_codec::FieldValue, queue: &ShortStr, vhost: &str) -> Option<Result<(), AmqpError>> {
+    use amqp_codec::FieldValue;
+    let invalid =
+        |reason: String| Err(AmqpError::precondition(format!("invalid arg '{key}' for {}: {reason}", describe_queue(queue, vhost))));
+    let type_name = |value: &FieldValue| broker_core::vhost::field_type_name(value);
+    let text_choice = |choices: &[&str], wrong: &str| match value {
+        FieldValue::LongStr(text) if choices.iter().any(|choice| choice.as_bytes() == &text[..]) => Ok(()),
+        FieldValue::LongStr(_) => invalid(wrong.to_string()),
+        other => invalid(format!("{{unacceptable_type,{}}}", type_name(other))),
+    };
+    Some(match key {
+        "x-quorum-initial-group-size" | "x-initial-cluster-size" => match value.as_i64() {
+            Some(0) => invalid("{value_zero,0}".to_string()),
+            Some(size) if size < 0 => invalid(format!("{{value_negative,{size}}}")),
+            Some(_) => Ok(()),
+            None => invalid(format!("\"expected integer, got {}\"", type_name(value))),
+        },
+        "x-max-in-memory-length" | "x-max-in-memory-bytes" => match value.as_i64() {
+            Some(limit) if limit < 0 => invalid(format!("{{value_negative,{limit}}}")),
+            Some(_) => Ok(()),
+            None => invalid(format!("{{unacceptable_type,{}}}", type_name(value))),
+        },
+        "x-dead-letter-strategy" => text_choice(&["at-most-once", "at-least-once"], "invalid_dlx_strategy"),
+        "x-queue-leader-locator" => text_choice(&["client-local", "balanced", "random", "least-leaders"], "invalid_queue_locator_arg"),
+        "x-overflow" => match value {
+            FieldValue::LongStr(_) => text_choice(&["drop-head", "reject-publish", "reject-publish-dlx"], "invalid_overflow"),
+            _ => return None,
+        },
+        // RabbitMQ 3.10.8 takes any x-delivery-limit on a quorum queue (measured: -1 and "a").
+        "x-delivery-limit" => Ok(()),
+        _ => return None,
+    })
+}
+
 /// What queues of `queue_type` allow.
 pub fn capabilities(queue_type: QueueType) -> &'static QueueTypeCapabilities {
     match queue_type {
@@ -156,6 +241,11 @@ impl QueueTypeCapabilities {
         if self.queue_type == QueueType::Stream {
             return check_stream_declare(self, definition, vhost);
         }
+        if self.queue_type == QueueType::Quorum {
+            // RabbitMQ checks a quorum queue's arguments first, then its properties.
+            self.check_replicated_arguments(definition, vhost)?;
+            return self.check_properties(definition, vhost);
+        }
         self.check_properties(definition, vhost)?;
         for (key, value) in definition.arguments.iter() {
             let key_text = key.to_string_lossy();
@@ -171,13 +261,46 @@ impl QueueTypeCapabilities {
         Ok(())
     }
 
+    /// A quorum or stream queue's arguments, in the order the client sent them: one RabbitMQ knows
+    /// and the type does not take is refused (406, naming the type's module), the others checked
+    /// as RabbitMQ checks them; one Lepus does not implement for the type is refused with 540.
+    fn check_replicated_arguments(&self, definition: &QueueDefinition, vhost: &str) -> Result<(), AmqpError> {
+        for (key, value) in definition.arguments.iter() {
+            let key_text = key.to_string_lossy();
+            let key_text = key_text.as_str();
+            if RABBITMQ_QUEUE_ARGUMENTS.contains(&key_text) && !self.accepted_arguments.contains(&key_text) {
+                return Err(AmqpError::precondition(format!(
+                    "invalid arg '{key_text}' for {} of queue type {}",
+                    describe_queue(&definition.name, vhost),
+                    type_module(self.queue_type)
+                )));
+            }
+            match check_replicated_argument(key_text, value, &definition.name, vhost) {
+                Some(checked) => checked?,
+                None => check_queue_argument(key_text, value, &definition.name, vhost)?,
+            }
+            if key_text == "x-dead-letter-routing-key" {
+                check_dead_letter_routing_key(&definition.arguments, &definition.name, vhost)?;
+            }
+            if not_implemented_for(self.queue_type, key_text, value) {
+                return Err(AmqpError::not_implemented(format!(
+                    "queue argument '{key_text}' is not supported by Lepus yet for {} queues",
+                    self.queue_type.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the durable, auto-delete and exclusive flags, with the texts of RabbitMQ's
     /// `rabbit_quorum_queue:declare/2` (streams answer the same).
     pub fn check_properties(&self, definition: &QueueDefinition, vhost: &str) -> Result<(), AmqpError> {
+        // RabbitMQ's order (`rabbit_quorum_queue:declare/2`: auto-delete, exclusive, durable) and
+        // its names for them (measured: an exclusive quorum queue is refused as 'exclusive-owner').
         let refused = [
-            (!definition.durable && !self.non_durable, "non-durable"),
             (definition.auto_delete && !self.auto_delete, "auto-delete"),
-            (definition.exclusive_owner.is_some() && !self.exclusive, "exclusive"),
+            (definition.exclusive_owner.is_some() && !self.exclusive, "exclusive-owner"),
+            (!definition.durable && !self.non_durable, "non-durable"),
         ];
         match refused.iter().find(|(refused, _)| *refused) {
             Some((_, property)) => {
@@ -210,33 +333,6 @@ impl QueueTypeCapabilities {
         Err(AmqpError::not_implemented(format!("basic.get not supported by stream queues {}", describe_queue(queue, vhost))))
     }
 }
-
-/// The declaration arguments RabbitMQ 3.10.8 knows: one that a stream queue does not take is
-/// refused with a 406 naming the type (measured for each); any other argument is ignored.
-const RABBITMQ_QUEUE_ARGUMENTS: &[&str] = &[
-    "x-expires",
-    "x-message-ttl",
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-max-length",
-    "x-max-length-bytes",
-    "x-max-in-memory-length",
-    "x-max-in-memory-bytes",
-    "x-max-priority",
-    "x-overflow",
-    "x-queue-mode",
-    "x-queue-version",
-    "x-single-active-consumer",
-    "x-queue-type",
-    "x-quorum-initial-group-size",
-    "x-max-age",
-    "x-stream-max-segment-size-bytes",
-    "x-initial-cluster-size",
-    "x-queue-leader-locator",
-    "x-queue-master-locator",
-    "x-dead-letter-strategy",
-    "x-delivery-limit",
-];
 
 /// A stream queue's declaration, in RabbitMQ 3.10.8's order (measured): the values of the
 /// arguments the type takes (in RabbitMQ's own order of them), then the first known argument it

@@ -15,16 +15,19 @@
 
 mod capabilities;
 mod classic;
+mod quorum;
 mod stream;
 
 pub use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueSnapshot, GET_PAGE_IN_ROUNDS_MAX};
 pub use capabilities::{capabilities, QueueTypeCapabilities};
 pub use classic::{ClassicStorage, ClassicStorageError, EXPIRY_DIRECTORY};
+pub use quorum::QuorumStorage;
 pub use storage::syncer::{Confirm as PendingConfirm, ConfirmSink};
 pub use stream::StreamStorage;
 
 use crate::policy::Policy;
 use crate::queue_runtime::QueueRuntime;
+use crate::quorum::{CommitSlot, QuorumQueue};
 use crate::shared::{ChannelShared, ConsumerHandle};
 use amqp_codec::ShortStr;
 use broker_core::vhost::QueueDefinition;
@@ -37,6 +40,8 @@ use storage::syncer::{SharedLog, Syncer};
 pub enum Queue {
     /// A classic queue: one node, messages in memory and (durable, persistent ones) in its log.
     Classic(Arc<QueueRuntime>),
+    /// A quorum queue: replicated through a Raft shard, its messages on a majority of the nodes.
+    Quorum(Arc<QuorumQueue>),
     /// A stream queue: a replayable log that consumers read from an offset of their choice.
     Stream(Arc<crate::stream::StreamQueue>),
     /// A classic queue of another cluster node (see `cluster/remote_queue.rs`).
@@ -49,6 +54,8 @@ pub enum Queue {
 pub enum WeakQueue {
     /// A classic queue.
     Classic(Weak<QueueRuntime>),
+    /// A quorum queue.
+    Quorum(Weak<QuorumQueue>),
     /// A stream queue.
     Stream(Weak<crate::stream::StreamQueue>),
 }
@@ -60,6 +67,9 @@ pub enum ConfirmTicket {
     Immediate,
     /// A classic queue wrote the message to this log: confirmed once the log is fdatasynced.
     LogSynced(SharedLog),
+    /// A quorum queue proposed the message: confirmed once the enqueue is committed (fdatasynced
+    /// by a majority of its shard's members and applied), nacked if the queue refused it then.
+    Committed(Arc<CommitSlot>),
     /// A stream queue appended the message to this stream: confirmed once the group commit has
     /// written, fdatasynced and committed it.
     StreamCommitted(storage::syncer::SharedStream),
@@ -82,8 +92,11 @@ pub enum PublishOutcome {
 pub enum Settlement {
     /// basic.ack (or no-ack): the message is done.
     Ack,
-    /// basic.reject, basic.nack or basic.recover with requeue: back to its place, redelivered.
+    /// basic.reject, basic.nack or basic.recover with requeue: back to its place, redelivered
+    /// (a quorum queue puts it at the back, as RabbitMQ 3.10's do).
     Requeue,
+    /// The delivery's channel went away: back to its place, redelivered (quorum queues too).
+    Return,
     /// basic.reject or basic.nack without requeue: the message is dead-lettered (reason
     /// `rejected`) when its queue has a dead-letter exchange, else dropped.
     Reject,
@@ -106,6 +119,10 @@ impl Settlement {
 #[derive(Debug, Default)]
 pub struct ConfirmTickets {
     logs: Vec<SharedLog>,
+    /// Quorum commits, each with the delivery tag of its publish (0 outside confirm mode).
+    slots: crate::quorum::tickets::Slots,
+    /// The delivery tag of the publish whose tickets are being added.
+    message_tag: u64,
     streams: Vec<storage::syncer::SharedStream>,
 }
 
@@ -120,6 +137,10 @@ impl ConfirmTickets {
                 }
                 true
             }
+            ConfirmTicket::Committed(slot) => {
+                self.slots.push((self.message_tag, slot));
+                true
+            }
             ConfirmTicket::StreamCommitted(stream) => {
                 if !self.streams.iter().any(|known| Arc::ptr_eq(known, &stream)) {
                     self.streams.push(stream);
@@ -129,15 +150,25 @@ impl ConfirmTickets {
         }
     }
 
+    /// Names the publish whose tickets come next by its delivery tag, so a quorum queue's refusal
+    /// nacks that publish's confirm only.
+    pub fn set_message_tag(&mut self, delivery_tag: u64) {
+        self.message_tag = delivery_tag;
+    }
+
     /// Whether there is nothing to wait for.
     pub fn is_empty(&self) -> bool {
-        self.logs.is_empty() && self.streams.is_empty()
+        self.logs.is_empty() && self.slots.is_empty() && self.streams.is_empty()
     }
 
     /// Sends `confirms` (in order, each acked or nacked) once every ticket is settled, in one group
     /// commit. Without confirms, the tickets are still made durable (a publish outside confirm
     /// mode is written and synced in the same group commit, only nobody is told).
     pub fn confirm_when_settled(self, syncer: &Syncer, confirms: Vec<PendingConfirm>) {
+        if !self.slots.is_empty() {
+            crate::quorum::ConfirmGate::new().confirm(syncer, self.slots, self.logs, self.streams, confirms);
+            return;
+        }
         if !self.streams.is_empty() {
             if confirms.is_empty() {
                 syncer.sync_with_streams(self.logs, self.streams, None);
@@ -156,11 +187,34 @@ impl ConfirmTickets {
     /// Calls `settled` with true once every ticket is settled, false if one failed (tx.commit, the
     /// management API's publish).
     pub fn when_settled(self, syncer: &Syncer, settled: Box<dyn FnOnce(bool) + Send>) {
+        if !self.slots.is_empty() {
+            crate::quorum::ConfirmGate::new().when_settled(syncer, self.slots, self.logs, self.streams, settled);
+            return;
+        }
         if !self.streams.is_empty() {
             syncer.sync_with_streams(self.logs, self.streams, Some(settled));
             return;
         }
         syncer.sync(self.logs, Some(settled));
+    }
+
+    /// [`ConfirmTickets::confirm_when_settled`] for a channel: its confirms leave in the order
+    /// they came, so while earlier ones wait for a quorum commit, these wait behind them.
+    pub fn confirm_in_order(self, channel: &ChannelShared, syncer: &Syncer, confirms: Vec<PendingConfirm>) {
+        if self.slots.is_empty() && !channel.quorum_confirms.is_busy() {
+            self.confirm_when_settled(syncer, confirms);
+            return;
+        }
+        channel.quorum_confirms.confirm(syncer, self.slots, self.logs, self.streams, confirms);
+    }
+
+    /// [`ConfirmTickets::when_settled`] for a channel's tx.commit: commit-oks leave in order.
+    pub fn when_settled_in_order(self, channel: &ChannelShared, syncer: &Syncer, settled: Box<dyn FnOnce(bool) + Send>) {
+        if self.slots.is_empty() && !channel.quorum_confirms.is_busy() {
+            self.when_settled(syncer, settled);
+            return;
+        }
+        channel.quorum_confirms.when_settled(syncer, self.slots, self.logs, self.streams, settled);
     }
 }
 
@@ -181,6 +235,7 @@ impl WeakQueue {
     pub fn upgrade(&self) -> Option<Queue> {
         match self {
             WeakQueue::Classic(queue) => queue.upgrade().map(Queue::Classic),
+            WeakQueue::Quorum(queue) => queue.upgrade().map(Queue::Quorum),
             WeakQueue::Stream(queue) => queue.upgrade().map(Queue::Stream),
         }
     }
@@ -189,6 +244,7 @@ impl WeakQueue {
     pub fn same(&self, other: &WeakQueue) -> bool {
         match (self, other) {
             (WeakQueue::Classic(a), WeakQueue::Classic(b)) => Weak::ptr_eq(a, b),
+            (WeakQueue::Quorum(a), WeakQueue::Quorum(b)) => Weak::ptr_eq(a, b),
             (WeakQueue::Stream(a), WeakQueue::Stream(b)) => Weak::ptr_eq(a, b),
             _ => false,
         }
@@ -200,6 +256,7 @@ impl Queue {
     pub fn name(&self) -> &ShortStr {
         match self {
             Queue::Classic(queue) => queue.name(),
+            Queue::Quorum(queue) => queue.name(),
             Queue::Stream(queue) => queue.name(),
             Queue::Remote(queue) => queue.name(),
         }
@@ -209,6 +266,7 @@ impl Queue {
     pub fn definition(&self) -> &QueueDefinition {
         match self {
             Queue::Classic(queue) => &queue.definition,
+            Queue::Quorum(queue) => &queue.definition,
             Queue::Stream(queue) => &queue.definition,
             Queue::Remote(queue) => &queue.definition,
         }
@@ -223,6 +281,7 @@ impl Queue {
     pub fn same(&self, other: &Queue) -> bool {
         match (self, other) {
             (Queue::Classic(a), Queue::Classic(b)) => Arc::ptr_eq(a, b),
+            (Queue::Quorum(a), Queue::Quorum(b)) => Arc::ptr_eq(a, b),
             (Queue::Stream(a), Queue::Stream(b)) => Arc::ptr_eq(a, b),
             (Queue::Remote(a), Queue::Remote(b)) => Arc::ptr_eq(a, b),
             _ => false,
@@ -233,6 +292,7 @@ impl Queue {
     pub fn address(&self) -> *const () {
         match self {
             Queue::Classic(queue) => Arc::as_ptr(queue).cast(),
+            Queue::Quorum(queue) => Arc::as_ptr(queue).cast(),
             Queue::Stream(queue) => Arc::as_ptr(queue).cast(),
             Queue::Remote(queue) => Arc::as_ptr(queue).cast(),
         }
@@ -243,6 +303,7 @@ impl Queue {
     pub fn publish(&self, message: Arc<Message>) -> PublishOutcome {
         match self {
             Queue::Classic(queue) => classic::publish(queue, message),
+            Queue::Quorum(queue) => queue.publish(message),
             Queue::Stream(queue) => stream::publish(queue, &message),
             Queue::Remote(queue) => {
                 queue.refuse_publish();
@@ -255,6 +316,7 @@ impl Queue {
     pub fn dispatch(&self) {
         match self {
             Queue::Classic(queue) => queue.dispatch(),
+            Queue::Quorum(queue) => queue.dispatch(),
             Queue::Stream(queue) => queue.wake_consumers(),
             Queue::Remote(_) => {}
         }
@@ -267,6 +329,7 @@ impl Queue {
     pub fn settle(&self, deliveries: &[u64], settlement: Settlement) {
         match self {
             Queue::Classic(queue) => queue.finish_deliveries(deliveries, settlement),
+            Queue::Quorum(queue) => queue.settle(deliveries, settlement),
             // Acks move a stream consumer's credit only; a stream has nothing to requeue or
             // dead-letter (nack and reject are refused before they get here).
             Queue::Stream(queue) => queue.settle(deliveries.len()),
@@ -277,9 +340,10 @@ impl Queue {
     /// basic.get: the first ready message as get-ok, tracked on the channel's ledger unless
     /// `no_ack`; or get-empty; or, when the ready messages are still on disk, ask again after
     /// [`Queue::wait_for_page_in`].
-    pub fn get(&self, channel: &ChannelShared, no_ack: bool) -> GetAnswer {
+    pub fn get(&self, channel: &Arc<ChannelShared>, no_ack: bool) -> GetAnswer {
         match self {
             Queue::Classic(queue) => queue.get(channel, no_ack),
+            Queue::Quorum(queue) => queue.get(channel, no_ack),
             // Refused by the type's capabilities before it gets here.
             Queue::Stream(_) => GetAnswer::Empty,
             Queue::Remote(_) => GetAnswer::Empty,
@@ -291,6 +355,7 @@ impl Queue {
     pub async fn wait_for_page_in(&self) {
         match self {
             Queue::Classic(queue) => queue.wait_for_page_in().await,
+            Queue::Quorum(queue) => queue.wait_for_answer().await,
             Queue::Stream(_) => {}
             Queue::Remote(_) => {}
         }
@@ -301,6 +366,7 @@ impl Queue {
     pub fn consume(&self, consumer: Arc<ConsumerHandle>, exclusive: bool, accepted: impl FnOnce()) -> Result<(), AmqpError> {
         match self {
             Queue::Classic(queue) => queue.add_consumer(consumer, exclusive, accepted),
+            Queue::Quorum(queue) => queue.consume(consumer, exclusive, accepted),
             Queue::Stream(queue) => queue.add_consumer(consumer, storage::stream::OffsetSpec::Next, accepted),
             Queue::Remote(queue) => Err(queue.refusal()),
         }
@@ -332,6 +398,7 @@ impl Queue {
     pub fn cancel(&self, consumer: &Arc<ConsumerHandle>) -> ConsumerRemoval {
         match self {
             Queue::Classic(queue) => queue.remove_consumer(consumer),
+            Queue::Quorum(queue) => queue.cancel(consumer),
             Queue::Stream(queue) => queue.remove_consumer(consumer),
             Queue::Remote(_) => ConsumerRemoval::NotFound,
         }
@@ -341,6 +408,7 @@ impl Queue {
     pub fn mark_used(&self) {
         match self {
             Queue::Classic(queue) => queue.mark_used(),
+            Queue::Quorum(_) => {}
             Queue::Stream(_) => {}
             Queue::Remote(_) => {}
         }
@@ -350,6 +418,7 @@ impl Queue {
     pub fn counts(&self) -> (u32, u32) {
         match self {
             Queue::Classic(queue) => queue.counts(),
+            Queue::Quorum(queue) => queue.counts(),
             // RabbitMQ 3.10.8 answers a stream's declare-ok with no consumers, whatever it has.
             Queue::Stream(queue) => (queue.message_count().min(u64::from(u32::MAX)) as u32, 0),
             Queue::Remote(_) => (0, 0),
@@ -360,6 +429,7 @@ impl Queue {
     pub fn purge(&self) -> u32 {
         match self {
             Queue::Classic(queue) => queue.purge(),
+            Queue::Quorum(queue) => queue.purge(),
             // Refused before it gets here (540, as RabbitMQ).
             Queue::Stream(_) => 0,
             Queue::Remote(_) => 0,
@@ -371,6 +441,7 @@ impl Queue {
     pub fn delete(&self) -> (u32, Vec<Arc<ConsumerHandle>>) {
         match self {
             Queue::Classic(queue) => queue.delete(),
+            Queue::Quorum(queue) => queue.delete(),
             Queue::Stream(queue) => queue.delete(),
             Queue::Remote(_) => (0, Vec::new()),
         }
@@ -380,6 +451,7 @@ impl Queue {
     pub fn apply_policy(&self, policy: Option<Arc<Policy>>) {
         match self {
             Queue::Classic(queue) => queue.apply_policy(policy),
+            Queue::Quorum(queue) => queue.apply_policy(policy),
             Queue::Stream(queue) => queue.apply_policy(policy),
             Queue::Remote(queue) => *queue.policy.lock() = policy,
         }
@@ -389,6 +461,7 @@ impl Queue {
     pub fn consumer_timeout_ms(&self) -> Option<u64> {
         match self {
             Queue::Classic(queue) => queue.consumer_timeout_ms(),
+            Queue::Quorum(queue) => queue.consumer_timeout_ms(),
             Queue::Stream(_) => None,
             Queue::Remote(_) => None,
         }
@@ -398,6 +471,7 @@ impl Queue {
     pub fn policy(&self) -> Option<Arc<Policy>> {
         match self {
             Queue::Classic(queue) => queue.policy(),
+            Queue::Quorum(queue) => queue.policy(),
             Queue::Stream(queue) => queue.policy(),
             Queue::Remote(queue) => queue.policy.lock().clone(),
         }
@@ -407,6 +481,7 @@ impl Queue {
     pub fn snapshot(&self) -> QueueSnapshot {
         match self {
             Queue::Classic(queue) => queue.snapshot(),
+            Queue::Quorum(queue) => queue.snapshot(),
             Queue::Stream(queue) => queue.snapshot(),
             Queue::Remote(_) => {
                 QueueSnapshot { ready: 0, paged: 0, unacked: 0, consumers: 0, stats: Default::default(), single_active_consumer_tag: None }
@@ -414,10 +489,20 @@ impl Queue {
         }
     }
 
+    /// Where a replicated queue's replicas are (leader, members, online), for management.
+    pub fn replicas(&self) -> Option<crate::quorum::ReplicaInfo> {
+        match self {
+            Queue::Classic(_) => None,
+            Queue::Quorum(queue) => queue.replicas(),
+            Queue::Stream(_) | Queue::Remote(_) => None,
+        }
+    }
+
     /// Its active consumers, for management.
     pub fn consumer_views(&self) -> Vec<ConsumerView> {
         match self {
             Queue::Classic(queue) => queue.consumer_views(),
+            Queue::Quorum(queue) => queue.consumer_views(),
             Queue::Stream(queue) => queue.consumer_views(),
             Queue::Remote(_) => Vec::new(),
         }
@@ -427,6 +512,7 @@ impl Queue {
     pub fn dead_letters(&self) -> bool {
         match self {
             Queue::Classic(queue) => queue.dead_letters(),
+            Queue::Quorum(queue) => queue.dead_letters(),
             Queue::Stream(_) => false,
             Queue::Remote(_) => false,
         }
@@ -436,6 +522,7 @@ impl Queue {
     pub fn take_dead_letters(&self) -> Option<crate::dead_letter::DeadLetterBatch> {
         match self {
             Queue::Classic(queue) => queue.take_dead_letters(),
+            Queue::Quorum(queue) => queue.take_dead_letters(),
             Queue::Stream(_) => None,
             Queue::Remote(_) => None,
         }
@@ -462,6 +549,7 @@ impl Queue {
     pub fn durable_log(&self) -> Option<&SharedLog> {
         match self {
             Queue::Classic(queue) => queue.log.as_ref(),
+            Queue::Quorum(_) => None,
             Queue::Stream(_) => None,
             Queue::Remote(_) => None,
         }

@@ -220,7 +220,7 @@ impl Channel {
         } else {
             // commit-ok waits for what a confirm would: the transaction's tickets.
             let channel = self.shared.clone();
-            tickets.when_settled(&context.broker.syncer, Box::new(move |durable| answer_commit(&channel, durable)));
+            tickets.when_settled_in_order(&self.shared, &context.broker.syncer, Box::new(move |durable| answer_commit(&channel, durable)));
         }
         Ok(())
     }

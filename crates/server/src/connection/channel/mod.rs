@@ -158,7 +158,7 @@ impl Channel {
         if let Some(last) = confirms.last() {
             self.shared.confirm_groups.lock().started(last.delivery_tag, confirms.len() as u64);
         }
-        tickets.confirm_when_settled(&context.broker.syncer, confirms);
+        tickets.confirm_in_order(&self.shared, &context.broker.syncer, confirms);
     }
 
     /// What the channel shares with queues and listings.
@@ -267,6 +267,6 @@ impl Channel {
                 context.broker.remove_queue(&context.vhost, queue.name());
             }
         }
-        finish_grouped(unacked.into_values(), crate::queue_type::Settlement::Requeue);
+        finish_grouped(unacked.into_values(), crate::queue_type::Settlement::Return);
     }
 }

@@ -134,6 +134,7 @@ impl Channel {
         }
         count_routing(&self.shared, &publish, &queues);
         // The tickets join this socket read's batch directly: one group commit waits for them all.
+        self.pending_sync.tickets.set_message_tag(self.confirm_sequence.map_or(0, |sequence| sequence + 1));
         let Routed { waits, rejected } = enqueue(context, self.id(), &publish, &queues, &mut self.pending_sync.tickets);
         if let Some(sequence) = self.confirm_sequence.as_mut() {
             *sequence += 1;

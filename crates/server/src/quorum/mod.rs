@@ -1,0 +1,261 @@
+//! Quorum queues at runtime: the node's host of the replicated shards (docs/replication.md).
+//!
+//! A node runs a few Raft groups, the shards, each on its own thread ([`shard`]): the thread owns
+//! the shard's `replication::ReplicaNode` and its `Batcher`, takes commands from the queues'
+//! callers through a channel, cuts them into one Raft entry per round (the commands that arrived
+//! while the previous round's fdatasync ran: group commit), proposes it (or forwards it to the
+//! leader), persists and syncs, sends the Raft messages, applies what is committed and performs
+//! what the node must: filling the confirm slots of its own publishes ([`tickets`]), handing the
+//! delivery plan's messages to its own consumers, answering basic.get, dead-lettering as leader.
+//! Nothing here blocks an async worker: the callers only send to a channel (a declare, consume,
+//! purge or delete waits for its commit the way declarations wait for the definitions file).
+//!
+//! A queue is a [`QuorumQueue`] ([`queue`]); the seam's `Queue::Quorum` holds one.
+//!
+//! On a node alone every shard is a group of one: a commit is the node's own fdatasync.
+
+pub mod envelope;
+mod queue;
+mod shard;
+pub mod tickets;
+
+pub use queue::QuorumQueue;
+pub use shard::ShardFigures;
+pub use tickets::{CommitSlot, ConfirmGate};
+
+use crate::dead_letter::DeadLetterSender;
+use replication::transport::{PeerTransport, ShardId};
+use replication::Message;
+use shard::{ShardHandle, ShardInput};
+use std::path::PathBuf;
+use std::sync::Arc;
+use storage::file_system::SharedFileSystem;
+
+/// How a node runs its shards.
+#[derive(Clone)]
+pub struct HostConfig {
+    /// This node's Raft id (non-zero); 1 on a node alone.
+    pub node_id: u64,
+    /// Every voter of every shard, this node included.
+    pub voters: Vec<u64>,
+    /// How many shards (Raft groups) quorum queues are spread over. Fixed when the cluster is
+    /// made: a queue's shard is a hash of its name modulo this.
+    pub shards: u32,
+    /// Where each shard keeps its log, hard state and snapshot (`raft/shard-<n>/` under it).
+    pub data_dir: PathBuf,
+    /// The Raft tick.
+    pub tick_ms: u64,
+    /// Ticks without a leader before a follower campaigns.
+    pub election_ticks: usize,
+    /// Ticks between a leader's heartbeats.
+    pub heartbeat_ticks: usize,
+    /// Applied entries between snapshots.
+    pub snapshot_entries_interval: u64,
+    /// Ticks a leader goes without hearing from a node before it releases that node's consumers
+    /// and basic.gets (their messages are redelivered elsewhere).
+    pub node_down_ticks: u64,
+    /// The disk.
+    pub file_system: SharedFileSystem,
+}
+
+/// Shards a node runs by default: with three nodes, one leader each (docs/replication.md).
+pub const SHARDS_DEFAULT: u32 = 3;
+
+impl HostConfig {
+    /// A node alone, with the design's timings: a tick of 100 ms, elections after 1 s.
+    pub fn single_node(data_dir: PathBuf, shards: u32) -> HostConfig {
+        HostConfig {
+            node_id: 1,
+            voters: vec![1],
+            shards: shards.max(1),
+            data_dir,
+            tick_ms: 100,
+            election_ticks: 10,
+            heartbeat_ticks: 1,
+            snapshot_entries_interval: 1024,
+            node_down_ticks: 30,
+            file_system: storage::file_system::real(),
+        }
+    }
+}
+
+/// Why the host could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A shard's durable state could not be opened.
+    #[error("quorum shard {shard}: {source}")]
+    Open {
+        /// The shard.
+        shard: ShardId,
+        /// What failed.
+        source: replication::node::NodeError,
+    },
+    /// A thread could not be started.
+    #[error("starting a quorum shard thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Where a quorum queue's replicas are, as management shows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaInfo {
+    /// The node leading the queue's shard (None: no leader known).
+    pub leader: Option<String>,
+    /// Every member of the shard.
+    pub members: Vec<String>,
+    /// The members this node heard from lately (itself included).
+    pub online: Vec<String>,
+}
+
+/// The node's shards.
+pub struct QuorumHost {
+    config: HostConfig,
+    shards: Vec<Arc<ShardHandle>>,
+    threads: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Members' names as management shows them (set by the cluster for its nodes).
+    names: parking_lot::RwLock<std::collections::BTreeMap<u64, String>>,
+    /// When this node last heard from each peer.
+    heard: parking_lot::Mutex<std::collections::HashMap<u64, std::time::Instant>>,
+    self_reference: std::sync::Weak<QuorumHost>,
+}
+
+impl std::fmt::Debug for QuorumHost {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("QuorumHost").field("node_id", &self.config.node_id).field("shards", &self.shards.len()).finish()
+    }
+}
+
+impl QuorumHost {
+    /// Opens every shard from its directory and starts its thread. Peer messages go out through
+    /// `transport` (see [`QuorumHost::receive`] for those that come in); dropped messages of
+    /// queues with a dead-letter exchange go to `dead_letters`.
+    pub fn start(
+        config: HostConfig,
+        transport: Arc<dyn PeerTransport>,
+        dead_letters: Option<DeadLetterSender>,
+    ) -> Result<Arc<QuorumHost>, HostError> {
+        // One proposer per node incarnation, shared by the shards (each shard's machine numbers
+        // it separately). Random: a restarted node never reuses an earlier incarnation's id.
+        let proposer = rand::random::<u64>() | 1;
+        let mut shards = Vec::new();
+        let mut threads = Vec::new();
+        for shard in 0..config.shards {
+            let (handle, worker) = shard::open(shard, &config, proposer, transport.clone(), dead_letters.clone())
+                .map_err(|source| HostError::Open { shard, source })?;
+            let thread =
+                std::thread::Builder::new().name(format!("lepus-quorum-{shard}")).spawn(move || worker.run()).map_err(HostError::Thread)?;
+            shards.push(handle);
+            threads.push(thread);
+        }
+        let names = parking_lot::RwLock::new(std::collections::BTreeMap::from([(config.node_id, crate::management::node_name())]));
+        Ok(Arc::new_cyclic(|self_reference| QuorumHost {
+            config,
+            shards,
+            threads: parking_lot::Mutex::new(threads),
+            names,
+            heard: Default::default(),
+            self_reference: self_reference.clone(),
+        }))
+    }
+
+    pub(crate) fn self_reference(&self) -> std::sync::Weak<QuorumHost> {
+        self.self_reference.clone()
+    }
+
+    /// The shard a queue named `key` lives on.
+    pub(crate) fn shard_for(&self, key: &[u8]) -> &Arc<ShardHandle> {
+        // FNV-1a: stable across builds and processes, so every node picks the same shard.
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in key {
+            hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        &self.shards[(hash % self.shards.len() as u64) as usize]
+    }
+
+    /// A Raft message from a peer (the cluster's link hands over every frame it decodes).
+    /// Messages for a shard this node does not run, or not addressed to it, are dropped.
+    // Called by the in-process cluster tests here and by the cluster's links (branch `cluster`).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn receive(&self, shard: ShardId, message: Message) {
+        if message.to != self.config.node_id {
+            return;
+        }
+        self.heard.lock().insert(message.from, std::time::Instant::now());
+        if let Some(handle) = self.shards.get(shard as usize) {
+            handle.send(ShardInput::Peer(message));
+        }
+    }
+
+    /// Waits (at most `timeout`) until every shard applied its log and found the queues recovered
+    /// from the definitions, so a node that starts answers with its queues' counts at once. A
+    /// shard without a majority is not waited for past the timeout; its queues catch up later.
+    pub fn wait_ready(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if self.shards.iter().all(|shard| shard.figures.ready.load(std::sync::atomic::Ordering::Acquire)) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// Each shard's Raft figures, for metrics and management.
+    pub fn shard_figures(&self) -> Vec<(ShardId, &ShardFigures)> {
+        self.shards.iter().enumerate().map(|(shard, handle)| (shard as ShardId, &handle.figures)).collect()
+    }
+
+    /// Names member `node` for management (the cluster names its nodes; this node is named
+    /// after management's node name).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn set_member_name(&self, node: u64, name: String) {
+        self.names.write().insert(node, name);
+    }
+
+    fn member_name(&self, node: u64) -> String {
+        self.names.read().get(&node).cloned().unwrap_or_else(|| format!("node-{node:x}"))
+    }
+
+    /// Where the replicas of a queue on `shard` are, for management.
+    pub(crate) fn replica_info(&self, shard: &ShardHandle) -> ReplicaInfo {
+        let leader = shard.figures.leader.load(std::sync::atomic::Ordering::Relaxed);
+        let quiet_after = std::time::Duration::from_millis(self.config.tick_ms * self.config.node_down_ticks);
+        let heard = self.heard.lock();
+        let online = self
+            .config
+            .voters
+            .iter()
+            .filter(|node| **node == self.config.node_id || heard.get(node).is_some_and(|at| at.elapsed() < quiet_after))
+            .map(|node| self.member_name(*node))
+            .collect();
+        ReplicaInfo {
+            leader: (leader != 0).then(|| self.member_name(leader)),
+            members: self.config.voters.iter().map(|node| self.member_name(*node)).collect(),
+            online,
+        }
+    }
+
+    /// Stops every shard thread after its current round (unconfirmed publishes are nacked) and
+    /// waits for them. Their logs hold everything committed.
+    pub fn stop(&self) {
+        for handle in &self.shards {
+            handle.send(ShardInput::Stop);
+        }
+        for thread in self.threads.lock().drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Runs `wait` (a blocking wait for a commit) without starving the async runtime: on a worker of
+/// the multi-threaded runtime the worker hands its other tasks over first.
+pub(crate) fn block_outside_runtime<T>(wait: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(wait),
+        _ => wait(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,471 @@
+//! One shard's thread: commands in through a channel, one Raft round at a time.
+
+use super::queue::QuorumQueue;
+use super::tickets::{CommitSlot, ConfirmGate, SlotOutcome};
+use super::HostConfig;
+use crate::dead_letter::DeadLetterSender;
+use parking_lot::{Condvar, Mutex};
+use replication::batcher::Batcher;
+use replication::command::{QueueCommand, QueueId};
+use replication::node::{NodeConfig, NodeError, ReplicaNode};
+use replication::state_machine::CommandResult;
+use replication::transport::{PeerTransport, ShardId};
+use replication::Message;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+mod apply;
+mod peers;
+
+/// The most bytes of commands one Raft entry carries (docs/replication.md: `batch_bytes_max`).
+pub const BATCH_BYTES_MAX: usize = 1 << 20;
+
+/// The most commands a shard's proposer keeps proposed and not yet committed; past it, new
+/// commands wait in the shard's channel (the node's memory alarm bounds that, as it bounds
+/// classic queues' messages in memory).
+pub const UNCONFIRMED_COMMANDS_MAX: usize = 262_144;
+
+/// The most inputs one round takes from the channel before it proposes, so a flood of commands
+/// still gets rounds (and ticks) at a steady pace.
+pub const INPUTS_PER_ROUND_MAX: usize = 65_536;
+
+/// Ticks without a commit of the proposer's commands after which they are proposed again, when
+/// the leader did not change (a forwarded proposal lost on the way).
+pub const PROPOSAL_RETRY_TICKS: u64 = 20;
+
+/// Ticks between a leader's checks whether the shard's preferred node should lead it.
+pub const LEADERSHIP_CHECK_TICKS: u64 = 50;
+
+/// What a shard's Raft group looks like from this node, for metrics and management.
+#[derive(Debug, Default)]
+pub struct ShardFigures {
+    /// The current term.
+    pub term: AtomicU64,
+    /// The highest index known committed.
+    pub commit_index: AtomicU64,
+    /// The highest index applied.
+    pub applied_index: AtomicU64,
+    /// The leader this node knows of (0: none).
+    pub leader: AtomicU64,
+    /// Whether this node leads the shard.
+    pub is_leader: AtomicBool,
+    /// The shard applied its log up to its current term and found its recovered queues.
+    pub ready: AtomicBool,
+}
+
+/// What a shard's thread is sent.
+pub(crate) enum ShardInput {
+    /// A command for a queue.
+    Submit(Submission),
+    /// Several at once (the settles of one socket read).
+    SubmitMany(Vec<Submission>),
+    /// A Raft message from a peer.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Peer(Message),
+    /// A queue found in the definitions at start: find its id by name once the shard caught up,
+    /// declaring it again if the shard does not have it.
+    Recovered(Arc<QuorumQueue>),
+    /// Stop after this round.
+    Stop,
+}
+
+/// A command and what its commit must do.
+pub(crate) struct Submission {
+    pub(crate) queue: Arc<QuorumQueue>,
+    pub(crate) command: QueueCommand,
+    pub(crate) waiter: Waiter,
+}
+
+/// What a command's commit does on this node.
+pub(crate) enum Waiter {
+    /// Nothing (settles, requeues, cancels).
+    Nothing,
+    /// A publish: its confirm slot is filled.
+    Publish(Arc<CommitSlot>),
+    /// Someone waits for the result.
+    Completion(Arc<Completion>),
+    /// A basic.get's answer goes to its channel.
+    Get(super::queue::GetRequest),
+}
+
+/// A result someone blocks for (declare, consume, purge, delete).
+#[derive(Debug, Default)]
+pub(crate) struct Completion {
+    result: Mutex<Option<CommandResult>>,
+    done: Condvar,
+}
+
+impl Completion {
+    pub(crate) fn new() -> Arc<Completion> {
+        Arc::new(Completion::default())
+    }
+
+    pub(crate) fn complete(&self, result: CommandResult) {
+        *self.result.lock() = Some(result);
+        self.done.notify_all();
+    }
+
+    /// The result, or `None` after `timeout`.
+    pub(crate) fn wait(&self, timeout: Duration) -> Option<CommandResult> {
+        let deadline = Instant::now() + timeout;
+        let mut result = self.result.lock();
+        while result.is_none() {
+            if self.done.wait_until(&mut result, deadline).timed_out() {
+                break;
+            }
+        }
+        result.clone()
+    }
+}
+
+/// The callers' side of a shard.
+pub(crate) struct ShardHandle {
+    sender: Mutex<Sender<ShardInput>>,
+    pub(crate) figures: ShardFigures,
+}
+
+impl ShardHandle {
+    /// Hands an input to the thread; when the thread is gone (the node stops) the waiters are
+    /// told the command failed.
+    pub(crate) fn send(&self, input: ShardInput) {
+        let sent = self.sender.lock().send(input);
+        if let Err(mpsc::SendError(input)) = sent {
+            match input {
+                ShardInput::Submit(submission) => fail(submission.waiter),
+                ShardInput::SubmitMany(submissions) => submissions.into_iter().for_each(|submission| fail(submission.waiter)),
+                _ => {}
+            }
+        }
+    }
+
+    pub(crate) fn submit(&self, submission: Submission) {
+        self.send(ShardInput::Submit(submission));
+    }
+}
+
+/// A waiter whose command will never be committed here.
+pub(crate) fn fail(waiter: Waiter) {
+    match waiter {
+        Waiter::Nothing => {}
+        Waiter::Publish(slot) => {
+            if let Some(gate) = slot.fill(SlotOutcome::Failed) {
+                gate.wake();
+            }
+        }
+        Waiter::Completion(completion) => completion.complete(CommandResult::NoSuchQueue),
+        Waiter::Get(request) => request.fail(),
+    }
+}
+
+/// A command proposed and its waiter, until its commit.
+struct Proposed {
+    sequence: u64,
+    queue: Arc<QuorumQueue>,
+    waiter: Waiter,
+}
+
+/// The thread's state.
+pub(crate) struct ShardWorker {
+    shard: ShardId,
+    node: ReplicaNode,
+    node_config: NodeConfig,
+    config: HostConfig,
+    batcher: Batcher,
+    proposer: u64,
+    inputs: Receiver<ShardInput>,
+    handle: Arc<ShardHandle>,
+    transport: Arc<dyn PeerTransport>,
+    dead_letters: Option<DeadLetterSender>,
+    /// Commands proposed and not committed, in number order.
+    proposed: VecDeque<Proposed>,
+    /// Commands waiting for their queue's id (a declaration not committed yet, a queue recovered
+    /// before the shard caught up).
+    unresolved: Vec<Submission>,
+    /// Queues recovered from the definitions, found by name once the shard caught up.
+    recovered: Vec<Arc<QuorumQueue>>,
+    /// This node's queues by id, for their deliveries and figures.
+    queues: HashMap<QueueId, Weak<QuorumQueue>>,
+    /// Confirm gates to wake after this round's slots were filled.
+    gates: Vec<Arc<ConfirmGate>>,
+    ticks: u64,
+    /// The leader and term the unconfirmed commands were last proposed to.
+    proposed_to: (Option<u64>, u64),
+    retried_at_tick: u64,
+    /// The last tick a command of this proposer was confirmed.
+    progress_at_tick: u64,
+    /// Peers and the tick this node last heard from each.
+    last_heard: HashMap<u64, u64>,
+    /// Peers whose node was released as gone (until heard from again).
+    released: HashMap<u64, u64>,
+    stopping: bool,
+}
+
+/// Opens shard `shard` of this node and makes its thread's state.
+pub(crate) fn open(
+    shard: ShardId,
+    config: &HostConfig,
+    proposer: u64,
+    transport: Arc<dyn PeerTransport>,
+    dead_letters: Option<DeadLetterSender>,
+) -> Result<(Arc<ShardHandle>, ShardWorker), NodeError> {
+    let node_config = NodeConfig {
+        id: config.node_id,
+        voters: config.voters.clone(),
+        election_tick: config.election_ticks,
+        heartbeat_tick: config.heartbeat_ticks,
+        snapshot_entries_interval: config.snapshot_entries_interval,
+        election_seed: rand::random::<u64>(),
+        // The group's identity: a record of another shard's log never passes for one of ours.
+        checksum_seed: 0x51A2_D000 ^ shard,
+    };
+    let directory = config.data_dir.join("raft").join(format!("shard-{shard}"));
+    let (node, recovery) = ReplicaNode::open(node_config.clone(), config.file_system.clone(), &directory)?;
+    if recovery.damaged {
+        tracing::error!(shard, "the quorum shard's log is damaged: the node neither votes nor campaigns until a leader repaired it");
+    }
+    let (sender, inputs) = mpsc::channel();
+    let handle = Arc::new(ShardHandle { sender: Mutex::new(sender), figures: ShardFigures::default() });
+    let mut batcher = Batcher::new(proposer, BATCH_BYTES_MAX, UNCONFIRMED_COMMANDS_MAX);
+    // First of all: say which node this proposer is, and release this node's earlier
+    // incarnations, whose consumers and basic.gets died with them (their messages come back).
+    for command in
+        [QueueCommand::RegisterProposer { node: config.node_id }, QueueCommand::ReleaseNode { node: config.node_id, keep: proposer }]
+    {
+        batcher.push(0, command).expect("an empty batcher has room");
+    }
+    let worker = ShardWorker {
+        shard,
+        node,
+        node_config,
+        config: config.clone(),
+        batcher,
+        proposer,
+        inputs,
+        handle: handle.clone(),
+        transport,
+        dead_letters,
+        proposed: VecDeque::new(),
+        unresolved: Vec::new(),
+        recovered: Vec::new(),
+        queues: HashMap::new(),
+        gates: Vec::new(),
+        ticks: 0,
+        proposed_to: (None, 0),
+        retried_at_tick: 0,
+        progress_at_tick: 0,
+        last_heard: HashMap::new(),
+        released: HashMap::new(),
+        stopping: false,
+    };
+    Ok((handle, worker))
+}
+
+impl ShardWorker {
+    /// The thread's loop: take inputs until the next tick, tick, propose, persist, apply.
+    pub(crate) fn run(mut self) {
+        if self.node.voters() == [self.config.node_id] {
+            // A group of one needs no election timeout to elect itself.
+            if let Err(error) = self.node.campaign() {
+                tracing::error!(shard = self.shard, %error, "campaigning failed");
+            }
+        }
+        let tick = Duration::from_millis(self.config.tick_ms.max(1));
+        let mut next_tick = Instant::now() + tick;
+        while !self.stopping {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            match self.inputs.recv_timeout(wait) {
+                Ok(input) => self.take(input),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            for _ in 0..INPUTS_PER_ROUND_MAX {
+                match self.inputs.try_recv() {
+                    Ok(input) => self.take(input),
+                    Err(_) => break,
+                }
+            }
+            let tick_due = Instant::now() >= next_tick;
+            if tick_due {
+                next_tick += tick;
+                if next_tick < Instant::now() {
+                    next_tick = Instant::now() + tick;
+                }
+            }
+            // raft-rs panics on states it holds impossible (a log read that failed, say); the
+            // shard then reopens from what is durable rather than take the process down.
+            let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if tick_due {
+                    self.tick();
+                }
+                self.round();
+            }));
+            if round.is_err() {
+                self.restart_after(NodeError::Write(std::io::Error::other("the raft driver panicked")));
+            }
+        }
+        self.stop();
+    }
+
+    fn take(&mut self, input: ShardInput) {
+        match input {
+            ShardInput::Submit(submission) => self.admit(submission),
+            ShardInput::SubmitMany(submissions) => submissions.into_iter().for_each(|submission| self.admit(submission)),
+            ShardInput::Peer(message) => self.step_peer(message),
+            ShardInput::Recovered(queue) => self.recovered.push(queue),
+            ShardInput::Stop => self.stopping = true,
+        }
+    }
+
+    /// Takes a command into the open window, or parks it until its queue's id is known.
+    fn admit(&mut self, submission: Submission) {
+        let is_declare = matches!(submission.command, QueueCommand::Declare { .. });
+        let id = submission.queue.id();
+        if id == 0 && !is_declare {
+            self.unresolved.push(submission);
+            return;
+        }
+        let Submission { queue, command, waiter } = submission;
+        match self.batcher.push(id, command) {
+            Ok(sequence) => self.proposed.push_back(Proposed { sequence, queue, waiter }),
+            Err(_) => {
+                // Past UNCONFIRMED_COMMANDS_MAX: refused rather than held without bound.
+                tracing::warn!(shard = self.shard, "too many quorum commands wait for their commit; one is refused");
+                fail(waiter);
+            }
+        }
+    }
+
+    /// One tick of Raft time, and what is due on ticks.
+    fn tick(&mut self) {
+        self.ticks += 1;
+        self.node.tick();
+        let leader = self.node.leader();
+        let term = self.node.term();
+        let leader_changed = (leader, term) != self.proposed_to;
+        let quiet_since = self.retried_at_tick.max(self.progress_at_tick);
+        let stalled = self.batcher.unconfirmed_count() > 0 && self.ticks >= quiet_since + PROPOSAL_RETRY_TICKS;
+        if leader.is_some() && (leader_changed || stalled || self.batcher.retry_due()) {
+            self.retry();
+        }
+        self.release_gone_nodes();
+        self.spread_leadership();
+    }
+
+    /// Leaders spread over the nodes: shard `n`'s preferred leader is the `n`-th voter (in id
+    /// order, round robin), so with as many shards as nodes each node leads one. A leader that is
+    /// not the preferred one hands over once the preferred node is caught up (checked every
+    /// [`LEADERSHIP_CHECK_TICKS`], after the group settled), so a node that restarts takes its
+    /// shard back.
+    fn spread_leadership(&mut self) {
+        if !self.node.is_leader() || !self.ticks.is_multiple_of(LEADERSHIP_CHECK_TICKS) {
+            return;
+        }
+        let mut voters = self.config.voters.clone();
+        voters.sort_unstable();
+        let preferred = voters[self.shard as usize % voters.len()];
+        if preferred != self.config.node_id && self.node.transfer_leadership(preferred) {
+            tracing::info!(shard = self.shard, to = preferred, "handing the shard's leadership to its preferred node");
+        }
+    }
+
+    /// Proposes every unconfirmed command again, in order (a new leader, a lost forward).
+    fn retry(&mut self) {
+        self.proposed_to = (self.node.leader(), self.node.term());
+        self.retried_at_tick = self.ticks;
+        let batches = self.batcher.retry(super::queue::now_ms());
+        for batch in batches {
+            if self.node.propose_anywhere(&batch).is_err() {
+                break;
+            }
+        }
+    }
+
+    /// Cuts the open window into entries and proposes them, persists, sends, applies.
+    fn round(&mut self) {
+        self.resolve();
+        if self.batcher.open_count() > 0 && self.node.leader().is_some() {
+            if self.batcher.retry_due() || (self.node.leader(), self.node.term()) != self.proposed_to {
+                // Earlier commands first: a retry takes the open window along, in order.
+                let _ = self.batcher.cut(super::queue::now_ms());
+                self.retry();
+            } else {
+                for batch in self.batcher.cut(super::queue::now_ms()) {
+                    if self.node.propose_anywhere(&batch).is_err() {
+                        // No leader after all: the next retry proposes it.
+                        break;
+                    }
+                }
+            }
+        }
+        if let Err(error) = self.node.process_ready() {
+            self.restart_after(error);
+            return;
+        }
+        self.send_messages();
+        let outcomes = self.node.take_outcomes();
+        if !outcomes.is_empty() {
+            self.apply(outcomes);
+        }
+        self.publish_figures();
+        for gate in self.gates.drain(..) {
+            gate.wake();
+        }
+    }
+
+    fn send_messages(&mut self) {
+        for message in self.node.take_messages() {
+            let (to, is_snapshot) = (message.to, message.get_msg_type() == replication::MessageType::MsgSnapshot);
+            if !self.transport.send(self.shard, message) && is_snapshot {
+                self.node.report_snapshot(to, false);
+            }
+        }
+    }
+
+    /// A write or sync of the shard's log failed: nothing it could not persist was acknowledged.
+    /// The node is opened again from what is durable; its unconfirmed commands are proposed again.
+    fn restart_after(&mut self, error: NodeError) {
+        tracing::error!(shard = self.shard, %error, "the quorum shard's log could not be written; reopening it from disk");
+        std::thread::sleep(Duration::from_millis(self.config.tick_ms.max(1) * 10));
+        let directory = self.config.data_dir.join("raft").join(format!("shard-{}", self.shard));
+        match ReplicaNode::open(self.node_config.clone(), self.config.file_system.clone(), &directory) {
+            Ok((node, _)) => {
+                self.node = node;
+                self.proposed_to = (None, 0);
+                if self.node.voters() == [self.config.node_id] {
+                    let _ = self.node.campaign();
+                }
+            }
+            Err(error) => tracing::error!(shard = self.shard, %error, "reopening the quorum shard failed; trying again"),
+        }
+    }
+
+    fn publish_figures(&self) {
+        let figures = &self.handle.figures;
+        figures.term.store(self.node.term(), Ordering::Relaxed);
+        figures.commit_index.store(self.node.commit_index(), Ordering::Relaxed);
+        figures.applied_index.store(self.node.machine().applied_index(), Ordering::Relaxed);
+        figures.leader.store(self.node.leader().unwrap_or(0), Ordering::Relaxed);
+        figures.is_leader.store(self.node.is_leader(), Ordering::Relaxed);
+        figures.ready.store(self.node.caught_up() && self.recovered.is_empty(), Ordering::Release);
+    }
+
+    /// The node stops: whatever waits for a commit here is told it failed.
+    fn stop(mut self) {
+        for proposed in self.proposed.drain(..) {
+            fail(proposed.waiter);
+        }
+        for submission in self.unresolved.drain(..) {
+            fail(submission.waiter);
+        }
+        while let Ok(input) = self.inputs.try_recv() {
+            match input {
+                ShardInput::Submit(submission) => fail(submission.waiter),
+                ShardInput::SubmitMany(submissions) => submissions.into_iter().for_each(|submission| fail(submission.waiter)),
+                _ => {}
+            }
+        }
+    }
+}

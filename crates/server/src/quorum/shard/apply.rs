@@ -1,0 +1,137 @@
+//! What this node does with the outcomes of committed entries: its own commands' waiters, its
+//! consumers' deliveries, dead letters (as leader), and the figures of the queues touched.
+
+use super::{Proposed, ShardWorker, Submission, Waiter};
+use crate::quorum::queue::{LocalDelivery, QuorumQueue};
+use crate::quorum::tickets::SlotOutcome;
+use queue_core::Reply;
+use replication::command::{QueueCommand, QueueId};
+use replication::state_machine::{CommandResult, Outcome};
+use std::sync::Arc;
+
+impl ShardWorker {
+    /// Handles one round's outcomes, in log order.
+    pub(super) fn apply(&mut self, outcomes: Vec<Outcome>) {
+        // The figures first: whoever waits for one of these commands (a consume, a purge) reads
+        // them as soon as it is told, and must see its own command in them.
+        let mut touched: Vec<QueueId> = Vec::new();
+        for outcome in &outcomes {
+            match outcome {
+                Outcome::Committed { queue, .. } | Outcome::Delivered { queue, .. } | Outcome::Dropped { queue, .. } => {
+                    note(&mut touched, *queue)
+                }
+                Outcome::ConsumerRemoved { .. } => {}
+            }
+        }
+        for id in touched {
+            let (Some(queue), Some(core)) = (self.queue(id), self.node.machine().queue(id)) else { continue };
+            queue.update_figures(core);
+        }
+        for (sequence, result) in self.batcher.confirm(&outcomes) {
+            self.progress_at_tick = self.ticks;
+            self.confirmed(sequence, result);
+        }
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Committed { .. } => {}
+                Outcome::Delivered { queue, owner, consumer, position, redelivered, delivery_count, body, .. } => {
+                    if owner == self.proposer {
+                        self.deliver(queue, consumer, position, redelivered, delivery_count, body);
+                    }
+                }
+                Outcome::Dropped { queue, position, reason, body, .. } => {
+                    // At most once, as RabbitMQ's quorum queues dead-letter by default: the node
+                    // that leads the shard when it applies the drop publishes the dead letter.
+                    if self.node.is_leader() {
+                        if let (Some(queue), Some(sender)) = (self.queue(queue), &self.dead_letters) {
+                            queue.dead_letter(position, reason, &body, sender);
+                        }
+                    }
+                }
+                Outcome::ConsumerRemoved { queue, owner, consumer } => {
+                    if owner == self.proposer {
+                        if let Some(handle) = self.queue(queue).and_then(|queue| queue.remove_local_consumer(consumer)) {
+                            crate::broker::notify_cancelled(&[handle]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// This node's queue with machine id `id`, if it has one.
+    pub(super) fn queue(&self, id: QueueId) -> Option<Arc<QuorumQueue>> {
+        self.queues.get(&id).and_then(|queue| queue.upgrade())
+    }
+
+    /// A command of this node's proposer was committed (or found a duplicate of one that was).
+    fn confirmed(&mut self, sequence: u64, result: CommandResult) {
+        while self.proposed.front().is_some_and(|front| front.sequence < sequence) {
+            // Commands are confirmed in number order; one skipped was a command without a waiter
+            // of its own queue's declaration, never a waiter: nothing to tell.
+            if let Some(skipped) = self.proposed.pop_front() {
+                tracing::error!(shard = self.shard, sequence = skipped.sequence, "a quorum command was confirmed out of order");
+                super::fail(skipped.waiter);
+            }
+        }
+        if self.proposed.front().is_none_or(|front| front.sequence != sequence) {
+            // A command without a waiter (the proposer's registration).
+            return;
+        }
+        let Some(Proposed { queue, waiter, .. }) = self.proposed.pop_front() else { return };
+        if let CommandResult::Declared { queue: id } = result {
+            queue.set_id(id);
+            self.queues.insert(id, Arc::downgrade(&queue));
+            if let Some(core) = self.node.machine().queue(id) {
+                queue.update_figures(core);
+            }
+        }
+        match waiter {
+            Waiter::Nothing => {}
+            Waiter::Publish(slot) => {
+                let outcome = match result {
+                    CommandResult::Core(Reply::Rejected) => SlotOutcome::Rejected,
+                    _ => SlotOutcome::Accepted,
+                };
+                if let Some(gate) = slot.fill(outcome) {
+                    if !self.gates.iter().any(|known| Arc::ptr_eq(known, &gate)) {
+                        self.gates.push(gate);
+                    }
+                }
+            }
+            Waiter::Completion(completion) => completion.complete(result),
+            Waiter::Get(request) => {
+                if let Some(position) = request.queue().and_then(|queue| queue.answer_get(&request, &result)) {
+                    self.admit(Submission { queue, command: QueueCommand::Requeue { position }, waiter: Waiter::Nothing });
+                }
+            }
+        }
+    }
+
+    /// Hands a delivery of the plan to this node's consumer.
+    fn deliver(&mut self, id: QueueId, consumer: u64, position: u64, redelivered: bool, delivery_count: u32, body: bytes::Bytes) {
+        let Some(queue) = self.queue(id) else {
+            // The queue is gone from this node (deleted here): its deletion takes the message too.
+            return;
+        };
+        match queue.deliver_local(consumer, position, redelivered, delivery_count, body) {
+            LocalDelivery::Taken => {}
+            LocalDelivery::SettleNow => {
+                self.admit(Submission { queue, command: QueueCommand::Settle { position }, waiter: Waiter::Nothing });
+            }
+            LocalDelivery::Requeue { cancel } => {
+                if let Some(consumer) = cancel {
+                    let command = QueueCommand::CancelConsumer { consumer };
+                    self.admit(Submission { queue: queue.clone(), command, waiter: Waiter::Nothing });
+                }
+                self.admit(Submission { queue, command: QueueCommand::Requeue { position }, waiter: Waiter::Nothing });
+            }
+        }
+    }
+}
+
+fn note(touched: &mut Vec<QueueId>, queue: QueueId) {
+    if queue != 0 && !touched.contains(&queue) {
+        touched.push(queue);
+    }
+}

@@ -1,0 +1,84 @@
+//! The shard's dealings with the other nodes: their Raft messages, checked before they are
+//! stepped; nodes gone quiet, whose consumers' messages the leader gives back; and queues whose
+//! ids are found once the shard caught up.
+
+use super::{ShardWorker, Submission, Waiter};
+use replication::command::QueueCommand;
+use replication::Message;
+use std::sync::Arc;
+
+impl ShardWorker {
+    /// A Raft message from a peer: stepped once it passed the node's checks (raft-rs panics on
+    /// some impossible inputs, which a faulty or foreign peer could send).
+    pub(super) fn step_peer(&mut self, message: Message) {
+        let from = message.from;
+        if from == self.config.node_id || !self.config.voters.contains(&from) {
+            tracing::warn!(shard = self.shard, from, "a raft message from a node that is not a member was dropped");
+            return;
+        }
+        self.last_heard.insert(from, self.ticks);
+        self.released.remove(&from);
+        if let Err(refused) = self.node.step_checked(message) {
+            tracing::warn!(shard = self.shard, from, %refused, "a raft message was refused");
+        }
+    }
+
+    /// As leader: releases the consumers and basic.gets of nodes not heard from for
+    /// `node_down_ticks`, so their unacked messages are redelivered to consumers elsewhere (as
+    /// RabbitMQ's quorum queues return a gone node's checked-out messages).
+    pub(super) fn release_gone_nodes(&mut self) {
+        if !self.node.is_leader() || self.ticks < self.config.node_down_ticks {
+            return;
+        }
+        let machine = self.node.machine();
+        let mut gone = Vec::new();
+        for (proposer, node) in machine.proposers() {
+            if node == self.config.node_id || self.released.contains_key(&node) || gone.contains(&node) {
+                continue;
+            }
+            let heard = self.last_heard.get(&node).copied().unwrap_or(0);
+            if self.ticks >= heard + self.config.node_down_ticks && machine.proposer_holds_anything(proposer) {
+                gone.push(node);
+            }
+        }
+        for node in gone {
+            tracing::warn!(shard = self.shard, node, "a node went quiet: its consumers' messages are given back");
+            self.released.insert(node, self.ticks);
+            if self.batcher.push(0, QueueCommand::ReleaseNode { node, keep: 0 }).is_err() {
+                self.released.remove(&node);
+            }
+        }
+    }
+
+    /// Commands parked until their queue's id was known, and queues recovered at start: once the
+    /// shard applied its log, a recovered queue is found by name (or declared again, empty, if
+    /// the shard never committed its declaration).
+    pub(super) fn resolve(&mut self) {
+        if !self.recovered.is_empty() && self.node.caught_up() {
+            for queue in std::mem::take(&mut self.recovered) {
+                match self.node.machine().queue_by_name(queue.name_key()) {
+                    Some(id) => {
+                        queue.set_id(id);
+                        self.queues.insert(id, Arc::downgrade(&queue));
+                        if let Some(core) = self.node.machine().queue(id) {
+                            queue.update_figures(core);
+                        }
+                    }
+                    None => {
+                        tracing::warn!(queue = %queue.name(), "a quorum queue of the definitions is not in its shard; declared again, empty");
+                        let command = queue.declaration();
+                        self.admit(Submission { queue, command, waiter: Waiter::Nothing });
+                    }
+                }
+            }
+        }
+        if self.unresolved.iter().any(|submission| submission.queue.id() != 0) {
+            let (ready, waiting): (Vec<Submission>, Vec<Submission>) =
+                std::mem::take(&mut self.unresolved).into_iter().partition(|submission| submission.queue.id() != 0);
+            self.unresolved = waiting;
+            for submission in ready {
+                self.admit(submission);
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! Three nodes' quorum hosts in one process, wired by an in-memory network that carries every
+//! Raft message through the wire frame (`replication::transport::encode_frame`), each node on its
+//! own in-memory disk. The node-to-node protocol is the one the cluster's links carry: Raft
+//! messages, proposals forwarded inside them, outcomes and deliveries from each node's own apply.
+
+use super::tickets::SlotOutcome;
+use super::{HostConfig, QuorumHost, QuorumQueue};
+use crate::queue_type::Settlement;
+use crate::shared::{ChannelShared, ConnectionShared, ConsumerHandle, Outbound};
+use amqp_codec::{BasicProperties, ContentHeader, FieldTable, ShortStr};
+use broker_core::vhost::{QueueDefinition, QueueType};
+use broker_core::Message;
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
+use replication::transport::{decode_frame, encode_frame, PeerTransport, ShardId};
+use replication::Message as RaftMessage;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use storage::memory_file_system::MemoryFileSystem;
+use tokio::sync::mpsc;
+
+/// Every node's host, reachable while it runs and its links are not cut.
+#[derive(Default)]
+struct Network {
+    hosts: RwLock<BTreeMap<u64, Weak<QuorumHost>>>,
+    cut: Mutex<HashSet<u64>>,
+}
+
+/// One node's side of the network.
+struct Link {
+    network: Arc<Network>,
+    from: u64,
+}
+
+impl PeerTransport for Link {
+    fn send(&self, shard: ShardId, message: RaftMessage) -> bool {
+        let cut = self.network.cut.lock();
+        if cut.contains(&self.from) || cut.contains(&message.to) {
+            return false;
+        }
+        drop(cut);
+        let Some(host) = self.network.hosts.read().get(&message.to).and_then(Weak::upgrade) else { return false };
+        let frame = Bytes::from(encode_frame(shard, &message).expect("a raft message encodes"));
+        let (shard, message) = decode_frame(frame).expect("a frame decodes");
+        host.receive(shard, message);
+        true
+    }
+}
+
+const NODES: [u64; 3] = [1, 2, 3];
+const WAIT: Duration = Duration::from_secs(20);
+
+struct Cluster {
+    network: Arc<Network>,
+    hosts: BTreeMap<u64, Arc<QuorumHost>>,
+}
+
+fn config(node: u64) -> HostConfig {
+    let file_system = MemoryFileSystem::new();
+    HostConfig {
+        node_id: node,
+        voters: NODES.to_vec(),
+        shards: 3,
+        data_dir: std::path::PathBuf::from("/data"),
+        tick_ms: 10,
+        election_ticks: 10,
+        heartbeat_ticks: 2,
+        snapshot_entries_interval: 64,
+        node_down_ticks: 30,
+        file_system: file_system.shared(),
+    }
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let network = Arc::new(Network::default());
+        let mut hosts = BTreeMap::new();
+        for node in NODES {
+            let link = Arc::new(Link { network: network.clone(), from: node });
+            let host = QuorumHost::start(config(node), link, None).expect("a host starts");
+            for member in NODES {
+                host.set_member_name(member, format!("n{member}@localhost"));
+            }
+            network.hosts.write().insert(node, Arc::downgrade(&host));
+            hosts.insert(node, host);
+        }
+        Cluster { network, hosts }
+    }
+
+    /// Stops a node's host (its process died): it sends and receives nothing from now on.
+    fn kill(&mut self, node: u64) {
+        self.network.cut.lock().insert(node);
+        if let Some(host) = self.hosts.remove(&node) {
+            host.stop();
+        }
+    }
+
+    /// The leader of the shard of `key`, once every running node knows the same one.
+    fn leader_of(&self, key: &[u8]) -> u64 {
+        wait_for("a leader every node knows", || {
+            let leaders: HashSet<u64> =
+                self.hosts.values().map(|host| host.shard_for(key).figures.leader.load(std::sync::atomic::Ordering::Relaxed)).collect();
+            let leader = leaders.iter().next().copied().filter(|leader| leaders.len() == 1 && self.hosts.contains_key(leader));
+            leader
+        })
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for host in self.hosts.values() {
+            host.stop();
+        }
+    }
+}
+
+fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn definition(name: &str) -> QueueDefinition {
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-queue-type", amqp_codec::FieldValue::LongStr(Bytes::from_static(b"quorum")));
+    QueueDefinition {
+        name: ShortStr::from(name),
+        durable: true,
+        exclusive_owner: None,
+        auto_delete: false,
+        arguments,
+        queue_type: QueueType::Quorum,
+    }
+}
+
+fn message(body: String) -> Arc<Message> {
+    let properties = BasicProperties { delivery_mode: Some(2), ..Default::default() };
+    let body = Bytes::from(body);
+    Arc::new(Message {
+        exchange: ShortStr::from(""),
+        routing_key: ShortStr::from("q"),
+        header: ContentHeader::from_properties(60, body.len() as u64, &properties),
+        body,
+    })
+}
+
+/// A consumer whose connection has no socket: its deliveries come out of the receiver.
+fn consumer(tag: &str, prefetch: u32) -> (Arc<ConsumerHandle>, mpsc::UnboundedReceiver<Outbound>) {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let connection = Arc::new(ConnectionShared::detached(7, sender));
+    let channel = Arc::new(ChannelShared::new(1, connection));
+    let handle = Arc::new(ConsumerHandle {
+        tag: ShortStr::from(tag),
+        channel,
+        no_ack: false,
+        prefetch,
+        unacked: Default::default(),
+        priority: 0,
+        cancelled: Default::default(),
+    });
+    (handle, receiver)
+}
+
+/// Deliveries as (body, redelivered, position), until `count` came or the wait ran out.
+fn deliveries(consumer: &ConsumerHandle, receiver: &mut mpsc::UnboundedReceiver<Outbound>, count: usize) -> Vec<(String, bool, u64)> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while got.len() < count && Instant::now() < deadline {
+        match receiver.try_recv() {
+            Ok(Outbound::Deliver { delivery_tag, redelivered, message, .. }) => {
+                let position = consumer.channel.ledger.lock().unacked.get(&delivery_tag).expect("on the ledger").position;
+                got.push((String::from_utf8_lossy(&message.body).to_string(), redelivered, position));
+            }
+            Ok(_) => {}
+            Err(_) => std::thread::sleep(Duration::from_millis(2)),
+        }
+    }
+    got
+}
+
+/// Publishes `bodies` and waits for every confirm.
+fn publish_confirmed(queue: &QuorumQueue, bodies: impl Iterator<Item = String>) -> usize {
+    let slots: Vec<_> = bodies
+        .map(|body| match queue.publish(message(body)) {
+            crate::queue_type::PublishOutcome::Accepted(crate::queue_type::ConfirmTicket::Committed(slot)) => slot,
+            other => panic!("a publish to a quorum queue waits for its commit, not {other:?}"),
+        })
+        .collect();
+    for slot in &slots {
+        wait_for("a publish's commit", || slot.outcome());
+        assert_eq!(slot.outcome(), Some(SlotOutcome::Accepted));
+    }
+    slots.len()
+}
+
+/// The queue on every running node, each with its id known.
+fn queue_on_every_node(cluster: &Cluster, declaring: u64, name: &str) -> BTreeMap<u64, Arc<QuorumQueue>> {
+    let mut queues = BTreeMap::new();
+    for (node, host) in &cluster.hosts {
+        let queue = match *node == declaring {
+            true => QuorumQueue::declare(definition(name), "/", host),
+            false => QuorumQueue::recover(definition(name), "/", host),
+        };
+        queues.insert(*node, queue);
+    }
+    for queue in queues.values() {
+        wait_for("the queue's id on every node", || (queue.id() != 0).then_some(()));
+    }
+    let ids: HashSet<u64> = queues.values().map(|queue| queue.id()).collect();
+    assert_eq!(ids.len(), 1, "every node found the same queue");
+    queues
+}
+
+#[test]
+fn a_message_published_on_a_follower_is_delivered_to_a_consumer_on_another_node() {
+    let cluster = Cluster::start();
+    let key = super::queue::name_key("/", &ShortStr::from("q1"));
+    let leader = cluster.leader_of(&key);
+    let followers: Vec<u64> = NODES.iter().copied().filter(|node| *node != leader).collect();
+    let (publishing, consuming) = (followers[0], followers[1]);
+    let queues = queue_on_every_node(&cluster, publishing, "q1");
+    let (handle, mut receiver) = consumer("c", 100);
+    queues[&consuming].consume(handle.clone(), false, || {}).expect("the consumer is added");
+    publish_confirmed(&queues[&publishing], (0..200).map(|number| format!("m{number:03}")));
+    // The plan gives the consumer its prefetch of 100, and the next 100 once those are acked
+    // (on the consuming node, through the log).
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let window = deliveries(&handle, &mut receiver, 100);
+        assert_eq!(window.len(), 100, "a full prefetch window");
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(receiver.try_recv().is_err(), "nothing past the prefetch before an ack");
+        let positions: Vec<u64> = window.iter().map(|(_, _, position)| *position).collect();
+        handle.channel.ledger.lock().unacked.clear();
+        queues[&consuming].settle(&positions, Settlement::Ack);
+        got.extend(window);
+    }
+    let bodies: Vec<&str> = got.iter().map(|(body, _, _)| body.as_str()).collect();
+    let expected: Vec<String> = (0..200).map(|number| format!("m{number:03}")).collect();
+    assert_eq!(bodies, expected.iter().map(String::as_str).collect::<Vec<_>>(), "in order, each once");
+    assert!(got.iter().all(|(_, redelivered, _)| !redelivered));
+    for queue in queues.values() {
+        wait_for("every node to apply the acks", || {
+            let snapshot = queue.snapshot();
+            (snapshot.ready == 0 && snapshot.unacked == 0 && snapshot.stats.acked == 200).then_some(())
+        });
+    }
+    let replicas = queues[&publishing].replicas().expect("a quorum queue has replicas");
+    assert_eq!(replicas.members, vec!["n1@localhost", "n2@localhost", "n3@localhost"]);
+    assert_eq!(replicas.leader, Some(format!("n{leader}@localhost")));
+}
+
+#[test]
+fn when_the_leader_dies_a_new_one_serves_the_queue_and_redelivers_what_the_dead_node_held() {
+    let mut cluster = Cluster::start();
+    let key = super::queue::name_key("/", &ShortStr::from("q2"));
+    let leader = cluster.leader_of(&key);
+    let followers: Vec<u64> = NODES.iter().copied().filter(|node| *node != leader).collect();
+    let queues = queue_on_every_node(&cluster, followers[0], "q2");
+    // A consumer on the leader's node holds ten messages, unacked, when that node dies.
+    let (doomed, mut doomed_receiver) = consumer("doomed", 10);
+    queues[&leader].consume(doomed.clone(), false, || {}).expect("added");
+    let published = publish_confirmed(&queues[&followers[0]], (0..30).map(|number| format!("a{number:02}")));
+    let held = deliveries(&doomed, &mut doomed_receiver, 10);
+    assert_eq!(held.len(), 10);
+    cluster.kill(leader);
+    let new_leader = cluster.leader_of(&key);
+    assert_ne!(new_leader, leader);
+    let survivor = followers[1];
+    let (handle, mut receiver) = consumer("survivor", 1000);
+    queues[&survivor].consume(handle.clone(), false, || {}).expect("the new leader adds the consumer");
+    // Published through a surviving node after the failover: confirmed too.
+    let more = publish_confirmed(&queues[&followers[0]], (0..10).map(|number| format!("b{number:02}")));
+    let got = deliveries(&handle, &mut receiver, published + more);
+    let bodies: HashSet<&str> = got.iter().map(|(body, _, _)| body.as_str()).collect();
+    assert_eq!(got.len(), published + more, "every confirmed message, each once: {got:?}");
+    assert_eq!(bodies.len(), published + more);
+    let held_bodies: HashSet<&str> = held.iter().map(|(body, _, _)| body.as_str()).collect();
+    for (body, redelivered, _) in &got {
+        assert_eq!(*redelivered, held_bodies.contains(body.as_str()), "{body}: redelivered only if the dead node held it");
+    }
+}
