@@ -226,9 +226,13 @@ fn record(stats: &WorkerStats, latencies_ns: &[u64]) {
     });
 }
 
-/// `x-stream-offset` as given on the command line: a number is an offset, anything else (first,
-/// last, next, an interval such as `1h`) is sent as a string.
+/// `x-stream-offset` as given on the command line: a number is an offset, `@MS` a timestamp (an
+/// AMQP timestamp is in seconds), anything else (first, last, next, an interval such as `1h`) is
+/// sent as a string.
 fn stream_offset_value(offset: &str) -> amqp_codec::FieldValue {
+    if let Some(milliseconds) = offset.strip_prefix('@').and_then(|text| text.parse::<u64>().ok()) {
+        return amqp_codec::FieldValue::Timestamp(milliseconds / 1000);
+    }
     match offset.parse::<i64>() {
         Ok(number) => amqp_codec::FieldValue::I64(number),
         Err(_) => amqp_codec::FieldValue::LongStr(bytes::Bytes::copy_from_slice(offset.as_bytes())),
