@@ -143,7 +143,7 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
                     source,
                     prefetch: args.prefetch,
                     ack_every,
-                    stream_offset: if args.queue_type.as_deref() == Some("stream") { args.stream_offset.clone() } else { None },
+                    stream_offset: if args.queue_type() == crate::cli::QueueType::Stream { args.stream_offset.clone() } else { None },
                 };
                 let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
                 readies.push(ready_rx);
