@@ -116,6 +116,8 @@ pub struct Broker {
     pub expiry_timers: Arc<crate::queue_expiry::ExpiryTimers>,
     /// The node's quorum-queue shards (see `quorum/`).
     pub quorum: Arc<crate::quorum::QuorumHost>,
+    /// The quorum shards' transport: the cluster's links once attached (none on a node alone).
+    pub quorum_links: Arc<crate::cluster::QuorumLinks>,
     /// The cluster half, when clustered (set once at start; see `cluster/`): definition changes
     /// are then proposed to the metadata group and applied on every node in log order.
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
@@ -192,11 +194,13 @@ impl Broker {
         // Only `--sync always` syncs before confirms; the other policies write segments directly.
         let journaled = config.sync_policy == storage::syncer::SyncPolicy::Always;
         let (dead_letters, dead_letter_receiver) = crate::dead_letter::channel();
-        let quorum_config = crate::quorum::HostConfig::single_node(config.data_dir.clone(), config.quorum_shards);
-        let quorum =
-            crate::quorum::QuorumHost::start(quorum_config, Arc::new(replication::transport::NoPeers), Some(dead_letters.clone()))?;
+        let (quorum_config, quorum_links) =
+            crate::cluster::quorum_host_config(&config.cluster, config.bind_address, &config.data_dir, config.quorum_shards)
+                .map_err(|error| RecoveryError::Io { path: config.data_dir.clone(), source: std::io::Error::other(error) })?;
+        let quorum = crate::quorum::QuorumHost::start(quorum_config, quorum_links.clone(), Some(dead_letters.clone()))?;
         let mut broker = Broker {
             quorum,
+            quorum_links,
             dead_letters,
             journaled,
             users: Users::default(),
@@ -308,7 +312,8 @@ impl Broker {
         // Logs of queues deleted just before a crash, renamed away but not yet removed.
         storage::queue_log::remove_deleted_logs(&self.config.data_dir.join("queues"));
         let restored_messages = self.recover_queues(&definitions.queues, clean_shutdown)?;
-        if !self.quorum.wait_ready(QUORUM_RECOVERY_WAIT_MAX) {
+        // A clustered node's quorum queues come from its metadata log, once its links are up.
+        if !self.config.cluster.enabled() && !self.quorum.wait_ready(QUORUM_RECOVERY_WAIT_MAX) {
             tracing::warn!("the quorum shards did not apply their logs within the start's wait; their queues catch up in the background");
         }
         for record in &definitions.bindings {

@@ -493,10 +493,13 @@ impl Links {
     }
 
     /// Sends a Raft message of `group` to `to`; dropped when it cannot be queued (Raft resends).
-    pub fn send_raft(&self, to: u64, group: u32, message: Bytes) {
+    /// Whether it was queued.
+    pub fn send_raft(&self, to: u64, group: u32, message: Bytes) -> bool {
         if self.push(to, LinkFrame::Raft { group, message }.to_bytes()).is_err() {
             self.counters.raft_dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
         }
+        true
     }
 
     /// Asks `to` and waits for its answer, blocking the calling thread (never one of the links'
@@ -576,7 +579,7 @@ mod tests {
         assert_eq!(refused, Err(LinkError::QueueFull(2)), "a request is refused at once, not queued past the bound");
         assert_eq!(links.counters.sends_refused.load(Ordering::Relaxed), 1);
         // No link to a node: Raft messages dropped, requests refused.
-        links.send_raft(3, 0, Bytes::from_static(b"x"));
+        assert!(!links.send_raft(3, 0, Bytes::from_static(b"x")), "a dropped message is reported to the sender");
         assert_eq!(links.counters.raft_dropped.load(Ordering::Relaxed), 3);
         assert_eq!(links.request_blocking(3, Bytes::new(), Duration::from_millis(10)), Err(LinkError::NotConnected(3)));
     }
