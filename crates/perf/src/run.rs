@@ -1,6 +1,6 @@
 //! `lepus perf client | producer | consumer`: set up, run, report, clean up.
 
-use crate::cli::{parse_range, Mode, PerfArgs};
+use crate::cli::{parse_range, Mode, PerfArgs, QueueType};
 use crate::consumer::{run_consumer, ConsumerSpec, Source};
 use crate::control::Control;
 use crate::producer::{run_producer, Completion, ProducerSpec};
@@ -143,7 +143,7 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
                     source,
                     prefetch: args.prefetch,
                     ack_every,
-                    stream_offset: if args.queue_type() == crate::cli::QueueType::Stream { args.stream_offset.clone() } else { None },
+                    stream_offset: if args.queue_type() == QueueType::Stream { args.stream_offset.clone() } else { None },
                 };
                 let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
                 readies.push(ready_rx);
