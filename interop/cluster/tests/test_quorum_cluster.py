@@ -13,7 +13,7 @@ import time
 import pika
 import pytest
 
-from cluster_harness import eventually
+from cluster_harness import Node, eventually, free_port
 from history import History, check, read
 
 QUORUM = {"x-queue-type": "quorum"}
@@ -99,6 +99,73 @@ def test_a_stream_queue_is_refused_loudly_in_a_cluster(cluster):
     assert error.value.reply_code == 540 and "stream" in error.value.reply_text, error.value.reply_text
     for node in cluster.nodes:
         assert node.get("/queues/%2F/cluster.stream").status_code == 404
+
+
+def test_a_node_that_joined_later_refuses_quorum_queues_loudly(cluster, tmp_path):
+    first, second, _ = cluster.nodes
+    declare_quorum(first, "quorum.founders")
+    late = Node(str(tmp_path), "n4", cluster.seeds, free_port()).start()
+    cluster.nodes.append(late)
+    late.wait_listening()
+    cluster.wait_formed(expected=4)
+    eventually(lambda: late.get("/queues/%2F/quorum.founders").ok, what="the quorum queue's definition on the late node")
+    connection = pika.BlockingConnection(pika.URLParameters(late.url()))
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as error:
+        connection.channel().queue_declare("quorum.late", durable=True, arguments=QUORUM)
+    assert error.value.reply_code == 540 and late.name in error.value.reply_text, error.value.reply_text
+    connection = pika.BlockingConnection(pika.URLParameters(late.url()))
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as error:
+        connection.channel().basic_get("quorum.founders")
+    assert error.value.reply_code == 540 and "founding" in error.value.reply_text, error.value.reply_text
+    for node in cluster.nodes:
+        assert node.get("/queues/%2F/quorum.late").status_code == 404
+    # The founding nodes still serve it.
+    connection = pika.BlockingConnection(pika.URLParameters(first.url()))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.basic_publish("", "quorum.founders", b"served", pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    connection = pika.BlockingConnection(pika.URLParameters(second.url()))
+    method, _, body = eventually(lambda: (lambda got: got if got[0] else None)(connection.channel().basic_get("quorum.founders", auto_ack=True)),
+                                 what="the message through a founding node")
+    assert body == b"served"
+    connection.close()
+
+
+def test_a_paused_quorum_leaders_node_is_replaced_and_catches_up_when_resumed(cluster, tmp_path):
+    history_path = tmp_path / "history.jsonl"
+    history = History(str(history_path))
+    declare_quorum(cluster.nodes[0], "quorum.paused")
+    leader = leader_of(cluster, "quorum.paused")
+    survivors = [node for node in cluster.nodes if node is not leader]
+    stop = threading.Event()
+    publishers = [threading.Thread(target=publish_until, args=(node, f"p{index}", "quorum.paused", history, stop))
+                  for index, node in enumerate(survivors)]
+    for thread in publishers:
+        thread.start()
+    time.sleep(1.0)
+    leader.kill(signal.SIGSTOP)
+    try:
+        new_leader = leader_of(cluster, "quorum.paused", among=survivors)
+        assert new_leader is not leader
+        time.sleep(1.5)
+    finally:
+        leader.kill(signal.SIGCONT)
+    time.sleep(1.0)
+    stop.set()
+    for thread in publishers:
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "a publisher hung while the leader's node was paused"
+    # Resumed, the old leader learns of the new term and follows; it serves the queue again.
+    leader_of(cluster, "quorum.paused")
+    drained = drain(leader, "quorum.paused", history)
+    history.close()
+    events = read(str(history_path))
+    confirmed = sum(1 for event in events if event["event"] == "confirm" and event["ack"])
+    violations = check(events)
+    assert not violations, f"history {history_path}: {violations[:10]}"
+    assert confirmed > 0 and drained >= confirmed
+    print(f"{confirmed} confirmed while the leader's node was paused and resumed, {drained} drained through it, none lost")
 
 
 def publish_until(node, publisher, queue, history, stop):
