@@ -249,3 +249,100 @@ def test_kill_9_of_the_quorum_leaders_node_under_confirmed_load_loses_nothing_co
     assert max(failovers) < 10, f"failover took {failovers} s"
     print(f"seed {seed}: {confirmed} confirmed over two kill -9 of the leader's node, {drained} drained, none lost; "
           f"a new leader after {', '.join(f'{seconds:.1f}' for seconds in failovers)} s")
+
+
+def test_the_quorum_leaders_node_partitioned_away_under_confirmed_load_loses_nothing_confirmed(proxied_cluster, tmp_path):
+    """The links of the node leading the queue's shard are held (link_proxy.py) while publishers
+    on the two other nodes confirm: the majority elects a leader and goes on; healed, every node
+    names one leader again; one consumer drains through the majority side."""
+    cluster = proxied_cluster
+    history_path = tmp_path / "history.jsonl"
+    history = History(str(history_path))
+    declare_quorum(cluster.nodes[0], "quorum.partitioned")
+    leader = leader_of(cluster, "quorum.partitioned")
+    majority = [node for node in cluster.nodes if node is not leader]
+    stop = threading.Event()
+    publishers = [threading.Thread(target=publish_until, args=(node, f"p{index}", "quorum.partitioned", history, stop))
+                  for index, node in enumerate(majority)]
+    for thread in publishers:
+        thread.start()
+    time.sleep(1.0)
+    partitioned_at = time.time()
+    cluster.proxy.partition([leader.name], [node.name for node in majority])
+    try:
+        new_leader = leader_of(cluster, "quorum.partitioned", among=majority)
+        elected_s = time.time() - partitioned_at
+        assert new_leader is not leader
+        confirmed_before = sum(1 for event in read(str(history_path)) if event["event"] == "confirm" and event["ack"])
+        eventually(lambda: sum(1 for event in read(str(history_path)) if event["event"] == "confirm" and event["ack"]) > confirmed_before,
+                   what="confirms from the majority side during the partition")
+    finally:
+        cluster.proxy.heal()
+    stop.set()
+    for thread in publishers:
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "a publisher hung during the partition"
+    leader_of(cluster, "quorum.partitioned")
+    drained = drain(majority[0], "quorum.partitioned", history)
+    history.close()
+    events = read(str(history_path))
+    confirmed = sum(1 for event in events if event["event"] == "confirm" and event["ack"])
+    violations = check(events)
+    assert not violations, f"history {history_path}: {violations[:10]}"
+    assert confirmed > 0 and drained >= confirmed
+    print(f"{confirmed} confirmed across a partition of the leader's node (a new leader after {elected_s:.1f} s), none lost")
+
+
+def test_a_node_restarted_with_damaged_quorum_shard_logs_is_repaired_and_loses_nothing(cluster):
+    """A follower stopped, a byte flipped in the middle of each of its shard logs (damage, not a
+    torn tail: valid records follow), restarted: it reports the damage, catches up from the
+    leader, and then with the third node serves the queue alone: the leader's node is killed and
+    every confirmed message is drained through the repaired node."""
+    import glob
+
+    declare_quorum(cluster.nodes[0], "quorum.damaged")
+    leader = leader_of(cluster, "quorum.damaged")
+    follower = next(node for node in cluster.nodes if node is not leader)
+    connection = pika.BlockingConnection(pika.URLParameters(leader.url()))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for index in range(200):
+        channel.basic_publish("", "quorum.damaged", f"before:{index}".encode(), pika.BasicProperties(delivery_mode=2))
+    eventually(lambda: queue_info(follower, "quorum.damaged")["messages"] == 200, what="the follower's copy")
+    follower.kill(signal.SIGTERM)
+    damaged = 0
+    for log_path in glob.glob(f"{follower.data_dir}/raft/shard-*/log"):
+        with open(log_path, "r+b") as log:
+            data = bytearray(log.read())
+            if len(data) < 4096:
+                continue
+            data[len(data) // 2] ^= 0xFF
+            log.seek(0)
+            log.write(data)
+            damaged += 1
+    assert damaged >= 1, "no shard log held the queue's records"
+    for index in range(20):
+        channel.basic_publish("", "quorum.damaged", f"while-down:{index}".encode(), pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    follower.start()
+    follower.wait_listening()
+    eventually(lambda: "the quorum shard's log is damaged" in follower.log(), what="the damage reported")
+    eventually(lambda: (queue_info(follower, "quorum.damaged") or {}).get("messages") == 220, timeout=30,
+               what="the damaged node caught up from the leader")
+    cluster.wait_formed()
+    # Now the repaired node is one of the two that remain: what it holds is what was committed.
+    leader.kill(signal.SIGKILL)
+    leader_of(cluster, "quorum.damaged", among=[node for node in cluster.nodes if node is not leader])
+    connection = pika.BlockingConnection(pika.URLParameters(follower.url()))
+    channel = connection.channel()
+    bodies = []
+    while True:
+        method, _, body = channel.basic_get("quorum.damaged", auto_ack=True)
+        if method is None:
+            break
+        bodies.append(body.decode())
+    connection.close()
+    expected = [f"before:{index}" for index in range(200)] + [f"while-down:{index}" for index in range(20)]
+    assert bodies == expected, f"{len(bodies)} drained; first differences: {[b for b in expected if b not in bodies][:5]}"
+    leader.start()
+    leader.wait_listening()
