@@ -132,42 +132,6 @@ def test_a_node_that_joined_later_refuses_quorum_queues_loudly(cluster, tmp_path
     connection.close()
 
 
-def test_a_paused_quorum_leaders_node_is_replaced_and_catches_up_when_resumed(cluster, tmp_path):
-    history_path = tmp_path / "history.jsonl"
-    history = History(str(history_path))
-    declare_quorum(cluster.nodes[0], "quorum.paused")
-    leader = leader_of(cluster, "quorum.paused")
-    survivors = [node for node in cluster.nodes if node is not leader]
-    stop = threading.Event()
-    publishers = [threading.Thread(target=publish_until, args=(node, f"p{index}", "quorum.paused", history, stop))
-                  for index, node in enumerate(survivors)]
-    for thread in publishers:
-        thread.start()
-    time.sleep(1.0)
-    leader.kill(signal.SIGSTOP)
-    try:
-        new_leader = leader_of(cluster, "quorum.paused", among=survivors)
-        assert new_leader is not leader
-        time.sleep(1.5)
-    finally:
-        leader.kill(signal.SIGCONT)
-    time.sleep(1.0)
-    stop.set()
-    for thread in publishers:
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "a publisher hung while the leader's node was paused"
-    # Resumed, the old leader learns of the new term and follows; it serves the queue again.
-    leader_of(cluster, "quorum.paused")
-    drained = drain(leader, "quorum.paused", history)
-    history.close()
-    events = read(str(history_path))
-    confirmed = sum(1 for event in events if event["event"] == "confirm" and event["ack"])
-    violations = check(events)
-    assert not violations, f"history {history_path}: {violations[:10]}"
-    assert confirmed > 0 and drained >= confirmed
-    print(f"{confirmed} confirmed while the leader's node was paused and resumed, {drained} drained through it, none lost")
-
-
 def publish_until(node, publisher, queue, history, stop):
     """Publishes with confirms through `node` until `stop`, reconnecting after a failure."""
     sequence = 0
@@ -205,6 +169,62 @@ def drain(node, queue, history, consumer="c"):
     channel.cancel()
     connection.close()
     return count
+
+
+class Load:
+    """Confirmed publishers on every node but the one leading `queue`'s shard, recording the
+    history; `stop`, then `drain_and_check` through one node with the history checker."""
+
+    def __init__(self, cluster, queue, tmp_path):
+        self.queue = queue
+        self.history_path = tmp_path / "history.jsonl"
+        self.history = History(str(self.history_path))
+        declare_quorum(cluster.nodes[0], queue)
+        self.leader = leader_of(cluster, queue)
+        self.others = [node for node in cluster.nodes if node is not self.leader]
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=publish_until, args=(node, f"p{index}", queue, self.history, self.stopping))
+                        for index, node in enumerate(self.others)]
+        for thread in self.threads:
+            thread.start()
+        time.sleep(1.0)
+
+    def confirmed(self):
+        return sum(1 for event in read(str(self.history_path)) if event["event"] == "confirm" and event["ack"])
+
+    def stop(self):
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+            assert not thread.is_alive(), "a publisher hung"
+
+    def drain_and_check(self, node):
+        drained = drain(node, self.queue, self.history)
+        self.history.close()
+        events = read(str(self.history_path))
+        confirmed = sum(1 for event in events if event["event"] == "confirm" and event["ack"])
+        violations = check(events)
+        assert not violations, f"history {self.history_path}: {violations[:10]}"
+        assert confirmed > 0 and drained >= confirmed
+        return confirmed, drained
+
+
+def test_a_paused_quorum_leaders_node_is_replaced_and_catches_up_when_resumed(cluster, tmp_path):
+    load = Load(cluster, "quorum.paused", tmp_path)
+    leader = load.leader
+    leader.kill(signal.SIGSTOP)
+    try:
+        new_leader = leader_of(cluster, "quorum.paused", among=load.others)
+        assert new_leader is not leader
+        time.sleep(1.5)
+    finally:
+        leader.kill(signal.SIGCONT)
+    time.sleep(1.0)
+    load.stop()
+    # Resumed, the old leader learns of the new term and follows; it serves the queue again.
+    leader_of(cluster, "quorum.paused")
+    confirmed, drained = load.drain_and_check(leader)
+    print(f"{confirmed} confirmed while the leader's node was paused and resumed, {drained} drained through it, none lost")
 
 
 def test_kill_9_of_the_quorum_leaders_node_under_confirmed_load_loses_nothing_confirmed(cluster, tmp_path):
@@ -256,40 +276,20 @@ def test_the_quorum_leaders_node_partitioned_away_under_confirmed_load_loses_not
     on the two other nodes confirm: the majority elects a leader and goes on; healed, every node
     names one leader again; one consumer drains through the majority side."""
     cluster = proxied_cluster
-    history_path = tmp_path / "history.jsonl"
-    history = History(str(history_path))
-    declare_quorum(cluster.nodes[0], "quorum.partitioned")
-    leader = leader_of(cluster, "quorum.partitioned")
-    majority = [node for node in cluster.nodes if node is not leader]
-    stop = threading.Event()
-    publishers = [threading.Thread(target=publish_until, args=(node, f"p{index}", "quorum.partitioned", history, stop))
-                  for index, node in enumerate(majority)]
-    for thread in publishers:
-        thread.start()
-    time.sleep(1.0)
+    load = Load(cluster, "quorum.partitioned", tmp_path)
     partitioned_at = time.time()
-    cluster.proxy.partition([leader.name], [node.name for node in majority])
+    cluster.proxy.partition([load.leader.name], [node.name for node in load.others])
     try:
-        new_leader = leader_of(cluster, "quorum.partitioned", among=majority)
+        new_leader = leader_of(cluster, "quorum.partitioned", among=load.others)
         elected_s = time.time() - partitioned_at
-        assert new_leader is not leader
-        confirmed_before = sum(1 for event in read(str(history_path)) if event["event"] == "confirm" and event["ack"])
-        eventually(lambda: sum(1 for event in read(str(history_path)) if event["event"] == "confirm" and event["ack"]) > confirmed_before,
-                   what="confirms from the majority side during the partition")
+        assert new_leader is not load.leader
+        confirmed_before = load.confirmed()
+        eventually(lambda: load.confirmed() > confirmed_before, what="confirms from the majority side during the partition")
     finally:
         cluster.proxy.heal()
-    stop.set()
-    for thread in publishers:
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "a publisher hung during the partition"
+    load.stop()
     leader_of(cluster, "quorum.partitioned")
-    drained = drain(majority[0], "quorum.partitioned", history)
-    history.close()
-    events = read(str(history_path))
-    confirmed = sum(1 for event in events if event["event"] == "confirm" and event["ack"])
-    violations = check(events)
-    assert not violations, f"history {history_path}: {violations[:10]}"
-    assert confirmed > 0 and drained >= confirmed
+    confirmed, _ = load.drain_and_check(load.others[0])
     print(f"{confirmed} confirmed across a partition of the leader's node (a new leader after {elected_s:.1f} s), none lost")
 
 
