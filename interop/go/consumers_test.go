@@ -64,3 +64,44 @@ func TestSingleActiveConsumerNonBooleanIs406(t *testing.T) {
 		t.Fatalf("reply text: %q", e.Reason)
 	}
 }
+
+// x-max-priority: basic.get takes higher priorities first, first in first
+// out within one, and a priority above the maximum counts as the maximum.
+func TestPriorityQueueDeliversHigherPrioritiesFirst(t *testing.T) {
+	_, ch := confirmChannel(t)
+	name := uniqueName(t, "priority")
+	if _, err := ch.QueueDeclare(name, false, false, false, false, amqp.Table{"x-max-priority": int32(5)}); err != nil {
+		t.Fatalf("queue.declare: %v", err)
+	}
+	cleanupQueue(t, name)
+	published := []struct {
+		body     string
+		priority uint8
+	}{{"a0", 0}, {"c5", 5}, {"d1", 1}, {"h9", 9}, {"e5", 5}, {"g2", 2}}
+	for _, p := range published {
+		publish(t, ch, "", name, amqp.Publishing{Body: []byte(p.body), Priority: p.priority})
+	}
+	var got []string
+	for range published {
+		d, ok, err := ch.Get(name, true)
+		if err != nil || !ok {
+			t.Fatalf("basic.get: ok=%v err=%v", ok, err)
+		}
+		got = append(got, string(d.Body))
+	}
+	if want := []string{"c5", "h9", "e5", "g2", "d1", "a0"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("delivery order: want %v, got %v", want, got)
+	}
+}
+
+// x-max-priority above 255 is a 406 with RabbitMQ's reason.
+func TestPriorityAbove255Is406(t *testing.T) {
+	conn, ch := connChannel(t)
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	name := uniqueName(t, "priority-bad")
+	_, err := ch.QueueDeclare(name, false, false, false, false, amqp.Table{"x-max-priority": int32(256)})
+	e := expectChannelError(t, conn, ch, closed, err, amqp.PreconditionFailed, "PRECONDITION_FAILED")
+	if !strings.HasSuffix(e.Reason, "{max_value_exceeded,256}") {
+		t.Fatalf("reply text: %q", e.Reason)
+	}
+}

@@ -52,8 +52,20 @@ impl ContentHeader {
         // Parse once to reject malformed properties at the door, as RabbitMQ does, so that a
         // delivery never carries bytes a consumer's client cannot decode.
         let header = ContentHeader { class_id, body_size, property_flags, properties_raw };
-        header.properties()?;
+        header.check_properties()?;
         Ok(header)
+    }
+
+    /// Checks that the properties parse. Without headers, every property is a short string, an
+    /// octet or a timestamp: walking their lengths is enough, where decoding them would build a
+    /// value (a reference count per string) for every published message. With headers, or when the
+    /// walk fails, the full decode runs, so a table is checked to its nested values and an error
+    /// is reported exactly as the decode words it.
+    fn check_properties(&self) -> Result<(), DecodeError> {
+        if self.property_flags & FLAG_HEADERS == 0 && plain_properties_fit(self.property_flags, &self.properties_raw) {
+            return Ok(());
+        }
+        self.properties().map(drop)
     }
 
     /// Builds a header from decoded properties.
@@ -101,6 +113,84 @@ impl ContentHeader {
         }
         raw.get(offset).copied()
     }
+
+    /// The priority property without decoding the others (a priority queue reads it for every
+    /// message it takes).
+    pub fn priority(&self) -> Option<u8> {
+        priority_in(self.property_flags, &self.properties_raw)
+    }
+}
+
+/// The priority property of encoded properties (`property_flags` and the raw fields after them),
+/// read in place: the fields before it are skipped by their lengths. `None` when it is absent or
+/// the fields before it are cut short.
+pub fn priority_in(property_flags: u16, raw: &[u8]) -> Option<u8> {
+    if property_flags & FLAG_PRIORITY == 0 {
+        return None;
+    }
+    let mut offset = 0usize;
+    for (flag, length_bytes) in [(FLAG_CONTENT_TYPE, 1), (FLAG_CONTENT_ENCODING, 1), (FLAG_HEADERS, 4), (FLAG_DELIVERY_MODE, 0)] {
+        if property_flags & flag == 0 {
+            continue;
+        }
+        if length_bytes == 0 {
+            // delivery-mode: one octet, no length.
+            offset = offset.checked_add(1)?;
+            continue;
+        }
+        let length_field = raw.get(offset..offset.checked_add(length_bytes)?)?;
+        let length = length_field.iter().fold(0usize, |length, &byte| (length << 8) | usize::from(byte));
+        offset = offset.checked_add(length_bytes)?.checked_add(length)?;
+    }
+    raw.get(offset).copied()
+}
+
+/// How a property other than headers is encoded.
+#[derive(Clone, Copy)]
+enum PlainProperty {
+    ShortStr,
+    Octet,
+    Timestamp,
+}
+
+/// The properties other than headers, in wire order.
+const PLAIN_PROPERTIES: [(u16, PlainProperty); 13] = [
+    (FLAG_CONTENT_TYPE, PlainProperty::ShortStr),
+    (FLAG_CONTENT_ENCODING, PlainProperty::ShortStr),
+    (FLAG_DELIVERY_MODE, PlainProperty::Octet),
+    (FLAG_PRIORITY, PlainProperty::Octet),
+    (FLAG_CORRELATION_ID, PlainProperty::ShortStr),
+    (FLAG_REPLY_TO, PlainProperty::ShortStr),
+    (FLAG_EXPIRATION, PlainProperty::ShortStr),
+    (FLAG_MESSAGE_ID, PlainProperty::ShortStr),
+    (FLAG_TIMESTAMP, PlainProperty::Timestamp),
+    (FLAG_TYPE, PlainProperty::ShortStr),
+    (FLAG_USER_ID, PlainProperty::ShortStr),
+    (FLAG_APP_ID, PlainProperty::ShortStr),
+    (FLAG_CLUSTER_ID, PlainProperty::ShortStr),
+];
+
+/// Whether `raw` holds exactly the properties `flags` announce, none of them headers: true only
+/// when [`BasicProperties::decode`] would succeed.
+fn plain_properties_fit(flags: u16, raw: &[u8]) -> bool {
+    let mut offset = 0usize;
+    for (flag, kind) in PLAIN_PROPERTIES {
+        if flags & flag == 0 {
+            continue;
+        }
+        offset += match kind {
+            PlainProperty::ShortStr => match raw.get(offset) {
+                Some(&length) => 1 + usize::from(length),
+                None => return false,
+            },
+            PlainProperty::Octet => 1,
+            PlainProperty::Timestamp => 8,
+        };
+        if offset > raw.len() {
+            return false;
+        }
+    }
+    offset == raw.len()
 }
 
 /// The properties of a message (the basic class's content header fields).
@@ -216,5 +306,55 @@ impl BasicProperties {
         short(FLAG_APP_ID, &self.app_id, writer, &mut flags);
         short(FLAG_CLUSTER_ID, &self.cluster_id, writer, &mut flags);
         flags
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn short_str() -> impl Strategy<Value = Option<ShortStr>> {
+        proptest::option::of(proptest::collection::vec(any::<u8>(), 0..=255).prop_map(|bytes| ShortStr::from_bytes(Bytes::from(bytes))))
+    }
+
+    proptest! {
+        #[test]
+        fn the_walk_accepts_what_the_decode_accepts_and_nothing_else(
+            content_type in short_str(),
+            priority in proptest::option::of(any::<u8>()),
+            expiration in short_str(),
+            timestamp in proptest::option::of(any::<u64>()),
+            flags_flipped in any::<u16>(),
+            bytes_added in proptest::collection::vec(any::<u8>(), 0..3),
+            bytes_cut in 0usize..3,
+        ) {
+            // Valid properties, then damaged: other flags announced, bytes added or cut.
+            let properties = BasicProperties { content_type, priority, expiration, timestamp, ..Default::default() };
+            let mut raw = BytesMut::new();
+            let flags = properties.encode(&mut raw) ^ (flags_flipped & flags_flipped.rotate_left(3));
+            raw.extend_from_slice(&bytes_added);
+            raw.truncate(raw.len().saturating_sub(bytes_cut));
+            let header = ContentHeader { class_id: 60, body_size: 0, property_flags: flags, properties_raw: raw.freeze() };
+            if flags & FLAG_HEADERS == 0 && plain_properties_fit(flags, &header.properties_raw) {
+                prop_assert!(header.properties().is_ok());
+            }
+            prop_assert_eq!(header.check_properties().is_ok(), header.properties().is_ok());
+        }
+
+        #[test]
+        fn encoded_properties_without_headers_pass_the_walk(
+            content_type in short_str(),
+            delivery_mode in proptest::option::of(any::<u8>()),
+            reply_to in short_str(),
+            timestamp in proptest::option::of(any::<u64>()),
+            user_id in short_str(),
+            cluster_id in short_str(),
+        ) {
+            let properties = BasicProperties { content_type, delivery_mode, reply_to, timestamp, user_id, cluster_id, ..Default::default() };
+            let mut raw = BytesMut::new();
+            let flags = properties.encode(&mut raw);
+            prop_assert!(plain_properties_fit(flags, &raw));
+        }
     }
 }

@@ -177,6 +177,7 @@ fn decode_header_frame(bytes: &[u8]) -> Result<ContentHeader, DecodeError> {
 fn check_header_accessors(header: &ContentHeader) -> Result<BasicProperties, TestCaseError> {
     let properties = header.properties().map_err(|error| TestCaseError::fail(format!("a decoded header's properties fail: {error}")))?;
     prop_assert_eq!(header.delivery_mode(), properties.delivery_mode);
+    prop_assert_eq!(header.priority(), properties.priority);
     prop_assert_eq!(header.has_user_id(), properties.user_id.is_some());
     prop_assert_eq!(header.has_expiration(), properties.expiration.is_some());
     Ok(properties)

@@ -5,7 +5,7 @@ use bytes::Bytes;
 
 /// A message, immutable once published. Queues hold it behind an `Arc`, so fanning out to many
 /// queues copies nothing.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Message {
     /// The exchange it was published to.
     pub exchange: ShortStr,
@@ -15,6 +15,16 @@ pub struct Message {
     pub header: ContentHeader,
     /// The body.
     pub body: Bytes,
+    /// When the socket read that carried its publish ended, in nanoseconds on the server's
+    /// latency clock (`lepus_delivery_latency_seconds`); 0 when unknown (recovered from disk,
+    /// dead-lettered, made by a test). Not part of the message: equality ignores it.
+    pub published_at_ns: u64,
+}
+
+impl PartialEq for Message {
+    fn eq(&self, other: &Message) -> bool {
+        self.exchange == other.exchange && self.routing_key == other.routing_key && self.header == other.header && self.body == other.body
+    }
 }
 
 impl Message {
@@ -27,5 +37,9 @@ impl Message {
 impl queue_core::Payload for Message {
     fn size_bytes(&self) -> u64 {
         self.body.len() as u64
+    }
+
+    fn priority(&self) -> u8 {
+        self.header.priority().unwrap_or(0)
     }
 }

@@ -25,6 +25,7 @@ mod tests {
             routing_key: ShortStr::from("q"),
             header: ContentHeader::from_properties(60, 1, &BasicProperties::default()),
             body: Bytes::from(vec![body]),
+            published_at_ns: 0,
         })
     }
 

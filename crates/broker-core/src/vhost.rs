@@ -315,9 +315,24 @@ impl<Q: Clone> Vhost<Q> {
         if declaration.name.as_bytes().starts_with(b"amq.") {
             return Err(AmqpError::access_refused(format!("exchange name '{}' contains reserved prefix 'amq.*'", declaration.name)));
         }
-        if kind == ExchangeKind::ConsistentHash {
+        // A delayed exchange is checked as its plugin's `validate/1` does: its type, then that
+        // type's own checks.
+        let routing_kind = match kind {
+            ExchangeKind::Delayed => crate::exchange::delayed::delayed_type(&declaration.arguments).map_err(|reason| match reason {
+                Some(reason) => AmqpError::precondition(reason),
+                None => {
+                    let name = declaration.arguments.get(crate::exchange::delayed::DELAYED_TYPE_ARGUMENT).and_then(FieldValue::as_text);
+                    AmqpError::command_invalid(format!("unknown exchange type '{}'", name.unwrap_or_default()))
+                }
+            })?,
+            kind => kind,
+        };
+        if routing_kind == ExchangeKind::ConsistentHash {
             HashOn::from_arguments(&declaration.arguments).map_err(AmqpError::precondition)?;
         }
+        crate::exchange::deduplication::check(&declaration.arguments, kind == ExchangeKind::Deduplication).map_err(|(key, problem)| {
+            AmqpError::precondition(format!("invalid arg '{key}' for exchange '{}' in vhost '{}': {problem}", declaration.name, self.name))
+        })?;
         let exchange = Exchange::new(
             declaration.name.clone(),
             kind,
@@ -447,7 +462,7 @@ impl<Q: Clone> Vhost<Q> {
         Self::refuse_default_exchange(source)?;
         if let Some(mode) = binding.arguments.get("x-match") {
             let valid = mode.as_text().is_some_and(|text| matches!(text.as_str(), "all" | "any" | "all-with-x" | "any-with-x"));
-            if !valid && self.exchanges.get(source).is_some_and(|exchange| exchange.kind == ExchangeKind::Headers) {
+            if !valid && self.exchanges.get(source).is_some_and(|exchange| exchange.routing_kind() == ExchangeKind::Headers) {
                 return Err(AmqpError::precondition(format!(
                     "Invalid x-match field value {mode:?}; expected all, any, all-with-x, or any-with-x"
                 )));
@@ -459,7 +474,7 @@ impl<Q: Clone> Vhost<Q> {
         }
         let vhost = self.name.clone();
         let exchange = self.exchanges.get_mut(source).ok_or_else(|| AmqpError::no_exchange(&source.to_string_lossy(), &vhost))?;
-        if exchange.kind == ExchangeKind::ConsistentHash {
+        if exchange.routing_kind() == ExchangeKind::ConsistentHash {
             binding_weight(binding.routing_key.as_bytes()).map_err(AmqpError::precondition)?;
         }
         Ok(exchange.bind(binding))
@@ -487,12 +502,16 @@ impl<Q: Clone> Vhost<Q> {
     /// Routes a message published to `exchange` with `routing_key`: follows exchange-to-exchange
     /// bindings and alternate exchanges, and pushes each matched queue's handle once into `out`.
     /// `properties` is called at most once, and only when an exchange on the way needs them.
+    /// A delayed exchange on the way that holds the message back for its `x-delay` routes it
+    /// nowhere now and is pushed into `delayed` with the delay, for the caller to route the
+    /// message from it later (see [`crate::exchange::delayed`]).
     pub fn route(
         &self,
         exchange: &ShortStr,
         routing_key: &ShortStr,
         properties: &mut dyn FnMut() -> Option<BasicProperties>,
         out: &mut Vec<Q>,
+        delayed: &mut Vec<DelayedRoute>,
     ) {
         // The default exchange routes to the queue named by the key and nowhere else: no walk,
         // and none of the walk's allocations, for the most common publish.
@@ -525,17 +544,25 @@ impl<Q: Clone> Vhost<Q> {
                 }
                 let properties = decoded_properties.as_ref().and_then(|properties| properties.as_ref());
                 let mut routed_somewhere = false;
-                source.route(routing_key.as_bytes(), properties, |destination| {
-                    routed_somewhere = true;
-                    match destination {
-                        Destination::Queue(name) => {
-                            if !matched_names.contains(name) {
-                                matched_names.push(name.clone());
+                let delay_ms = match source.kind {
+                    ExchangeKind::Delayed => crate::exchange::delayed::message_delay_ms(properties.and_then(|p| p.headers.as_ref())),
+                    _ => None,
+                };
+                if let Some(delay_ms) = delay_ms {
+                    delayed.push(DelayedRoute { exchange: current.clone(), delay_ms });
+                } else {
+                    source.route(routing_key.as_bytes(), properties, |destination| {
+                        routed_somewhere = true;
+                        match destination {
+                            Destination::Queue(name) => {
+                                if !matched_names.contains(name) {
+                                    matched_names.push(name.clone());
+                                }
                             }
+                            Destination::Exchange(name) => pending.push(name.clone()),
                         }
-                        Destination::Exchange(name) => pending.push(name.clone()),
-                    }
-                });
+                    });
+                }
                 // The alternate exchange takes what this exchange could not route anywhere.
                 if !routed_somewhere && matched_names.len() == before {
                     if let Some(alternate) = source.alternate_exchange() {
@@ -555,6 +582,15 @@ impl<Q: Clone> Vhost<Q> {
     pub fn bindings(&self) -> impl Iterator<Item = (&Exchange, &Binding)> {
         self.exchanges.values().flat_map(|exchange| exchange.bindings.iter().map(move |binding| (exchange, binding)))
     }
+}
+
+/// A delayed exchange that held a message back: route the message from it after `delay_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DelayedRoute {
+    /// The delayed exchange.
+    pub exchange: ShortStr,
+    /// The message's `x-delay`.
+    pub delay_ms: u64,
 }
 
 /// The overflow behaviour of a queue with `x-max-length` or `x-max-length-bytes`.
@@ -621,6 +657,11 @@ pub fn check_queue_argument(key: &str, value: &FieldValue, queue: &ShortStr, vho
             Some(other) => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_value,<<\"{other}\">>}}"))),
             None => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
         },
+        "x-message-deduplication" | "x-cache-size" | "x-cache-ttl" | "x-cache-persistence" | "x-deduplication-header" => {
+            let mut single = FieldTable::new();
+            single.insert(key, value.clone());
+            crate::exchange::deduplication::check(&single, false).map_err(|(key, problem)| invalid_argument(key, queue, vhost, problem))
+        }
         _ => check_consumer_side_argument(key, value, queue, vhost),
     }
 }

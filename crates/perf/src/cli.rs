@@ -163,6 +163,16 @@ pub struct PerfArgs {
     /// Quiet: print only the summary.
     #[arg(long, short)]
     pub quiet: bool,
+    /// The end-to-end (transfer) p99, in milliseconds, under which a rate that consumers kept up
+    /// with counts as sustained (client mode; issue 17's target is 10 ms).
+    #[arg(long, default_value_t = 10.0)]
+    pub sustained_p99_ms: f64,
+    /// Time latencies from when each message was actually sent instead of from its intended time
+    /// under `--rate`. Above the rate a broker sustains, flow control delays the sends; the
+    /// intended-time latency then grows with the producer's lag, while this one shows what the
+    /// broker adds (the send delay still shows the lag).
+    #[arg(long)]
+    pub latency_from_sent: bool,
     /// The protocol: `amqp` (0-9-1) or `stream`, the RabbitMQ Stream protocol (port 5552), where
     /// destinations (`stream://NAME` or `queue://NAME`) are streams, created when missing, and
     /// --url is `rabbitmq-stream://user:password@host:5552/vhost`.

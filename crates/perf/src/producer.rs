@@ -69,6 +69,8 @@ pub struct ProducerSpec {
     pub payloads: Arc<Vec<Vec<u8>>>,
     /// Wait for intended send times precisely (thread sleeps) rather than on tokio's timer alone.
     pub precise_pacing: bool,
+    /// Stamp messages (and start their send-ack time) when sent rather than when intended.
+    pub latency_from_sent: bool,
 }
 
 /// Unconfirmed publishes, shared by the writer loop and the confirm reader (of either protocol).
@@ -173,7 +175,11 @@ pub async fn run_producer(spec: ProducerSpec, control: Arc<Control>, stats: Arc<
                     continue;
                 }
                 stats.record(Metric::SendDelay, (now - intended).as_nanos() as u64);
-                intended
+                if spec.latency_from_sent {
+                    now
+                } else {
+                    intended
+                }
             } else {
                 now
             };

@@ -158,6 +158,70 @@ pub struct Summary {
     pub interrupted: bool,
     /// What ended the run early, if anything failed.
     pub error: Option<String>,
+    /// Whether the rate was sustainable (client mode: producers and consumers in this process);
+    /// `null` otherwise.
+    pub sustained: Option<Sustained>,
+}
+
+/// Whether what was sent over the measured period was also received in it, promptly: a rate the
+/// broker can hold, as opposed to one it accepts while its queue grows. `received_per_sec`
+/// counts the drain after the measured period too, so on its own it overstates what consumers
+/// kept up with.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sustained {
+    /// Messages sent over the measured period, times the fan-out (what consumers should receive).
+    pub expected: u64,
+    /// Messages received over the measured period itself (not in the drain after it).
+    pub received_while_measuring: u64,
+    /// `received_while_measuring / expected`, in percent.
+    pub received_percent: f64,
+    /// Whether consumers kept up: they received at least [`KEPT_UP_PERCENT_MIN`] % of it.
+    pub kept_up: bool,
+    /// The bound on the end-to-end (transfer) p99, in milliseconds.
+    pub transfer_p99_ms_max: f64,
+    /// Whether the rate was sustained: kept up, and the transfer p99 within the bound.
+    pub sustained: bool,
+    /// The received rate while measuring, when sustained (the figure to quote), else `null`.
+    pub sustainable_per_sec: Option<f64>,
+}
+
+/// The share of the expected messages consumers must receive over the measured period to have
+/// kept up. Messages in flight at its end (the producers' unconfirmed window, the consumers'
+/// prefetch) are not received yet; at the rates measured here they are far below 1 %.
+pub const KEPT_UP_PERCENT_MIN: f64 = 99.0;
+
+impl Sustained {
+    /// Judges a run from what it sent and received while measuring and its transfer p99.
+    pub fn judge(
+        expected: u64,
+        received_while_measuring: u64,
+        measured_s: f64,
+        transfer_p99_us: Option<f64>,
+        transfer_p99_ms_max: f64,
+    ) -> Sustained {
+        let received_percent = if expected == 0 { 0.0 } else { received_while_measuring as f64 * 100.0 / expected as f64 };
+        let kept_up = expected > 0 && received_percent >= KEPT_UP_PERCENT_MIN;
+        let prompt = transfer_p99_us.is_some_and(|p99_us| p99_us <= transfer_p99_ms_max * 1000.0);
+        let sustained = kept_up && prompt;
+        let sustainable_per_sec = (sustained && measured_s > 0.0).then(|| received_while_measuring as f64 / measured_s);
+        Sustained { expected, received_while_measuring, received_percent, kept_up, transfer_p99_ms_max, sustained, sustainable_per_sec }
+    }
+
+    /// The console line.
+    pub fn line(&self, transfer_p99_us: Option<f64>) -> String {
+        let p99 = transfer_p99_us.map_or("none".to_string(), |p99_us| format!("{:.2} ms", p99_us / 1000.0));
+        let verdict = match self.sustainable_per_sec {
+            Some(rate) => format!("SUSTAINED: {rate:.0} msg/s"),
+            None => "NOT SUSTAINED".to_string(),
+        };
+        format!(
+            "{verdict} | kept up: {} (received {:.2} % of {} sent while measuring) | transfer p99 {p99} (bound {} ms)",
+            if self.kept_up { "yes" } else { "no" },
+            self.received_percent,
+            self.expected,
+            self.transfer_p99_ms_max
+        )
+    }
 }
 
 impl Summary {
@@ -187,6 +251,7 @@ impl Summary {
             latency_distribution_us: Distributions::default(),
             interrupted,
             error,
+            sustained: None,
         }
     }
 
@@ -206,6 +271,9 @@ impl Summary {
             self.nacked
         );
         print_latencies(&self.latencies, "");
+        if let Some(sustained) = &self.sustained {
+            println!("{}", sustained.line(self.latencies.transfer_latency_us.as_ref().map(|transfer| transfer.p99_us)));
+        }
         if self.interrupted {
             println!("interrupted by Ctrl-C");
         }
@@ -338,5 +406,30 @@ impl HdrLog {
             Some(Err(_)) => Err(std::io::Error::other("the HDR log writer panicked")),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_is_sustained_when_consumers_kept_up_and_the_transfer_p99_is_within_the_bound() {
+        let sustained = Sustained::judge(100_000, 99_950, 10.0, Some(2_500.0), 10.0);
+        assert!(sustained.kept_up && sustained.sustained);
+        assert_eq!(sustained.sustainable_per_sec, Some(9_995.0));
+        assert!(sustained.line(Some(2_500.0)).starts_with("SUSTAINED: 9995 msg/s | kept up: yes"));
+    }
+
+    #[test]
+    fn a_growing_backlog_or_a_slow_p99_is_not_sustained() {
+        let behind = Sustained::judge(100_000, 60_000, 10.0, Some(2_500.0), 10.0);
+        assert!(!behind.kept_up && !behind.sustained && behind.sustainable_per_sec.is_none());
+        assert!(behind.line(Some(2_500.0)).starts_with("NOT SUSTAINED | kept up: no (received 60.00 %"));
+        let slow = Sustained::judge(100_000, 100_000, 10.0, Some(25_000.0), 10.0);
+        assert!(slow.kept_up && !slow.sustained);
+        let nothing_received = Sustained::judge(100_000, 100_000, 10.0, None, 10.0);
+        assert!(!nothing_received.sustained);
+        assert!(!Sustained::judge(0, 0, 10.0, None, 10.0).kept_up);
     }
 }

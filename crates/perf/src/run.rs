@@ -4,7 +4,7 @@ use crate::cli::{parse_range, Mode, PerfArgs, QueueType};
 use crate::consumer::{run_consumer, ConsumerSpec, Source};
 use crate::control::Control;
 use crate::producer::{run_producer, Completion, ProducerSpec};
-use crate::report::{write_json, Distributions, HdrLog, Interval, Latencies, Report, Summary, JSON_SCHEMA};
+use crate::report::{write_json, Distributions, HdrLog, Interval, Latencies, Report, Summary, Sustained, JSON_SCHEMA};
 use crate::stats::{new_histogram, Clock, Counters, Registry};
 use lepus_client::{AmqpUrl, Connection, ConnectionOptions};
 use std::sync::Arc;
@@ -186,6 +186,7 @@ pub async fn run(mode: Mode) -> Result<Outcome, String> {
                     message_count: args.message_count,
                     payloads: payloads.clone(),
                     precise_pacing: args.pacing == crate::cli::Pacing::Precise,
+                    latency_from_sent: args.latency_from_sent,
                 };
                 let control = producer_control.clone();
                 let stats = registry.worker();
@@ -413,6 +414,8 @@ fn config_json(args: &PerfArgs, urls: &[AmqpUrl], consumer_url: &AmqpUrl) -> ser
         "prefetch": args.prefetch,
         "pacing": format!("{:?}", args.pacing).to_lowercase(),
         "warmup_s": args.warmup,
+        "sustained_p99_ms": args.sustained_p99_ms,
+        "latency_from_sent": args.latency_from_sent,
         "duration_s": args.duration,
         "message_count": args.message_count,
     })
@@ -453,6 +456,8 @@ async fn report_loop(setup: &RunSetup<'_>, producers: &mut JoinSet<()>, hdr: Opt
     let mut previous_at = start;
     let mut measured_from: Option<(Instant, Counters)> = if warmup.is_zero() { Some((start, previous)) } else { None };
     let mut measured_until: Option<Instant> = None;
+    // The counters when the measured period ended (the drain after it is not measured).
+    let mut at_measured_end: Option<Counters> = None;
     let mut total = [new_histogram(), new_histogram(), new_histogram()];
     let mut phase = Phase::Running;
     let mut producers_left = producers.len();
@@ -509,6 +514,7 @@ async fn report_loop(setup: &RunSetup<'_>, producers: &mut JoinSet<()>, hdr: Opt
         let failed = setup.producer_control.error().is_some() || setup.consumer_control.error().is_some();
         if final_tick || failed {
             measured_until.get_or_insert(now);
+            at_measured_end.get_or_insert(totals);
             break;
         }
         match phase {
@@ -518,6 +524,7 @@ async fn report_loop(setup: &RunSetup<'_>, producers: &mut JoinSet<()>, hdr: Opt
                 let consumer_count_done = !setup.producing && args.message_count.is_some_and(|count| totals.received >= count);
                 if time_up || producers_done || consumer_count_done {
                     measured_until = Some(now);
+                    at_measured_end = Some(totals);
                     setup.producer_control.stop();
                     phase =
                         if setup.producing && setup.consuming && args.consumers > 0 { Phase::Draining { since: now } } else { Phase::Done };
@@ -544,5 +551,11 @@ async fn report_loop(setup: &RunSetup<'_>, producers: &mut JoinSet<()>, hdr: Opt
     let mut summary =
         Summary::new(until.saturating_duration_since(from).as_secs_f64(), &totals.since(&base), Latencies::of(&total), interrupted, error);
     summary.latency_distribution_us = Distributions::of(&total);
+    if setup.producing && setup.consuming {
+        let at_end = at_measured_end.unwrap_or(totals).since(&base);
+        let transfer_p99_us = summary.latencies.transfer_latency_us.as_ref().map(|transfer| transfer.p99_us);
+        let expected = at_end.sent * setup.fanout;
+        summary.sustained = Some(Sustained::judge(expected, at_end.received, summary.measured_s, transfer_p99_us, args.sustained_p99_ms));
+    }
     (intervals, summary)
 }

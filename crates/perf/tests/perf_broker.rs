@@ -62,6 +62,9 @@ async fn queue_round_trip(url: &str) {
     assert_eq!(report["summary"]["received"], 3000);
     assert!(report["summary"]["transfer_latency_us"]["p99_us"].as_f64().unwrap() > 0.0);
     assert!(report["intervals"].as_array().is_some());
+    // Producers and consumers ran here: the run says whether consumers kept up while measuring.
+    let sustained = &report["summary"]["sustained"];
+    assert!(sustained["kept_up"].is_boolean() && sustained["received_percent"].as_f64().is_some(), "{sustained}");
     let _ = std::fs::remove_file(json);
 }
 

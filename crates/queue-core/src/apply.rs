@@ -81,11 +81,13 @@ impl<M: Payload> QueueCore<M> {
                 Reply::Ok
             }
             Command::Requeue { position } => {
-                if let Some(holder) = self.messages.requeue_held(position) {
+                // Past x-delivery-limit it leaves instead, as RabbitMQ's quorum queues drop it.
+                if let Some((holder, past_limit)) = self.messages.requeue_held(position, self.limits.delivery_limit) {
                     self.stats.requeued += 1;
                     self.release(holder);
-                    if let Some(limit) = self.limits.delivery_limit {
-                        self.drop_past_delivery_limit(position, limit, effects);
+                    if let Some(queued) = past_limit {
+                        let reason = DeadLetterReason::DeliveryLimit;
+                        effects.push(Effect::Drop { position, message: queued.message, reason, logged: queued.logged });
                     }
                 }
                 Reply::Ok
@@ -135,6 +137,7 @@ impl<M: Payload> QueueCore<M> {
         let size_bytes = message.size_bytes();
         let bounded = self.limits.max_length.is_some() || self.limits.max_length_bytes.is_some();
         let mut kept_only_if_delivered = false;
+        let mut drop_after_enqueue = false;
         if bounded {
             match self.limits.overflow {
                 Overflow::RejectPublish if self.would_overflow(size_bytes) => return Reply::Rejected,
@@ -147,6 +150,9 @@ impl<M: Payload> QueueCore<M> {
                     effects.extend(self.page_in_request());
                     kept_only_if_delivered = true;
                 }
+                // With priorities the head may be the new message itself: enqueue, then drop the
+                // head while over, in RabbitMQ's order.
+                Overflow::DropHead if self.messages.max_priority() > 0 => drop_after_enqueue = true,
                 // Room for the new message: the same drops as RabbitMQ's enqueue-then-drop-head.
                 Overflow::DropHead => drop(self.drop_head_while_over(size_bytes, effects)),
             }
@@ -170,15 +176,19 @@ impl<M: Payload> QueueCore<M> {
             return Reply::Ok;
         }
         self.stats.published += 1;
-        if self.should_page() {
-            let position = self.messages.push_paged(size_bytes);
+        let priority = self.messages.priority_of(&message);
+        if self.should_page(priority) {
+            let position = self.messages.push_paged(size_bytes, priority);
             effects.push(Effect::LogAppend { position, persistent, paged: true });
-            return Reply::Ok;
+        } else {
+            let logged = persistent && self.window.is_some();
+            let position = self.messages.push_expiring(message, expires_at_ms, logged);
+            if logged {
+                effects.push(Effect::LogAppend { position, persistent, paged: false });
+            }
         }
-        let logged = persistent && self.window.is_some();
-        let position = self.messages.push_expiring(message, expires_at_ms, logged);
-        if logged {
-            effects.push(Effect::LogAppend { position, persistent, paged: false });
+        if drop_after_enqueue {
+            self.drop_head_while_over(0, effects);
         }
         Reply::Ok
     }
@@ -189,14 +199,12 @@ impl<M: Payload> QueueCore<M> {
     /// safe); otherwise nothing is written and the publish is answered `Dropped`.
     fn drop_at_once(&mut self, message: M, persistent: bool, reason: DeadLetterReason, effects: &mut Vec<Effect<M>>) -> Reply {
         let logged = self.limits.dead_letters && persistent && self.window.is_some();
-        let position = self.messages.push_expiring(message, None, logged);
+        let position = self.messages.skip_position();
         if logged {
             self.stats.published += 1;
             effects.push(Effect::LogAppend { position, persistent, paged: false });
         }
-        if let Some(queued) = self.messages.take_ready(position) {
-            effects.push(Effect::Drop { position, message: queued.message, reason, logged });
-        }
+        effects.push(Effect::Drop { position, message, reason, logged });
         if logged {
             Reply::Ok
         } else {
@@ -239,11 +247,11 @@ impl<M: Payload> QueueCore<M> {
         Some(now_ms.saturating_add(ttl_ms))
     }
 
-    /// Whether a message enqueued now stays in the log only: the queue already pages (order), or
-    /// its window is full.
-    fn should_page(&self) -> bool {
+    /// Whether a message of `priority` enqueued now stays in the log only: messages of its
+    /// priority are paged already (order), or the window is full.
+    fn should_page(&self, priority: u8) -> bool {
         self.window.is_some_and(|window| {
-            self.messages.paged_count() > 0
+            self.messages.paged_count_at(priority) > 0
                 || self.messages.ready_in_memory() >= window.messages_max
                 || self.messages.ready_bytes_in_memory() >= window.bytes_max
         })
@@ -252,6 +260,12 @@ impl<M: Payload> QueueCore<M> {
     /// Drops the oldest ready messages while the queue is past a limit (with room for a message
     /// of `incoming_bytes` when that is not zero).
     fn drop_head_while_over(&mut self, incoming_bytes: u64, effects: &mut Vec<Effect<M>>) -> Reply {
+        if self.limits.max_length.is_none() && self.limits.max_length_bytes.is_none() {
+            // Nothing to be over, and nothing to read: a recovered queue given its (limitless)
+            // policy at start must not page its window in with no consumer asking (100,000
+            // recovered queues read their messages back at every start).
+            return Reply::Ok;
+        }
         let incoming = u64::from(incoming_bytes > 0);
         // Past only the byte limit, paged messages' sizes are unknown until read: the queue stays
         // over it until the page-in asked for below brings them.
@@ -260,14 +274,15 @@ impl<M: Payload> QueueCore<M> {
         Reply::Ok
     }
 
-    /// Drops the oldest ready message (reason maxlen); false when there is none to drop. When only
-    /// paged ones are left (the newest are paged, so these are the oldest) one is dropped only if
+    /// Drops the head, the oldest ready message (of the highest priority, as RabbitMQ's priority
+    /// queues drop), reason maxlen; false when there is none to drop. When the head is paged (the
+    /// newest are paged, so in a plain queue only paged ones are left) it is dropped only if
     /// `paged_too`: it stops counting now, and the page-in that reads it drops it.
     fn drop_oldest(&mut self, paged_too: bool, effects: &mut Vec<Effect<M>>) -> bool {
         if self.messages.ready_count() == 0 {
             return false;
         }
-        if self.messages.ready_in_memory() == 0 {
+        if self.messages.head_is_paged() {
             return paged_too && self.messages.drop_paged_head();
         }
         let Some((position, dropped)) = self.messages.pop(false) else {
@@ -277,8 +292,7 @@ impl<M: Payload> QueueCore<M> {
         true
     }
 
-    /// Drops a requeued message that came back more often than `limit` allows, as RabbitMQ's
-    /// quorum queues do (a limit of 1 delivers a message twice).
+    /// Drops a message requeued to the tail past x-delivery-limit (quorum queues' requeue).
     fn drop_past_delivery_limit(&mut self, position: u64, limit: u32, effects: &mut Vec<Effect<M>>) {
         if self.messages.ready_delivery_count(position).is_some_and(|count| count > limit) {
             if let Some(queued) = self.messages.take_ready(position) {
@@ -310,7 +324,8 @@ impl<M: Payload> QueueCore<M> {
             // The read runs while the messages in memory go on being delivered.
             effects.extend(self.page_in_request());
             self.expire_head(now_ms, effects);
-            if self.messages.ready_in_memory() == 0 {
+            // A head on disk (a higher priority all paged) waits for its read.
+            if self.messages.ready_in_memory() == 0 || self.messages.head_is_paged() {
                 return Reply::Ok;
             }
             let Some(index) = self.pick_consumer(can_take) else {
@@ -385,8 +400,8 @@ impl<M: Payload> QueueCore<M> {
     fn get(&mut self, no_ack: bool, now_ms: u64, effects: &mut Vec<Effect<M>>) -> Reply {
         effects.extend(self.page_in_request());
         self.expire_head(now_ms, effects);
-        if self.messages.ready_in_memory() == 0 && self.messages.paged_count() > 0 {
-            // RabbitMQ answers with the oldest message, not get-empty: the get waits for the read.
+        if self.messages.head_is_paged() {
+            // RabbitMQ answers with the head, not get-empty: the get waits for the read.
             return Reply::PageInFirst;
         }
         match self.deliver_as(None, Some(no_ack), effects) {
@@ -404,11 +419,11 @@ impl<M: Payload> QueueCore<M> {
             }
         }
         let dropped = self.messages.paged_dropped_count();
-        let paged = self.messages.take_paged();
-        if paged > 0 {
-            effects.push(Effect::SettlePaged { count: paged });
-            count += paged - dropped;
+        for (priority, count) in self.messages.paged_by_priority() {
+            effects.push(Effect::SettlePaged { count, priority });
         }
+        let paged = self.messages.take_paged();
+        count += paged - dropped;
         // A read still out would bring back purged messages.
         self.page_in.in_flight = false;
         Reply::Purged { count }

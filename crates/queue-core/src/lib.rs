@@ -169,13 +169,14 @@ pub enum Effect<M> {
     /// A message left the queue unconsumed: the caller dead-letters it or only drops it, and when
     /// `logged` settles it in the log (a dead-lettered one once its new queues hold it safely).
     Drop { position: u64, message: M, reason: DeadLetterReason, logged: bool },
-    /// Read up to this many paged messages (and bytes) from the log and apply them with
-    /// [`Command::PagedIn`] (or [`Command::PageInFailed`]) naming `generation`. The queue counts
-    /// the read as in flight until then: it keeps serving what is in memory and asks for no
-    /// other read, so the read may take its time off the caller's thread.
-    NeedPageIn { messages_max: usize, bytes_max: u64, generation: u64 },
-    /// Settle this many paged messages in the log, reading them in order from the tail.
-    SettlePaged { count: u64 },
+    /// Read up to this many paged messages (and bytes) of `priority` (0 in a plain queue) from
+    /// the log and apply them with [`Command::PagedIn`] (or [`Command::PageInFailed`]) naming
+    /// `generation`. The queue counts the read as in flight until then: it keeps serving what is
+    /// in memory and asks for no other read, so the read may take its time off the caller's thread.
+    NeedPageIn { messages_max: usize, bytes_max: u64, generation: u64, priority: u8 },
+    /// Settle this many paged messages of `priority` in the log, reading them in order from that
+    /// priority's tail.
+    SettlePaged { count: u64, priority: u8 },
 }
 
 /// The answer to a command.
@@ -229,6 +230,8 @@ struct PageIn {
     generation: u64,
     /// Whether that read is still out.
     in_flight: bool,
+    /// The priority it reads (0 in a plain queue).
+    priority: u8,
 }
 
 /// A consumer as the queue sees it.
@@ -276,6 +279,12 @@ impl<M: Payload> QueueCore<M> {
             page_in: PageIn::default(),
             stats: QueueStats::default(),
         }
+    }
+
+    /// x-max-priority (0: a plain queue), fixed by the state the queue was made over
+    /// ([`QueueState::with_max_priority`], [`QueueState::with_paged_priorities`]).
+    pub fn max_priority(&self) -> u8 {
+        self.messages.max_priority()
     }
 
     /// The same queue with x-single-active-consumer on or off (an argument fixed at declaration).
@@ -342,5 +351,7 @@ impl<M: Payload> QueueCore<M> {
 
 #[cfg(test)]
 mod paging_tests;
+#[cfg(test)]
+mod priority_tests;
 #[cfg(test)]
 mod tests;

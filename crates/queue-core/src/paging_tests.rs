@@ -139,7 +139,11 @@ fn a_read_overtaken_by_a_purge_is_discarded() {
     let (messages_max, stale_generation) = queue.page_in_asked().expect("a read asked for");
     let stale = queue.read(messages_max, &[]);
     assert_eq!(queue.apply(Command::Purge), Reply::Purged { count: 7 });
-    assert!(matches!(queue.effects[..], [Effect::LogSettle { position: 3 }, Effect::SettlePaged { count: 6 }]), "{:?}", queue.effects);
+    assert!(
+        matches!(queue.effects[..], [Effect::LogSettle { position: 3 }, Effect::SettlePaged { count: 6, priority: 0 }]),
+        "{:?}",
+        queue.effects
+    );
     assert_eq!(queue.apply(Command::PagedIn { generation: stale_generation, messages: stale }), Reply::Stale);
     assert_eq!(queue.core.messages().ready_count(), 0, "purged messages do not come back");
     assert_eq!(queue.apply(Command::PageInFailed { generation: stale_generation }), Reply::Stale);
@@ -173,6 +177,23 @@ fn basic_get_on_an_all_paged_queue_waits_for_the_read_and_gets_the_oldest() {
     queue.apply(Command::PagedIn { generation, messages });
     assert_eq!(queue.apply(Command::Get { no_ack: false }), Reply::Got { message_count: 4 });
     assert_eq!(queue.delivered(), vec![(95, true)]);
+}
+
+/// A recovered queue (everything paged) given its policy at start reads nothing while no
+/// consumer asks; with a length limit it is over, it reads to drop from the head.
+#[test]
+fn a_recovered_queue_pages_in_only_when_asked_or_over_a_limit() {
+    let mut queue = Queue {
+        core: QueueCore::new(QueueState::with_paged(100, 5), Limits::NONE, Some(WINDOW)),
+        effects: Vec::new(),
+        log: (95..100).collect(),
+    };
+    queue.apply(Command::SetLimits(Limits::NONE));
+    assert_eq!(queue.page_in_asked(), None, "no limit, no consumer: nothing read");
+    queue.apply(Command::SetLimits(Limits { message_ttl_ms: Some(60_000), ..Limits::NONE }));
+    assert_eq!(queue.page_in_asked(), None, "a TTL alone reads nothing either");
+    queue.apply(Command::SetLimits(Limits { max_length: Some(2), overflow: Overflow::DropHead, ..Limits::NONE }));
+    assert!(queue.page_in_asked().is_some(), "over x-max-length: the head is read to be dropped");
 }
 
 #[test]

@@ -2,24 +2,38 @@
 //!
 //! Every message gets a position when it enters the queue. Ready messages are ordered by position,
 //! so a message that is requeued (reject, nack, a consumer going away) goes back to its place
-//! rather than to the tail, as RabbitMQ does.
+//! rather than to the tail, as RabbitMQ does. In a queue with priorities (x-max-priority) they are
+//! ordered by priority first, higher first, then by position (see `state/priority.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 mod image;
+mod priority;
 pub use image::MessagesImage;
+use priority::PagedLevel;
 
-/// What a queue needs to know about the messages it holds: only their size.
+/// What a queue needs to know about the messages it holds: their size, and in a queue with
+/// priorities their priority.
 pub trait Payload: Clone {
     /// Body bytes, for the queue's byte counts.
     fn size_bytes(&self) -> u64;
+
+    /// The message's priority property (0 when it has none); read only by queues with
+    /// x-max-priority, so a plain queue never decodes it.
+    fn priority(&self) -> u8 {
+        0
+    }
 }
 
 impl<T: Payload> Payload for Arc<T> {
     fn size_bytes(&self) -> u64 {
         (**self).size_bytes()
+    }
+
+    fn priority(&self) -> u8 {
+        (**self).priority()
     }
 }
 
@@ -81,9 +95,13 @@ struct Unacked<M> {
 
 /// The messages of one queue. Ready messages are either in memory or *paged*: on disk only,
 /// behind every in-memory one (paged positions are always the newest), to be paged in in order.
+/// With priorities this holds per priority: each priority pages on its own, its paged messages
+/// the newest of that priority.
 #[derive(Debug)]
 pub struct QueueState<M> {
     next_position: u64,
+    /// Ready messages in memory by key: the position, above it the priority's rank (see
+    /// `state/priority.rs`); a plain queue's key is the position.
     ready: BTreeMap<u64, QueuedMessage<M>>,
     ready_bytes: u64,
     paged: u64,
@@ -95,6 +113,11 @@ pub struct QueueState<M> {
     /// limit may let a recovered queue grow past it once).
     paged_bytes: u64,
     unacked: PositionMap<Unacked<M>>,
+    /// x-max-priority (0: a plain queue, whatever the messages say).
+    max_priority: u8,
+    /// With priorities, the paged and dropped counts of each priority (index = priority); empty
+    /// in a plain queue, whose totals above are its only level.
+    levels: Vec<PagedLevel>,
 }
 
 impl<M: Payload> Default for QueueState<M> {
@@ -119,18 +142,21 @@ impl<M: Payload> QueueState<M> {
             paged_dropped: 0,
             paged_bytes: 0,
             unacked: PositionMap::default(),
+            max_priority: 0,
+            levels: Vec::new(),
         }
     }
 
     fn insert_ready(&mut self, position: u64, queued: QueuedMessage<M>) {
         self.ready_bytes += queued.message.size_bytes();
-        self.ready.insert(position, queued);
+        let key = self.ready_key(position, &queued.message);
+        self.ready.insert(key, queued);
     }
 
     fn take_first_ready(&mut self) -> Option<(u64, QueuedMessage<M>)> {
-        let (position, queued) = self.ready.pop_first()?;
+        let (key, queued) = self.ready.pop_first()?;
         self.ready_bytes -= queued.message.size_bytes();
-        Some((position, queued))
+        Some((priority::position_of(key), queued))
     }
 
     /// Appends a message; returns its position.
@@ -140,27 +166,42 @@ impl<M: Payload> QueueState<M> {
 
     /// Appends a message that expires at `expires_at_ms`; returns its position.
     pub fn push_expiring(&mut self, message: M, expires_at_ms: Option<u64>, logged: bool) -> u64 {
-        assert_eq!(self.paged, 0, "a queue that pages takes new messages on disk");
+        let priority = self.priority_of(&message);
+        assert_eq!(self.paged_count_at(priority), 0, "a queue paging priority {priority} takes its new messages on disk");
         let position = self.next_position;
         self.next_position += 1;
         self.insert_ready(position, QueuedMessage { message, redelivered: false, expires_at_ms, logged, delivery_count: 0 });
         position
     }
 
-    /// Appends a message of `size_bytes` that stays on disk (the caller writes it); returns its position.
-    pub fn push_paged(&mut self, size_bytes: u64) -> u64 {
+    /// Takes the next position for a message that is never ready (dropped as it arrives).
+    pub fn skip_position(&mut self) -> u64 {
+        let position = self.next_position;
+        self.next_position += 1;
+        position
+    }
+
+    /// Appends a message of `size_bytes` and `priority` (0 in a plain queue) that stays on disk
+    /// (the caller writes it); returns its position.
+    pub fn push_paged(&mut self, size_bytes: u64, priority: u8) -> u64 {
         let position = self.next_position;
         self.next_position += 1;
         self.paged += 1;
         self.paged_bytes += size_bytes;
+        if let Some(level) = self.levels.get_mut(usize::from(priority)) {
+            level.paged += 1;
+        }
         position
     }
 
-    /// Brings the oldest paged message into memory, read back from disk.
-    pub fn page_in(&mut self, position: u64, message: M, redelivered: bool, expires_at_ms: Option<u64>) {
-        assert!(self.paged > 0, "page-in with nothing paged");
+    /// Brings the oldest paged message of `priority` into memory, read back from disk.
+    pub fn page_in(&mut self, position: u64, message: M, redelivered: bool, expires_at_ms: Option<u64>, priority: u8) {
+        assert!(self.paged_count_at(priority) > 0, "page-in with nothing paged at priority {priority}");
         assert!(position < self.next_position, "paged-in position {position} was never pushed");
         self.paged -= 1;
+        if let Some(level) = self.levels.get_mut(usize::from(priority)) {
+            level.paged -= 1;
+        }
         self.paged_bytes = self.paged_bytes.saturating_sub(message.size_bytes());
         self.insert_ready(position, QueuedMessage { message, redelivered, expires_at_ms, logged: true, delivery_count: 0 });
     }
@@ -169,27 +210,36 @@ impl<M: Payload> QueueState<M> {
     /// returns how many there were.
     pub fn take_paged(&mut self) -> u64 {
         self.paged_bytes = 0;
+        self.levels.iter_mut().for_each(|level| *level = PagedLevel::default());
         std::mem::take(&mut self.paged) + std::mem::take(&mut self.paged_dropped)
     }
 
-    /// Drops the oldest paged message before it is read (see [`QueueState::paged_dropped_count`]);
-    /// false when none is paged. Its bytes stay counted until the page-in reads it.
+    /// Drops the oldest paged message of the highest priority that has one, before it is read
+    /// (see [`QueueState::paged_dropped_count`]); false when none is paged. Its bytes stay
+    /// counted until the page-in reads it.
     pub fn drop_paged_head(&mut self) -> bool {
-        if self.paged == 0 {
+        let Some(priority) = self.highest_paged_priority() else {
             return false;
-        }
+        };
         self.paged -= 1;
         self.paged_dropped += 1;
+        if let Some(level) = self.levels.get_mut(usize::from(priority)) {
+            level.paged -= 1;
+            level.dropped += 1;
+        }
         true
     }
 
-    /// Takes one dropped paged message of `size_bytes` off the count, now that a page-in read it;
-    /// false when none is owed (the message read is a ready one).
-    pub fn settle_dropped_paged(&mut self, size_bytes: u64) -> bool {
-        if self.paged_dropped == 0 {
+    /// Takes one dropped paged message of `priority` and `size_bytes` off the count, now that a
+    /// page-in read it; false when none is owed (the message read is a ready one).
+    pub fn settle_dropped_paged(&mut self, size_bytes: u64, priority: u8) -> bool {
+        if self.paged_dropped_at(priority) == 0 {
             return false;
         }
         self.paged_dropped -= 1;
+        if let Some(level) = self.levels.get_mut(usize::from(priority)) {
+            level.dropped -= 1;
+        }
         self.paged_bytes = self.paged_bytes.saturating_sub(size_bytes);
         true
     }
@@ -222,13 +272,18 @@ impl<M: Payload> QueueState<M> {
 
     /// Removes the first ready message in memory if it expired by `now_ms`, as RabbitMQ does: a
     /// message expires when it reaches the head past its time, never from the middle.
+    /// With priorities the head is the first message of the highest priority: while that
+    /// priority's messages are all paged, nothing in memory is at the head.
     pub fn pop_expired_head(&mut self, now_ms: u64) -> Option<(u64, QueuedMessage<M>)> {
+        if !self.levels.is_empty() && self.head_is_paged() {
+            return None;
+        }
         let entry = self.ready.first_entry()?;
         match entry.get().expires_at_ms {
             Some(expires_at_ms) if expires_at_ms <= now_ms => {
-                let (position, queued) = entry.remove_entry();
+                let (key, queued) = entry.remove_entry();
                 self.ready_bytes -= queued.message.size_bytes();
-                Some((position, queued))
+                Some((priority::position_of(key), queued))
             }
             _ => None,
         }
@@ -278,16 +333,21 @@ impl<M: Payload> QueueState<M> {
 
     /// Puts an unacked message back at its position, marked redelivered.
     pub fn requeue(&mut self, position: u64) -> bool {
-        self.requeue_held(position).is_some()
+        self.requeue_held(position, None).is_some()
     }
 
-    /// [`QueueState::requeue`]; `Some(holder)` when the message was unacked.
-    pub fn requeue_held(&mut self, position: u64) -> Option<Option<ConsumerId>> {
+    /// [`QueueState::requeue`]; `Some((holder, None))` when the message was unacked. One that
+    /// came back more often than `delivery_limit` allows (x-delivery-limit: a limit of 1
+    /// delivers a message twice) is not put back but handed back: `Some((holder, Some(it)))`.
+    pub fn requeue_held(&mut self, position: u64, delivery_limit: Option<u32>) -> Option<(Option<ConsumerId>, Option<QueuedMessage<M>>)> {
         let Unacked { mut queued, consumer } = self.unacked.remove(&position)?;
         queued.redelivered = true;
         queued.delivery_count = queued.delivery_count.saturating_add(1);
+        if delivery_limit.is_some_and(|limit| queued.delivery_count > limit) {
+            return Some((consumer, Some(queued)));
+        }
         self.insert_ready(position, queued);
-        Some(consumer)
+        Some((consumer, None))
     }
 
     /// Takes an unacked message back as the newest ready one, marked redelivered, under a new
@@ -304,6 +364,7 @@ impl<M: Payload> QueueState<M> {
     }
 
     /// Removes a ready message in memory by position (one requeued past its delivery limit).
+    /// For plain queues only (quorum queues have no priorities), whose ready keys are positions.
     pub fn take_ready(&mut self, position: u64) -> Option<QueuedMessage<M>> {
         let queued = self.ready.remove(&position)?;
         self.ready_bytes -= queued.message.size_bytes();
@@ -319,7 +380,7 @@ impl<M: Payload> QueueState<M> {
     /// Paged ones are the caller's to settle on disk, then [`QueueState::take_paged`].
     pub fn purge(&mut self) -> Vec<(u64, QueuedMessage<M>)> {
         self.ready_bytes = 0;
-        std::mem::take(&mut self.ready).into_iter().collect()
+        std::mem::take(&mut self.ready).into_iter().map(|(key, queued)| (priority::position_of(key), queued)).collect()
     }
 
     /// Messages ready for delivery.
@@ -332,9 +393,9 @@ impl<M: Payload> QueueState<M> {
         self.unacked.len()
     }
 
-    /// Positions of the ready messages in memory, in queue order (for tests and listings).
+    /// Positions of the ready messages in memory, in delivery order (for tests and listings).
     pub fn ready_positions(&self) -> impl Iterator<Item = u64> + '_ {
-        self.ready.keys().copied()
+        self.ready.keys().map(|key| priority::position_of(*key))
     }
 
     /// Positions of the unacked messages, in no order.

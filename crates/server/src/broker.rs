@@ -6,7 +6,7 @@ use crate::cluster::{Applied, MetadataCommand};
 use crate::config::ServerConfig;
 use crate::metrics::counters::ChurnCounters;
 use crate::policy::Policy;
-use crate::queue_type::{capabilities, ClassicStorage, ClassicStorageError, Queue, QuorumStorage};
+use crate::queue_type::{capabilities, ClassicStorage, ClassicStorageError, Queue, QuorumStorage, RecoveredLog};
 use crate::shared::{ConnectionShared, ConsumerHandle, Outbound};
 use crate::vhost_limits::{VhostLimit, VhostLimits};
 use amqp_codec::{encode_method_frame, BasicCancel, Method, ShortStr};
@@ -118,6 +118,10 @@ pub struct Broker {
     pub quorum: Arc<crate::quorum::QuorumHost>,
     /// The quorum shards' transport: the cluster's links once attached (none on a node alone).
     pub quorum_links: Arc<crate::cluster::QuorumLinks>,
+    /// The store of messages held back by `x-delayed-message` exchanges (see `delayed`).
+    pub delayed: Arc<crate::delayed::DelayedMessages>,
+    /// The caches of deduplicating exchanges (see `dedup`).
+    pub dedup_exchanges: crate::dedup::ExchangeCaches,
     /// The cluster half, when clustered (set once at start; see `cluster/`): definition changes
     /// are then proposed to the metadata group and applied on every node in log order.
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
@@ -170,6 +174,13 @@ pub enum RecoveryError {
 /// milliseconds; a cluster node without a majority goes on without them).
 const QUORUM_RECOVERY_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// What queue.declare answers: the queue's name, its ready messages and its consumers.
+pub type DeclaredQueue = (ShortStr, u32, u32);
+
+/// The most threads that open queue logs at once during a start (four per core, so reads that
+/// wait for a cold disk overlap).
+pub const RECOVERY_THREADS_MAX: usize = 16;
+
 /// Replays the node journal the previous run left into the queue segments (before any queue log
 /// is opened), then starts a new journal file.
 fn replay_journal(data_dir: &std::path::Path) -> Result<storage::journal::Journal, StorageError> {
@@ -198,9 +209,12 @@ impl Broker {
             crate::cluster::quorum_host_config(&config.cluster, config.bind_address, &config.data_dir, config.quorum_shards)
                 .map_err(|error| RecoveryError::Io { path: config.data_dir.clone(), source: std::io::Error::other(error) })?;
         let quorum = crate::quorum::QuorumHost::start(quorum_config, quorum_links.clone(), Some(dead_letters.clone()))?;
+        let delayed = crate::delayed::DelayedMessages::open(&config.data_dir, config.segment_bytes_max, journaled)?;
         let mut broker = Broker {
             quorum,
             quorum_links,
+            delayed: Arc::new(delayed),
+            dedup_exchanges: crate::dedup::ExchangeCaches::new(config.data_dir.join("queues"), config.segment_bytes_max, journaled),
             dead_letters,
             journaled,
             users: Users::default(),
@@ -227,12 +241,14 @@ impl Broker {
             cluster: std::sync::OnceLock::new(),
             config,
         };
+        broker.syncer.watch(broker.delayed.log().clone());
         // A clustered node's definitions come from its metadata log, not this file.
         let recovered =
             if broker.config.cluster.enabled() { cluster_apply::clustered_start(&broker.config.data_dir, recovered)? } else { recovered };
         broker.recover(recovered)?;
         let broker = Arc::new(broker);
         crate::dead_letter::start(Arc::downgrade(&broker), dead_letter_receiver);
+        crate::delayed::start(&broker.delayed, Arc::downgrade(&broker));
         Ok(broker)
     }
 
@@ -341,10 +357,15 @@ impl Broker {
     }
 
     /// Recovers the durable queues with their messages; returns how many messages they hold.
+    ///
+    /// Their logs are opened on up to [`RECOVERY_THREADS_MAX`] threads at once (with a cold page
+    /// cache a start waits on the disk, one read at a time per thread), the seals recovery
+    /// writes are made durable with one sync of the file system, and then the queues are made.
     fn recover_queues(&self, records: &[QueueRecord], clean_shutdown: bool) -> Result<u64, RecoveryError> {
-        let storage = self.classic_storage();
         let quorum = QuorumStorage { host: &self.quorum };
         let mut restored_messages = 0;
+        // Classic queues' logs are opened together below, on several threads.
+        let mut queues = Vec::with_capacity(records.len());
         for record in records {
             let Some(vhost) = self.vhost(&record.vhost) else {
                 tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
@@ -373,13 +394,58 @@ impl Broker {
                 QueueType::Stream => {
                     self.stream_storage().recover(&definition, &record.vhost).map_err(|error| RecoveryError::Stream(error.to_string()))?
                 }
-                QueueType::Classic => storage.recover(&definition, &record.vhost, clean_shutdown)?,
+                QueueType::Classic => {
+                    queues.push((record, vhost, definition));
+                    continue;
+                }
             };
             restored_messages += messages;
             queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
             vhost.write().restore_queue(definition, queue);
         }
+        let opened = self.open_recovered_logs(&queues)?;
+        if opened.iter().any(RecoveredLog::seals_unsynced) {
+            let data_dir = &self.config.data_dir;
+            storage::file_system::real()
+                .sync_file_system(data_dir)
+                .map_err(|source| RecoveryError::Io { path: data_dir.clone(), source })?;
+        }
+        let storage = self.classic_storage();
+        for ((record, vhost, definition), log) in queues.into_iter().zip(opened) {
+            let (queue, messages) = storage.recover_opened(&definition, &record.vhost, clean_shutdown, log)?;
+            restored_messages += messages;
+            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
+            vhost.write().restore_queue(definition, queue);
+        }
         Ok(restored_messages)
+    }
+
+    /// Opens the queues' logs, in their order, on several threads.
+    fn open_recovered_logs(&self, queues: &[(&QueueRecord, VhostTopology, QueueDefinition)]) -> Result<Vec<RecoveredLog>, RecoveryError> {
+        let threads = std::thread::available_parallelism().map_or(1, |cores| cores.get() * 4).min(RECOVERY_THREADS_MAX).min(queues.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let (data_dir, segment_bytes_max) = (&self.config.data_dir, self.config.segment_bytes_max);
+        let opened: Vec<Vec<(usize, Result<RecoveredLog, ClassicStorageError>)>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let index = next.fetch_add(1, Ordering::Relaxed);
+                            let Some((record, _, definition)) = queues.get(index) else { break };
+                            done.push((index, ClassicStorage::open_recovered_log(data_dir, segment_bytes_max, definition, &record.vhost)));
+                        }
+                        done
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|worker| worker.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+        });
+        let mut logs: Vec<Option<RecoveredLog>> = std::iter::repeat_with(|| None).take(queues.len()).collect();
+        for (index, result) in opened.into_iter().flatten() {
+            logs[index] = Some(result?);
+        }
+        Ok(logs.into_iter().map(|log| log.expect("every queue's log was opened")).collect())
     }
 
     /// Where classic queues keep their logs.
@@ -402,17 +468,22 @@ impl Broker {
     /// Writes and syncs every queue log (graceful shutdown), so acks and unconfirmed publishes
     /// buffered in memory are not lost.
     pub fn flush_all(&self) {
+        // No delayed message is routed past this point: its record stays, to be routed after the restart.
+        self.delayed.stop();
         // The quorum shards' logs hold everything they committed; their threads stop first, so no
         // commit lands after the marker below.
         self.quorum.stop();
         if self.journaled {
             // Through the syncer, which owns the journal: every log written, journaled and synced,
             // then a checkpoint, so the next start has nothing to replay.
-            let logs: Vec<_> = self
+            let mut logs: Vec<_> = self
                 .topologies()
                 .iter()
                 .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.durable_log().cloned()).collect::<Vec<_>>())
                 .collect();
+            logs.push(self.delayed.log().clone());
+            logs.extend(self.queue_deduplication_logs());
+            logs.extend(self.dedup_exchanges.logs());
             if !self.syncer.checkpoint(logs) {
                 tracing::error!("the final checkpoint failed; the next start replays the journal");
             }
@@ -427,6 +498,15 @@ impl Broker {
         if let Err(error) = storage::write_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir) {
             tracing::error!(%error, "writing the clean-shutdown marker failed");
         }
+    }
+
+    /// The logs of the queues' deduplication caches.
+    fn queue_deduplication_logs(&self) -> Vec<storage::syncer::SharedLog> {
+        let topologies = self.topologies();
+        topologies
+            .iter()
+            .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.deduplication_log()).collect::<Vec<_>>())
+            .collect()
     }
 
     /// Writes, syncs and commits what every stream has appended (with `--sync interval` or
@@ -453,18 +533,18 @@ impl Broker {
     }
 
     fn flush_all_unjournaled(&self) {
-        for (_, vhost) in self.topologies() {
-            for entry in vhost.read().queues() {
-                let Some(log) = entry.handle.durable_log() else {
-                    continue;
-                };
-                let written = log.lock().write_pending(storage::queue_log::SyncDue::Now).map(|written| written.sync_now);
-                let synced = written
-                    .map_err(|error| error.to_string())
-                    .and_then(|files| files.iter().try_for_each(|file| file.sync()).map_err(|error| error.to_string()));
-                if let Err(error) = synced {
-                    tracing::error!(%error, "writing or syncing a queue log at shutdown failed");
-                }
+        let delayed = std::iter::once(self.delayed.log().clone()).chain(self.dedup_exchanges.logs()).chain(self.queue_deduplication_logs());
+        let queue_logs = self
+            .topologies()
+            .into_iter()
+            .flat_map(|(_, vhost)| vhost.read().queues().filter_map(|entry| entry.handle.durable_log().cloned()).collect::<Vec<_>>());
+        for log in delayed.chain(queue_logs) {
+            let written = log.lock().write_pending(storage::queue_log::SyncDue::Now).map(|written| written.sync_now);
+            let synced = written
+                .map_err(|error| error.to_string())
+                .and_then(|files| files.iter().try_for_each(|file| file.sync()).map_err(|error| error.to_string()));
+            if let Err(error) = synced {
+                tracing::error!(%error, "writing or syncing a queue log at shutdown failed");
             }
         }
     }
@@ -475,11 +555,27 @@ impl Broker {
         ChurnCounters::count(&self.churn.connections_opened);
     }
 
-    /// Forgets a closed connection.
+    /// Forgets a closed connection (its traffic joins the closed connections' totals under the
+    /// same lock as [`Broker::traffic_totals`] reads them, so those never go back).
     pub fn unregister_connection(&self, id: u64) {
-        if self.connections.lock().remove(&id).is_some() {
+        let mut connections = self.connections.lock();
+        if let Some(connection) = connections.remove(&id) {
             ChurnCounters::count(&self.churn.connections_closed);
+            self.churn.retire_traffic(&connection.traffic);
         }
+    }
+
+    /// Bytes received, socket reads, bytes sent and socket writes of every connection, open and
+    /// closed: counters that never go back.
+    pub fn traffic_totals(&self) -> [u64; 4] {
+        let connections = self.connections.lock();
+        let mut totals = self.churn.retired_traffic();
+        for connection in connections.values() {
+            for (total, value) in totals.iter_mut().zip(connection.traffic.read()) {
+                *total += value;
+            }
+        }
+        totals
     }
 
     /// Whether a resource alarm (disk or memory) blocks publishers now, and which.
@@ -865,7 +961,10 @@ impl Broker {
     }
 
     /// Waits until a submitted change is on disk (the answer to the client is sent after).
-    fn await_definitions(&self, ticket: Option<DefinitionsTicket>) -> Result<(), AmqpError> {
+    /// Waiting for the last of several tickets covers the earlier ones: changes are committed in
+    /// the order they were submitted, and a commit that failed is folded into the next one's new
+    /// snapshot.
+    pub(crate) fn await_definitions(&self, ticket: Option<DefinitionsTicket>) -> Result<(), AmqpError> {
         let Some(ticket) = ticket else { return Ok(()) };
         self.definitions.wait(ticket).map_err(|error| {
             tracing::error!(%error, "saving definitions failed");
@@ -875,9 +974,22 @@ impl Broker {
 
     /// exchange.declare.
     pub fn declare_exchange(&self, vhost: &str, declaration: &ExchangeDeclaration) -> Result<(), AmqpError> {
+        let ticket = self.declare_exchange_unwaited(vhost, declaration)?;
+        self.await_definitions(ticket)
+    }
+
+    /// exchange.declare, returning the ticket of the stored change to wait for before answering
+    /// (see [`Broker::await_definitions`]), so pipelined declares can share one fdatasync.
+    pub fn declare_exchange_unwaited(
+        &self,
+        vhost: &str,
+        declaration: &ExchangeDeclaration,
+    ) -> Result<Option<DefinitionsTicket>, AmqpError> {
         if let Some(cluster) = self.replicating() {
             if !declaration.passive && self.topology(vhost)?.read().exchange(&declaration.name).is_none() {
-                return cluster.propose(MetadataCommand::DeclareExchange(cluster_apply::exchange_command(vhost, declaration))).map(drop);
+                return cluster
+                    .propose(MetadataCommand::DeclareExchange(cluster_apply::exchange_command(vhost, declaration)))
+                    .map(|_| None);
             }
         }
         let policy = self.policy_for_exchange(vhost, &declaration.name);
@@ -888,11 +1000,13 @@ impl Broker {
             let created = topology.declare_exchange(declaration)?;
             if created {
                 topology.set_policy_alternate_exchange(&declaration.name, alternate);
+                // A new exchange starts with an empty deduplication cache, whatever an older one left.
+                self.dedup_exchanges.forget(vhost, &declaration.name);
             }
             let exchange = topology.exchange(&declaration.name).filter(|exchange| created && exchange.durable);
             exchange.and_then(|exchange| self.submit_definition(DefinitionChange::PutExchange(exchange_record(vhost, exchange))))
         };
-        self.await_definitions(ticket)
+        Ok(ticket)
     }
 
     /// exchange.delete.
@@ -911,6 +1025,7 @@ impl Broker {
             let before: Vec<ShortStr> =
                 topology.exchanges().filter(|exchange| exchange.durable).map(|exchange| exchange.name.clone()).collect();
             let removed = topology.delete_exchange(name, if_unused)?;
+            self.dedup_exchanges.forget(vhost, name);
             let gone: Vec<ShortStr> = before.into_iter().filter(|name| topology.exchange(name).is_none()).collect();
             let changes =
                 gone.into_iter().map(|name| DefinitionChange::DeleteExchange { vhost: vhost.to_string(), name: name.to_string_lossy() });
@@ -930,9 +1045,24 @@ impl Broker {
         server_named: bool,
         connection_id: u64,
     ) -> Result<(ShortStr, u32, u32), AmqpError> {
+        let (declared, ticket) = self.declare_queue_unwaited(vhost_name, definition, passive, server_named, connection_id)?;
+        self.await_definitions(ticket)?;
+        Ok(declared)
+    }
+
+    /// queue.declare, returning (name, ready messages, consumers) and the ticket of the stored
+    /// change to wait for before answering (see [`Broker::await_definitions`]).
+    pub fn declare_queue_unwaited(
+        &self,
+        vhost_name: &str,
+        definition: QueueDefinition,
+        passive: bool,
+        server_named: bool,
+        connection_id: u64,
+    ) -> Result<(DeclaredQueue, Option<DefinitionsTicket>), AmqpError> {
         if let Some(cluster) = self.replicating() {
             if !passive && self.topology(vhost_name)?.read().queue(&definition.name).is_none() {
-                return self.declare_queue_in_cluster(cluster, vhost_name, definition, server_named);
+                return self.declare_queue_in_cluster(cluster, vhost_name, definition, server_named).map(|declared| (declared, None));
             }
         }
         let storage = self.classic_storage();
@@ -976,12 +1106,11 @@ impl Broker {
             ChurnCounters::count(&self.churn.queues_created);
             queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
         }
-        self.await_definitions(ticket)?;
         if !created {
             queue.mark_used();
         }
         let (messages, consumers) = queue.counts();
-        Ok((queue.name().clone(), messages, consumers))
+        Ok(((queue.name().clone(), messages, consumers), ticket))
     }
 
     /// Removes a queue: from the topology, its log, and its consumers (told with basic.cancel).
@@ -1039,8 +1168,14 @@ impl Broker {
 
     /// queue.bind / exchange.bind.
     pub fn bind(&self, vhost_name: &str, source: &ShortStr, binding: Binding) -> Result<(), AmqpError> {
+        let ticket = self.bind_unwaited(vhost_name, source, binding)?;
+        self.await_definitions(ticket)
+    }
+
+    /// queue.bind / exchange.bind, returning the ticket to wait for (see [`Broker::await_definitions`]).
+    pub fn bind_unwaited(&self, vhost_name: &str, source: &ShortStr, binding: Binding) -> Result<Option<DefinitionsTicket>, AmqpError> {
         if let Some(cluster) = self.replicating() {
-            return cluster.propose(MetadataCommand::Bind(binding_record(vhost_name, source, &binding))).map(drop);
+            return cluster.propose(MetadataCommand::Bind(binding_record(vhost_name, source, &binding))).map(|_| None);
         }
         let ticket = {
             let topology = self.topology(vhost_name)?;
@@ -1050,13 +1185,19 @@ impl Broker {
             let durable = added && binding_is_durable(&topology, source, &record);
             durable.then(|| self.submit_definition(DefinitionChange::PutBinding(record))).flatten()
         };
-        self.await_definitions(ticket)
+        Ok(ticket)
     }
 
     /// queue.unbind / exchange.unbind.
     pub fn unbind(&self, vhost_name: &str, source: &ShortStr, binding: &Binding) -> Result<(), AmqpError> {
+        let ticket = self.unbind_unwaited(vhost_name, source, binding)?;
+        self.await_definitions(ticket)
+    }
+
+    /// queue.unbind / exchange.unbind, returning the ticket to wait for (see [`Broker::await_definitions`]).
+    pub fn unbind_unwaited(&self, vhost_name: &str, source: &ShortStr, binding: &Binding) -> Result<Option<DefinitionsTicket>, AmqpError> {
         if let Some(cluster) = self.replicating() {
-            return cluster.propose(MetadataCommand::Unbind(binding_record(vhost_name, source, binding))).map(drop);
+            return cluster.propose(MetadataCommand::Unbind(binding_record(vhost_name, source, binding))).map(|_| None);
         }
         let ticket = {
             let topology = self.topology(vhost_name)?;
@@ -1069,7 +1210,7 @@ impl Broker {
                 .map(|exchange| DefinitionChange::DeleteExchange { vhost: vhost_name.to_string(), name: exchange.name.to_string_lossy() });
             unbound.into_iter().chain(source_gone).filter_map(|change| self.submit_definition(change)).last()
         };
-        self.await_definitions(ticket)
+        Ok(ticket)
     }
 }
 

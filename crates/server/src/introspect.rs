@@ -68,6 +68,10 @@ pub struct ExchangeInfo {
     pub arguments: FieldTable,
     /// The name of the policy that applies to it.
     pub policy: Option<String>,
+    /// Messages published to it (RabbitMQ's publish_in).
+    pub published_in: u64,
+    /// Messages it routed into queues, one per queue (publish_out).
+    pub published_out: u64,
 }
 
 /// A binding as listed.
@@ -102,6 +106,8 @@ pub struct ConnectionInfo {
     pub has_published: bool,
     /// What TLS negotiated (None: plain AMQP).
     pub tls: Option<crate::tls::TlsInfo>,
+    /// Received bytes, socket reads, sent bytes, socket writes (see `ConnectionTraffic`).
+    pub traffic: [u64; 4],
 }
 
 /// Broker-wide totals.
@@ -188,6 +194,8 @@ impl Broker {
                     internal: exchange.internal,
                     arguments: exchange.arguments.clone(),
                     policy: self.policy_for_exchange(&vhost_name, &exchange.name).map(|policy| policy.name.clone()),
+                    published_in: exchange.stats.0.published_in.load(Ordering::Relaxed),
+                    published_out: exchange.stats.0.published_out.load(Ordering::Relaxed),
                 });
             }
         }
@@ -231,6 +239,7 @@ impl Broker {
                 session: connection.session.lock().clone(),
                 has_published: connection.has_published.load(Ordering::Acquire),
                 tls: connection.tls.clone(),
+                traffic: connection.traffic.read(),
             })
             .collect();
         connections.sort_by_key(|connection| connection.id);

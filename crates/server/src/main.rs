@@ -8,6 +8,8 @@ mod config;
 mod connection;
 mod ctl;
 mod dead_letter;
+mod dedup;
+mod delayed;
 mod direct_reply;
 mod introspect;
 mod listener;

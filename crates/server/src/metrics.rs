@@ -6,6 +6,8 @@ pub mod counters;
 pub mod latency;
 mod rabbitmq;
 
+pub use rabbitmq::message_totals;
+
 use crate::broker::Broker;
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
@@ -122,6 +124,29 @@ fn register_storage_metrics(registry: &mut Registry, broker: &Broker) {
     );
 }
 
+/// Bytes and socket reads and writes over every connection, open and closed, and what was
+/// published through each exchange.
+fn register_traffic_metrics(registry: &mut Registry, broker: &Broker) {
+    let [received_bytes, received_packets, sent_bytes, sent_packets] = broker.traffic_totals();
+    counter(registry, "lepus_network_received_bytes", "Bytes read from client connections' sockets", received_bytes);
+    counter(registry, "lepus_network_received_packets", "Socket reads of client connections that returned data", received_packets);
+    counter(registry, "lepus_network_sent_bytes", "Bytes written to client connections' sockets", sent_bytes);
+    counter(registry, "lepus_network_sent_packets", "Socket writes to client connections", sent_packets);
+    let published_in = Family::<Labels, Counter>::default();
+    let published_out = Family::<Labels, Counter>::default();
+    for exchange in broker.list_exchanges() {
+        let labels: Labels = vec![("vhost", exchange.vhost.clone()), ("exchange", exchange.name.clone())];
+        published_in.get_or_create(&labels).inc_by(exchange.published_in);
+        published_out.get_or_create(&labels).inc_by(exchange.published_out);
+    }
+    registry.register("lepus_exchange_messages_published_in", "Messages published to an exchange", published_in);
+    registry.register(
+        "lepus_exchange_messages_published_out",
+        "Messages an exchange routed into queues, one per queue reached",
+        published_out,
+    );
+}
+
 /// The fdatasync latency histogram in OpenMetrics text form. The syncer counts into fixed
 /// buckets with atomics (nothing to allocate on its path), which prometheus-client's Histogram
 /// cannot take as they are, so it is written here: cumulative buckets, sum and count.
@@ -139,6 +164,32 @@ fn fsync_histogram_text(broker: &Broker) -> String {
     }
     let _ = writeln!(text, "lepus_storage_fsync_seconds_sum {}", stats.fsync_us_total.load(Ordering::Relaxed) as f64 / 1_000_000.0);
     let _ = writeln!(text, "lepus_storage_fsync_seconds_count {}", stats.fsyncs.load(Ordering::Relaxed));
+    text
+}
+
+/// How late delayed messages were routed, as a histogram of 1 ms buckets up to
+/// [`crate::delayed::LATENESS_BUCKETS_MS`] (the delay store counts them with atomics).
+fn delayed_lateness_text(broker: &Broker) -> String {
+    use std::fmt::Write as _;
+    let lateness = &broker.delayed.lateness;
+    let mut text = String::new();
+    let _ = writeln!(text, "# HELP lepus_delayed_lateness_seconds How late the timer routed due delayed messages");
+    let _ = writeln!(text, "# TYPE lepus_delayed_lateness_seconds histogram");
+    let mut cumulative = 0u64;
+    for (lateness_ms, bucket) in lateness.buckets.iter().enumerate() {
+        cumulative += bucket.load(Ordering::Relaxed);
+        let bound = if lateness_ms == crate::delayed::LATENESS_BUCKETS_MS {
+            "+Inf".to_string()
+        } else {
+            format!("{}", lateness_ms as f64 / 1000.0)
+        };
+        let _ = writeln!(text, "lepus_delayed_lateness_seconds_bucket{{le=\"{bound}\"}} {cumulative}");
+    }
+    let _ = writeln!(text, "lepus_delayed_lateness_seconds_sum {}", lateness.total_ms.load(Ordering::Relaxed) as f64 / 1000.0);
+    let _ = writeln!(text, "lepus_delayed_lateness_seconds_count {cumulative}");
+    let _ = writeln!(text, "# HELP lepus_delayed_lateness_max_seconds The latest a delayed message was routed");
+    let _ = writeln!(text, "# TYPE lepus_delayed_lateness_max_seconds gauge");
+    let _ = writeln!(text, "lepus_delayed_lateness_max_seconds {}", lateness.max_ms.load(Ordering::Relaxed) as f64 / 1000.0);
     text
 }
 
@@ -186,6 +237,7 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     registry.register("lepus_queue_messages_requeued", "Deliveries put back into a queue", requeued);
 
     gauge(&mut registry, "lepus_queues", "Queues", queues.len() as i64);
+    gauge(&mut registry, "lepus_delayed_messages", "Messages held back by x-delayed-message exchanges", as_i64(broker.delayed.pending()));
     gauge(&mut registry, "lepus_exchanges", "Exchanges", broker.list_exchanges().len() as i64);
     gauge(&mut registry, "lepus_connections", "Open client connections", connections.len() as i64);
     let channels: usize = connections.iter().map(|connection| connection.session.channels).sum();
@@ -234,6 +286,7 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
     if let Some(cluster) = broker.cluster.get() {
         crate::cluster::metrics::register(&mut registry, cluster);
     }
+    register_traffic_metrics(&mut registry, broker);
     // Summed over queues, which is how RabbitMQ's channel_queue_exchange_metrics add up on /metrics.
     counter(&mut registry, "rabbitmq_queue_messages_published", "Total number of messages published to queues", published_total);
     let scrape = rabbitmq::Scrape { broker, queues: &queues, connections: &connections, process, free_disk_bytes: free };
@@ -250,6 +303,13 @@ pub fn render(broker: &Broker) -> Result<String, std::fmt::Error> {
         "Time from the socket read that carried a publish to its basic.ack, for confirms that waited for a group commit",
     );
     text.insert_str(end, &confirms);
+    let end = text.rfind("# EOF").unwrap_or(text.len());
+    text.insert_str(end, &delayed_lateness_text(broker));
+    let deliveries = latency::DELIVERY_LATENCY.text(
+        "lepus_delivery_latency_seconds",
+        "Time from the socket read that carried a publish to the write of its first delivery to a consumer",
+    );
+    text.insert_str(end, &deliveries);
     Ok(text)
 }
 

@@ -34,13 +34,22 @@ impl Broker {
         };
         let message = std::sync::Arc::new(message);
         let mut queues = Vec::new();
+        let mut delayed_tickets = Vec::new();
         {
             let topology = topology.read();
             topology.require_exchange(&message.exchange)?;
             let mut properties = || message.header.properties().ok();
-            topology.route(&message.exchange, &message.routing_key, &mut properties, &mut queues);
+            let mut delayed = Vec::new();
+            topology.route(&message.exchange, &message.routing_key, &mut properties, &mut queues, &mut delayed);
+            for route in delayed {
+                let durable = topology.exchange(&route.exchange).is_some_and(|exchange| exchange.durable);
+                delayed_tickets.push(self.delayed.delay(vhost, &route, &message, durable));
+            }
         }
         let mut published = Published { routed: false, tickets: ConfirmTickets::default() };
+        for ticket in delayed_tickets {
+            published.tickets.add(ticket);
+        }
         for queue in &queues {
             match queue.publish(message.clone()) {
                 PublishOutcome::Accepted(ticket) => {

@@ -12,6 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use tokio::sync::mpsc;
 
+mod unacked;
+pub use unacked::DeliveriesByTag;
+
 /// How many deliveries may wait in a connection's writer before queues stop handing it more. This
 /// is the bound for no-ack consumers and consumers without a prefetch limit; a slow socket then
 /// holds messages in their queues, not in memory here.
@@ -104,6 +107,8 @@ pub struct ConnectionShared {
     pub close_reason: Mutex<Option<String>>,
     /// What TLS negotiated, for a connection to the AMQPS port.
     pub tls: Option<crate::tls::TlsInfo>,
+    /// Bytes and socket reads and writes (RabbitMQ's recv_oct, recv_cnt, send_oct, send_cnt).
+    pub traffic: crate::metrics::counters::ConnectionTraffic,
 }
 
 /// What the handshake learned about a connection, for listings.
@@ -147,6 +152,7 @@ impl ConnectionShared {
             session: Default::default(),
             close_reason: Default::default(),
             tls: None,
+            traffic: Default::default(),
         }
     }
 
@@ -218,7 +224,7 @@ pub struct DeliveryLedger {
     /// The last tag handed out.
     pub last_tag: u64,
     /// Unacked deliveries by tag.
-    pub unacked: BTreeMap<u64, Unacked>,
+    pub unacked: DeliveriesByTag<Unacked>,
     /// False once the channel closes: no more deliveries.
     pub open: bool,
     /// The channel's deliveries and acks, for the broker's metrics.

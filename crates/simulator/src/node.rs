@@ -164,12 +164,24 @@ impl Node {
         journal.start_new_file().map_err(|error| failure("retiring the replayed journal", error))?;
         journal.set_checkpoint_bytes(options.checkpoint_bytes);
         let syncer = SteppedSyncer::new(SyncPolicy::Always, Some(journal));
-        let cache = FileCache::with_file_system(OPEN_SEGMENT_FILES_MAX, shared);
-        let mut queues = Vec::with_capacity(options.queues);
+        let cache = FileCache::with_file_system(OPEN_SEGMENT_FILES_MAX, shared.clone());
+        // As the broker starts: every log opened, then the seals recovery wrote made durable by
+        // one sync of the file system, before any queue is used.
+        let mut opened = Vec::with_capacity(options.queues);
         for index in 0..options.queues {
             let directory = queues_directory().join(format!("q{index}"));
-            let (mut log, recovery) = QueueLog::open_with_cache(&directory, options.segment_bytes, cache.clone())
-                .map_err(|error| failure("queue log recovery", error))?;
+            opened.push(
+                QueueLog::open_without_syncing_seals(&directory, options.segment_bytes, cache.clone())
+                    .map_err(|error| failure("queue log recovery", error))?,
+            );
+        }
+        if opened.iter().any(|(_, recovery)| recovery.seals_unsynced) {
+            shared.sync_file_system(&queues_directory()).map_err(|source| {
+                failure("syncing recovery's seals", StorageError::Io { path: queues_directory().display().to_string(), source })
+            })?;
+        }
+        let mut queues = Vec::with_capacity(options.queues);
+        for (index, (mut log, recovery)) in opened.into_iter().enumerate() {
             log.use_journal();
             let mut cursor = log.recovered_tail(&recovery);
             let recovered =
@@ -368,7 +380,7 @@ impl Queue {
                     ledger.settle(message.id, Settlement::Expired)?;
                     self.settles_unflushed.push(message.id);
                 }
-                Effect::NeedPageIn { messages_max, bytes_max, generation } => {
+                Effect::NeedPageIn { messages_max, bytes_max, generation, .. } => {
                     self.page_in(messages_max, bytes_max, generation, now_ms, ledger, sabotage)?
                 }
                 other => violation!("queue {}: unexpected effect {other:?}", self.index),

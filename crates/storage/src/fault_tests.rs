@@ -55,6 +55,7 @@ fn message(tag: u64) -> Message {
         routing_key: ShortStr::from("k"),
         header: ContentHeader::from_properties(60, body.len() as u64, &properties),
         body,
+        published_at_ns: 0,
     }
 }
 

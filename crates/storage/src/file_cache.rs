@@ -74,6 +74,12 @@ pub struct FileHandle {
 /// No slot: the end of the LRU list.
 const NONE: u32 = u32::MAX;
 
+impl FileHandle {
+    /// A handle to no file: every lookup misses and removing it does nothing. A queue log holds it
+    /// while its active segment has no file yet (it makes the file at its first write).
+    pub const DETACHED: FileHandle = FileHandle { slot: NONE, generation: u64::MAX };
+}
+
 #[derive(Debug)]
 struct Slot {
     file: Option<Arc<dyn StorageFile>>,
@@ -190,6 +196,19 @@ impl FileCache {
         };
         self.stats.opens.fetch_add(1, Ordering::Relaxed);
         Ok((self.insert(file.clone()), file))
+    }
+
+    /// Runs `operation`, which opens a descriptor for a moment (a directory to fsync, a segment to
+    /// read); when the process is out of descriptors, closes half of the cached files and runs it
+    /// once more, as [`FileCache::open`] does.
+    pub fn with_a_descriptor<T>(&self, operation: impl Fn() -> io::Result<T>) -> io::Result<T> {
+        match operation() {
+            Err(error) if is_out_of_descriptors(&error) => {
+                self.evict((self.open_files() / 2).max(1));
+                operation()
+            }
+            done => done,
+        }
     }
 
     /// Closes the file behind `handle` (its log no longer needs it); a stale handle is ignored.

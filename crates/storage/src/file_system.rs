@@ -113,6 +113,11 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
 
     /// Whether a directory has this name.
     fn is_dir(&self, path: &Path) -> bool;
+
+    /// Makes everything written on the file system holding `path` durable, every file's data and
+    /// every directory's names (`syncfs`): one call instead of one fdatasync per file, for a start
+    /// that wrote into thousands of files (journal replay, recovery's seals).
+    fn sync_file_system(&self, path: &Path) -> io::Result<()>;
 }
 
 /// A file system shared by every part of storage that reaches the same disk.
@@ -223,6 +228,17 @@ impl FileSystem for RealFileSystem {
 
     fn is_dir(&self, path: &Path) -> bool {
         path.is_dir()
+    }
+
+    fn sync_file_system(&self, path: &Path) -> io::Result<()> {
+        let file = File::open(path)?;
+        // SAFETY: the descriptor is open for the call's duration; syncfs reads no memory.
+        // Since Linux 5.8 it also reports writeback errors of the file system.
+        if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&file)) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 }
 

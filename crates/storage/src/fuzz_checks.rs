@@ -28,6 +28,7 @@ fn message(position: u64) -> Message {
         routing_key: ShortStr::from("k"),
         header: ContentHeader::from_properties(60, body.len() as u64, &properties),
         body,
+        published_at_ns: 0,
     }
 }
 

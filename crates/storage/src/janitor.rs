@@ -13,6 +13,7 @@
 //! logs hold, not by the message rate.
 
 use crate::file_system::{OpenMode, SharedFileSystem};
+use crate::segment_index::SegmentSummary;
 use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Sender};
@@ -46,6 +47,8 @@ enum Job {
     Unlink(SharedFileSystem, PathBuf),
     RemoveDirectory(SharedFileSystem, PathBuf),
     PrepareSpare { spares: SharedSpares, file_system: SharedFileSystem, directory: PathBuf, bytes: u64 },
+    AppendIndex { spares: SharedSpares, file_system: SharedFileSystem, directory: PathBuf, entries: Vec<(PathBuf, SegmentSummary)> },
+    CompactIndex { spares: SharedSpares, file_system: SharedFileSystem, directory: PathBuf },
     Barrier(Sender<()>),
 }
 
@@ -93,6 +96,20 @@ fn run(job: Job) {
             }
         }
         Job::PrepareSpare { spares, file_system, directory, bytes } => prepare_spare(&spares, &file_system, &directory, bytes),
+        // Under the pool's lock, which a queue's deletion closes before it renames the directory
+        // away: an entry never lands in the directory of a queue declared anew under that name.
+        Job::AppendIndex { spares, file_system, directory, entries } => {
+            let pool = spares.lock();
+            if !pool.closed {
+                crate::segment_index::append(&*file_system, &directory, entries);
+            }
+        }
+        Job::CompactIndex { spares, file_system, directory } => {
+            let pool = spares.lock();
+            if !pool.closed {
+                crate::segment_index::compact(&*file_system, &directory);
+            }
+        }
         Job::Barrier(done) => {
             let _ = done.send(());
         }
@@ -162,6 +179,22 @@ pub fn remove_directory(file_system: SharedFileSystem, path: PathBuf) {
 /// `preparing` first.
 pub(crate) fn request_spare(spares: SharedSpares, file_system: SharedFileSystem, directory: PathBuf, bytes: u64) {
     submit(Job::PrepareSpare { spares, file_system, directory, bytes });
+}
+
+/// Appends the summaries of sealed segments to the index of their log in `directory`, each after
+/// its segment is fdatasynced (see [`crate::segment_index`]).
+pub(crate) fn append_index(
+    spares: SharedSpares,
+    file_system: SharedFileSystem,
+    directory: PathBuf,
+    entries: Vec<(PathBuf, SegmentSummary)>,
+) {
+    submit(Job::AppendIndex { spares, file_system, directory, entries });
+}
+
+/// Rewrites the index of the log in `directory` without the entries of retired segments.
+pub(crate) fn compact_index(spares: SharedSpares, file_system: SharedFileSystem, directory: PathBuf) {
+    submit(Job::CompactIndex { spares, file_system, directory });
 }
 
 /// Waits until every job submitted before the call has run.

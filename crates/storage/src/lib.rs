@@ -9,6 +9,8 @@
 //!   it and ends each segment at its seal or its first invalid record.
 //! - [`journal`]: the node journal: every journaled segment write as a redo entry, so a group
 //!   commit fdatasyncs one file for the whole node; replayed into the segments at start.
+//! - [`segment_index`]: per log, the summaries of its sealed segments (what each does to the
+//!   live and delivered positions), so recovery reads a few bytes per segment, not the segment.
 //! - [`syncer`]: one thread that writes and fdatasyncs every dirty log in a batch (group commit)
 //!   and only then runs the callbacks that send publisher confirms.
 //! - [`file_cache`]: the node-wide, bounded cache of open segment files (least recently used
@@ -39,6 +41,7 @@ pub mod memory_file_system;
 pub mod queue_log;
 pub mod range_set;
 pub mod record;
+pub mod segment_index;
 pub mod stream;
 pub mod syncer;
 

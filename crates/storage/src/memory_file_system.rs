@@ -52,6 +52,8 @@ pub enum Operation {
     RemoveDirectory,
     /// `create_dir_all`.
     CreateDirectory,
+    /// `sync_file_system`.
+    SyncFileSystem,
 }
 
 /// Where the power went: the operation that never happened, and its path.
@@ -529,6 +531,21 @@ impl FileSystem for MemoryFileSystem {
         state.operate(Operation::SyncDirectory, directory)?;
         let node = state.directories.get_mut(&node).expect("resolved");
         node.durable = node.entries.clone();
+        state.syncs += 1;
+        Ok(())
+    }
+
+    fn sync_file_system(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.powered()?;
+        state.lookup(path)?;
+        state.fault(FaultOperation::Sync, path)?;
+        state.operate(Operation::SyncFileSystem, path)?;
+        for file in state.files.values_mut() {
+            file.durable = file.data.clone();
+        }
+        for directory in state.directories.values_mut() {
+            directory.durable = directory.entries.clone();
+        }
         state.syncs += 1;
         Ok(())
     }

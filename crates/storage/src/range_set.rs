@@ -59,6 +59,41 @@ impl RangeSet {
         }
     }
 
+    /// Removes `start..end`.
+    pub fn remove_range(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let first = self.ranges.range(..start).next_back().map(|(&s, &e)| (s, e));
+        let overlapping: Vec<(u64, u64)> =
+            first.into_iter().filter(|&(_, e)| e > start).chain(self.ranges.range(start..end).map(|(&s, &e)| (s, e))).collect();
+        for (range_start, range_end) in overlapping {
+            self.ranges.remove(&range_start);
+            if range_start < start {
+                self.ranges.insert(range_start, start);
+            }
+            if range_end > end {
+                self.ranges.insert(end, range_end);
+            }
+        }
+    }
+
+    /// The parts of the set's ranges within `start..end`, in order.
+    pub fn ranges_within(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let first = self.ranges.range(..start).next_back().map(|(&s, &e)| (s, e));
+        first
+            .into_iter()
+            .chain(self.ranges.range(start..end).map(|(&s, &e)| (s, e)))
+            .map(|(range_start, range_end)| (range_start.max(start), range_end.min(end)))
+            .filter(|(low, high)| low < high)
+            .collect()
+    }
+
+    /// The ranges, in order.
+    pub fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.ranges.iter().map(|(&start, &end)| (start, end))
+    }
+
     /// Forgets every position below `floor`.
     pub fn remove_below(&mut self, floor: u64) {
         let below: Vec<(u64, u64)> = self.ranges.range(..floor).map(|(&s, &e)| (s, e)).collect();
@@ -97,17 +132,28 @@ mod tests {
 
     proptest! {
         #[test]
-        fn behaves_like_a_set(operations in proptest::collection::vec((0u8..3, 0u64..64, 0u64..8), 0..200)) {
+        fn behaves_like_a_set(operations in proptest::collection::vec((0u8..4, 0u64..64, 0u64..8), 0..200)) {
             let mut ranges = RangeSet::new();
             let mut model = BTreeSet::new();
             for (kind, position, length) in operations {
                 match kind {
                     0 => { ranges.insert(position); model.insert(position); }
                     1 => { ranges.insert_range(position, position + length); model.extend(position..position + length); }
+                    2 => {
+                        ranges.remove_range(position, position + length);
+                        for removed in position..position + length { model.remove(&removed); }
+                    }
                     _ => { ranges.remove(position); model.remove(&position); }
                 }
                 for probe in 0..80 {
                     prop_assert_eq!(ranges.contains(probe), model.contains(&probe), "position {}", probe);
+                }
+                let within: BTreeSet<u64> = ranges.ranges_within(10, 40).into_iter().flat_map(|(low, high)| low..high).collect();
+                prop_assert_eq!(within, model.range(10..40).copied().collect::<BTreeSet<u64>>());
+                let mut previous_end = None;
+                for (start, end) in ranges.ranges() {
+                    prop_assert!(start < end && previous_end.is_none_or(|previous| previous < start), "disjoint, not adjacent, in order");
+                    previous_end = Some(end);
                 }
             }
         }

@@ -940,7 +940,14 @@ fn sync_all(
         });
         // Empty unless `due` is `Now`: the log keeps (or, with `--sync never`, forgets) them.
         let result = match written {
-            Ok(files) => files.iter().try_for_each(|file: &PendingSync| timed(stats, || file.sync())).map_err(|error| error.to_string()),
+            Ok(files) => match files.iter().try_for_each(|file: &PendingSync| timed(stats, || file.sync())) {
+                Ok(()) => Ok(()),
+                Err(error) => {
+                    // Owed again: the retry must sync them before it confirms anything.
+                    entry.log.lock().sync_failed(files);
+                    Err(error.to_string())
+                }
+            },
             Err(error) => Err(error.to_string()),
         };
         outcomes.push(match result {
@@ -978,6 +985,7 @@ mod tests {
             routing_key: ShortStr::from("k"),
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: Bytes::from(body),
+            published_at_ns: 0,
         }
     }
 
@@ -1222,6 +1230,10 @@ mod sync_order_tests {
         fn is_dir(&self, path: &Path) -> bool {
             RealFileSystem.is_dir(path)
         }
+
+        fn sync_file_system(&self, path: &Path) -> std::io::Result<()> {
+            self.record(path, || RealFileSystem.sync_file_system(path))
+        }
     }
 
     /// Opens a queue log whose files go through `recorder`.
@@ -1259,6 +1271,7 @@ mod sync_order_tests {
             routing_key: ShortStr::from("k"),
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: Bytes::from(body),
+            published_at_ns: 0,
         }
     }
 
@@ -1354,6 +1367,42 @@ mod sync_order_tests {
         assert!(wait_for_confirm(&recorder, 3), "the next batch, sync working again, confirms");
         let events = recorder.take_events();
         assert!(synced_under(&events[..confirm_index(&events, 3)], &journal_directory, true), "{events:#?}");
+        stop(syncer, &log);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// A new log's directory whose sync fails (EIO here; EMFILE when the node is out of
+    /// descriptors) nacks the publish, and stays owed: the next batch syncs it successfully
+    /// before it confirms the next publish. Before, the failed sync was forgotten and the retry
+    /// confirmed with the new segment's name never made durable.
+    #[test]
+    fn a_failed_directory_sync_nacks_and_is_made_before_the_next_confirm() {
+        let root = temporary_root("directory-owed");
+        let journal_directory = root.join("journal");
+        let recorder = RecordingSync::new(journal_directory.clone());
+        let (journal, _) = Journal::open_in(recorder.shared(), &journal_directory).expect("journal");
+        let syncer = Syncer::start(SyncPolicy::Always, Some(journal));
+        let queues = root.join("queues");
+        let log_directory = queues.join("q");
+        let mut log = open_log(&recorder, &log_directory, 1 << 20);
+        log.use_journal();
+        let log: SharedLog = Arc::new(Mutex::new(log));
+        let sink: Arc<dyn ConfirmSink> = Arc::new(RecordingSink(recorder.events.clone()));
+        recorder.take_events();
+        // The first write makes the log's directory: it and its parent are synced with the batch.
+        recorder.fail(Failing::Under(queues.clone()));
+        publish_and_confirm(&syncer, &log, &sink, 1);
+        assert!(!wait_for_confirm(&recorder, 1), "a failed directory sync must nack");
+        recorder.take_events();
+        recorder.fail(Failing::Nothing);
+        publish_and_confirm(&syncer, &log, &sink, 2);
+        assert!(wait_for_confirm(&recorder, 2), "the next batch confirms");
+        let events = recorder.take_events();
+        let before_confirm = &events[..confirm_index(&events, 2)];
+        let synced = |path: &Path| {
+            before_confirm.iter().any(|event| matches!(event, Event::Synced { path: synced, succeeded: true, .. } if synced == path))
+        };
+        assert!(synced(&log_directory) && synced(&queues), "the owed directory syncs were not made before the confirm: {events:#?}");
         stop(syncer, &log);
         let _ = std::fs::remove_dir_all(&root);
     }
@@ -1612,7 +1661,8 @@ mod sync_order_tests {
         let others: Vec<&PathBuf> = events
             .iter()
             .filter_map(|event| match event {
-                Event::Synced { path, .. } if !path.starts_with(&busy) => Some(path),
+                // The busy log's first write made its directory, so their parent is synced too.
+                Event::Synced { path, .. } if !path.starts_with(&busy) && *path != queues => Some(path),
                 _ => None,
             })
             .collect();

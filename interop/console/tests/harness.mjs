@@ -138,6 +138,12 @@ export function useBrokerAndBrowser() {
       timeout: 30000,
     });
     context.setDefaultTimeout(WAIT_MS);
+    // CONSOLE_DIR (the console's source folder) serves its files from there instead of from the
+    // binary, so a change to the console, or a deliberate breakage, is tried without a rebuild.
+    if (process.env.CONSOLE_DIR) {
+      await context.route(/\/console\/[a-z]+\.(js|css)$/, (route) =>
+        route.fulfill({path: path.join(process.env.CONSOLE_DIR, path.basename(new URL(route.request().url()).pathname))}));
+    }
     page = context.pages()[0] || await context.newPage();
     // The console confirms purge, delete and close: the tests answer as `dialogAnswer` says.
     page.on('dialog', (dialog) => {

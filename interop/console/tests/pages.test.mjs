@@ -5,7 +5,7 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  REFRESH_MS, amqpConnect, api, apiQueue, broker, cell, open, page, pageErrors, shot, sleep, unique, useBrokerAndBrowser, waitFor,
+  REFRESH_MS, WAIT_MS, amqpConnect, api, apiQueue, broker, cell, open, page, pageErrors, shot, sleep, unique, useBrokerAndBrowser, waitFor,
 } from './harness.mjs';
 
 useBrokerAndBrowser();
@@ -81,8 +81,8 @@ test('the queue page lists each consumer as the API does and charts ready and un
   await waitFor('the exclusive consumer row', async () => (await cell('consumers', otherKey, 'exclusive')) === 'yes');
   assert.equal(await cell('consumers', otherKey, 'ack'), 'auto ack (no ack)');
   assert.deepEqual(await rowKeys('consumers'), [otherKey]);
-  // The chart of the first queue: ready and unacked as the API counts them, drawn from samples
-  // the page keeps; more publishes make the ready line move.
+  // The chart of the first queue: ready and unacked as the API counts them, drawn from the
+  // broker's samples; more publishes make the ready line move.
   await open(`#/queues/%2F/${queue}`);
   for (let i = 0; i < 4; i++) {
     publisher.sendToQueue(queue, Buffer.from('more'), {persistent: true});
@@ -102,6 +102,46 @@ test('the queue page lists each consumer as the API does and charts ready and un
   assert.equal(samples, 2);
   assert.ok(await paintedPixels('#queue-charts canvas') > 500, 'the queue chart is drawn');
   await shot('queue-consumers');
+  await connection.close();
+});
+
+/** Loads the console afresh at `hash` with a refresh period so long that only the first load draws. */
+async function loadOnce(hash) {
+  // A query of its own makes it a new document, not a hash change of the page already open.
+  await page.goto(`http://127.0.0.1:${broker.httpPort}/?refresh=600000&load=${Date.now()}${hash}`);
+  await page.waitForSelector('body[data-loaded]', {timeout: WAIT_MS});
+}
+
+/** The points a chart canvas of the current page was drawn with. */
+function chartPointCount(selector) {
+  return page.evaluate((css) => Number(document.querySelector(css).dataset.points || 0), selector);
+}
+
+test('charts are full at page load, drawn from the samples the broker keeps', async () => {
+  const queue = unique('history');
+  const connection = await amqpConnect();
+  const publisher = await connection.createConfirmChannel();
+  await publisher.assertQueue(queue, {durable: true});
+  for (let i = 0; i < 3; i++) publisher.sendToQueue(queue, Buffer.from(`m${i}`), {persistent: true});
+  await publisher.waitForConfirms();
+  // The broker samples every 5 s: wait until its newest sample of the queue counts the three.
+  const range = 'lengths_age=600&lengths_incr=5&msg_rates_age=600&msg_rates_incr=5';
+  const sampled = await waitFor('the broker to have sampled the queue', async () => {
+    const answer = await api('GET', `/queues/%2F/${queue}?${range}`);
+    const samples = answer.body.messages_ready_details.samples;
+    return samples[0].sample === 3 ? answer.body : null;
+  }, 3 * WAIT_MS);
+  assert.equal(sampled.messages_ready_details.samples.length, 121);
+  // A fresh page, loaded once: both charts already hold the broker's 10 minutes of points.
+  await loadOnce(`#/queues/%2F/${queue}`);
+  assert.equal(await chartPointCount('#queue-charts canvas[aria-label="Queued messages"]'), 121);
+  assert.equal(await chartPointCount('#queue-charts canvas[aria-label="Message rates"]'), 120);
+  assert.equal(await page.textContent('#queue-charts [data-series="ready"] b'), '3');
+  assert.ok(await paintedPixels('#queue-charts canvas') > 500, 'the queue chart is drawn');
+  await loadOnce('#/overview');
+  assert.equal(await chartPointCount('canvas[aria-label="Queued messages"]'), 121);
+  assert.equal(await chartPointCount('canvas[aria-label="Message rates"]'), 120);
+  await shot('charts-at-load');
   await connection.close();
 });
 

@@ -54,6 +54,18 @@ DASHBOARD_METRICS = [
     "rabbitmq_disk_space_available_bytes",
 ]
 
+# Beyond the Overview dashboard: the connection traffic families RabbitMQ's monitoring guide
+# charts ("Network Bytes Transmitted/Received", connection_coarse_metrics and connection_metrics)
+# and the node's fdatasync count and time (node_persister_metrics).
+TRAFFIC_AND_IO_METRICS = [
+    "rabbitmq_connection_incoming_bytes_total",
+    "rabbitmq_connection_outgoing_bytes_total",
+    "rabbitmq_connection_incoming_packets_total",
+    "rabbitmq_connection_outgoing_packets_total",
+    "rabbitmq_io_sync_ops_total",
+    "rabbitmq_io_sync_time_seconds_total",
+]
+
 # What the load below makes above zero, on both brokers. Each count the load makes is at least 1,
 # so a family that is written but never counted fails here, naming itself.
 NONZERO = [
@@ -73,6 +85,9 @@ NONZERO = [
     "rabbitmq_global_messages_acknowledged_total",
     "rabbitmq_process_resident_memory_bytes", "rabbitmq_process_open_fds", "rabbitmq_process_open_tcp_sockets",
     "rabbitmq_disk_space_available_bytes", "rabbitmq_identity_info",
+    "rabbitmq_connection_incoming_bytes_total", "rabbitmq_connection_outgoing_bytes_total",
+    "rabbitmq_connection_incoming_packets_total", "rabbitmq_connection_outgoing_packets_total",
+    "rabbitmq_io_sync_ops_total",
 ]
 
 
@@ -100,6 +115,10 @@ def make_load(broker, names):
     channel.queue_declare(work)
     channel.queue_declare(held)
     channel.confirm_delivery()
+    # A persistent message confirmed from a durable queue: an fdatasync on both brokers.
+    durable = names("prom-durable")
+    channel.queue_declare(durable, durable=True)
+    channel.basic_publish("", durable, b"synced", pika.BasicProperties(delivery_mode=2))
     for index in range(10):
         channel.basic_publish("", work, b"m%d" % index)
         channel.basic_publish("", held, b"h%d" % index)
@@ -148,7 +167,7 @@ def test_every_overview_dashboard_metric_answers_with_data(fresh_lepus, names):
         # RabbitMQ refreshes its core metrics every collect_statistics_interval; on a timeout
         # the last scrape is checked, so the failure names what is missing or zero.
         values = wait_for(scraped, timeout=15) or last
-        missing = [name for name in DASHBOARD_METRICS if name not in values]
+        missing = [name for name in DASHBOARD_METRICS + TRAFFIC_AND_IO_METRICS if name not in values]
         assert not missing, missing
         empty = [name for name in NONZERO if values.get(name, 0) <= 0]
         assert not empty, (empty, values)
@@ -286,3 +305,67 @@ def test_confirm_latency_histogram_counts_every_synced_confirm(fresh_lepus, name
     buckets = sorted(value for (name, _), value in samples.items() if name == "lepus_confirm_latency_seconds_bucket")
     assert buckets[-1] == values["lepus_confirm_latency_seconds_count"]
     assert values["lepus_confirm_latency_seconds_sum"] > 0
+
+
+@pytest.mark.lepus_only("Lepus's own delivery latency histogram")
+def test_delivery_latency_histogram_counts_first_deliveries(fresh_lepus, names):
+    broker = fresh_lepus
+    before = summed(broker.metrics()).get("lepus_delivery_latency_seconds_count", 0)
+    connection = broker.connect()
+    try:
+        channel = connection.channel()
+        queue = channel.queue_declare(names("prom-delivery"), durable=True).method.queue
+        for index in range(20):
+            channel.basic_publish("", queue, b"d%d" % index, pika.BasicProperties(delivery_mode=2))
+        received = []
+        channel.basic_consume(queue, lambda ch, m, p, b: received.append(m))
+        wait_for(lambda: connection.process_data_events(time_limit=0.05) or len(received) >= 20)
+        # Put back and delivered again: redeliveries are not counted.
+        channel.basic_nack(received[-1].delivery_tag, multiple=True, requeue=True)
+        wait_for(lambda: connection.process_data_events(time_limit=0.05) or len(received) >= 40)
+        assert len(received) == 40 and all(m.redelivered for m in received[20:])
+        channel.basic_ack(received[-1].delivery_tag, multiple=True)
+        channel.queue_delete(queue)
+    finally:
+        connection.close()
+    samples = broker.metrics()
+    values = summed(samples)
+    assert values["lepus_delivery_latency_seconds_count"] - before == 20
+    buckets = sorted(value for (name, _), value in samples.items() if name == "lepus_delivery_latency_seconds_bucket")
+    assert buckets[-1] == values["lepus_delivery_latency_seconds_count"]
+    assert values["lepus_delivery_latency_seconds_sum"] > 0
+
+
+@pytest.mark.lepus_only("Lepus's own traffic and exchange counters, exact on a broker the suite started")
+def test_traffic_and_exchange_counters(fresh_lepus, names):
+    broker = fresh_lepus
+    exchange, first, second = names("prom-x"), names("prom-q1"), names("prom-q2")
+    before = summed(broker.metrics())
+    connection = broker.connect()
+    try:
+        channel = connection.channel()
+        channel.exchange_declare(exchange, "fanout")
+        for queue in (first, second):
+            channel.queue_declare(queue)
+            channel.queue_bind(queue, exchange)
+        channel.confirm_delivery()
+        for _ in range(7):
+            channel.basic_publish(exchange, "", b"x" * 1000)
+        while_open = summed(broker.metrics())
+    finally:
+        connection.close()
+    # The closed connection's traffic stays counted: the counters never go back.
+    assert wait_for(lambda: summed(broker.metrics()).get("lepus_connections", 1) == 0)
+    after = summed(broker.metrics())
+    received = after["lepus_network_received_bytes_total"] - before.get("lepus_network_received_bytes_total", 0)
+    # Seven bodies of 1,000 bytes, their frames, the handshake and the declarations: at most 2 KiB more.
+    assert 7000 < received < 7000 + 2048, received
+    assert after["lepus_network_received_bytes_total"] >= while_open["lepus_network_received_bytes_total"]
+    assert after["lepus_network_sent_bytes_total"] > before.get("lepus_network_sent_bytes_total", 0)
+    assert after["lepus_network_received_packets_total"] > before.get("lepus_network_received_packets_total", 0)
+    assert after["lepus_network_sent_packets_total"] > before.get("lepus_network_sent_packets_total", 0)
+    samples = broker.metrics()
+    published = {(name, dict(labels).get("exchange")): value for (name, labels), value in samples.items()
+                 if name.startswith("lepus_exchange_messages_published")}
+    assert published[("lepus_exchange_messages_published_in_total", exchange)] == 7
+    assert published[("lepus_exchange_messages_published_out_total", exchange)] == 14

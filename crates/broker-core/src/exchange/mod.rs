@@ -1,6 +1,8 @@
 //! Exchanges and their bindings: where a message goes, given its routing key and headers.
 
 pub mod consistent_hash;
+pub mod deduplication;
+pub mod delayed;
 mod headers;
 mod topic;
 
@@ -8,6 +10,8 @@ pub use headers::headers_match;
 pub use topic::topic_matches;
 
 use amqp_codec::{BasicProperties, FieldTable, ShortStr};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 /// The exchange types RabbitMQ ships.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +27,12 @@ pub enum ExchangeKind {
     /// One binding per message, by a hash of its routing key (or a header or property), each
     /// binding weighted by the integer of its key (RabbitMQ's rabbitmq_consistent_hash_exchange).
     ConsistentHash,
+    /// Routes as the type of its `x-delayed-type` argument, holding back for its `x-delay` a
+    /// message that asks for one (the rabbitmq-delayed-message-exchange plugin; see [`delayed`]).
+    Delayed,
+    /// Every binding, each message once per `x-deduplication-header` value within the cache's
+    /// time to live (the rabbitmq-message-deduplication plugin's type; see [`deduplication`]).
+    Deduplication,
 }
 
 impl ExchangeKind {
@@ -34,6 +44,8 @@ impl ExchangeKind {
             b"topic" => Some(ExchangeKind::Topic),
             b"headers" => Some(ExchangeKind::Headers),
             b"x-consistent-hash" => Some(ExchangeKind::ConsistentHash),
+            b"x-delayed-message" => Some(ExchangeKind::Delayed),
+            b"x-message-deduplication" => Some(ExchangeKind::Deduplication),
             _ => None,
         }
     }
@@ -46,6 +58,8 @@ impl ExchangeKind {
             ExchangeKind::Topic => "topic",
             ExchangeKind::Headers => "headers",
             ExchangeKind::ConsistentHash => "x-consistent-hash",
+            ExchangeKind::Delayed => "x-delayed-message",
+            ExchangeKind::Deduplication => "x-message-deduplication",
         }
     }
 }
@@ -70,6 +84,28 @@ pub struct Binding {
     pub arguments: FieldTable,
 }
 
+/// What was published through an exchange, RabbitMQ's `publish_in` and `publish_out`. Channels
+/// count into it in batches (a channel adds its counts once per socket read, not per message),
+/// the management API reads it.
+#[derive(Debug, Default)]
+pub struct ExchangeStats {
+    /// Messages published to the exchange.
+    pub published_in: AtomicU64,
+    /// Messages it routed into queues, one per queue reached.
+    pub published_out: AtomicU64,
+}
+
+/// An exchange's [`ExchangeStats`], shared by its clones. Not part of the exchange's identity:
+/// exchanges compare equal whatever they counted.
+#[derive(Debug, Clone, Default)]
+pub struct ExchangeStatsHandle(pub Arc<ExchangeStats>);
+
+impl PartialEq for ExchangeStatsHandle {
+    fn eq(&self, _other: &ExchangeStatsHandle) -> bool {
+        true
+    }
+}
+
 /// An exchange and its outgoing bindings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Exchange {
@@ -90,12 +126,28 @@ pub struct Exchange {
     /// The `alternate-exchange` of the policy that applies to it, if any; its own argument wins
     /// over it, as in RabbitMQ.
     pub policy_alternate_exchange: Option<ShortStr>,
+    /// Whether and how it drops duplicates (from its type and arguments, fixed at declaration).
+    pub deduplication: Option<deduplication::DeduplicationSettings>,
+    /// What was published through it.
+    pub stats: ExchangeStatsHandle,
 }
 
 impl Exchange {
     /// A new exchange with no bindings.
     pub fn new(name: ShortStr, kind: ExchangeKind, durable: bool, auto_delete: bool, internal: bool, arguments: FieldTable) -> Exchange {
-        Exchange { name, kind, durable, auto_delete, internal, arguments, bindings: Vec::new(), policy_alternate_exchange: None }
+        let deduplication = deduplication::settings(&arguments, kind == ExchangeKind::Deduplication);
+        Exchange {
+            name,
+            kind,
+            durable,
+            auto_delete,
+            internal,
+            arguments,
+            bindings: Vec::new(),
+            policy_alternate_exchange: None,
+            deduplication,
+            stats: ExchangeStatsHandle::default(),
+        }
     }
 
     /// Where what it cannot route goes: its `alternate-exchange` argument, else its policy's.
@@ -106,10 +158,20 @@ impl Exchange {
         }
     }
 
-    /// Whether routing needs the message's properties (its headers, or what a consistent-hash
-    /// exchange hashes), which cost a decode.
-    pub fn needs_properties(&self) -> bool {
+    /// The rules it routes by: its type's, or for a delayed exchange its `x-delayed-type`'s
+    /// (checked at declaration; one restored from disk without a valid one routes as direct).
+    pub fn routing_kind(&self) -> ExchangeKind {
         match self.kind {
+            ExchangeKind::Delayed => delayed::delayed_type(&self.arguments).unwrap_or(ExchangeKind::Direct),
+            kind => kind,
+        }
+    }
+
+    /// Whether routing needs the message's properties (its headers, or what a consistent-hash
+    /// exchange hashes, or a delayed exchange's `x-delay`), which cost a decode.
+    pub fn needs_properties(&self) -> bool {
+        match self.routing_kind() {
+            _ if self.kind == ExchangeKind::Delayed => true,
             ExchangeKind::Headers => true,
             ExchangeKind::ConsistentHash => {
                 self.arguments.get(consistent_hash::HASH_HEADER_ARGUMENT).is_some()
@@ -121,7 +183,8 @@ impl Exchange {
 
     /// Calls `found` with each destination whose binding matches.
     pub fn route(&self, routing_key: &[u8], properties: Option<&BasicProperties>, mut found: impl FnMut(&Destination)) {
-        if self.kind == ExchangeKind::ConsistentHash {
+        let kind = self.routing_kind();
+        if kind == ExchangeKind::ConsistentHash {
             // Checked at declaration; an exchange restored from disk with bad arguments routes
             // by its routing key.
             let hash_on = consistent_hash::HashOn::from_arguments(&self.arguments).unwrap_or(consistent_hash::HashOn::RoutingKey);
@@ -133,9 +196,9 @@ impl Exchange {
         }
         let headers = properties.and_then(|properties| properties.headers.as_ref());
         for binding in &self.bindings {
-            let matches = match self.kind {
-                ExchangeKind::Direct => binding.routing_key.as_bytes() == routing_key,
-                ExchangeKind::Fanout => true,
+            let matches = match kind {
+                ExchangeKind::Direct | ExchangeKind::Delayed => binding.routing_key.as_bytes() == routing_key,
+                ExchangeKind::Fanout | ExchangeKind::Deduplication => true,
                 ExchangeKind::Topic => topic_matches(binding.routing_key.as_bytes(), routing_key),
                 ExchangeKind::Headers => headers_match(&binding.arguments, headers),
                 ExchangeKind::ConsistentHash => false,

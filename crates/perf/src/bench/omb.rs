@@ -129,6 +129,7 @@ pub async fn run_workload(workload: &Workload, workload_path: &Path, options: &B
                 message_count: None,
                 payloads: payloads.clone(),
                 precise_pacing: true,
+                latency_from_sent: false,
             };
             let (control, stats) = (producer_control.clone(), registry.worker());
             workers.spawn(async move {

@@ -4,7 +4,8 @@
 use super::{QueueState, Unacked};
 use crate::{ConsumerId, Payload, QueuedMessage};
 
-/// Every message of a [`QueueState`], in position order.
+/// Every message of a [`QueueState`], in position order. A queue with priorities is not imaged
+/// (only replicated queues are, and they take no x-max-priority): its state restores as a plain one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MessagesImage<M> {
     /// The position the next message gets.
@@ -20,7 +21,7 @@ pub struct MessagesImage<M> {
 impl<M: Payload> QueueState<M> {
     /// The messages as data; unacked ones sorted by position so equal states give equal images.
     pub fn image(&self) -> MessagesImage<M> {
-        let ready = self.ready.iter().map(|(position, queued)| (*position, queued.clone())).collect();
+        let ready = self.ready.iter().map(|(key, queued)| (super::priority::position_of(*key), queued.clone())).collect();
         let mut unacked: Vec<_> =
             self.unacked.iter().map(|(position, unacked)| (*position, unacked.queued.clone(), unacked.consumer)).collect();
         unacked.sort_by_key(|(position, _, _)| *position);

@@ -5,6 +5,7 @@
 //! write half, so a client that stops reading never stops us from reading its frames.
 
 mod channel;
+mod channel_map;
 mod context;
 mod stream;
 mod writer;
@@ -22,8 +23,8 @@ use amqp_codec::{
 use broker_core::{AmqpError, ErrorScope};
 use bytes::{Bytes, BytesMut};
 use channel::Channel;
+use channel_map::ChannelMap;
 use context::Context;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -92,6 +93,7 @@ pub async fn serve<S: ClientStream>(broker: Arc<Broker>, stream: S, peer: Socket
         session: Default::default(),
         close_reason: Default::default(),
         tls,
+        traffic: Default::default(),
     });
     broker.register_connection(shared.clone());
     let frame_max = Arc::new(AtomicU32::new(broker.config.frame_bytes_max));
@@ -104,7 +106,7 @@ pub async fn serve<S: ClientStream>(broker: Arc<Broker>, stream: S, peer: Socket
         reader: Box::new(read_half),
         buffer: BytesMut::with_capacity(READ_BUFFER_BYTES),
         phase: Phase::AwaitStartOk,
-        channels: HashMap::new(),
+        channels: ChannelMap::default(),
         channel_max: broker.config.channels_per_connection_max,
         frame_max,
         heartbeat_s,
@@ -126,6 +128,25 @@ pub async fn serve<S: ClientStream>(broker: Arc<Broker>, stream: S, peer: Socket
     broker.unregister_connection(shared.id);
 }
 
+/// Whether a frame may be handled while replies wait for definitions changes to be durable:
+/// declares and binds, whose only effect a client sees is their reply (held in order behind the
+/// others). Anything else (a publish, a consume, a delete that cancels consumers) first waits for
+/// the held changes, so its effects never overtake a reply that is not sent yet.
+fn waits_with_held_replies(frame: &Frame) -> bool {
+    matches!(
+        &frame.payload,
+        FramePayload::Heartbeat
+            | FramePayload::Method(
+                Method::QueueDeclare(_)
+                    | Method::QueueBind(_)
+                    | Method::QueueUnbind(_)
+                    | Method::ExchangeDeclare(_)
+                    | Method::ExchangeBind(_)
+                    | Method::ExchangeUnbind(_)
+            )
+    )
+}
+
 /// A refused login waiting for its answer.
 struct RefusedLogin {
     /// How long to wait before answering.
@@ -140,7 +161,7 @@ struct Connection {
     reader: Box<dyn AsyncRead + Unpin + Send>,
     buffer: BytesMut,
     phase: Phase,
-    channels: HashMap<u16, Channel>,
+    channels: ChannelMap,
     channel_max: u16,
     frame_max: Arc<AtomicU32>,
     heartbeat_s: Arc<AtomicU32>,
@@ -193,19 +214,25 @@ impl Connection {
             }
             while let Some(frame) = self.next_buffered_frame()? {
                 let channel = frame.channel;
+                if self.context.holds_replies() && !waits_with_held_replies(&frame) {
+                    self.release_held_replies();
+                }
                 self.handle_frame(frame);
                 self.answer_waiting_get().await;
-                let pending = |channel: &Channel| channel.has_pending_syncs() || channel.has_pending_acks();
+                let pending = |channel: &Channel| channel.has_pending_syncs() || channel.has_pending_acks() || channel.has_pending_counts();
                 if self.channels.get(&channel).is_some_and(pending) && !self.channels_with_pending_syncs.contains(&channel) {
                     self.channels_with_pending_syncs.push(channel);
                 }
                 if self.phase == Phase::Done {
+                    self.release_held_replies();
                     let Some(refused) = self.refused_login.take() else {
                         return Err(EndReason::Closed);
                     };
                     self.answer_refused_login(refused).await;
                 }
             }
+            // Everything this read asked for is handled: its held replies share one fdatasync.
+            self.release_held_replies();
             self.flush_pending_syncs();
             let timeout = match self.phase {
                 Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => {
@@ -240,7 +267,10 @@ impl Connection {
             };
             match read {
                 Ok(Ok(0)) => return Err(EndReason::Eof),
-                Ok(Ok(_)) => {}
+                Ok(Ok(read)) => {
+                    self.context.connection.traffic.count_read(read);
+                    self.context.read_at_ns = crate::metrics::latency::clock_ns();
+                }
                 Ok(Err(error)) => return Err(EndReason::Io(error)),
                 Err(_) => {
                     return Err(match self.phase {
@@ -269,6 +299,14 @@ impl Connection {
             None => self.phase = Phase::Draining,
         }
         self.close_wait = Duration::from_secs(REFUSED_LOGIN_CLOSE_DELAY_S);
+    }
+
+    /// Sends the replies held for definitions changes once they are durable; a change that could
+    /// not be stored closes the connection (541), as a declare that waited alone did.
+    fn release_held_replies(&mut self) {
+        if let Err(error) = self.context.release_held_replies() {
+            self.fail(error);
+        }
     }
 
     /// Decodes the next complete frame; a decoding error closes the connection with its code.
@@ -312,6 +350,7 @@ impl Connection {
             if let Some(channel) = self.channels.get_mut(&id) {
                 channel.flush_syncs(&self.context);
                 channel.flush_acks();
+                channel.flush_counts();
             }
         }
     }
@@ -545,38 +584,9 @@ impl Connection {
         if frame.channel == 0 {
             return self.handle_channel_zero(frame.payload);
         }
-        if !self.channels.contains_key(&frame.channel) {
-            return match frame.payload {
-                FramePayload::Method(Method::ChannelOpen(_)) => {
-                    // Like RabbitMQ 3.10, channel_max bounds how many channels are open, not their numbers.
-                    if self.channels.len() >= usize::from(self.channel_max) {
-                        return Err(AmqpError::not_allowed(format!(
-                            "number of channels opened ({}) has reached the negotiated channel_max ({})",
-                            self.channels.len(),
-                            self.channel_max
-                        ))
-                        .during(20, 10));
-                    }
-                    let channel = Channel::open(frame.channel, &self.context);
-                    ChurnCounters::count(&self.context.broker.churn.channels_opened);
-                    let mut session = self.context.connection.session.lock();
-                    session.open_channels.insert(frame.channel, Arc::downgrade(channel.shared()));
-                    self.channels.insert(frame.channel, channel);
-                    session.channels = self.channels.len();
-                    Ok(())
-                }
-                // A close-ok for a channel already forgotten: harmless.
-                FramePayload::Method(Method::ChannelCloseOk(_)) => Ok(()),
-                FramePayload::Method(other) => {
-                    Err(AmqpError::channel_error("expected 'channel.open'").during(other.class_id(), other.method_id()))
-                }
-                FramePayload::Header(_) | FramePayload::Body(_) => {
-                    Err(AmqpError::unexpected_frame("expected method frame, got non method frame instead"))
-                }
-                FramePayload::Heartbeat => Err(AmqpError::unexpected_frame("heartbeat frame on a non-zero channel")),
-            };
-        }
-        let channel = self.channels.get_mut(&frame.channel).expect("checked above");
+        let Some(channel) = self.channels.get_mut(&frame.channel) else {
+            return self.handle_unopened_channel(frame);
+        };
         match channel.handle(&mut self.context, frame.payload) {
             Ok(channel::After::KeepOpen) => Ok(()),
             Ok(channel::After::Forget) => {
@@ -591,6 +601,39 @@ impl Connection {
                 Ok(())
             }
             Err(error) => Err(error),
+        }
+    }
+
+    /// A frame for a channel that is not open: channel.open opens it, anything else is an error.
+    fn handle_unopened_channel(&mut self, frame: Frame) -> Result<(), AmqpError> {
+        match frame.payload {
+            FramePayload::Method(Method::ChannelOpen(_)) => {
+                // Like RabbitMQ 3.10, channel_max bounds how many channels are open, not their numbers.
+                if self.channels.len() >= usize::from(self.channel_max) {
+                    return Err(AmqpError::not_allowed(format!(
+                        "number of channels opened ({}) has reached the negotiated channel_max ({})",
+                        self.channels.len(),
+                        self.channel_max
+                    ))
+                    .during(20, 10));
+                }
+                let channel = Channel::open(frame.channel, &self.context);
+                ChurnCounters::count(&self.context.broker.churn.channels_opened);
+                let mut session = self.context.connection.session.lock();
+                session.open_channels.insert(frame.channel, Arc::downgrade(channel.shared()));
+                self.channels.insert(frame.channel, channel);
+                session.channels = self.channels.len();
+                Ok(())
+            }
+            // A close-ok for a channel already forgotten: harmless.
+            FramePayload::Method(Method::ChannelCloseOk(_)) => Ok(()),
+            FramePayload::Method(other) => {
+                Err(AmqpError::channel_error("expected 'channel.open'").during(other.class_id(), other.method_id()))
+            }
+            FramePayload::Header(_) | FramePayload::Body(_) => {
+                Err(AmqpError::unexpected_frame("expected method frame, got non method frame instead"))
+            }
+            FramePayload::Heartbeat => Err(AmqpError::unexpected_frame("heartbeat frame on a non-zero channel")),
         }
     }
 

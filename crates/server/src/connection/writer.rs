@@ -1,9 +1,10 @@
 //! A connection's writer task: takes what channels and queues queued for the client, encodes it
 //! into one buffer and writes it with as few syscalls as the backlog allows.
 
+use crate::metrics::latency::DeliveryLatencies;
 use crate::shared::{ConnectionShared, Outbound, OUTBOUND_DELIVERIES_RESUME};
 use amqp_codec::{
-    encode_body_frames, encode_content_header, encode_deliver_frame, encode_heartbeat, encode_method_frame, BasicGetOk, BasicReturn,
+    encode_body_frames, encode_content_header, encode_delivery, encode_heartbeat, encode_method_frame, BasicGetOk, BasicReturn,
     DeliverFields, Method,
 };
 use broker_core::Message;
@@ -33,7 +34,13 @@ fn encode_content(buffer: &mut BytesMut, channel: u16, method: &Method, message:
     encode_body_frames(buffer, channel, &message.body, frame_max);
 }
 
-fn encode_item(buffer: &mut BytesMut, item: Outbound, frame_max: u32, connection: &ConnectionShared) -> bool {
+fn encode_item(
+    buffer: &mut BytesMut,
+    item: Outbound,
+    frame_max: u32,
+    connection: &ConnectionShared,
+    latencies: &mut DeliveryLatencies,
+) -> bool {
     match item {
         Outbound::Frames(frames) => buffer.extend_from_slice(&frames),
         Outbound::Deliver { channel, consumer_tag, delivery_tag, redelivered, message } => {
@@ -44,10 +51,9 @@ fn encode_item(buffer: &mut BytesMut, item: Outbound, frame_max: u32, connection
                 exchange: &message.exchange,
                 routing_key: &message.routing_key,
             };
-            encode_deliver_frame(buffer, channel, fields);
-            encode_content_header(buffer, channel, &message.header);
-            encode_body_frames(buffer, channel, &message.body, frame_max);
+            encode_delivery(buffer, channel, fields, &message.header, &message.body, frame_max);
             connection.outbound_deliveries.fetch_sub(1, Ordering::AcqRel);
+            latencies.delivered(message.published_at_ns, redelivered);
         }
         Outbound::GetOk { channel, delivery_tag, redelivered, message_count, message } => {
             let method = Method::BasicGetOk(BasicGetOk {
@@ -83,6 +89,7 @@ pub async fn run_writer<W: AsyncWrite + Unpin>(
     let mut buffer = BytesMut::with_capacity(64 * 1024);
     let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
     let mut since_last_write_s = 0u32;
+    let mut latencies = DeliveryLatencies::default();
     loop {
         let first = tokio::select! {
             item = receiver.recv() => item,
@@ -93,6 +100,7 @@ pub async fn run_writer<W: AsyncWrite + Unpin>(
                 if interval > 0 && since_last_write_s * 2 >= interval {
                     encode_heartbeat(&mut buffer);
                     if socket.write_all(&buffer).await.is_err() { return; }
+                    connection.traffic.count_write(buffer.len());
                     buffer.clear();
                     since_last_write_s = 0;
                 }
@@ -101,11 +109,11 @@ pub async fn run_writer<W: AsyncWrite + Unpin>(
         };
         let Some(first) = first else { break };
         let frame_max = settings.frame_max.load(Ordering::Acquire);
-        let mut keep_going = encode_item(&mut buffer, first, frame_max, &connection);
+        let mut keep_going = encode_item(&mut buffer, first, frame_max, &connection, &mut latencies);
         let mut items = 1;
         while keep_going && items < WRITE_BATCH_ITEMS_MAX && buffer.len() < WRITE_BATCH_BYTES_MAX {
             match receiver.try_recv() {
-                Ok(item) => keep_going = encode_item(&mut buffer, item, frame_max, &connection),
+                Ok(item) => keep_going = encode_item(&mut buffer, item, frame_max, &connection, &mut latencies),
                 Err(_) => break,
             }
             items += 1;
@@ -115,6 +123,8 @@ pub async fn run_writer<W: AsyncWrite + Unpin>(
         if written.is_err() {
             break;
         }
+        connection.traffic.count_write(buffer.len());
+        latencies.written();
         buffer.clear();
         since_last_write_s = 0;
         if !keep_going {

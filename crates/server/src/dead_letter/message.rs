@@ -77,7 +77,7 @@ pub fn dead_lettered(
     properties.headers = Some(headers);
     let header = ContentHeader::from_properties(message.header.class_id, message.header.body_size, &properties);
     let routing_key = target.routing_key.clone().unwrap_or_else(|| message.routing_key.clone());
-    let message = Message { exchange: target.exchange.clone(), routing_key, header, body: message.body.clone() };
+    let message = Message { exchange: target.exchange.clone(), routing_key, header, body: message.body.clone(), published_at_ns: 0 };
     Some(DeadLettered { message, deaths })
 }
 
@@ -177,6 +177,7 @@ mod tests {
             routing_key: ShortStr::from("eu"),
             header: ContentHeader::from_properties(60, 3, &properties),
             body: Bytes::from_static(b"abc"),
+            published_at_ns: 0,
         }
     }
 

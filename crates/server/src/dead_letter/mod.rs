@@ -124,7 +124,7 @@ fn run(broker: Weak<Broker>, receiver: Receiver<DeadLetterBatch>) {
             return;
         };
         match received {
-            Ok(batch) => publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, batch),
+            Ok(batch) => publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, &broker.delayed, batch),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
@@ -142,7 +142,7 @@ fn sweep(broker: &Broker) {
             topology.read().queues().filter(|entry| entry.handle.dead_letters()).map(|entry| entry.handle.clone()).collect();
         for queue in queues {
             if let Some(batch) = queue.take_dead_letters() {
-                publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, batch);
+                publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, &broker.delayed, batch);
             }
         }
     }
@@ -155,7 +155,12 @@ fn now_s() -> u64 {
 /// Routes and publishes a batch in its vhost's `topology` (none: the vhost is gone, the letters
 /// are dropped), then settles the logged letters in their source once the new queues hold them
 /// safely.
-fn publish_batch(topology: Option<VhostTopology>, syncer: &Syncer, batch: DeadLetterBatch) {
+fn publish_batch(
+    topology: Option<VhostTopology>,
+    syncer: &Syncer,
+    delayed_store: &crate::delayed::DelayedMessages,
+    batch: DeadLetterBatch,
+) {
     let DeadLetterBatch { source, letters } = batch;
     let now_s = now_s();
     let mut tickets = ConfirmTickets::default();
@@ -176,7 +181,13 @@ fn publish_batch(topology: Option<VhostTopology>, syncer: &Syncer, batch: DeadLe
         {
             let vhost = topology.read();
             let mut properties = || dead_message.header.properties().ok();
-            vhost.route(&dead_message.exchange, &dead_message.routing_key, &mut properties, &mut queues);
+            let mut delayed = Vec::new();
+            vhost.route(&dead_message.exchange, &dead_message.routing_key, &mut properties, &mut queues, &mut delayed);
+            // A dead-letter exchange that is a delayed one holds the letter back, as the plugin does.
+            for route in delayed {
+                let durable = vhost.exchange(&route.exchange).is_some_and(|exchange| exchange.durable);
+                tickets.add(delayed_store.delay(&source.vhost, &route, &dead_message, durable));
+            }
         }
         for queue in &queues {
             let automatic = letter.reason != DeadLetterReason::Rejected;

@@ -45,6 +45,7 @@ fn persistent(body: &'static str) -> Arc<Message> {
         routing_key: ShortStr::from("source"),
         header: ContentHeader::from_properties(60, body.len() as u64, &properties),
         body: Bytes::from_static(body.as_bytes()),
+        published_at_ns: 0,
     })
 }
 
@@ -95,6 +96,7 @@ fn the_source_is_settled_only_once_the_target_holds_the_dead_letter() {
     topology.write().restore_queue(source_definition, source.clone());
     topology.write().restore_queue(definition("target", &[], None), target.clone());
     let next_batch = || receiver.receiver.recv_timeout(Duration::from_secs(10)).expect("the queue handed its dead letter over");
+    let delayed = crate::delayed::DelayedMessages::open(&data_dir.0, 1 << 20, false).expect("delay store");
 
     // The target syncs: the source's settle record follows.
     publish_durably(&source, &syncer, persistent("first"));
@@ -102,7 +104,7 @@ fn the_source_is_settled_only_once_the_target_holds_the_dead_letter() {
     assert_eq!(batch.letters.len(), 1);
     assert!(batch.letters[0].logged);
     let before = end_of(&source);
-    publish_batch(Some(topology.clone()), &syncer, batch);
+    publish_batch(Some(topology.clone()), &syncer, &delayed, batch);
     let deadline = Instant::now() + Duration::from_secs(10);
     while end_of(&source) == before {
         assert!(Instant::now() < deadline, "the source was never settled");
@@ -115,7 +117,7 @@ fn the_source_is_settled_only_once_the_target_holds_the_dead_letter() {
     let batch = next_batch();
     let before = end_of(&source);
     journal_file_system.fail(FaultOperation::Sync, libc::EIO, &journal_directory, u64::MAX);
-    publish_batch(Some(topology.clone()), &syncer, batch);
+    publish_batch(Some(topology.clone()), &syncer, &delayed, batch);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(end_of(&source), before, "settled in the source although the target could not make it durable");
     journal_file_system.clear_faults();

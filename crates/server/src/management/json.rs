@@ -1,5 +1,6 @@
 //! Conversions between AMQP values and the API's JSON, and the JSON shapes of listed objects.
 
+use super::rates::{connection_field, exchange_field, queue_field, Figures, Ranges};
 use super::ApiError;
 use crate::introspect::{BindingInfo, ConnectionInfo, ExchangeInfo, QueueInfo};
 use amqp_codec::{BasicProperties, FieldTable, FieldValue, ShortStr};
@@ -203,9 +204,10 @@ pub fn exchange_from_path(name: &str) -> &str {
     }
 }
 
-/// A queue as `/api/queues` shows it.
-pub fn queue_json(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &str) -> Value {
-    let mut value = queue_json_of_any_type(queue, rates, node);
+/// A queue as `/api/queues` shows it, with its rates (and samples, when `ranges` asks) from
+/// `figures`.
+pub fn queue_json(queue: &QueueInfo, figures: &Figures<'_, { queue_field::COUNT }>, ranges: &Ranges, node: &str) -> Value {
+    let mut value = queue_json_of_any_type(queue, figures, ranges, node);
     if queue.queue_type == broker_core::vhost::QueueType::Stream {
         stream_queue_fields(&mut value, queue, node);
     }
@@ -230,10 +232,11 @@ fn stream_queue_fields(value: &mut Value, queue: &QueueInfo, node: &str) {
     fields.insert("messages_unacknowledged".to_string(), json!(0));
 }
 
-fn queue_json_of_any_type(queue: &QueueInfo, rates: &super::rates::QueueRates, node: &str) -> Value {
+fn queue_json_of_any_type(queue: &QueueInfo, figures: &Figures<'_, { queue_field::COUNT }>, ranges: &Ranges, node: &str) -> Value {
     let snapshot = &queue.snapshot;
     let stats = &snapshot.stats;
     let messages = snapshot.ready + snapshot.unacked;
+    let (lengths, msg_rates) = (ranges.lengths.as_ref(), ranges.msg_rates.as_ref());
     json!({
         "name": queue.name,
         "vhost": queue.vhost,
@@ -252,22 +255,22 @@ fn queue_json_of_any_type(queue: &QueueInfo, rates: &super::rates::QueueRates, n
         "consumers": snapshot.consumers,
         "consumer_utilisation": null,
         "messages": messages,
-        "messages_details": details(rates.messages),
+        "messages_details": figures.details(lengths, |values| values[queue_field::READY] + values[queue_field::UNACKED]),
         "messages_ready": snapshot.ready,
-        "messages_ready_details": details(rates.messages_ready),
+        "messages_ready_details": figures.field(lengths, queue_field::READY),
         "messages_unacknowledged": snapshot.unacked,
-        "messages_unacknowledged_details": details(rates.messages_unacknowledged),
+        "messages_unacknowledged_details": figures.field(lengths, queue_field::UNACKED),
         "messages_paged_out": snapshot.paged,
         "messages_ram": messages - snapshot.paged.min(messages),
         "message_stats": {
             "publish": stats.published,
-            "publish_details": details(rates.publish),
+            "publish_details": figures.field(msg_rates, queue_field::PUBLISH),
             "deliver_get": stats.delivered,
-            "deliver_get_details": details(rates.deliver_get),
+            "deliver_get_details": figures.field(msg_rates, queue_field::DELIVER_GET),
             "ack": stats.acked,
-            "ack_details": details(rates.ack),
+            "ack_details": figures.field(msg_rates, queue_field::ACK),
             "redeliver": stats.requeued,
-            "redeliver_details": details(rates.redeliver),
+            "redeliver_details": figures.field(msg_rates, queue_field::REDELIVER),
         },
     })
 }
@@ -292,9 +295,10 @@ pub fn add_replica_fields(answer: &mut Value, replicas: &crate::quorum::ReplicaI
     object.insert("online".to_string(), json!(replicas.online));
 }
 
-/// An exchange as `/api/exchanges` shows it.
-pub fn exchange_json(exchange: &ExchangeInfo) -> Value {
-    json!({
+/// An exchange as `/api/exchanges` shows it, with `message_stats` once something was published to
+/// it (`publish_out` once something was routed), as RabbitMQ shows them.
+pub fn exchange_json(exchange: &ExchangeInfo, figures: &Figures<'_, { exchange_field::COUNT }>, ranges: &Ranges) -> Value {
+    let mut answer = json!({
         "name": exchange.name,
         "vhost": exchange.vhost,
         "type": exchange.kind,
@@ -304,7 +308,22 @@ pub fn exchange_json(exchange: &ExchangeInfo) -> Value {
         "arguments": table_to_json(&exchange.arguments),
         "policy": exchange.policy,
         "user_who_performed_action": "rmq-internal",
-    })
+    });
+    let range = ranges.msg_rates.as_ref();
+    let mut stats = Map::new();
+    for (name, field, value) in [
+        ("publish_in", exchange_field::PUBLISH_IN, exchange.published_in),
+        ("publish_out", exchange_field::PUBLISH_OUT, exchange.published_out),
+    ] {
+        if value > 0 {
+            stats.insert(name.to_owned(), json!(value));
+            stats.insert(format!("{name}_details"), figures.field(range, field));
+        }
+    }
+    if let (false, Some(object)) = (stats.is_empty(), answer.as_object_mut()) {
+        object.insert("message_stats".to_owned(), Value::Object(stats));
+    }
+    answer
 }
 
 /// RabbitMQ's `quote_plus` as it builds a binding's properties key.
@@ -392,7 +411,21 @@ fn listener_address(connection: &ConnectionInfo, server: std::net::SocketAddr) -
     }
 }
 
-/// A connection as `/api/connections` shows it.
+/// A connection's traffic (RabbitMQ's recv_oct, recv_cnt, send_oct, send_cnt) with the byte rates.
+pub fn traffic_json(connection: &ConnectionInfo, figures: &Figures<'_, { connection_field::COUNT }>, ranges: &Ranges) -> Value {
+    let [received_bytes, received_packets, sent_bytes, sent_packets] = connection.traffic;
+    let range = ranges.data_rates.as_ref();
+    json!({
+        "recv_oct": received_bytes,
+        "recv_oct_details": figures.field(range, connection_field::RECV_OCT),
+        "recv_cnt": received_packets,
+        "send_oct": sent_bytes,
+        "send_oct_details": figures.field(range, connection_field::SEND_OCT),
+        "send_cnt": sent_packets,
+    })
+}
+
+/// A connection as `/api/connections` shows it (without its traffic: see [`traffic_json`]).
 pub fn connection_json(connection: &ConnectionInfo, server: std::net::SocketAddr, node: &str, disk_alarm: bool) -> Value {
     let session = &connection.session;
     let server = listener_address(connection, server);

@@ -2,11 +2,12 @@
 //! the handlers so that `routes.rs`, whose request helpers `vhosts.rs` and `definitions.rs` use,
 //! does not import them back.
 
+use super::overview::overview;
 use super::routes::{
     alarms_check, aliveness_test, binding, binding_pair, bindings, channel, channels, close_connection, cluster_name, connection,
     connection_channels, connections, consumers, create_binding, declare_exchange, declare_queue, delete_binding, delete_exchange,
     delete_permission, delete_queue, delete_user, exchange, exchange_bindings_destination, exchange_bindings_source, exchanges,
-    get_messages, overview, permission, permissions, publish, purge_queue, put_permission, put_user, queue, queue_bindings, queues, user,
+    get_messages, permission, permissions, publish, purge_queue, put_permission, put_user, queue, queue_bindings, queues, user,
     user_permissions, users, vhost_bindings, vhost_channels, vhost_connections, vhost_consumers, vhost_exchanges, vhost_permissions,
     vhost_queues, whoami,
 };

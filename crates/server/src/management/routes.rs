@@ -2,7 +2,7 @@
 
 use super::access::{Caller, Visibility};
 use super::json::{self, exchange_from_path, flag, integer, short, text};
-use super::{list_response, Api, ApiError, ListQuery, GET_MESSAGES_MAX, RABBITMQ_API_VERSION};
+use super::{list_response, Api, ApiError, ListQuery, GET_MESSAGES_MAX};
 use crate::auth::Access;
 use amqp_codec::{ContentHeader, ShortStr};
 use axum::body::Bytes;
@@ -10,6 +10,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use super::history::Rounding;
+use super::rates::{RangeQuery, Ranges, View};
 use axum::Json;
 use broker_core::exchange::{Binding, Destination};
 use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType};
@@ -40,7 +42,7 @@ pub fn require_vhost(api: &Api, vhost: &str) -> Result<(), ApiError> {
     }
 }
 
-fn amqp_address(api: &Api) -> SocketAddr {
+pub(super) fn amqp_address(api: &Api) -> SocketAddr {
     SocketAddr::new(api.broker.config.bind_address, api.broker.config.amqp_port)
 }
 
@@ -54,79 +56,6 @@ pub fn created_or_existing(existed: bool) -> Response {
     } else {
         StatusCode::CREATED.into_response()
     }
-}
-
-pub(super) async fn overview(State(api): State<Api>) -> Json<Value> {
-    let overview = api.broker.overview();
-    let rates = api.rates.total();
-    let address = amqp_address(&api);
-    Json(json!({
-        "management_version": RABBITMQ_API_VERSION,
-        "rabbitmq_version": RABBITMQ_API_VERSION,
-        "product_name": "Lepus",
-        "product_version": env!("CARGO_PKG_VERSION"),
-        "rates_mode": "basic",
-        "cluster_name": api.node,
-        "node": api.node,
-        "erlang_version": "none (Lepus is written in Rust)",
-        "erlang_full_version": "none",
-        "disable_stats": false,
-        "enable_queue_totals": true,
-        "statistics_db_event_queue": 0,
-        "exchange_types": [
-            {"name": "direct", "description": "AMQP direct exchange, as per the AMQP specification", "enabled": true},
-            {"name": "fanout", "description": "AMQP fanout exchange, as per the AMQP specification", "enabled": true},
-            {"name": "headers", "description": "AMQP headers exchange, as per the AMQP specification", "enabled": true},
-            {"name": "topic", "description": "AMQP topic exchange, as per the AMQP specification", "enabled": true},
-            {"name": "x-consistent-hash", "description": "Consistent Hashing Exchange", "enabled": true},
-        ],
-        "disk_free_alarm": overview.disk_alarm,
-        "mem_alarm": api.broker.memory_alarm.load(std::sync::atomic::Ordering::Acquire),
-        "object_totals": {
-            "connections": overview.connections,
-            "channels": overview.channels,
-            "exchanges": overview.exchanges,
-            "queues": overview.queues,
-            "consumers": overview.consumers,
-        },
-        "queue_totals": {
-            "messages": overview.messages_ready + overview.messages_unacked,
-            "messages_details": json::details(rates.messages),
-            "messages_ready": overview.messages_ready,
-            "messages_ready_details": json::details(rates.messages_ready),
-            "messages_unacknowledged": overview.messages_unacked,
-            "messages_unacknowledged_details": json::details(rates.messages_unacknowledged),
-        },
-        "message_stats": {
-            "publish": overview.published,
-            "publish_details": json::details(rates.publish),
-            "deliver_get": overview.delivered,
-            "deliver_get_details": json::details(rates.deliver_get),
-            "ack": overview.acked,
-            "ack_details": json::details(rates.ack),
-        },
-        "listeners": listeners(&api, address),
-        "contexts": [{"node": api.node, "description": "RabbitMQ Management", "path": "/"}],
-    }))
-}
-
-/// Every listener, as RabbitMQ names them: `amqp`, `amqp/ssl` with TLS, `http` (this API),
-/// `https` with TLS, and `http/prometheus` (metrics); a port set to 0 is not listened on.
-fn listeners(api: &Api, address: SocketAddr) -> Value {
-    let listener =
-        |protocol: &str, port: u16| json!({"node": api.node, "protocol": protocol, "ip_address": address.ip().to_string(), "port": port});
-    let config = &api.broker.config;
-    let tls = config.tls_cert_file.is_some() && config.tls_key_file.is_some();
-    let candidates = [
-        ("amqp", address.port(), true),
-        ("amqp/ssl", config.amqps_port, tls),
-        ("http", config.http_port, true),
-        ("https", config.https_port, tls),
-        ("http/prometheus", config.metrics_port, true),
-    ];
-    let listeners =
-        candidates.into_iter().filter(|(_, port, served)| *served && *port != 0).map(|(protocol, port, _)| listener(protocol, port));
-    Value::Array(listeners.collect())
 }
 
 pub(super) async fn cluster_name(State(api): State<Api>) -> Json<Value> {
@@ -330,7 +259,7 @@ pub(super) async fn aliveness_test(State(api): State<Api>, Path(vhost): Path<Str
     api.broker.declare_queue(&vhost, definition, false, false, 0)?;
     let body = Bytes::from_static(b"test_message");
     let header = ContentHeader::from_properties(60, body.len() as u64, &Default::default());
-    let message = Message { exchange: ShortStr::from(""), routing_key: name, header, body };
+    let message = Message { exchange: ShortStr::from(""), routing_key: name, header, body, published_at_ns: 0 };
     api.broker.publish_message(&vhost, message)?;
     let got = api.broker.get_messages(&vhost, "aliveness-test", 1, false).await?;
     if got.first().is_some_and(|got| got.message.body.as_ref() == b"test_message") {
@@ -355,18 +284,36 @@ pub(super) async fn alarms_check(State(api): State<Api>) -> Response {
     }
 }
 
-fn connection_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
-    let address = amqp_address(api);
-    api.broker
-        .list_connections()
-        .iter()
-        .filter(|connection| only_vhost.is_none_or(|vhost| connection.session.vhost == vhost))
-        .map(|connection| json::connection_json(connection, address, &api.node, disk_alarm(api)))
-        .collect()
+/// A connection as the API shows it, with its traffic and byte rates.
+fn connection_answer(api: &Api, connection: &crate::introspect::ConnectionInfo, view: &View, ranges: &Ranges) -> Value {
+    let mut answer = json::connection_json(connection, amqp_address(api), &api.node, disk_alarm(api));
+    if let (Some(object), Value::Object(traffic)) =
+        (answer.as_object_mut(), json::traffic_json(connection, &view.connection(connection.id), ranges))
+    {
+        object.extend(traffic);
+    }
+    answer
 }
 
-pub(super) async fn connections(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
-    list_response(caller.visible(connection_list(&api, None), Visibility::OwnConnection), &query)
+fn connection_list(api: &Api, only_vhost: Option<&str>, ranges: &Ranges) -> Vec<Value> {
+    let connections = api.broker.list_connections();
+    api.rates.read(|view| {
+        connections
+            .iter()
+            .filter(|connection| only_vhost.is_none_or(|vhost| connection.session.vhost == vhost))
+            .map(|connection| connection_answer(api, connection, view, ranges))
+            .collect()
+    })
+}
+
+pub(super) async fn connections(
+    State(api): State<Api>,
+    caller: Caller,
+    Query(query): Query<ListQuery>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
+    let ranges = range_query.ranges(Rounding::Floor)?;
+    list_response(caller.visible(connection_list(&api, None, &ranges), Visibility::OwnConnection), &query)
 }
 
 pub(super) async fn vhost_connections(
@@ -374,9 +321,11 @@ pub(super) async fn vhost_connections(
     caller: Caller,
     Path(vhost): Path<String>,
     Query(query): Query<ListQuery>,
+    Query(range_query): Query<RangeQuery>,
 ) -> Answer {
     require_vhost(&api, &vhost)?;
-    list_response(caller.visible(connection_list(&api, Some(&vhost)), Visibility::OwnConnection), &query)
+    let ranges = range_query.ranges(Rounding::Floor)?;
+    list_response(caller.visible(connection_list(&api, Some(&vhost), &ranges), Visibility::OwnConnection), &query)
 }
 
 /// Finds a connection by its RabbitMQ-style name (or Lepus's numeric id).
@@ -397,9 +346,15 @@ fn find_own_connection(api: &Api, caller: &Caller, name: &str) -> Result<crate::
     Ok(connection)
 }
 
-pub(super) async fn connection(State(api): State<Api>, caller: Caller, Path(name): Path<String>) -> Answer {
+pub(super) async fn connection(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
+    let ranges = range_query.ranges(Rounding::Floor)?;
     let connection = find_own_connection(&api, &caller, &name)?;
-    Ok(Json(json::connection_json(&connection, amqp_address(&api), &api.node, disk_alarm(&api))).into_response())
+    Ok(Json(api.rates.read(|view| connection_answer(&api, &connection, view, &ranges))).into_response())
 }
 
 pub(super) async fn close_connection(
@@ -535,22 +490,36 @@ fn consumer_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
         .collect()
 }
 
-fn exchange_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
-    api.broker
-        .list_exchanges()
-        .iter()
-        .filter(|exchange| only_vhost.is_none_or(|vhost| exchange.vhost == vhost))
-        .map(json::exchange_json)
-        .collect()
+fn exchange_list(api: &Api, only_vhost: Option<&str>, ranges: &Ranges) -> Vec<Value> {
+    let exchanges = api.broker.list_exchanges();
+    api.rates.read(|view| {
+        exchanges
+            .iter()
+            .filter(|exchange| only_vhost.is_none_or(|vhost| exchange.vhost == vhost))
+            .map(|exchange| json::exchange_json(exchange, &view.exchange(&exchange.vhost, &exchange.name), ranges))
+            .collect()
+    })
 }
 
-pub(super) async fn exchanges(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
-    list_response(caller.visible(exchange_list(&api, None), Visibility::InVhost), &query)
+pub(super) async fn exchanges(
+    State(api): State<Api>,
+    caller: Caller,
+    Query(query): Query<ListQuery>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
+    let ranges = range_query.ranges(Rounding::Floor)?;
+    list_response(caller.visible(exchange_list(&api, None, &ranges), Visibility::InVhost), &query)
 }
 
-pub(super) async fn vhost_exchanges(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn vhost_exchanges(
+    State(api): State<Api>,
+    Path(vhost): Path<String>,
+    Query(query): Query<ListQuery>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
     require_vhost(&api, &vhost)?;
-    list_response(exchange_list(&api, Some(&vhost)), &query)
+    let ranges = range_query.ranges(Rounding::Floor)?;
+    list_response(exchange_list(&api, Some(&vhost), &ranges), &query)
 }
 
 fn find_exchange(api: &Api, vhost: &str, name: &str) -> Result<crate::introspect::ExchangeInfo, ApiError> {
@@ -563,8 +532,15 @@ fn find_exchange(api: &Api, vhost: &str, name: &str) -> Result<crate::introspect
         .ok_or_else(ApiError::object_not_found)
 }
 
-pub(super) async fn exchange(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
-    Ok(Json(json::exchange_json(&find_exchange(&api, &vhost, &name)?)).into_response())
+pub(super) async fn exchange(
+    State(api): State<Api>,
+    Path((vhost, name)): Path<(String, String)>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
+    let ranges = range_query.ranges(Rounding::Floor)?;
+    let exchange = find_exchange(&api, &vhost, &name)?;
+    Ok(Json(api.rates.read(|view| json::exchange_json(&exchange, &view.exchange(&exchange.vhost, &exchange.name), &ranges)))
+        .into_response())
 }
 
 pub(super) async fn declare_exchange(
@@ -699,27 +675,46 @@ pub(super) async fn queue_bindings(
     )
 }
 
-fn queue_list(api: &Api, only_vhost: Option<&str>) -> Vec<Value> {
-    api.broker
-        .list_queues()
-        .iter()
-        .filter(|queue| only_vhost.is_none_or(|vhost| queue.vhost == vhost))
-        .map(|queue| json::queue_json(queue, &api.rates.queue(&queue.vhost, &queue.name), &api.node))
-        .collect()
+fn queue_list(api: &Api, only_vhost: Option<&str>, ranges: &Ranges) -> Vec<Value> {
+    let queues = api.broker.list_queues();
+    api.rates.read(|view| {
+        queues
+            .iter()
+            .filter(|queue| only_vhost.is_none_or(|vhost| queue.vhost == vhost))
+            .map(|queue| json::queue_json(queue, &view.queue(&queue.vhost, &queue.name), ranges, &api.node))
+            .collect()
+    })
 }
 
-pub(super) async fn queues(State(api): State<Api>, caller: Caller, Query(query): Query<ListQuery>) -> Answer {
-    list_response(caller.visible(queue_list(&api, None), Visibility::InVhost), &query)
+pub(super) async fn queues(
+    State(api): State<Api>,
+    caller: Caller,
+    Query(query): Query<ListQuery>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
+    let ranges = range_query.ranges(Rounding::Ceil)?;
+    list_response(caller.visible(queue_list(&api, None, &ranges), Visibility::InVhost), &query)
 }
 
-pub(super) async fn vhost_queues(State(api): State<Api>, Path(vhost): Path<String>, Query(query): Query<ListQuery>) -> Answer {
+pub(super) async fn vhost_queues(
+    State(api): State<Api>,
+    Path(vhost): Path<String>,
+    Query(query): Query<ListQuery>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
     require_vhost(&api, &vhost)?;
-    list_response(queue_list(&api, Some(&vhost)), &query)
+    let ranges = range_query.ranges(Rounding::Ceil)?;
+    list_response(queue_list(&api, Some(&vhost), &ranges), &query)
 }
 
-pub(super) async fn queue(State(api): State<Api>, Path((vhost, name)): Path<(String, String)>) -> Answer {
+pub(super) async fn queue(
+    State(api): State<Api>,
+    Path((vhost, name)): Path<(String, String)>,
+    Query(range_query): Query<RangeQuery>,
+) -> Answer {
+    let ranges = range_query.ranges(Rounding::Ceil)?;
     let queue = find_queue(&api, &vhost, &name)?;
-    let mut answer = json::queue_json(&queue, &api.rates.queue(&vhost, &name), &api.node);
+    let mut answer = api.rates.read(|view| json::queue_json(&queue, &view.queue(&vhost, &name), &ranges, &api.node));
     // RabbitMQ's single-queue answer lists the queue's consumers as /api/consumers shows them
     // (which is active, with x-single-active-consumer).
     let consumer_details: Vec<Value> = consumer_list(&api, Some(&vhost))
@@ -850,6 +845,7 @@ pub(super) async fn publish(State(api): State<Api>, caller: Caller, Path((vhost,
         routing_key: short(&routing_key, "routing key")?,
         header: ContentHeader::from_properties(60, payload.len() as u64, &properties),
         body: Bytes::from(payload),
+        published_at_ns: crate::metrics::latency::clock_ns(),
     };
     let published = api.broker.publish_message(&vhost, message)?;
     if !published.tickets.is_empty() {

@@ -5,7 +5,9 @@
 //! channels on the message path: a publish bumps counters only its own reader task writes, and a
 //! delivery counts under the channel's ledger lock, which the delivery takes anyway.
 
+use broker_core::exchange::ExchangeStats;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Adds one to a counter that a single task writes (the channel's reader): a load and a store,
 /// no read-modify-write instruction, so a publish pays nothing for being counted.
@@ -112,6 +114,84 @@ impl MessageTotals {
     }
 }
 
+/// A channel's publishes through its current exchange not yet added to the exchange's shared
+/// [`ExchangeStats`]. A publisher sends to one exchange at a time, so the counts gather here in
+/// plain integers (the channel's reader task owns them) and reach the shared atomics when the
+/// exchange changes, at the end of each socket read and when the channel closes: one atomic add
+/// per read, not per message, and none shared between channels on the message path.
+#[derive(Debug, Default)]
+pub struct PendingExchangeCounts {
+    stats: Option<Arc<ExchangeStats>>,
+    published_in: u64,
+    published_out: u64,
+}
+
+impl PendingExchangeCounts {
+    /// Counts one publish through the exchange whose stats are `stats`, routed to `queues` queues.
+    pub fn count(&mut self, stats: &Arc<ExchangeStats>, queues: usize) {
+        if !self.stats.as_ref().is_some_and(|current| Arc::ptr_eq(current, stats)) {
+            self.flush();
+            self.stats = Some(stats.clone());
+        }
+        self.published_in += 1;
+        self.published_out += queues as u64;
+    }
+
+    /// Whether counts wait to be added.
+    pub fn is_pending(&self) -> bool {
+        self.published_in > 0
+    }
+
+    /// Adds the counts to the exchange's stats.
+    pub fn flush(&mut self) {
+        if let (Some(stats), true) = (&self.stats, self.is_pending()) {
+            stats.published_in.fetch_add(self.published_in, Ordering::Relaxed);
+            stats.published_out.fetch_add(self.published_out, Ordering::Relaxed);
+        }
+        self.published_in = 0;
+        self.published_out = 0;
+    }
+}
+
+/// What went through a connection's socket. The reader task alone writes the receiving side and
+/// the writer task alone the sending side (see `bump_single_writer`), once per socket read or
+/// write: a load and a store each, nothing shared.
+#[derive(Debug, Default)]
+pub struct ConnectionTraffic {
+    /// Bytes read from the socket (RabbitMQ's recv_oct).
+    pub received_bytes: AtomicU64,
+    /// Socket reads that returned data (recv_cnt).
+    pub received_packets: AtomicU64,
+    /// Bytes written to the socket (send_oct).
+    pub sent_bytes: AtomicU64,
+    /// Socket writes (send_cnt).
+    pub sent_packets: AtomicU64,
+}
+
+impl ConnectionTraffic {
+    /// Counts one read of `bytes` (the reader task only).
+    pub fn count_read(&self, bytes: usize) {
+        add_single_writer(&self.received_bytes, bytes as u64);
+        bump_single_writer(&self.received_packets);
+    }
+
+    /// Counts one write of `bytes` (the writer task only).
+    pub fn count_write(&self, bytes: usize) {
+        add_single_writer(&self.sent_bytes, bytes as u64);
+        bump_single_writer(&self.sent_packets);
+    }
+
+    /// The four counters: received bytes, received packets, sent bytes, sent packets.
+    pub fn read(&self) -> [u64; 4] {
+        [&self.received_bytes, &self.received_packets, &self.sent_bytes, &self.sent_packets].map(|counter| counter.load(Ordering::Relaxed))
+    }
+}
+
+/// Adds `amount` to a counter that a single task writes (see [`bump_single_writer`]).
+pub fn add_single_writer(counter: &AtomicU64, amount: u64) {
+    counter.store(counter.load(Ordering::Relaxed) + amount, Ordering::Relaxed);
+}
+
 /// Connections, channels and queues made and gone (RabbitMQ's connection_churn_metrics).
 #[derive(Debug, Default)]
 pub struct ChurnCounters {
@@ -129,12 +209,26 @@ pub struct ChurnCounters {
     pub queues_created: AtomicU64,
     /// Queues deleted (queue.delete, auto-delete, exclusive owner gone, the API).
     pub queues_deleted: AtomicU64,
+    /// What closed connections received and sent, as `ConnectionTraffic::read` orders it.
+    retired_traffic: [AtomicU64; 4],
 }
 
 impl ChurnCounters {
     /// Adds one to `counter` (these events are rare next to messages).
     pub fn count(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds a closed connection's traffic to the closed connections' totals.
+    pub fn retire_traffic(&self, traffic: &ConnectionTraffic) {
+        for (total, value) in self.retired_traffic.iter().zip(traffic.read()) {
+            total.fetch_add(value, Ordering::Relaxed);
+        }
+    }
+
+    /// The closed connections' traffic.
+    pub fn retired_traffic(&self) -> [u64; 4] {
+        self.retired_traffic.each_ref().map(|total| total.load(Ordering::Relaxed))
     }
 }
 
@@ -188,6 +282,22 @@ mod tests {
         assert_eq!(totals.deliveries.get_auto_ack, 4);
         assert_eq!(totals.deliveries.redelivered, 4);
         assert_eq!(totals.delivered(), 10);
+    }
+
+    #[test]
+    fn exchange_counts_reach_the_exchange_when_flushed_or_when_the_exchange_changes() {
+        let (first, second) = (Arc::new(ExchangeStats::default()), Arc::new(ExchangeStats::default()));
+        let mut pending = PendingExchangeCounts::default();
+        pending.count(&first, 3);
+        pending.count(&first, 0);
+        assert_eq!(first.published_in.load(Ordering::Relaxed), 0, "not before a flush");
+        pending.count(&second, 1);
+        assert_eq!((first.published_in.load(Ordering::Relaxed), first.published_out.load(Ordering::Relaxed)), (2, 3));
+        assert!(pending.is_pending());
+        pending.flush();
+        pending.flush();
+        assert_eq!((second.published_in.load(Ordering::Relaxed), second.published_out.load(Ordering::Relaxed)), (1, 1));
+        assert!(!pending.is_pending());
     }
 
     #[test]

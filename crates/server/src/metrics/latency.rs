@@ -2,6 +2,11 @@
 //! that carried it to the ack handed to the connection's writer. Observed once per group of
 //! confirms (a channel's confirms of one socket read), weighted by how many it held, so the
 //! message path pays one clock read per read, not per message.
+//!
+//! Delivery latency: from the end of the socket read that carried a publish (stamped on the
+//! message, one clock read per read) to the write of its first basic.deliver to a consumer's
+//! socket. A connection's writer reads the clock once per write and counts its deliveries into a
+//! [`LocalHistogram`], added to the shared one once per write.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,6 +66,77 @@ impl LatencyHistogram {
 /// Every channel's confirm latencies (one broker per process).
 pub static CONFIRM_LATENCY: LatencyHistogram = LatencyHistogram::new();
 
+/// Every connection's delivery latencies (one broker per process).
+pub static DELIVERY_LATENCY: LatencyHistogram = LatencyHistogram::new();
+
+/// The latency clock: nanoseconds since the process first read it (never 0, which stamps a message
+/// whose publish time is unknown).
+pub fn clock_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let elapsed = EPOCH.get_or_init(Instant::now).elapsed();
+    u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Observations gathered by one task in plain integers, added to a shared [`LatencyHistogram`] in
+/// one go (a few atomic adds per batch instead of three per observation).
+#[derive(Debug, Default)]
+pub struct LocalHistogram {
+    buckets: [u64; LATENCY_BUCKETS_US.len()],
+    sum_us: u64,
+    count: u64,
+}
+
+impl LocalHistogram {
+    /// Counts one observation of `elapsed_ns`.
+    pub fn observe_ns(&mut self, elapsed_ns: u64) {
+        let micros = elapsed_ns / 1000;
+        let bucket = LATENCY_BUCKETS_US.iter().position(|bound| micros <= *bound).unwrap_or(LATENCY_BUCKETS_US.len() - 1);
+        self.buckets[bucket] += 1;
+        self.sum_us = self.sum_us.saturating_add(micros);
+        self.count += 1;
+    }
+
+    /// Adds what was counted to `shared` and starts again.
+    pub fn flush_into(&mut self, shared: &LatencyHistogram) {
+        if self.count == 0 {
+            return;
+        }
+        for (bucket, count) in shared.buckets.iter().zip(self.buckets.iter_mut()) {
+            if *count > 0 {
+                bucket.fetch_add(std::mem::take(count), Ordering::Relaxed);
+            }
+        }
+        shared.sum_us.fetch_add(std::mem::take(&mut self.sum_us), Ordering::Relaxed);
+        shared.count.fetch_add(std::mem::take(&mut self.count), Ordering::Relaxed);
+    }
+}
+
+/// What a connection's writer measures of the deliveries of one write: their publish times, read
+/// against one clock reading taken when the first of them is seen.
+#[derive(Debug, Default)]
+pub struct DeliveryLatencies {
+    now_ns: Option<u64>,
+    histogram: LocalHistogram,
+}
+
+impl DeliveryLatencies {
+    /// Counts a first delivery (not a redelivery) of a message published at `published_at_ns`
+    /// (0: unknown, not counted).
+    pub fn delivered(&mut self, published_at_ns: u64, redelivered: bool) {
+        if published_at_ns == 0 || redelivered {
+            return;
+        }
+        let now_ns = *self.now_ns.get_or_insert_with(clock_ns);
+        self.histogram.observe_ns(now_ns.saturating_sub(published_at_ns));
+    }
+
+    /// After the write: adds the write's deliveries to [`DELIVERY_LATENCY`].
+    pub fn written(&mut self) {
+        self.now_ns = None;
+        self.histogram.flush_into(&DELIVERY_LATENCY);
+    }
+}
+
 /// A channel's groups of confirms waiting for their group commit: (last delivery tag, how many,
 /// when the read that carried them ended), oldest first.
 #[derive(Debug, Default)]
@@ -102,6 +178,31 @@ mod tests {
         assert!(text.contains("x_seconds_bucket{le=\"0.0025\"} 3\n"), "{text}");
         assert!(text.contains("x_seconds_bucket{le=\"0.005\"} 4\n"), "{text}");
         assert!(text.contains("x_seconds_bucket{le=\"+Inf\"} 4\nx_seconds_sum 0.00315\nx_seconds_count 4\n"), "{text}");
+    }
+
+    #[test]
+    fn a_local_histogram_adds_up_into_the_shared_one() {
+        let shared = LatencyHistogram::new();
+        let mut local = LocalHistogram::default();
+        local.observe_ns(50_000);
+        local.observe_ns(3_000_000);
+        local.flush_into(&shared);
+        local.flush_into(&shared);
+        local.observe_ns(50_000);
+        local.flush_into(&shared);
+        let text = shared.text("d_seconds", "help");
+        assert!(text.contains("d_seconds_bucket{le=\"0.0001\"} 2\n"), "{text}");
+        assert!(text.contains("d_seconds_bucket{le=\"+Inf\"} 3\nd_seconds_sum 0.0031\nd_seconds_count 3\n"), "{text}");
+    }
+
+    #[test]
+    fn redeliveries_and_unknown_publish_times_are_not_delivery_latencies() {
+        let mut latencies = DeliveryLatencies::default();
+        latencies.delivered(0, false);
+        latencies.delivered(clock_ns(), true);
+        assert_eq!(latencies.histogram.count, 0);
+        latencies.delivered(clock_ns(), false);
+        assert_eq!(latencies.histogram.count, 1);
     }
 
     #[test]

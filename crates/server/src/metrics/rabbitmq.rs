@@ -82,6 +82,9 @@ pub fn register(registry: &mut Registry, scrape: &Scrape, shape: &Shape) {
     if shape.wants("node_metrics") {
         node_limits(registry, scrape, prefix);
     }
+    if shape.wants("node_persister_metrics") {
+        io_sync(registry, scrape.broker, prefix);
+    }
     queue_families(registry, scrape, shape);
     channel_and_connection_families(registry, scrape, shape);
     if !matches!(shape, Shape::Detailed { .. }) {
@@ -193,6 +196,34 @@ fn queue_families(registry: &mut Registry, scrape: &Scrape, shape: &Shape) {
     }
 }
 
+/// A counter family whose samples are summed into one unlabelled sample when aggregated.
+struct ObjectCounter {
+    family: Family<Labels, Counter>,
+    sum: u64,
+}
+
+impl ObjectCounter {
+    fn new() -> ObjectCounter {
+        ObjectCounter { family: Family::default(), sum: 0 }
+    }
+
+    fn add(&mut self, shape: &Shape, labels: &Labels, value: u64) {
+        self.sum += value;
+        if shape.per_object() {
+            self.family.get_or_create(labels).inc_by(value);
+        }
+    }
+
+    /// Registers `name` (the encoder adds `_total`).
+    fn register(self, registry: &mut Registry, shape: &Shape, name: &str, help: &str) {
+        if shape.per_object() {
+            registry.register(format!("{}{name}", shape.prefix()), help, self.family);
+        } else {
+            super::counter(registry, &format!("{}{name}", shape.prefix()), help, self.sum);
+        }
+    }
+}
+
 /// A label for a channel or connection in the place RabbitMQ puts its Erlang pid: `channel`.
 fn pid_label(connection: u64, channel: u16) -> Labels {
     vec![("channel", format!("<lepus.{connection}.{channel}>"))]
@@ -224,13 +255,39 @@ fn channel_and_connection_families(registry: &mut Registry, scrape: &Scrape, sha
             "Total limit of unacknowledged messages for all consumers on a channel",
         );
     }
+    if shape.wants("connection_coarse_metrics") {
+        let (mut incoming, mut outgoing) = (ObjectCounter::new(), ObjectCounter::new());
+        for connection in scrape.connections {
+            let labels = pid_label(connection.id, 0);
+            incoming.add(shape, &labels, connection.traffic[0]);
+            outgoing.add(shape, &labels, connection.traffic[2]);
+        }
+        incoming.register(registry, shape, "connection_incoming_bytes", "Total number of bytes received on a connection");
+        outgoing.register(registry, shape, "connection_outgoing_bytes", "Total number of bytes sent on a connection");
+    }
     if shape.wants("connection_metrics") {
         let mut channels = ObjectGauge::new();
+        let (mut incoming, mut outgoing) = (ObjectCounter::new(), ObjectCounter::new());
         for connection in scrape.connections {
-            channels.add(shape, &pid_label(connection.id, 0), connection.session.channels as u64);
+            let labels = pid_label(connection.id, 0);
+            channels.add(shape, &labels, connection.session.channels as u64);
+            incoming.add(shape, &labels, connection.traffic[1]);
+            outgoing.add(shape, &labels, connection.traffic[3]);
         }
         channels.register(registry, shape, "connection_channels", "Channels on a connection");
+        incoming.register(registry, shape, "connection_incoming_packets", "Total number of packets received on a connection");
+        outgoing.register(registry, shape, "connection_outgoing_packets", "Total number of packets sent on a connection");
     }
+}
+
+/// RabbitMQ's node_persister_metrics that Lepus has an exact figure for: the fdatasync calls of
+/// its group commits and the time they took.
+fn io_sync(registry: &mut Registry, broker: &Broker, prefix: &str) {
+    let stats = broker.syncer.stats();
+    super::counter(registry, &format!("{prefix}io_sync_ops"), "Total number of I/O sync operations", stats.fsyncs.load(Ordering::Relaxed));
+    let seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+    seconds.inc_by(stats.fsync_us_total.load(Ordering::Relaxed) as f64 / 1_000_000.0);
+    registry.register(format!("{prefix}io_sync_time_seconds"), "Total I/O sync time", seconds);
 }
 
 /// RabbitMQ's totals: objects that exist now.

@@ -51,6 +51,9 @@ pub struct QueueRuntime {
     /// x-consumer-timeout and the `consumer-timeout` policy key, the lower of both (0: none):
     /// read by channels at each consumer-timeout sample, without the queue's lock.
     consumer_timeout_ms: AtomicU64,
+    /// With x-message-deduplication, the cache of keys enqueued (see `dedup`), set once when the
+    /// queue is made.
+    deduplication: std::sync::OnceLock<Arc<crate::dedup::DedupCache>>,
 }
 
 #[derive(Debug)]
@@ -268,7 +271,20 @@ impl QueueRuntime {
             log,
             deleted: AtomicBool::new(false),
             consumer_timeout_ms: AtomicU64::new(consumer_timeout_ms),
+            deduplication: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Gives a queue declared with x-message-deduplication its cache (once, as it is made).
+    pub fn set_deduplication(&self, cache: Arc<crate::dedup::DedupCache>) {
+        if self.deduplication.set(cache).is_err() {
+            tracing::error!(queue = %self.name(), "a queue's deduplication cache was set twice; the first is kept");
+        }
+    }
+
+    /// Its deduplication cache, with x-message-deduplication.
+    pub fn deduplication(&self) -> Option<&Arc<crate::dedup::DedupCache>> {
+        self.deduplication.get()
     }
 
     /// The queue's name.
@@ -283,10 +299,21 @@ impl QueueRuntime {
         }
         let persistent = message.is_persistent();
         let own_ttl_ms = own_ttl_ms(&message);
+        let deduplication = self.deduplication.get();
+        let deduplication_key = deduplication.and_then(|cache| cache.key_of(&message));
         let mut inner = self.inner.lock();
         let enqueue = || Command::Enqueue { message: message.clone(), persistent, own_ttl_ms };
         let now_ms = now_ms();
+        if let (Some(cache), Some(key)) = (deduplication, &deduplication_key) {
+            // Looked up under the queue's lock, so two publishes of one key cannot both get in.
+            if cache.contains(key, now_ms) {
+                return Enqueued::Dropped;
+            }
+        }
         let outcome = self.run_at(&mut inner, enqueue, perform::Context::publishing(self, &message), now_ms);
+        if let (Some(cache), Some(key), Reply::Ok) = (deduplication, deduplication_key, &outcome.reply) {
+            cache.record(key, now_ms);
+        }
         match outcome.reply {
             Reply::Rejected => {
                 if let Some(target) = inner.limits.refused_dead_letter().cloned() {
@@ -566,6 +593,9 @@ impl QueueRuntime {
         inner.core = QueueCore::new(QueueState::new(0), inner.limits.core_limits(), window);
         inner.pager = None;
         inner.expiry.remove_file();
+        if let Some(cache) = self.deduplication.get() {
+            cache.remove_files();
+        }
         if let Some(log) = &self.log {
             if let Err(error) = log.lock().delete() {
                 tracing::error!(%error, "deleting a queue log failed");
@@ -610,6 +640,13 @@ impl QueueRuntime {
             }
         }
     }
+}
+
+/// x-max-priority (checked at declaration to be 0 to 255; an integer of any width, as RabbitMQ
+/// takes it), 0 without it: a plain queue.
+pub fn max_priority(arguments: &amqp_codec::FieldTable) -> u8 {
+    let maximum = arguments.get("x-max-priority").and_then(|value| value.as_i64()).unwrap_or(0);
+    maximum.clamp(0, i64::from(u8::MAX)) as u8
 }
 
 /// Whether the declaration asks for a single active consumer (a bool, as RabbitMQ requires).

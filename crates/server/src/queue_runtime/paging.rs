@@ -7,6 +7,12 @@
 //! the head, the log the tail. Once a queue pages, every message it takes goes to the log
 //! (transient ones as records that recovery ignores) until the tail is drained again.
 //!
+//! A priority queue (x-max-priority) pages each priority on its own, all in its one log: the
+//! pager keeps a cursor per priority being paged, which yields only that priority's records (see
+//! `queue_core`'s paging for which priority is read when). A cursor skips the other priorities'
+//! records, so where priorities interleave, each priority's reads pass over the others' records:
+//! the price of one log per queue (RabbitMQ runs one backing queue per priority instead).
+//!
 //! A page-in is a read off the async workers: the core asks for it once ([`queue_core::Effect::NeedPageIn`]),
 //! a blocking thread plans it under the log's lock and reads without it, and its result comes back
 //! under the queue's lock as `PagedIn` or `PageInFailed` with the generation it was asked under.
@@ -46,7 +52,9 @@ pub(super) const WINDOW: Window = Window {
 /// Where a paging queue's tail continues on disk.
 #[derive(Debug)]
 pub struct Pager {
-    cursor: TailCursor,
+    /// The cursor of each priority being paged (index = priority; a plain queue has one): a
+    /// priority's cursor exists while it has paged messages, or dropped ones to settle.
+    cursors: Vec<Option<TailCursor>>,
     /// Positions delivered before a restart (they come back redelivered).
     delivered: RangeSet,
     /// After a crash every recovered message may have been delivered.
@@ -57,17 +65,85 @@ impl Pager {
     /// The pager of a queue recovered with `recovery.live_count` messages on disk.
     pub fn recovered(log: &QueueLog, recovery: &Recovery, clean_shutdown: bool) -> Option<Pager> {
         (recovery.live_count > 0).then(|| Pager {
-            cursor: log.recovered_tail(recovery),
+            cursors: vec![Some(log.recovered_tail(recovery))],
             delivered: recovery.delivered.clone(),
             all_redelivered: !clean_shutdown,
         })
     }
+
+    /// The pager of a priority queue recovered from `log`, and how many messages each priority
+    /// has on disk (index = priority): one scan of the recovered tail counts them, reading no
+    /// body into memory.
+    pub fn recovered_with_priorities(
+        log: &mut QueueLog,
+        recovery: &Recovery,
+        clean_shutdown: bool,
+        max_priority: u8,
+    ) -> Result<(Option<Pager>, Vec<u64>), StorageError> {
+        if max_priority == 0 {
+            return Ok((Pager::recovered(log, recovery, clean_shutdown), vec![recovery.live_count]));
+        }
+        let mut counting = log.recovered_tail(recovery);
+        let counts = log.plan_tail_read(&counting)?.count_priorities(&mut counting, max_priority)?;
+        let cursors: Vec<Option<TailCursor>> = counts
+            .iter()
+            .enumerate()
+            .map(|(priority, count)| (*count > 0).then(|| log.recovered_tail(recovery).of_priority(priority as u8, max_priority)))
+            .collect();
+        let pager = cursors.iter().any(Option::is_some).then(|| Pager {
+            cursors,
+            delivered: recovery.delivered.clone(),
+            all_redelivered: !clean_shutdown,
+        });
+        Ok((pager, counts))
+    }
 }
 
 impl Pager {
-    /// The pager of a queue that starts paging at `position`, written at `location`.
-    pub(super) fn starting_at(location: storage::queue_log::RecordLocation, position: u64) -> Pager {
-        Pager { cursor: TailCursor::new(location, position), delivered: RangeSet::new(), all_redelivered: false }
+    /// Notes a message of `priority` paged at `position`, written at `location`: the first one of
+    /// its priority (since that priority last drained) starts its cursor, and the pager itself.
+    pub(super) fn note_paged(
+        pager: &mut Option<Pager>,
+        location: storage::queue_log::RecordLocation,
+        position: u64,
+        priority: u8,
+        max_priority: u8,
+    ) {
+        let pager = pager.get_or_insert_with(|| Pager {
+            cursors: vec![None; usize::from(max_priority) + 1],
+            delivered: RangeSet::new(),
+            all_redelivered: false,
+        });
+        let Some(slot) = pager.cursors.get_mut(usize::from(priority)) else {
+            tracing::error!(priority, max_priority, "a paged message above the queue's maximum priority");
+            return;
+        };
+        if slot.is_none() {
+            let cursor = TailCursor::new(location, position);
+            *slot = Some(match max_priority {
+                0 => cursor,
+                _ => cursor.of_priority(priority, max_priority),
+            });
+        }
+    }
+
+    /// Drops the cursors of priorities with nothing paged or dropped left; true when none is left
+    /// (the queue no longer pages).
+    fn release_drained(&mut self, messages: &broker_core::queue::QueueState) -> bool {
+        for (priority, slot) in self.cursors.iter_mut().enumerate() {
+            let priority = priority as u8;
+            if messages.paged_count_at(priority) == 0 && messages.paged_dropped_at(priority) == 0 {
+                *slot = None;
+            }
+        }
+        self.cursors.iter().all(Option::is_none)
+    }
+}
+
+/// Drops what the queue no longer pages (see [`Pager::release_drained`]).
+pub(super) fn release_drained(inner: &mut QueueInner) {
+    if inner.pager.as_mut().is_some_and(|pager| pager.release_drained(inner.core.messages())) {
+        inner.pager = None;
     }
 }
 
@@ -93,6 +169,7 @@ struct PageInRead {
     messages_max: usize,
     bytes_max: usize,
     generation: u64,
+    priority: u8,
 }
 
 /// What a page-in read brought back: the cursor past what it read, and the messages.
@@ -102,7 +179,7 @@ impl PageInRead {
     fn run(self) {
         let result = self.read();
         if let Some(queue) = self.queue.upgrade() {
-            queue.finish_page_in(self.generation, result);
+            queue.finish_page_in(self.generation, self.priority, result);
         }
     }
 
@@ -119,7 +196,15 @@ impl PageInRead {
                     tracing::debug!(%error, attempt, "a segment was retired under a page-in; reading again");
                     attempt += 1;
                 }
-                Err(error) => return Err(error),
+                Err(error) => {
+                    if matches!(error, StorageError::Corrupt { .. }) {
+                        // Damage recovery did not see, maybe because the segment's index entry
+                        // kept it from reading it: the next start reads every segment and ends
+                        // the damaged one's replay there, reporting it, as for damage it finds.
+                        self.log.lock().forget_index();
+                    }
+                    return Err(error);
+                }
             }
         }
     }
@@ -141,19 +226,21 @@ impl QueueRuntime {
     /// Starts the read a page-in asked for (up to `messages_max` paged messages and `bytes_max`
     /// bytes; a message is read even when it alone exceeds that, so an empty window always
     /// makes progress). The core counts it in flight until [`QueueRuntime::finish_page_in`].
-    pub(super) fn start_page_in(&self, inner: &mut QueueInner, messages_max: usize, bytes_max: u64, generation: u64) {
-        let (Some(log), Some(pager)) = (self.log.as_ref(), inner.pager.as_ref()) else {
-            tracing::error!(queue = %self.name(), "paged messages without a pager; dropping the count");
+    pub(super) fn start_page_in(&self, inner: &mut QueueInner, messages_max: usize, bytes_max: u64, generation: u64, priority: u8) {
+        let cursor = inner.pager.as_ref().and_then(|pager| pager.cursors.get(usize::from(priority))).and_then(Option::as_ref);
+        let (Some(log), Some(cursor)) = (self.log.as_ref(), cursor) else {
+            tracing::error!(queue = %self.name(), priority, "paged messages without a pager; dropping the count");
             inner.core.apply(Command::PageInFailed { generation }, 0, &mut |_| false, &mut Vec::new());
             return;
         };
         let read = PageInRead {
             queue: self.self_reference.clone(),
             log: log.clone(),
-            cursor: pager.cursor.clone(),
+            cursor: cursor.clone(),
             messages_max,
             bytes_max: usize::try_from(bytes_max).unwrap_or(usize::MAX),
             generation,
+            priority,
         };
         if let Err(error) = spawn_read(read) {
             tracing::error!(queue = %self.name(), %error, "starting a page-in failed; the paged messages stay on disk until a restart");
@@ -163,15 +250,12 @@ impl QueueRuntime {
 
     /// Applies a page-in's result (unless the queue no longer waits for it: a purge or delete
     /// overtook it), delivers what consumers can now take, and wakes the gets that waited.
-    fn finish_page_in(self: &Arc<Self>, generation: u64, result: PageInResult) {
+    fn finish_page_in(self: &Arc<Self>, generation: u64, priority: u8, result: PageInResult) {
         let mut inner = self.inner.lock();
         if !self.deleted.load(Ordering::Acquire) && inner.core.awaits_page_in(generation) {
-            let command = self.page_in_command(&mut inner, generation, result);
+            let command = self.page_in_command(&mut inner, generation, priority, result);
             self.run_once(&mut inner, command, perform::Context::dispatching(self));
-            let messages = inner.core.messages();
-            if messages.paged_count() == 0 && messages.paged_dropped_count() == 0 {
-                inner.pager = None;
-            }
+            release_drained(&mut inner);
             self.dispatch_locked(&mut inner);
         }
         drop(inner);
@@ -180,11 +264,13 @@ impl QueueRuntime {
 
     /// The command a read's result makes: its messages with their redelivered flags (the pager's
     /// cursor moves past them), or the failure.
-    fn page_in_command(&self, inner: &mut QueueInner, generation: u64, result: PageInResult) -> Command<Arc<Message>> {
+    fn page_in_command(&self, inner: &mut QueueInner, generation: u64, priority: u8, result: PageInResult) -> Command<Arc<Message>> {
         let pager = inner.pager.as_mut();
         match (result, pager) {
             (Ok((cursor, batch)), Some(pager)) if !batch.is_empty() => {
-                pager.cursor = cursor;
+                if let Some(slot) = pager.cursors.get_mut(usize::from(priority)) {
+                    *slot = Some(cursor);
+                }
                 let messages = batch
                     .into_iter()
                     .map(|(position, message)| PagedMessage {
@@ -198,8 +284,8 @@ impl QueueRuntime {
             }
             (Ok(_), _) => {
                 // The count says more is paged than the log holds: a bug or a lost segment.
-                let paged = inner.core.messages().paged_count();
-                tracing::error!(queue = %self.name(), paged, "paged messages missing from the log; dropping the count");
+                let paged = inner.core.messages().paged_count_at(priority);
+                tracing::error!(queue = %self.name(), paged, priority, "paged messages missing from the log; dropping the count");
                 Command::PageInFailed { generation }
             }
             (Err(error), _) => {
@@ -221,14 +307,15 @@ impl QueueRuntime {
         let _ = tokio::time::timeout(GET_PAGE_IN_WAIT_MAX, done).await;
     }
 
-    /// Settles the first `count` paged messages (purge): reads the tail through and records each
-    /// as settled.
-    pub(super) fn settle_paged(&self, inner: &mut QueueInner, count: u64) {
-        if let (Some(log), Some(pager)) = (self.log.as_ref(), inner.pager.as_mut()) {
+    /// Settles the first `count` paged messages of `priority` (purge): reads its tail through and
+    /// records each as settled.
+    pub(super) fn settle_paged(&self, inner: &mut QueueInner, count: u64, priority: u8) {
+        let cursor = inner.pager.as_mut().and_then(|pager| pager.cursors.get_mut(usize::from(priority))).and_then(Option::as_mut);
+        if let (Some(log), Some(cursor)) = (self.log.as_ref(), cursor) {
             let mut log = log.lock();
             let mut left = count;
             while left > 0 {
-                match log.read_tail(&mut pager.cursor, left.min(65_536) as usize, PAGE_IN_BATCH_BYTES_MAX) {
+                match log.read_tail(cursor, left.min(65_536) as usize, PAGE_IN_BATCH_BYTES_MAX) {
                     Ok(batch) if !batch.is_empty() => {
                         left -= batch.len() as u64;
                         for (position, _) in batch {
@@ -243,8 +330,14 @@ impl QueueRuntime {
                 }
             }
         }
-        if inner.core.messages().paged_count() == 0 {
-            inner.pager = None;
+        // The purge takes every priority's paged count once all are settled.
+        if let Some(pager) = inner.pager.as_mut() {
+            if let Some(slot) = pager.cursors.get_mut(usize::from(priority)) {
+                *slot = None;
+            }
+            if pager.cursors.iter().all(Option::is_none) {
+                inner.pager = None;
+            }
         }
     }
 }

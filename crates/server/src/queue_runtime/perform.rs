@@ -154,8 +154,10 @@ impl QueueRuntime {
                     let message = context.message.expect("only an enqueue appends");
                     let log = self.log.as_ref().expect("only queues with a log append");
                     let location = log.lock().append_publish(position, message, persistent);
-                    if paged && inner.pager.is_none() {
-                        inner.pager = Some(super::Pager::starting_at(location, position));
+                    if paged {
+                        let messages = inner.core.messages();
+                        let (priority, max_priority) = (messages.priority_of(message), messages.max_priority());
+                        super::Pager::note_paged(&mut inner.pager, location, position, priority, max_priority);
                     }
                     outcome.logged = persistent;
                 }
@@ -170,10 +172,10 @@ impl QueueRuntime {
                         log.lock().append_delivered(position);
                     }
                 }
-                Effect::NeedPageIn { messages_max, bytes_max, generation } => {
-                    self.start_page_in(inner, messages_max, bytes_max, generation)
+                Effect::NeedPageIn { messages_max, bytes_max, generation, priority } => {
+                    self.start_page_in(inner, messages_max, bytes_max, generation, priority)
                 }
-                Effect::SettlePaged { count } => self.settle_paged(inner, count),
+                Effect::SettlePaged { count, priority } => self.settle_paged(inner, count, priority),
                 Effect::Drop { position, message, reason, logged } => self.drop_message(inner, position, message, reason, logged),
                 Effect::LogSettle { .. } | Effect::LogDelivered { .. } => {}
             }

@@ -59,7 +59,6 @@ pub const GATED_QUEUE_ARGUMENTS: &[&str] = &[
 const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
     queue_type: QueueType::Classic,
     implemented: true,
-    // RabbitMQ's classic queues also take x-max-priority; Lepus does not implement it yet.
     accepted_arguments: &[
         "x-queue-type",
         "x-max-length",
@@ -72,6 +71,7 @@ const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
         "x-delivery-limit",
         "x-expires",
         "x-single-active-consumer",
+        "x-max-priority",
     ],
     exclusive: true,
     non_durable: true,
@@ -166,6 +166,8 @@ pub const RABBITMQ_QUEUE_ARGUMENTS: &[&str] = &[
 fn not_implemented_for(queue_type: QueueType, key: &str, value: &amqp_codec::FieldValue) -> bool {
     match (queue_type, key) {
         (QueueType::Quorum, "x-expires") => true,
+        // Deduplication (a Lepus extension, as LavinMQ's) keeps its cache beside a classic queue's log only.
+        (QueueType::Quorum | QueueType::Stream, "x-message-deduplication") => true,
         // At-least-once dead-lettering (RabbitMQ's, with reject-publish) is not there: at most once is.
         (QueueType::Quorum, "x-dead-letter-strategy") => value.as_text().as_deref() == Some("at-least-once"),
         _ => false,

@@ -3,8 +3,9 @@
 
 use super::{ConfirmTicket, PublishOutcome, Queue};
 use crate::dead_letter::DeadLetterSender;
+use crate::dedup::DedupCache;
 use crate::queue_expiry::ExpiryTimers;
-use crate::queue_runtime::{now_ms, Enqueued, ExpiryClock, Pager, QueueRuntime};
+use crate::queue_runtime::{max_priority, now_ms, Enqueued, ExpiryClock, Pager, QueueRuntime};
 use amqp_codec::ShortStr;
 use broker_core::queue::QueueState;
 use broker_core::vhost::QueueDefinition;
@@ -58,16 +59,50 @@ fn expires_argument_ms(definition: &QueueDefinition) -> Option<u64> {
     definition.arguments.get("x-expires").and_then(|value| value.as_i64()).filter(|expires| *expires > 0).map(|expires| expires as u64)
 }
 
+/// A durable classic queue's log as recovery opened it, before its queue is made.
+pub struct RecoveredLog {
+    log: QueueLog,
+    recovery: storage::queue_log::Recovery,
+}
+
+impl RecoveredLog {
+    /// Whether recovery wrote seals into the log that the caller must sync (see
+    /// [`QueueLog::open_without_syncing_seals`]) before the queue is served.
+    pub fn seals_unsynced(&self) -> bool {
+        self.recovery.seals_unsynced
+    }
+}
+
 impl ClassicStorage<'_> {
     /// Opens a queue log and hands it to the group commit.
     fn open_log(&self, path: &Path) -> Result<(Arc<Mutex<QueueLog>>, storage::queue_log::Recovery), ClassicStorageError> {
-        let (mut log, recovery) = QueueLog::open(path, self.segment_bytes_max)?;
+        let (log, recovery) = QueueLog::open(path, self.segment_bytes_max)?;
+        Ok((self.watch(log), recovery))
+    }
+
+    /// Hands a log to the group commit (through the journal with `--sync always`).
+    fn watch(&self, mut log: QueueLog) -> Arc<Mutex<QueueLog>> {
         if self.journaled {
             log.use_journal();
         }
         let log = Arc::new(Mutex::new(log));
         self.syncer.watch(log.clone());
-        Ok((log, recovery))
+        log
+    }
+
+    /// Opens a durable classic queue's log for recovery, without syncing the seals it writes
+    /// (see [`RecoveredLog::seals_unsynced`]). Touches nothing but the queue's own directory, so
+    /// a start opens many logs at once on several threads.
+    pub fn open_recovered_log(
+        data_dir: &Path,
+        segment_bytes_max: u64,
+        definition: &QueueDefinition,
+        vhost: &str,
+    ) -> Result<RecoveredLog, ClassicStorageError> {
+        let path = queue_log_path(data_dir, vhost, &definition.name);
+        let (log, recovery) =
+            QueueLog::open_without_syncing_seals(&path, segment_bytes_max, storage::file_cache::FileCache::node().clone())?;
+        Ok(RecoveredLog { log, recovery })
     }
 
     /// A queue's x-expires clock; a durable queue with an expiry keeps its last use on disk.
@@ -75,6 +110,32 @@ impl ClassicStorage<'_> {
         let argument_ms = expires_argument_ms(definition);
         let file = durable.then(|| self.data_dir.join(EXPIRY_DIRECTORY).join(queue_file_name(vhost, &definition.name)));
         ExpiryClock::new(self.expiry_timers.clone(), file, argument_ms, now_ms())
+    }
+
+    /// The deduplication cache of a queue with x-message-deduplication (`fresh`: a new queue,
+    /// whatever an older queue of the same name left behind). A cache whose log cannot be opened
+    /// is one in memory, with an error logged: the queue still deduplicates until a restart.
+    fn deduplication(&self, definition: &QueueDefinition, vhost: &str, durable: bool, fresh: bool) -> Option<Arc<DedupCache>> {
+        let settings = broker_core::exchange::deduplication::settings(&definition.arguments, false)?;
+        if !crate::dedup::persists(&settings, durable) {
+            return Some(Arc::new(DedupCache::in_memory(settings)));
+        }
+        let directory = self.data_dir.join("queues").join(format!("dedup-queue-{}", queue_file_name(vhost, &definition.name)));
+        if fresh {
+            let _ = std::fs::remove_dir_all(&directory);
+        }
+        match DedupCache::open(settings.clone(), &directory, self.segment_bytes_max, self.journaled) {
+            Ok(cache) => {
+                if let Some(log) = cache.log() {
+                    self.syncer.watch(log.clone());
+                }
+                Some(Arc::new(cache))
+            }
+            Err(error) => {
+                tracing::error!(%error, queue = %definition.name, "opening a deduplication cache failed; keeping it in memory");
+                Some(Arc::new(DedupCache::in_memory(settings)))
+            }
+        }
     }
 
     /// Makes a newly declared classic queue; a durable, non-exclusive one gets an empty log.
@@ -92,7 +153,11 @@ impl ClassicStorage<'_> {
         } else {
             None
         };
-        let queue = QueueRuntime::new(definition.clone(), vhost, log, QueueState::new(0), None, self.dead_letters.cloned(), expiry);
+        let messages = QueueState::with_max_priority(0, max_priority(&definition.arguments));
+        let queue = QueueRuntime::new(definition.clone(), vhost, log, messages, None, self.dead_letters.cloned(), expiry);
+        if let Some(cache) = self.deduplication(definition, vhost, durable, true) {
+            queue.set_deduplication(cache);
+        }
         queue.start_expiry_clock(false);
         Ok(Queue::Classic(queue))
     }
@@ -121,20 +186,42 @@ impl ClassicStorage<'_> {
         Ok(Queue::Classic(queue))
     }
 
-    /// Recovers a durable classic queue from its log; returns it and how many messages it holds.
-    pub fn recover(&self, definition: &QueueDefinition, vhost: &str, clean_shutdown: bool) -> Result<(Queue, u64), ClassicStorageError> {
-        let path = queue_log_path(self.data_dir, vhost, &definition.name);
-        let (log, recovery) = self.open_log(&path)?;
+    /// Makes a durable classic queue from the log [`ClassicStorage::open_recovered_log`] opened
+    /// (once its seals are durable); returns it and how many messages it holds.
+    pub fn recover_opened(
+        &self,
+        definition: &QueueDefinition,
+        vhost: &str,
+        clean_shutdown: bool,
+        opened: RecoveredLog,
+    ) -> Result<(Queue, u64), ClassicStorageError> {
+        let log = self.watch(opened.log);
+        self.recovered_queue(definition, vhost, clean_shutdown, log, opened.recovery)
+    }
+
+    fn recovered_queue(
+        &self,
+        definition: &QueueDefinition,
+        vhost: &str,
+        clean_shutdown: bool,
+        log: Arc<Mutex<QueueLog>>,
+        recovery: storage::queue_log::Recovery,
+    ) -> Result<(Queue, u64), ClassicStorageError> {
         for (file, offset) in &recovery.truncated {
             tracing::error!(file = %file.display(), offset, queue = %definition.name, "recovered the intact part of a damaged segment");
         }
         // Recovered messages stay on disk; the queue pages them in as consumers need them. After a
         // crash the delivered markers may be missing, so every recovered message may have been
         // delivered: the pager flags them all, as at-least-once allows.
-        let pager = Pager::recovered(&log.lock(), &recovery, clean_shutdown);
-        let messages = QueueState::with_paged(recovery.next_position, recovery.live_count);
+        // A priority queue counts its messages by priority first, with one scan of the log.
+        let (pager, paged) =
+            Pager::recovered_with_priorities(&mut log.lock(), &recovery, clean_shutdown, max_priority(&definition.arguments))?;
+        let messages = QueueState::with_paged_priorities(recovery.next_position, &paged);
         let expiry = self.expiry_clock(definition, vhost, true);
         let queue = QueueRuntime::new(definition.clone(), vhost, Some(log), messages, pager, self.dead_letters.cloned(), expiry);
+        if let Some(cache) = self.deduplication(definition, vhost, true, false) {
+            queue.set_deduplication(cache);
+        }
         queue.start_expiry_clock(true);
         Ok((Queue::Classic(queue), recovery.live_count))
     }

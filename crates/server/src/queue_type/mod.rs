@@ -20,7 +20,7 @@ mod stream;
 
 pub use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueSnapshot, GET_PAGE_IN_ROUNDS_MAX};
 pub use capabilities::{capabilities, QueueTypeCapabilities};
-pub use classic::{ClassicStorage, ClassicStorageError, EXPIRY_DIRECTORY};
+pub use classic::{ClassicStorage, ClassicStorageError, RecoveredLog, EXPIRY_DIRECTORY};
 pub use quorum::QuorumStorage;
 pub use storage::syncer::{Confirm as PendingConfirm, ConfirmSink};
 pub use stream::StreamStorage;
@@ -552,6 +552,15 @@ impl Queue {
             Queue::Quorum(_) => None,
             Queue::Stream(_) => None,
             Queue::Remote(_) => None,
+        }
+    }
+
+    /// The log of its deduplication cache, when it deduplicates and the cache persists: a
+    /// confirm waits for it too, and a graceful shutdown syncs it.
+    pub fn deduplication_log(&self) -> Option<SharedLog> {
+        match self {
+            Queue::Classic(queue) => queue.deduplication().and_then(|cache| cache.log().cloned()),
+            Queue::Stream(_) | Queue::Quorum(_) | Queue::Remote(_) => None,
         }
     }
 }

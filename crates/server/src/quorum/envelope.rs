@@ -54,7 +54,7 @@ pub fn decode(bytes: &Bytes) -> Result<Arc<Message>, EnvelopeError> {
     }
     let body = bytes.slice(body_start..);
     let header = ContentHeader { class_id, body_size: body.len() as u64, property_flags, properties_raw };
-    Ok(Arc::new(Message { exchange, routing_key, header, body }))
+    Ok(Arc::new(Message { exchange, routing_key, header, body, published_at_ns: 0 }))
 }
 
 struct Cursor<'a> {
@@ -100,6 +100,7 @@ mod tests {
             routing_key: ShortStr::from("key"),
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: body.clone(),
+            published_at_ns: 0,
         };
         let encoded = encode(&message);
         assert_eq!(Body(encoded.clone()).payload_bytes(), body.len() as u64);

@@ -602,6 +602,12 @@ impl QuorumQueue {
             // Marked by `forget_replayed_deletion`: the shard deleted it in an earlier run.
             return (ready, consumers);
         }
+        if crate::cluster::applying() {
+            // Every node applies a clustered deletion on its metadata group's thread: proposed,
+            // not waited for, so a slow or leaderless shard never holds up the definitions.
+            self.submit(QueueCommand::Delete, Waiter::Nothing);
+            return (ready, consumers);
+        }
         if self.commit_and_wait(QueueCommand::Delete).is_err() {
             tracing::error!(queue = %self.name(), "the deletion of a quorum queue was not committed in time; it goes on in the background");
         }

@@ -147,6 +147,7 @@ fn message(body: String) -> Arc<Message> {
         routing_key: ShortStr::from("q"),
         header: ContentHeader::from_properties(60, body.len() as u64, &properties),
         body,
+        published_at_ns: 0,
     })
 }
 

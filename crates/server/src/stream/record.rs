@@ -359,6 +359,7 @@ mod tests {
             routing_key: ShortStr::from("rk"),
             header: ContentHeader::from_properties(60, body.len() as u64, properties),
             body: Bytes::from_static(body),
+            published_at_ns: 0,
         }
     }
 

@@ -376,7 +376,7 @@ impl Stream {
             SyncDue::Now => {
                 let mut sync_now: Vec<PendingSync> = writer.unsynced.drain(..).map(PendingSync::File).collect();
                 if std::mem::take(&mut writer.directory_unsynced) {
-                    sync_now.push(PendingSync::Directory(self.file_system.clone(), self.directory.clone()));
+                    sync_now.push(PendingSync::Directory(self.cache.clone(), self.directory.clone()));
                 }
                 let commit = (wrote || !sync_now.is_empty()).then_some(point);
                 Ok(StreamWritten { sync_now, commit })

@@ -54,7 +54,7 @@ impl Channel {
         let oldest = {
             let ledger = self.shared.ledger.lock();
             let first_live = self.timeout_watch.timed_out_up_to + 1;
-            ledger.unacked.range(first_live..).next().map(|(tag, unacked)| (*tag, unacked.consumer.clone(), unacked.queue.clone()))
+            ledger.unacked.first_from(first_live).map(|(tag, unacked)| (tag, unacked.consumer.clone(), unacked.queue.clone()))
         };
         let Some((tag, consumer, queue)) = oldest else {
             self.timeout_watch.oldest = None;

@@ -115,29 +115,8 @@ impl Channel {
     /// with `multiple`). An unknown tag is a 406, as in RabbitMQ. `acknowledged` counts them as
     /// acked (basic.ack) in the channel's metrics, under the lock taken here anyway.
     pub(super) fn take_deliveries(&self, delivery_tag: u64, multiple: bool, acknowledged: bool) -> Result<Vec<Unacked>, AmqpError> {
-        let mut ledger = self.shared.ledger.lock();
-        let taken: Vec<Unacked> = if multiple && delivery_tag == 0 {
-            std::mem::take(&mut ledger.unacked).into_values().collect()
-        } else if multiple {
-            // Taking entries off the front costs no allocation for the common few-tag ack, where
-            // splitting the map would allocate a new one for what remains.
-            let mut taken = Vec::new();
-            while let Some(entry) = ledger.unacked.first_entry() {
-                if *entry.key() > delivery_tag {
-                    break;
-                }
-                taken.push(entry.remove());
-            }
-            taken
-        } else {
-            ledger.unacked.remove(&delivery_tag).into_iter().collect()
-        };
-        if taken.is_empty() && !(multiple && delivery_tag == 0) {
-            return Err(AmqpError::precondition(format!("unknown delivery tag {delivery_tag}")));
-        }
-        if acknowledged {
-            ledger.counters.acknowledged += taken.len() as u64;
-        }
+        let mut taken = Vec::new();
+        take_deliveries_into(&self.shared, delivery_tag, multiple, acknowledged, &mut taken)?;
         Ok(taken)
     }
 
@@ -151,16 +130,14 @@ impl Channel {
             transaction.settles.push(PendingSettle { delivery_tag, multiple, requeue });
             return Ok(());
         }
-        let taken = self.take_deliveries(delivery_tag, multiple, requeue.is_none())?;
-        if requeue.is_some() {
-            refuse_stream_nack(&taken)?;
-        }
         if requeue.is_none() {
             // Acks wait for the end of the socket read (or the channel's next other method), so a
-            // read full of acks settles each queue under one lock and dispatches once.
-            self.pending_acks.extend(taken);
-            return Ok(());
+            // read full of acks settles each queue under one lock and dispatches once. They go
+            // straight onto the pending list: no list allocated per ack.
+            return take_deliveries_into(&self.shared, delivery_tag, multiple, true, &mut self.pending_acks);
         }
+        let taken = self.take_deliveries(delivery_tag, multiple, false)?;
+        refuse_stream_nack(&taken)?;
         self.flush_acks();
         finish_grouped(taken.into_iter(), Settlement::from_requeue(requeue));
         if self.shared.prefetch_global.load(Ordering::Acquire) != 0 {
@@ -189,12 +166,12 @@ impl Channel {
         if !requeue {
             return Err(AmqpError::not_implemented("requeue=false"));
         }
-        let taken = std::mem::take(&mut self.shared.ledger.lock().unacked);
-        if taken.values().any(|delivery| delivery.queue.as_stream().is_some()) {
+        let taken: Vec<Unacked> = std::mem::take(&mut self.shared.ledger.lock().unacked).into_values().collect();
+        if taken.iter().any(|delivery| delivery.queue.as_stream().is_some()) {
             // RabbitMQ 3.10.8's channel crashes on a recover of stream deliveries (measured).
             return Err(crate::stream::arguments::internal_error());
         }
-        finish_grouped(taken.into_values(), Settlement::Requeue);
+        finish_grouped(taken.into_iter(), Settlement::Requeue);
         Ok(())
     }
 
@@ -278,6 +255,35 @@ fn refuse_stream_nack(taken: &[Unacked]) -> Result<(), AmqpError> {
         ))),
         None => Ok(()),
     }
+}
+
+/// Takes deliveries off the ledger into `taken` (see [`Channel::take_deliveries`]).
+fn take_deliveries_into(
+    channel: &ChannelShared,
+    delivery_tag: u64,
+    multiple: bool,
+    acknowledged: bool,
+    taken: &mut Vec<Unacked>,
+) -> Result<(), AmqpError> {
+    let mut ledger = channel.ledger.lock();
+    let before = taken.len();
+    if multiple && delivery_tag == 0 {
+        if !ledger.unacked.is_empty() {
+            taken.extend(std::mem::take(&mut ledger.unacked).into_values());
+        }
+    } else if multiple {
+        ledger.unacked.take_through(delivery_tag, taken);
+    } else {
+        taken.extend(ledger.unacked.remove(&delivery_tag));
+    }
+    let count = taken.len() - before;
+    if count == 0 && !(multiple && delivery_tag == 0) {
+        return Err(AmqpError::precondition(format!("unknown delivery tag {delivery_tag}")));
+    }
+    if acknowledged {
+        ledger.counters.acknowledged += count as u64;
+    }
+    Ok(())
 }
 
 /// Settles (or requeues) deliveries in their queues, grouped per queue so each is locked once.

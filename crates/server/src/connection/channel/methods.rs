@@ -155,7 +155,8 @@ impl Channel {
                 if !declaration.passive {
                     context.check(Access::Configure, "exchange", declaration.name.as_bytes())?;
                 }
-                context.broker.declare_exchange(&context.vhost, &declaration)?;
+                let ticket = context.broker.declare_exchange_unwaited(&context.vhost, &declaration)?;
+                context.hold_until_durable(ticket);
                 if !declare.nowait {
                     context.reply(id, ExchangeDeclareOk {}.into());
                 }
@@ -175,7 +176,8 @@ impl Channel {
                     routing_key: bind.routing_key,
                     arguments: bind.arguments,
                 };
-                context.broker.bind(&context.vhost, &bind.source, binding)?;
+                let ticket = context.broker.bind_unwaited(&context.vhost, &bind.source, binding)?;
+                context.hold_until_durable(ticket);
                 if !bind.nowait {
                     context.reply(id, ExchangeBindOk {}.into());
                 }
@@ -188,7 +190,8 @@ impl Channel {
                     routing_key: unbind.routing_key,
                     arguments: unbind.arguments,
                 };
-                context.broker.unbind(&context.vhost, &unbind.source, &binding)?;
+                let ticket = context.broker.unbind_unwaited(&context.vhost, &unbind.source, &binding)?;
+                context.hold_until_durable(ticket);
                 if !unbind.nowait {
                     context.reply(id, ExchangeUnbindOk {}.into());
                 }
@@ -209,7 +212,8 @@ impl Channel {
                 context.check(Access::Read, "exchange", bind.exchange.as_bytes())?;
                 self.require_queue(context, &queue)?;
                 let binding = Binding { destination: Destination::Queue(queue), routing_key: bind.routing_key, arguments: bind.arguments };
-                context.broker.bind(&context.vhost, &bind.exchange, binding)?;
+                let ticket = context.broker.bind_unwaited(&context.vhost, &bind.exchange, binding)?;
+                context.hold_until_durable(ticket);
                 if !bind.nowait {
                     context.reply(id, QueueBindOk {}.into());
                 }
@@ -225,7 +229,8 @@ impl Channel {
                 }
                 let binding =
                     Binding { destination: Destination::Queue(queue), routing_key: unbind.routing_key, arguments: unbind.arguments };
-                context.broker.unbind(&context.vhost, &unbind.exchange, &binding)?;
+                let ticket = context.broker.unbind_unwaited(&context.vhost, &unbind.exchange, &binding)?;
+                context.hold_until_durable(ticket);
                 context.reply(id, QueueUnbindOk {}.into());
             }
             Method::QueuePurge(purge) => {
@@ -323,8 +328,9 @@ impl Channel {
             // Parsed from the arguments when the queue is created.
             queue_type: QueueType::default(),
         };
-        let (name, message_count, consumer_count) =
-            context.broker.declare_queue(&context.vhost, definition, declare.passive, server_named, context.connection.id)?;
+        let ((name, message_count, consumer_count), ticket) =
+            context.broker.declare_queue_unwaited(&context.vhost, definition, declare.passive, server_named, context.connection.id)?;
+        context.hold_until_durable(ticket);
         if declare.exclusive && !declare.passive && !context.exclusive_queues.contains(&name) {
             context.exclusive_queues.push(name.clone());
         }

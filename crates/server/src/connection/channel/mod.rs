@@ -99,6 +99,9 @@ pub struct Channel {
     publish_allowed: Option<ShortStr>,
     /// Publishes waiting to be handed to the syncer at the end of the socket read.
     pending_sync: PendingSync,
+    /// The queues a publish is routed to, empty between publishes (a list reused, not allocated
+    /// per message).
+    routed_queues: Vec<Queue>,
     /// Deliveries acked in this socket read, taken off the ledger and not yet settled in their
     /// queues (see [`Channel::flush_acks`]).
     pending_acks: Vec<Unacked>,
@@ -107,6 +110,8 @@ pub struct Channel {
     reply_consumer: Option<(String, ShortStr)>,
     /// consumer_timeout: the oldest unacked delivery and when it was first seen.
     timeout_watch: consumer_timeout::TimeoutWatch,
+    /// Publishes through the current exchange not yet added to its stats.
+    exchange_counts: crate::metrics::counters::PendingExchangeCounts,
 }
 
 fn random_name(prefix: &str) -> ShortStr {
@@ -132,9 +137,11 @@ impl Channel {
             last_declared_queue: None,
             publish_allowed: None,
             pending_sync: PendingSync::default(),
+            routed_queues: Vec::new(),
             pending_acks: Vec::new(),
             reply_consumer: None,
             timeout_watch: Default::default(),
+            exchange_counts: Default::default(),
         }
     }
 
@@ -159,6 +166,16 @@ impl Channel {
             self.shared.confirm_groups.lock().started(last.delivery_tag, confirms.len() as u64);
         }
         tickets.confirm_in_order(&self.shared, &context.broker.syncer, confirms);
+    }
+
+    /// Whether publishes of this socket read wait to be added to their exchange's stats.
+    pub fn has_pending_counts(&self) -> bool {
+        self.exchange_counts.is_pending()
+    }
+
+    /// Adds this socket read's publishes to their exchange's stats (see `PendingExchangeCounts`).
+    pub fn flush_counts(&mut self) {
+        self.exchange_counts.flush();
     }
 
     /// What the channel shares with queues and listings.
@@ -247,6 +264,7 @@ impl Channel {
     /// Stops deliveries, removes consumers (auto-deleting queues) and requeues unacked messages.
     pub fn release(&mut self, context: &Context) {
         self.flush_syncs(context);
+        self.flush_counts();
         // Acked deliveries are already off the ledger: settle them, or they would be neither
         // settled nor requeued.
         self.flush_acks();

@@ -2,10 +2,10 @@
 
 use super::{Channel, Context, Publish, Routed, PENDING_CONFIRMS_MAX, TRANSACTION_OPERATIONS_MAX};
 use crate::metrics::counters::bump_single_writer;
-use crate::queue_type::{ConfirmSink, ConfirmTickets, PendingConfirm, PublishOutcome, Queue};
+use crate::queue_type::{ConfirmSink, ConfirmTicket, ConfirmTickets, PendingConfirm, PublishOutcome, Queue};
 use crate::shared::{ChannelShared, Outbound};
 use amqp_codec::{constants, encode_method_frame, BasicAck, BasicNack, ContentHeader, Method, ShortStr};
-use broker_core::vhost::Vhost;
+use broker_core::vhost::{DelayedRoute, Vhost};
 use broker_core::{AmqpError, Message};
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::Ordering;
@@ -97,8 +97,17 @@ impl Channel {
             }
         }
         let header = if header.has_reply_to() { self.direct_reply_to(header)? } else { header };
-        let message = Arc::new(Message { exchange: content.exchange, routing_key: content.routing_key, header, body });
-        let mut queues: Vec<Queue> = Vec::new();
+        let message = Arc::new(Message {
+            exchange: content.exchange,
+            routing_key: content.routing_key,
+            header,
+            body,
+            published_at_ns: context.read_at_ns,
+        });
+        // The channel's own list, kept empty between publishes: no allocation per publish.
+        let mut queues = std::mem::take(&mut self.routed_queues);
+        let mut delayed: Vec<(DelayedRoute, bool)> = Vec::new();
+        let mut deduplicated = Deduplicated::Routed(None);
         {
             let vhost = context.topology()?.read();
             let exchange = vhost.require_exchange(&message.exchange).map_err(|error| error.during(60, 40))?;
@@ -116,7 +125,13 @@ impl Channel {
             }
             // Outside a transaction the message is routed under the same read lock as the checks.
             if self.transaction.is_none() {
-                route_to_queues(&vhost, &message, &mut queues);
+                if exchange.deduplication.is_some() {
+                    deduplicated = deduplicate(context, exchange, &message);
+                }
+                if !matches!(deduplicated, Deduplicated::Dropped) {
+                    route_to_queues(&vhost, &message, &mut queues, &mut delayed);
+                }
+                self.exchange_counts.count(&exchange.stats.0, queues.len());
             }
         }
         let publish = Publish { mandatory: content.mandatory, message };
@@ -135,7 +150,15 @@ impl Channel {
         count_routing(&self.shared, &publish, &queues);
         // The tickets join this socket read's batch directly: one group commit waits for them all.
         self.pending_sync.tickets.set_message_tag(self.confirm_sequence.map_or(0, |sequence| sequence + 1));
-        let Routed { waits, rejected } = enqueue(context, self.id(), &publish, &queues, &mut self.pending_sync.tickets);
+        let Routed { mut waits, rejected } = enqueue(context, self.id(), &publish, &queues, &mut self.pending_sync.tickets);
+        if !delayed.is_empty() {
+            waits |= delay(context, &publish.message, delayed, &mut self.pending_sync.tickets);
+        }
+        if let Deduplicated::Routed(Some(log)) = deduplicated {
+            waits |= self.pending_sync.tickets.add(ConfirmTicket::LogSynced(log));
+        }
+        queues.clear();
+        self.routed_queues = queues;
         if let Some(sequence) = self.confirm_sequence.as_mut() {
             *sequence += 1;
             let delivery_tag = *sequence;
@@ -175,14 +198,32 @@ impl Channel {
 
     /// Routes a publish into its queues (a transaction's, at commit), adding the confirm tickets
     /// to wait for to `tickets`.
-    pub(super) fn route(&self, context: &Context, publish: &Publish, tickets: &mut ConfirmTickets) -> Routed {
+    pub(super) fn route(&mut self, context: &Context, publish: &Publish, tickets: &mut ConfirmTickets) -> Routed {
         let mut queues: Vec<Queue> = Vec::new();
+        let mut delayed: Vec<(DelayedRoute, bool)> = Vec::new();
+        let mut deduplicated = Deduplicated::Routed(None);
         // Channels exist only after connection.open set the topology.
         if let Ok(topology) = context.topology() {
-            route_to_queues(&topology.read(), &publish.message, &mut queues);
+            let vhost = topology.read();
+            if let Some(exchange) = vhost.exchange(&publish.message.exchange).filter(|exchange| exchange.deduplication.is_some()) {
+                deduplicated = deduplicate(context, exchange, &publish.message);
+            }
+            if !matches!(deduplicated, Deduplicated::Dropped) {
+                route_to_queues(&vhost, &publish.message, &mut queues, &mut delayed);
+                if let Ok(exchange) = vhost.require_exchange(&publish.message.exchange) {
+                    self.exchange_counts.count(&exchange.stats.0, queues.len());
+                }
+            }
         }
         count_routing(&self.shared, publish, &queues);
-        enqueue(context, self.id(), publish, &queues, tickets)
+        let mut routed = enqueue(context, self.id(), publish, &queues, tickets);
+        if let Deduplicated::Routed(Some(log)) = deduplicated {
+            routed.waits |= tickets.add(ConfirmTicket::LogSynced(log));
+        }
+        if !delayed.is_empty() {
+            routed.waits |= delay(context, &publish.message, delayed, tickets);
+        }
+        routed
     }
 }
 
@@ -208,7 +249,13 @@ fn enqueue(context: &Context, channel: u16, publish: &Publish, queues: &[Queue],
     let mut routed = Routed { waits: false, rejected: false };
     for queue in queues {
         match queue.publish(message.clone()) {
-            PublishOutcome::Accepted(ticket) => routed.waits |= tickets.add(ticket),
+            PublishOutcome::Accepted(ticket) => {
+                routed.waits |= tickets.add(ticket);
+                // A deduplicating queue's key is made durable with the message.
+                if let Some(log) = queue.deduplication_log() {
+                    routed.waits |= tickets.add(ConfirmTicket::LogSynced(log));
+                }
+            }
             PublishOutcome::Rejected => routed.rejected = true,
             PublishOutcome::Dropped => {}
         }
@@ -227,10 +274,47 @@ fn count_routing(channel: &ChannelShared, publish: &Publish, queues: &[Queue]) {
     bump_single_writer(counter);
 }
 
-/// The queues the message's exchange and routing key lead to.
-fn route_to_queues(vhost: &Vhost<Queue>, message: &Message, queues: &mut Vec<Queue>) {
+/// The queues the message's exchange and routing key lead to, and the delayed exchanges on the
+/// way that hold it back (with whether each is durable).
+fn route_to_queues(vhost: &Vhost<Queue>, message: &Message, queues: &mut Vec<Queue>, delayed: &mut Vec<(DelayedRoute, bool)>) {
     let mut properties = || message.header.properties().ok();
-    vhost.route(&message.exchange, &message.routing_key, &mut properties, queues);
+    let mut routes: Vec<DelayedRoute> = Vec::new();
+    vhost.route(&message.exchange, &message.routing_key, &mut properties, queues, &mut routes);
+    for route in routes {
+        let durable = vhost.exchange(&route.exchange).is_some_and(|exchange| exchange.durable);
+        delayed.push((route, durable));
+    }
+}
+
+/// What an exchange's deduplication made of a publish.
+enum Deduplicated {
+    /// A duplicate: routed nowhere (returned if mandatory, confirmed), as LavinMQ and the plugin do.
+    Dropped,
+    /// Routed; its key went into this cache log, which its confirm waits for too.
+    Routed(Option<storage::syncer::SharedLog>),
+}
+
+/// Looks a message up in its exchange's deduplication cache (recording it when new).
+fn deduplicate(context: &Context, exchange: &broker_core::exchange::Exchange, message: &Message) -> Deduplicated {
+    let Some(cache) = context.broker.dedup_exchanges.cache(&context.vhost, exchange, &context.broker.syncer) else {
+        return Deduplicated::Routed(None);
+    };
+    match cache.check(message, crate::queue_runtime::now_ms()) {
+        crate::dedup::Verdict::Duplicate => Deduplicated::Dropped,
+        crate::dedup::Verdict::Recorded(log) if message.is_persistent() => Deduplicated::Routed(log),
+        _ => Deduplicated::Routed(None),
+    }
+}
+
+/// Hands a message the delayed exchanges held back to the delay store (it routed nowhere now, so
+/// a mandatory one was returned, as with RabbitMQ's plugin); true when its confirm must wait for
+/// the store's sync.
+fn delay(context: &Context, message: &Message, delayed: Vec<(DelayedRoute, bool)>, tickets: &mut ConfirmTickets) -> bool {
+    let mut waits = false;
+    for (route, durable) in delayed {
+        waits |= tickets.add(context.broker.delayed.delay(&context.vhost, &route, message, durable));
+    }
+    waits
 }
 
 /// Sends basic.ack (or basic.nack when the message could not be made durable) to a publisher.

@@ -5,7 +5,12 @@
 
 // `?refresh=MS` (at least 1000) changes the refresh period, e.g. for tests.
 const REFRESH_MS = Math.max(1000, Number(new URLSearchParams(location.search).get('refresh')) || 5000);
-const HISTORY_MAX = 120; // samples kept for the overview charts
+// The charts' range: the broker's samples of the last 10 minutes in steps of 5 s (what it keeps
+// per queue; RabbitMQ's lengths_age/msg_rates_age parameters), drawn at page load already.
+const CHART_AGE_S = 600;
+const CHART_INCR_S = 5;
+const CHART_RANGE = `lengths_age=${CHART_AGE_S}&lengths_incr=${CHART_INCR_S}` +
+  `&msg_rates_age=${CHART_AGE_S}&msg_rates_incr=${CHART_INCR_S}&data_rates_age=${CHART_AGE_S}&data_rates_incr=${CHART_INCR_S}`;
 const AUTH_KEY = 'lepus.console.auth';
 
 // ---------------------------------------------------------------- DOM helpers
@@ -172,23 +177,48 @@ function startSession(user) {
 
 // ---------------------------------------------------------------- header status and history
 
-/** Samples of /api/overview, oldest first: {t, ready, unacked, publish, deliver}. */
-const history = [];
 let lastOverview = null;
 
+/**
+ * Chart points from `*_details.samples` (newest first), oldest first: {t, KEY: value} for each
+ * series [{key, details, rate}]. A rate series turns its counter samples into the change per
+ * second between neighbouring points; a length series shows the samples as they are.
+ */
+function chartPoints(series) {
+  const points = new Map();
+  for (const {key, details, rate} of series) {
+    const samples = ((details || {}).samples || []).slice().reverse();
+    samples.forEach((sample, index) => {
+      if (rate && index === 0) return;
+      const point = points.get(sample.timestamp) || {t: sample.timestamp};
+      if (rate) {
+        const before = samples[index - 1];
+        const seconds = (sample.timestamp - before.timestamp) / 1000;
+        point[key] = seconds > 0 ? Math.max(0, (sample.sample - before.sample) / seconds) : 0;
+      } else {
+        point[key] = sample.sample;
+      }
+      points.set(sample.timestamp, point);
+    });
+  }
+  return [...points.values()].sort((a, b) => a.t - b.t);
+}
+
+/** The points of the queued-messages and message-rates charts of an overview or a queue. */
+function messageChartPoints(lengths, stats) {
+  return {
+    queued: chartPoints([
+      {key: 'ready', details: lengths.messages_ready_details},
+      {key: 'unacked', details: lengths.messages_unacknowledged_details}]),
+    rates: chartPoints([
+      {key: 'publish', details: stats.publish_details, rate: true},
+      {key: 'deliver', details: stats.deliver_get_details, rate: true}]),
+  };
+}
+
 async function sampleOverview() {
-  const overview = await api('GET', '/overview');
+  const overview = await api('GET', '/overview?' + CHART_RANGE);
   lastOverview = overview;
-  const totals = overview.queue_totals || {};
-  const stats = overview.message_stats || {};
-  history.push({
-    t: Date.now(),
-    ready: totals.messages_ready || 0,
-    unacked: totals.messages_unacknowledged || 0,
-    publish: (stats.publish_details || {}).rate || 0,
-    deliver: (stats.deliver_get_details || {}).rate || 0,
-  });
-  while (history.length > HISTORY_MAX) history.shift();
   const alarm = $('#alarm');
   alarm.className = 'badge ' + (overview.disk_free_alarm ? 'alarm' : 'ok');
   alarm.textContent = overview.disk_free_alarm ? 'DISK ALARM: publishers blocked' : 'disk ok';
@@ -362,8 +392,8 @@ function stat(label, value, id) {
 
 const COLORS = {ready: '#d97706', unacked: '#2563eb', publish: '#059669', deliver: '#7c3aed'};
 
-/** Draws series [{label, key, color}] of `history` on a canvas: lines, grid, y labels. */
-function drawChart(canvas, series, unit, samples = history) {
+/** Draws series [{label, key, color}] of `samples` ({t, KEY: value}, oldest first) on a canvas. */
+function drawChart(canvas, series, unit, samples) {
   const ratio = window.devicePixelRatio || 1;
   const width = canvas.clientWidth || 480;
   const height = canvas.clientHeight || 180;
@@ -375,7 +405,7 @@ function drawChart(canvas, series, unit, samples = history) {
   const left = 56, right = 10, top = 10, bottom = 22;
   const plotW = width - left - right, plotH = height - top - bottom;
   let max = 0;
-  for (const sample of samples) for (const s of series) max = Math.max(max, sample[s.key]);
+  for (const sample of samples) for (const s of series) max = Math.max(max, sample[s.key] || 0);
   const niceMax = niceCeiling(max);
   ctx.font = '11px system-ui, sans-serif';
   ctx.fillStyle = '#6b7280';
@@ -389,9 +419,9 @@ function drawChart(canvas, series, unit, samples = history) {
     const value = (niceMax * i) / 4;
     ctx.fillText(value.toLocaleString('en-US', {maximumFractionDigits: 2}) + unit, left - 6, y);
   }
-  // x axis: the kept history (10 minutes at the default period), "now" at the right.
+  // x axis: the chart's range (10 minutes), the newest point at the right.
   const now = samples.length ? samples[samples.length - 1].t : Date.now();
-  const span = (HISTORY_MAX - 1) * REFRESH_MS;
+  const span = CHART_AGE_S * 1000;
   ctx.textAlign = 'center';
   ctx.textBaseline = 'top';
   for (let i = 0; i <= 5; i++) {
@@ -407,10 +437,10 @@ function drawChart(canvas, series, unit, samples = history) {
     ctx.beginPath();
     samples.forEach((sample, index) => {
       const x = left + plotW - (plotW * (now - sample.t)) / span;
-      const y = top + plotH - (niceMax ? (plotH * sample[s.key]) / niceMax : 0);
+      const y = top + plotH - (niceMax ? (plotH * (sample[s.key] || 0)) / niceMax : 0);
       if (index === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
     });
-    if (samples.length === 1) ctx.arc(left + plotW, top + plotH - (niceMax ? (plotH * samples[0][s.key]) / niceMax : 0), 2, 0, 7);
+    if (samples.length === 1) ctx.arc(left + plotW, top + plotH - (niceMax ? (plotH * (samples[0][s.key] || 0)) / niceMax : 0), 2, 0, 7);
     ctx.stroke();
   }
 }
@@ -422,13 +452,14 @@ function niceCeiling(value) {
   return 10 * magnitude;
 }
 
-/** A chart of `samples` (the overview's history unless given; a page may keep its own). */
-function chart(title, series, unit, samples = history) {
+/** A chart of series [{label, key, color}]; `update(samples)` draws the broker's samples. */
+function chart(title, series, unit) {
   const canvas = h('canvas', {class: 'chart', 'aria-label': title, role: 'img'});
   const legend = h('div', {class: 'legend'});
   return {
     element: h('div', {class: 'chart-box'}, h('h3', {}, title), canvas, legend),
-    update() {
+    update(samples) {
+      canvas.dataset.points = String(samples.length);
       drawChart(canvas, series, unit, samples);
       const last = samples[samples.length - 1] || {};
       legend.replaceChildren(...series.map((s) => h('span', {class: 'legend-item', 'data-series': s.key},
@@ -483,8 +514,9 @@ function overviewView() {
       totals.replaceChildren(
         ...['connections', 'channels', 'exchanges', 'queues', 'consumers'].map((key) =>
           stat(key[0].toUpperCase() + key.slice(1), fmtNumber(o[key]), key)));
-      queued.update();
-      rates.update();
+      const points = messageChartPoints(q, s);
+      queued.update(points.queued);
+      rates.update(points.rates);
       const n = nodes.find((entry) => entry.name === overview.node) || nodes[0] || {};
       clusterNodes.replaceChildren(...nodes.map((entry) => h('li', {'data-cluster-node': entry.name}, `${entry.name} `,
         h('span', {class: 'badge ' + (entry.running ? 'ok' : 'alarm')}, entry.running ? 'running' : 'not running'))));
@@ -636,7 +668,7 @@ function queueView(vhost, name) {
     async refresh() {
       let queue;
       try {
-        queue = await api('GET', path);
+        queue = await api('GET', `${path}?${CHART_RANGE}`);
       } catch (error) {
         if (error.status === 404) {
           numbers.replaceChildren(h('p', {class: 'error'}, `Queue ${name} does not exist (any more).`));

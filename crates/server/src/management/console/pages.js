@@ -60,31 +60,22 @@ function queueConsumersTable() {
 }
 
 /**
- * The queue page's charts: ready/unacked and publish/deliver rates, sampled at each refresh and
- * kept in the page (like the overview's history, at most HISTORY_MAX samples; a new page starts empty).
+ * The queue page's charts: ready/unacked and publish/deliver rates, from the samples the broker
+ * keeps of the queue (the page asks for them with CHART_RANGE), so they are full at page load.
  */
 function queueCharts() {
-  const samples = [];
   const queued = chart('Queued messages', [
     {label: 'Ready', key: 'ready', color: COLORS.ready},
-    {label: 'Unacked', key: 'unacked', color: COLORS.unacked}], '', samples);
+    {label: 'Unacked', key: 'unacked', color: COLORS.unacked}], '');
   const rates = chart('Message rates', [
     {label: 'Publish', key: 'publish', color: COLORS.publish},
-    {label: 'Deliver / get', key: 'deliver', color: COLORS.deliver}], '/s', samples);
+    {label: 'Deliver / get', key: 'deliver', color: COLORS.deliver}], '/s');
   return {
     element: h('div', {class: 'charts', id: 'queue-charts'}, queued.element, rates.element),
     update(queue) {
-      const stats = queue.message_stats || {};
-      samples.push({
-        t: Date.now(),
-        ready: queue.messages_ready || 0,
-        unacked: queue.messages_unacknowledged || 0,
-        publish: (stats.publish_details || {}).rate || 0,
-        deliver: (stats.deliver_get_details || {}).rate || 0,
-      });
-      while (samples.length > HISTORY_MAX) samples.shift();
-      queued.update();
-      rates.update();
+      const points = messageChartPoints(queue, queue.message_stats || {});
+      queued.update(points.queued);
+      rates.update(points.rates);
     },
   };
 }

@@ -4,16 +4,11 @@ import static org.junit.jupiter.api.Assertions.fail;
 
 import com.rabbitmq.client.Connection;
 import com.rabbitmq.client.ConnectionFactory;
-import java.io.IOException;
-import java.net.InetSocketAddress;
-import java.net.ServerSocket;
-import java.net.Socket;
 import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 
 /**
@@ -25,14 +20,12 @@ import java.util.concurrent.TimeUnit;
  */
 final class MemoryAlarm implements AutoCloseable {
 
-    private static final long START_TIMEOUT_MS = 10_000;
-
     private final ConnectionFactory factory;
-    private final Process lepus;
+    private final PrivateLepus lepus;
     private final String watermark;
     private boolean cleared;
 
-    private MemoryAlarm(ConnectionFactory factory, Process lepus, String watermark) {
+    private MemoryAlarm(ConnectionFactory factory, PrivateLepus lepus, String watermark) {
         this.factory = factory;
         this.lepus = lepus;
         this.watermark = watermark;
@@ -72,45 +65,15 @@ final class MemoryAlarm implements AutoCloseable {
     @Override
     public void close() throws Exception {
         if (lepus != null) {
-            lepus.destroyForcibly().waitFor(10, TimeUnit.SECONDS);
+            lepus.close();
         } else {
             clear();
         }
     }
 
     private static MemoryAlarm startLepus() throws Exception {
-        String binary = System.getenv("LEPUS_BIN");
-        if (binary == null || binary.isBlank()) {
-            fail("the broker is Lepus: set LEPUS_BIN so this test can start a broker with its memory alarm raised");
-        }
-        Path directory = Files.createTempDirectory("lepus-java-alarm");
-        int port;
-        try (ServerSocket socket = new ServerSocket(0, 1, java.net.InetAddress.getLoopbackAddress())) {
-            port = socket.getLocalPort();
-        }
-        ProcessBuilder builder = new ProcessBuilder(binary, "server", "--data-dir", directory.resolve("data").toString(),
-                "--amqp-port", Integer.toString(port), "--bind", "127.0.0.1", "--http-port", "0", "--metrics-port", "0");
-        builder.environment().put("LEPUS_MEMORY_HIGH_WATERMARK_BYTES", "1");
-        builder.redirectErrorStream(true).redirectOutput(directory.resolve("lepus.log").toFile());
-        Process process = builder.start();
-        long deadline = System.currentTimeMillis() + START_TIMEOUT_MS;
-        while (true) {
-            try (Socket probe = new Socket()) {
-                probe.connect(new InetSocketAddress("127.0.0.1", port), 1_000);
-                break;
-            } catch (IOException notYet) {
-                if (!process.isAlive() || System.currentTimeMillis() > deadline) {
-                    process.destroyForcibly();
-                    fail("lepus did not listen on " + port + ":\n" + Files.readString(directory.resolve("lepus.log")));
-                }
-                Thread.sleep(50);
-            }
-        }
-        ConnectionFactory factory = Broker.factory();
-        factory.setHost("127.0.0.1");
-        factory.setPort(port);
-        factory.setVirtualHost("/");
-        return new MemoryAlarm(factory, process, null);
+        PrivateLepus lepus = PrivateLepus.start(Map.of("LEPUS_MEMORY_HIGH_WATERMARK_BYTES", "1"));
+        return new MemoryAlarm(lepus.factory(), lepus, null);
     }
 
     private static String rabbitmqctl(String... args) throws Exception {

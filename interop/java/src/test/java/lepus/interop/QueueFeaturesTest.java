@@ -1,0 +1,290 @@
+package lepus.interop;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.rabbitmq.client.AMQP;
+import com.rabbitmq.client.Channel;
+import com.rabbitmq.client.Delivery;
+import com.rabbitmq.client.GetResponse;
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.Assumptions;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The queue features RabbitMQ applications declare (issue 12) through the RabbitMQ Java client:
+ * dead-lettering with x-death, TTL, max-length and overflow, single active consumer, priorities,
+ * direct reply-to and the consistent-hash exchange pass against RabbitMQ 3.10.8 and Lepus alike.
+ * Lepus only, each saying why: x-delivery-limit on classic queues and x-consumer-timeout (RabbitMQ
+ * 3.10.8 refuses the first and ignores the second), the delayed-message exchange (a plugin the
+ * reference node does not have), message deduplication (beyond RabbitMQ).
+ */
+class QueueFeaturesTest extends BrokerTest {
+
+    private static Map<String, Object> args(Object... keysAndValues) {
+        Map<String, Object> map = new HashMap<>();
+        for (int i = 0; i < keysAndValues.length; i += 2) {
+            map.put((String) keysAndValues[i], keysAndValues[i + 1]);
+        }
+        return map;
+    }
+
+    private String declare(String prefix, Map<String, Object> arguments) throws IOException {
+        String q = queueName(prefix);
+        ch.queueDeclare(q, false, false, false, arguments);
+        return q;
+    }
+
+    private boolean brokerIsLepus() {
+        return "Lepus".equals(String.valueOf(conn.getServerProperties().get("product")));
+    }
+
+    private void assumeLepus(String why) {
+        Assumptions.assumeTrue(brokerIsLepus(), "Lepus only: " + why);
+    }
+
+    private static AMQP.BasicProperties headers(Map<String, Object> headers) {
+        return new AMQP.BasicProperties.Builder().headers(headers).build();
+    }
+
+    /** basic.get of every ready message's body (auto-ack). */
+    private List<String> drain(String q) throws IOException {
+        List<String> bodies = new ArrayList<>();
+        for (GetResponse r = ch.basicGet(q, true); r != null; r = ch.basicGet(q, true)) {
+            bodies.add(Broker.body(r));
+        }
+        return bodies;
+    }
+
+    @Test
+    void aRejectedMessageIsDeadLetteredWithItsXDeathHeader() throws Exception {
+        String target = declare("dlx-target", null);
+        String source = declare("dlx-source", args("x-dead-letter-exchange", "", "x-dead-letter-routing-key", target));
+        publishConfirmed(source, "doomed");
+        GetResponse got = Broker.getWithin(ch, source, false);
+        ch.basicReject(got.getEnvelope().getDeliveryTag(), false);
+        GetResponse dead = Broker.getWithin(ch, target, true);
+        assertEquals("doomed", Broker.body(dead));
+        Map<String, Object> h = dead.getProps().getHeaders();
+        @SuppressWarnings("unchecked")
+        List<Map<String, Object>> deaths = (List<Map<String, Object>>) h.get("x-death");
+        assertEquals(1, deaths.size());
+        Map<String, Object> death = deaths.get(0);
+        assertEquals(1L, death.get("count"), "count is a long");
+        assertEquals("rejected", death.get("reason").toString());
+        assertEquals(source, death.get("queue").toString());
+        assertEquals("", death.get("exchange").toString());
+        assertEquals(List.of(source), ((List<?>) death.get("routing-keys")).stream().map(Object::toString).toList());
+        assertTrue(death.get("time") instanceof java.util.Date, "time is a timestamp");
+        assertEquals("rejected", h.get("x-first-death-reason").toString());
+        assertEquals(source, h.get("x-first-death-queue").toString());
+    }
+
+    @Test
+    void anExpiredMessageIsDeadLetteredWithItsOriginalExpiration() throws Exception {
+        String target = declare("ttl-target", null);
+        String source = declare("ttl-source", args("x-dead-letter-exchange", "", "x-dead-letter-routing-key", target));
+        ch.basicPublish("", source, new AMQP.BasicProperties.Builder().expiration("50").build(), Broker.bytes("short-lived"));
+        GetResponse dead = Broker.getWithin(ch, target, true);
+        assertEquals("short-lived", Broker.body(dead));
+        assertNull(dead.getProps().getExpiration(), "the expiration is removed");
+        @SuppressWarnings("unchecked")
+        Map<String, Object> death = ((List<Map<String, Object>>) dead.getProps().getHeaders().get("x-death")).get(0);
+        assertEquals("expired", death.get("reason").toString());
+        assertEquals("50", death.get("original-expiration").toString());
+
+        String queueTtl = declare("queue-ttl", args("x-message-ttl", 100));
+        publishConfirmed(queueTtl, "gone");
+        Thread.sleep(300);
+        assertNull(ch.basicGet(queueTtl, true), "x-message-ttl expired it");
+    }
+
+    @Test
+    void maxLengthDropsTheHeadOrRejectsThePublish() throws Exception {
+        String dropHead = declare("maxlen-drop", args("x-max-length", 2));
+        publishConfirmed(dropHead, "m1", "m2", "m3");
+        assertEquals(List.of("m2", "m3"), drain(dropHead));
+
+        String reject = declare("maxlen-reject", args("x-max-length", 1, "x-overflow", "reject-publish"));
+        Channel confirms = conn.createChannel();
+        confirms.confirmSelect();
+        confirms.basicPublish("", reject, null, Broker.bytes("kept"));
+        assertTrue(confirms.waitForConfirms(Broker.TIMEOUT_MS));
+        confirms.basicPublish("", reject, null, Broker.bytes("refused"));
+        assertFalse(confirms.waitForConfirms(Broker.TIMEOUT_MS), "the publish past the limit is nacked");
+        assertEquals(List.of("kept"), drain(reject));
+    }
+
+    @Test
+    void aSingleActiveConsumerGetsEverythingAndTheNextTakesOverWhenItCancels() throws Exception {
+        String q = declare("sac", args("x-single-active-consumer", true));
+        Broker.Inbox first = new Broker.Inbox();
+        Broker.Inbox second = new Broker.Inbox();
+        Channel other = conn.createChannel();
+        String firstTag = first.consume(ch, q, true);
+        second.consume(other, q, true);
+        publishConfirmed(q, "a", "b");
+        assertEquals("a", first.nextBody());
+        assertEquals("b", first.nextBody());
+        second.assertQuiet(300);
+        ch.basicCancel(firstTag);
+        publishConfirmed(q, "c");
+        assertEquals("c", second.nextBody());
+
+        // An exclusive consumer on a single-active-consumer queue is refused, as RabbitMQ refuses it.
+        Channel exclusive = conn.createChannel();
+        IOException refused = assertThrows(IOException.class,
+                () -> exclusive.basicConsume(q, true, "", false, true, null, (t, d) -> { }, t -> { }));
+        Broker.assertChannelError(403, "ACCESS_REFUSED", exclusive, refused);
+    }
+
+    @Test
+    void higherPrioritiesAreDeliveredFirstFifoWithinOne() throws Exception {
+        String q = declare("priority", args("x-max-priority", 5));
+        int[] priorities = {0, 5, 1, 9, 5, 2};
+        String[] bodies = {"a0", "c5", "d1", "h9", "e5", "g2"};
+        for (int i = 0; i < bodies.length; i++) {
+            ch.basicPublish("", q, new AMQP.BasicProperties.Builder().priority(priorities[i]).build(), Broker.bytes(bodies[i]));
+        }
+        Broker.getWithin(ch, q, false);
+        ch.basicRecover(true);
+        assertEquals(List.of("c5", "h9", "e5", "g2", "d1", "a0"), drain(q));
+
+        IOException refused = assertThrows(IOException.class,
+                () -> ch.queueDeclare(queueName("priority-bad"), false, false, false, args("x-max-priority", 256)));
+        Broker.assertChannelError(406, "PRECONDITION_FAILED", ch, refused);
+        assertTrue(Broker.replyText(Broker.shutdownSignal(refused)).endsWith("{max_value_exceeded,256}"));
+    }
+
+    @Test
+    void directReplyToRoutesTheReplyToTheRequestingChannel() throws Exception {
+        String service = declare("rpc-service", null);
+        BlockingQueue<Delivery> replies = new LinkedBlockingQueue<>();
+        ch.basicConsume("amq.rabbitmq.reply-to", true, (t, d) -> replies.add(d), t -> { });
+        Channel server = conn.createChannel();
+        server.basicConsume(service, true, (t, request) -> {
+            String replyTo = request.getProperties().getReplyTo();
+            server.basicPublish("", replyTo, null, Broker.bytes("reply to " + Broker.body(request)));
+        }, t -> { });
+        ch.basicPublish("", service, new AMQP.BasicProperties.Builder().replyTo("amq.rabbitmq.reply-to").build(), Broker.bytes("ping"));
+        Delivery reply = replies.poll(Broker.TIMEOUT_MS, TimeUnit.MILLISECONDS);
+        assertNotNull(reply, "no reply");
+        assertEquals("reply to ping", Broker.body(reply));
+    }
+
+    @Test
+    void theConsistentHashExchangeSpreadsByWeightAndDeliversEachMessageOnce() throws Exception {
+        String x = exchangeName("hash");
+        ch.exchangeDeclare(x, "x-consistent-hash");
+        String light = declare("hash-light", null);
+        String heavy = declare("hash-heavy", null);
+        ch.queueBind(light, x, "1");
+        ch.queueBind(heavy, x, "3");
+        Channel confirms = conn.createChannel();
+        confirms.confirmSelect();
+        for (int i = 0; i < 400; i++) {
+            confirms.basicPublish(x, "key-" + i, null, Broker.bytes("m" + i));
+        }
+        confirms.waitForConfirmsOrDie(Broker.TIMEOUT_MS);
+        List<String> lightBodies = drain(light);
+        List<String> heavyBodies = drain(heavy);
+        Set<String> all = new HashSet<>(lightBodies);
+        all.addAll(heavyBodies);
+        assertEquals(400, lightBodies.size() + heavyBodies.size());
+        assertEquals(400, all.size(), "each message exactly once");
+        assertTrue(heavyBodies.size() > lightBodies.size(), "weight 3 takes more than weight 1: " + heavyBodies.size() + " vs " + lightBodies.size());
+    }
+
+    @Test
+    void aDeliveryLimitDeadLettersAMessageRequeuedTooOften() throws Exception {
+        assumeLepus("RabbitMQ 3.10.8 refuses x-delivery-limit on classic queues; Lepus takes it as quorum queues do");
+        String target = declare("limit-target", null);
+        String q = declare("limit", args("x-delivery-limit", 1, "x-dead-letter-exchange", "", "x-dead-letter-routing-key", target));
+        publishConfirmed(q, "bounced");
+        GetResponse first = Broker.getWithin(ch, q, false);
+        ch.basicNack(first.getEnvelope().getDeliveryTag(), false, true);
+        GetResponse second = Broker.getWithin(ch, q, false);
+        assertEquals(1L, ((Number) second.getProps().getHeaders().get("x-delivery-count")).longValue());
+        ch.basicNack(second.getEnvelope().getDeliveryTag(), false, true);
+        GetResponse dead = Broker.getWithin(ch, target, true);
+        @SuppressWarnings("unchecked")
+        Map<String, Object> death = ((List<Map<String, Object>>) dead.getProps().getHeaders().get("x-death")).get(0);
+        assertEquals("delivery_limit", death.get("reason").toString());
+    }
+
+    @Test
+    void aConsumerTimeoutClosesTheChannelThatHeldADeliveryTooLong() throws Exception {
+        assumeLepus("RabbitMQ 3.10.8 ignores x-consumer-timeout (its node-wide default is 30 minutes)");
+        // A broker of its own: connections sample their channels every quarter of the node's
+        // timeout (at least each second, at most each minute), here every second.
+        try (PrivateLepus lepus = PrivateLepus.start(Map.of(), "--consumer-timeout-ms", "4000");
+                com.rabbitmq.client.Connection own = lepus.factory().newConnection()) {
+            Channel setup = own.createChannel();
+            String q = Broker.unique("timeout");
+            setup.queueDeclare(q, false, false, false, args("x-consumer-timeout", 1000));
+            setup.basicPublish("", q, null, Broker.bytes("held"));
+            Channel consumer = own.createChannel();
+            Broker.Inbox inbox = new Broker.Inbox();
+            inbox.consume(consumer, q, false);
+            long delivered = System.currentTimeMillis();
+            inbox.next();
+            while (consumer.isOpen() && System.currentTimeMillis() < delivered + 10_000) {
+                Thread.sleep(50);
+            }
+            assertFalse(consumer.isOpen(), "the channel was not closed");
+            assertTrue(System.currentTimeMillis() - delivered < 4_000, "closed by the queue's 1 s, not the node's 4 s");
+            com.rabbitmq.client.ShutdownSignalException reason = consumer.getCloseReason();
+            assertEquals(406, Broker.replyCode(reason));
+            assertTrue(Broker.replyText(reason).startsWith("PRECONDITION_FAILED - delivery acknowledgement on channel"), Broker.replyText(reason));
+            assertEquals(1, setup.queueDeclarePassive(q).getMessageCount(), "the message went back");
+        }
+    }
+
+    @Test
+    void theDelayedMessageExchangeHoldsAMessageForItsXDelay() throws Exception {
+        assumeLepus("the RabbitMQ reference node lacks rabbitmq_delayed_message_exchange (not in Debian's package)");
+        String x = exchangeName("delayed");
+        ch.exchangeDeclare(x, "x-delayed-message", false, false, args("x-delayed-type", "direct"));
+        String q = declare("delayed-target", null);
+        ch.queueBind(q, x, "k");
+        long published = System.nanoTime();
+        ch.basicPublish(x, "k", headers(args("x-delay", 400)), Broker.bytes("later"));
+        ch.basicPublish(x, "k", null, Broker.bytes("now"));
+        GetResponse now = Broker.getWithin(ch, q, true);
+        assertEquals("now", Broker.body(now));
+        assertNull(ch.basicGet(q, true), "the delayed one waits");
+        GetResponse later = Broker.getWithin(ch, q, true);
+        assertTrue(System.nanoTime() - published >= 400_000_000L, "delivered before its delay");
+        assertEquals("later", Broker.body(later));
+        assertEquals(-400, ((Number) later.getProps().getHeaders().get("x-delay")).intValue());
+    }
+
+    @Test
+    void aDeduplicatingExchangeRoutesEachKeyOnce() throws Exception {
+        assumeLepus("message deduplication is beyond RabbitMQ (LavinMQ's feature, a plugin's for RabbitMQ)");
+        String x = exchangeName("dedup");
+        ch.exchangeDeclare(x, "fanout", false, false, args("x-message-deduplication", true, "x-cache-size", 10));
+        String q = declare("dedup-target", null);
+        ch.queueBind(q, x, "");
+        Channel confirms = conn.createChannel();
+        confirms.confirmSelect();
+        for (String key : new String[] {"a", "b", "a"}) {
+            confirms.basicPublish(x, "", headers(args("x-deduplication-header", key)), Broker.bytes(key));
+        }
+        confirms.waitForConfirmsOrDie(Broker.TIMEOUT_MS);
+        assertEquals(List.of("a", "b"), drain(q));
+    }
+}
