@@ -26,6 +26,7 @@ import tempfile
 import time
 import urllib.request
 import base64
+import glob
 
 LEPUS_BIN, OUT = sys.argv[1], sys.argv[2]
 DURATION_S = int(os.environ.get("DURATION_S", "20"))
@@ -262,6 +263,8 @@ def lepus_failovers(cluster):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
+    for stale in glob.glob(f"{OUT}/*--*"):
+        os.remove(stale)
     rows = []
     directory = tempfile.mkdtemp(prefix="lepus-cluster-quorum-")
     lepus = LepusCluster(directory)
