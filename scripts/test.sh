@@ -38,14 +38,14 @@ echo "== cargo fmt and clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "== cargo build (release) and Rust tests"
+echo "== cargo build (release) and Rust tests (${SECONDS} s so far)"
 cargo build --release --locked
 lepus="$root/target/release/lepus"
 # The perf tool's broker tests start real brokers from this binary, and fail without one. Their
 # RabbitMQ test runs in the reference run below (LEPUS_PERF_RABBITMQ_URL=none: not here, on purpose).
 LEPUS_BIN="$lepus" LEPUS_PERF_RABBITMQ_URL=none cargo test --workspace --locked
 
-echo "== fuzz targets, ${FUZZ_SECONDS:-20} s each (skipped with a line saying so without a nightly toolchain)"
+echo "== (${SECONDS} s so far) fuzz targets, ${FUZZ_SECONDS:-20} s each (skipped with a line saying so without a nightly toolchain)"
 scripts/fuzz-short.sh
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -74,12 +74,12 @@ echo "== broker on port $port (log: $log)"
 failed=0
 passed=0
 for suite in $suites $stream_suites; do
-  echo "== interop/$suite"
+  echo "== interop/$suite (${SECONDS} s so far)"
   if "interop/$suite/run.sh"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "interop/$suite FAILED"; fi
 done
 # The same suites against a real RabbitMQ: what they expect of Lepus is what RabbitMQ does.
 if [ "${REFERENCE:-rabbitmq}" = rabbitmq ]; then
-  echo "== reference: RabbitMQ"
+  echo "== reference: RabbitMQ (${SECONDS} s so far)"
   reference_suites=""
   for suite in $suites; do
     case "$suite" in python | go | java | management) reference_suites="$reference_suites $suite" ;; esac
@@ -93,5 +93,5 @@ if ! kill -0 "$broker_pid" 2>/dev/null; then
   tail -50 "$log" >&2
   failed=$((failed + 1))
 fi
-echo "interop suites: $passed passed, $failed failed"
+echo "interop suites: $passed passed, $failed failed (${SECONDS} s in all)"
 [ "$failed" -eq 0 ]

@@ -85,6 +85,11 @@ impl ContentHeader {
         self.property_flags & FLAG_USER_ID != 0
     }
 
+    /// Whether the message carries a headers table.
+    pub fn has_headers(&self) -> bool {
+        self.property_flags & FLAG_HEADERS != 0
+    }
+
     /// Whether the publisher set reply-to (direct reply-to rewrites it).
     pub fn has_reply_to(&self) -> bool {
         self.property_flags & FLAG_REPLY_TO != 0

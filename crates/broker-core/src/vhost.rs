@@ -160,14 +160,62 @@ fn same_queue_type(current: Option<&FieldValue>, received: Option<&FieldValue>) 
     }
 }
 
+/// The queue arguments a redeclaration compares: those RabbitMQ 3.10.8 compares
+/// (`rabbit_amqqueue:declare_args/0` and its queue types' own; an argument it does not know may
+/// change, come or go), and Lepus's deduplication arguments, which change what the queue does.
+const COMPARED_QUEUE_ARGUMENTS: &[&[u8]] = &[
+    b"x-expires",
+    b"x-message-ttl",
+    b"x-dead-letter-exchange",
+    b"x-dead-letter-routing-key",
+    b"x-dead-letter-strategy",
+    b"x-max-length",
+    b"x-max-length-bytes",
+    b"x-max-in-memory-length",
+    b"x-max-in-memory-bytes",
+    b"x-max-priority",
+    b"x-overflow",
+    b"x-queue-mode",
+    b"x-queue-version",
+    b"x-single-active-consumer",
+    b"x-queue-type",
+    b"x-quorum-initial-group-size",
+    b"x-max-age",
+    b"x-stream-max-segment-size-bytes",
+    b"x-initial-cluster-size",
+    b"x-queue-leader-locator",
+    b"x-queue-master-locator",
+    b"x-delivery-limit",
+    b"x-message-deduplication",
+    b"x-cache-size",
+    b"x-cache-ttl",
+    b"x-cache-persistence",
+    b"x-deduplication-header",
+];
+
+/// Whether two argument values are equivalent as RabbitMQ compares them (`rabbit_misc`'s
+/// `type_class`): integers of any width with the same value are, floats of either width too.
+fn equivalent_values(old: Option<&FieldValue>, new: Option<&FieldValue>) -> bool {
+    match (old, new) {
+        (Some(old), Some(new)) => match (old.as_i64(), new.as_i64()) {
+            (Some(old), Some(new)) => old == new,
+            _ => match (old, new) {
+                (FieldValue::F32(old), FieldValue::F64(new)) | (FieldValue::F64(new), FieldValue::F32(old)) => f64::from(*old) == *new,
+                _ => old == new,
+            },
+        },
+        _ => old == new,
+    }
+}
+
 /// Compares the arguments RabbitMQ compares on redeclaration: for exchanges `alternate-exchange`,
-/// for queues every `x-` argument.
+/// for queues [`COMPARED_QUEUE_ARGUMENTS`].
 fn compare_arguments(what: &str, name: &ShortStr, vhost: &str, current: &FieldTable, received: &FieldTable) -> Result<(), AmqpError> {
     let relevant = |key: &[u8]| {
         if what == "exchange" {
             key == b"alternate-exchange"
         } else {
-            key.starts_with(b"x-")
+            COMPARED_QUEUE_ARGUMENTS.contains(&key)
         }
     };
     let mut keys: Vec<&ShortStr> =
@@ -180,7 +228,7 @@ fn compare_arguments(what: &str, name: &ShortStr, vhost: &str, current: &FieldTa
             continue;
         }
         match (old, new) {
-            _ if old == new => {}
+            _ if equivalent_values(old, new) => {}
             // RabbitMQ prints both values bare when both sides have the argument.
             (Some(old), Some(new)) => {
                 return Err(equivalence(
@@ -642,19 +690,21 @@ pub fn check_queue_argument(key: &str, value: &FieldValue, queue: &ShortStr, vho
             FieldValue::LongStr(_) => Ok(()),
             other => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(other)))),
         },
+        // RabbitMQ's check_int_arg words a non-integer as a quoted string (measured on 3.10.8).
         "x-max-length" | "x-delivery-limit" => match value.as_i64() {
             Some(limit) if limit >= 0 => Ok(()),
             Some(limit) => Err(invalid_argument(key, queue, vhost, format!("{{value_negative,{limit}}}"))),
-            None => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
+            None => Err(invalid_argument(key, queue, vhost, format!("\"expected integer, got {}\"", type_name(value)))),
         },
         "x-message-ttl" => match value.as_i64() {
+            Some(ttl) if ttl > QUEUE_EXPIRES_MS_MAX => Err(invalid_argument(key, queue, vhost, format!("{{value_too_large,{ttl}}}"))),
             Some(ttl) if ttl >= 0 => Ok(()),
             Some(ttl) => Err(invalid_argument(key, queue, vhost, format!("{{value_negative,{ttl}}}"))),
-            None => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
+            None => Err(invalid_argument(key, queue, vhost, format!("\"expected integer, got {}\"", type_name(value)))),
         },
         "x-overflow" => match value.as_text().as_deref() {
             Some("drop-head" | "reject-publish" | "reject-publish-dlx") => Ok(()),
-            Some(other) => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_value,<<\"{other}\">>}}"))),
+            Some(_) => Err(invalid_argument(key, queue, vhost, "invalid_overflow".to_string())),
             None => Err(invalid_argument(key, queue, vhost, format!("{{unacceptable_type,{}}}", type_name(value)))),
         },
         "x-message-deduplication" | "x-cache-size" | "x-cache-ttl" | "x-cache-persistence" | "x-deduplication-header" => {

@@ -88,6 +88,11 @@ impl<M: Payload> QueueCore<M> {
                     if let Some(queued) = past_limit {
                         let reason = DeadLetterReason::DeliveryLimit;
                         effects.push(Effect::Drop { position, message: queued.message, reason, logged: queued.logged });
+                    } else if self.limits.overflow == Overflow::DropHead {
+                        // Limits count ready messages only: a requeue past them drops from the
+                        // head at once, as RabbitMQ 3.10.8 does (measured: x-max-length 2, two
+                        // unacked requeued behind two ready ones, the requeued two are dropped).
+                        return self.drop_head_while_over(0, effects);
                     }
                 }
                 Reply::Ok

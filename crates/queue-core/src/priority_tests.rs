@@ -326,6 +326,13 @@ proptest! {
                     } else {
                         ready.insert((max_priority - priority_of[&position], position));
                         requeued += 1;
+                        // Limits count ready messages: a requeue past them drops from the head.
+                        if let Some(max) = max_length {
+                            while ready.len() as u64 > max {
+                                let (_, head) = ready.pop_first().expect("over a limit means not empty");
+                                dropped_unread.insert(head);
+                            }
+                        }
                         queue.apply(Command::Requeue { position });
                     }
                 }

@@ -7,6 +7,7 @@
 mod admin;
 mod client;
 mod cluster;
+mod diagnostics;
 mod listing;
 
 use client::{Client, CtlError};
@@ -71,6 +72,15 @@ enum CtlCommand {
     Status,
     /// Exits 0 when the broker answers its management API, 69 when not.
     Ping,
+    /// Shows the cluster's nodes (this one alone when not clustered), which run, their versions,
+    /// listeners and alarms, as rabbitmqctl does; clustered, the metadata group's leader too.
+    #[command(name = "cluster_status", alias = "cluster-status")]
+    ClusterStatus,
+    /// Shows the node's settings in force, as the configuration file names them.
+    Environment,
+    /// Everything an operator sends with a problem report: status, cluster status, settings,
+    /// connections, channels, and each vhost's queues, exchanges, bindings, permissions, policies.
+    Report,
     /// Waits (up to --timeout seconds) until the broker answers.
     #[command(name = "await_startup", alias = "await-startup")]
     AwaitStartup,
@@ -262,9 +272,6 @@ enum CtlCommand {
     /// The cluster: status, join, leave, forget.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
-    /// Shows the cluster's members and which run (rabbitmqctl's cluster_status).
-    #[command(name = "cluster_status", alias = "cluster-status")]
-    ClusterStatus,
     /// Makes this node join the cluster at ADDRESS (host:port of a member's cluster port).
     #[command(name = "join_cluster", alias = "join-cluster")]
     JoinCluster {
@@ -281,6 +288,12 @@ enum CtlCommand {
 
 /// Runs one `lepus ctl` command; returns rabbitmqctl's exit code for the outcome.
 pub fn run(arguments: CtlArguments) -> i32 {
+    // A reader that goes away (`lepus ctl report | head`) ends the command quietly, as it ends
+    // rabbitmqctl, rather than making a print fail.
+    // SAFETY: setting a signal's disposition to its default has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     match execute(&arguments) {
         Ok(()) => 0,
         Err(error) => {
@@ -320,7 +333,6 @@ fn execute(arguments: &CtlArguments) -> Result<(), CtlError> {
     match &arguments.command {
         CtlCommand::Status => status(&client, arguments),
         CtlCommand::Cluster(command) => cluster::run(&client, arguments, command),
-        CtlCommand::ClusterStatus => cluster::run(&client, arguments, &cluster::ClusterCommand::Status),
         CtlCommand::JoinCluster { address } => {
             cluster::run(&client, arguments, &cluster::ClusterCommand::Join { address: address.clone() })
         }
@@ -334,6 +346,9 @@ fn execute(arguments: &CtlArguments) -> Result<(), CtlError> {
             Ok(())
         }
         CtlCommand::AwaitStartup => await_startup(&client, arguments),
+        CtlCommand::ClusterStatus => diagnostics::cluster_status(&client, arguments),
+        CtlCommand::Environment => diagnostics::environment(&client, arguments),
+        CtlCommand::Report => diagnostics::report(&client, arguments),
         CtlCommand::CheckAlarms => check_alarms(&client, arguments),
         CtlCommand::CheckPortConnectivity => check_port_connectivity(&client, arguments),
         CtlCommand::PurgeQueue { name } => {
@@ -441,14 +456,28 @@ fn listeners(client: &Client, overview: &Value) -> Vec<Value> {
         .flatten()
         .map(|listener| {
             let protocol = listener.get("protocol").cloned().unwrap_or(Value::Null);
-            let purpose = if protocol == "amqp/ssl" { "AMQP 0-9-1 over TLS" } else { "AMQP 0-9-1" };
             json!({"interface": listener.get("ip_address"), "node": node, "port": listener.get("port"),
-                   "protocol": protocol, "purpose": purpose})
+                   "protocol": protocol, "purpose": listener_purpose(protocol.as_str().unwrap_or_default())})
         })
         .collect();
-    listeners.push(json!({"interface": client.host(), "node": node, "port": client.port(), "protocol": client.scheme(),
-                          "purpose": "HTTP API"}));
+    // A broker that does not list the API the command reached (an older Lepus) still has it.
+    let port = client.port();
+    if !listeners.iter().any(|listener| listener.get("port").and_then(Value::as_u64) == Some(u64::from(port))) {
+        listeners.push(json!({"interface": client.host(), "node": node, "port": port, "protocol": client.scheme(),
+                              "purpose": listener_purpose(&client.scheme())}));
+    }
     listeners
+}
+
+/// What a listener is for, in RabbitMQ's words (Lepus speaks no AMQP 1.0, which RabbitMQ adds).
+fn listener_purpose(protocol: &str) -> &'static str {
+    match protocol {
+        "amqp/ssl" => "AMQP 0-9-1 over TLS",
+        "http" => "HTTP API",
+        "https" => "HTTP API over TLS (HTTPS)",
+        "http/prometheus" => "Prometheus exporter API over HTTP",
+        _ => "AMQP 0-9-1",
+    }
 }
 
 fn check_port_connectivity(client: &Client, arguments: &CtlArguments) -> Result<(), CtlError> {
@@ -472,6 +501,16 @@ fn check_port_connectivity(client: &Client, arguments: &CtlArguments) -> Result<
 }
 
 fn status(client: &Client, arguments: &CtlArguments) -> Result<(), CtlError> {
+    let (status, overview, node) = status_value(client)?;
+    match arguments.formatter {
+        Formatter::Json => println!("{status}"),
+        Formatter::Table => print_status(&status, &overview, &node),
+    }
+    Ok(())
+}
+
+/// What `status --formatter json` prints, with the overview and node it was made of.
+fn status_value(client: &Client) -> Result<(Value, Value, Value), CtlError> {
     let overview = client.get_json("/overview")?;
     let nodes = client.get_json("/nodes")?;
     let node = nodes.get(0).cloned().unwrap_or(Value::Null);
@@ -496,11 +535,7 @@ fn status(client: &Client, arguments: &CtlArguments) -> Result<(), CtlError> {
         "vm_memory_high_watermark_limit": node.get("mem_limit"),
         "node": overview.get("node"),
     });
-    match arguments.formatter {
-        Formatter::Json => println!("{status}"),
-        Formatter::Table => print_status(&status, &overview, &node),
-    }
-    Ok(())
+    Ok((status, overview, node))
 }
 
 fn print_status(status: &Value, overview: &Value, node: &Value) {

@@ -63,24 +63,25 @@ impl ReplyConsumers {
         self.by_token.lock().remove(token);
     }
 
-    /// Delivers a reply published to the default exchange with `routing_key`; true when the key
-    /// is a reply address (delivered, or dropped as RabbitMQ drops a reply whose channel is gone).
-    pub fn deliver(&self, message: &Arc<Message>) -> bool {
+    /// Delivers a reply published to the default exchange with `routing_key`, when the key is a
+    /// reply address and its channel is still consuming; otherwise the publish is unroutable (a
+    /// mandatory one is returned 312 NO_ROUTE, as RabbitMQ 3.10.8 returns it).
+    pub fn deliver(&self, message: &Arc<Message>) -> ReplyDelivery {
         let Some(token) = message.routing_key.as_bytes().strip_prefix(REPLY_TO_PREFIX.as_bytes()) else {
-            return false;
+            return ReplyDelivery::NotAReply;
         };
-        let Ok(token) = std::str::from_utf8(token) else { return true };
+        let Ok(token) = std::str::from_utf8(token) else { return ReplyDelivery::NobodyToDeliverTo };
         let (channel, consumer_tag) = {
             let by_token = self.by_token.lock();
-            let Some(consumer) = by_token.get(token) else { return true };
-            let Some(channel) = consumer.channel.upgrade() else { return true };
+            let Some(consumer) = by_token.get(token) else { return ReplyDelivery::NobodyToDeliverTo };
+            let Some(channel) = consumer.channel.upgrade() else { return ReplyDelivery::NobodyToDeliverTo };
             (channel, consumer.consumer_tag.clone())
         };
         // Sent under the ledger's lock, as queue deliveries are, so delivery tags reach the
         // socket in order.
         let mut ledger = channel.ledger.lock();
         if !ledger.open {
-            return true;
+            return ReplyDelivery::NobodyToDeliverTo;
         }
         // No-ack: the delivery takes a tag and is never tracked.
         ledger.last_tag += 1;
@@ -93,6 +94,18 @@ impl ReplyConsumers {
             redelivered: false,
             message: message.clone(),
         });
-        true
+        ReplyDelivery::Delivered
     }
+}
+
+/// What became of a publish to the default exchange that no queue took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyDelivery {
+    /// Its routing key is not a reply address.
+    NotAReply,
+    /// Delivered to the requesting channel's reply consumer.
+    Delivered,
+    /// A reply address whose channel is gone (or that no channel made): dropped, or returned
+    /// when mandatory.
+    NobodyToDeliverTo,
 }

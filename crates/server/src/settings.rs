@@ -8,6 +8,9 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use storage::syncer::SyncPolicy;
 
+/// `--sync-interval-ms` when not given.
+pub const SYNC_INTERVAL_MS_DEFAULT: u64 = 200;
+
 /// The `--sync` choices (see docs/storage.md for what each promises).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -174,7 +177,7 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
     };
     let defaults = ServerConfig::default();
     let sync = arguments.sync.or(file.sync).unwrap_or(SyncMode::Always);
-    let sync_interval_ms = arguments.sync_interval_ms.or(file.sync_interval_ms).unwrap_or(200);
+    let sync_interval_ms = arguments.sync_interval_ms.or(file.sync_interval_ms).unwrap_or(SYNC_INTERVAL_MS_DEFAULT);
     let config = ServerConfig {
         data_dir: arguments.data_dir.or(file.data_dir).unwrap_or(defaults.data_dir.clone()),
         amqp_port: arguments.amqp_port.or(file.amqp_port).unwrap_or(defaults.amqp_port),
@@ -226,7 +229,13 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
     if !arguments.print_config {
         return Ok(Resolved::Run(Box::new(config)));
     }
-    let effective = FileSettings {
+    let effective = effective_file_settings(&config, sync, sync_interval_ms);
+    toml::to_string(&effective).map(Resolved::Print).map_err(|error| error.to_string())
+}
+
+/// The settings in force, as the file names them (what `--print-config` writes).
+fn effective_file_settings(config: &ServerConfig, sync: SyncMode, sync_interval_ms: u64) -> FileSettings {
+    FileSettings {
         data_dir: Some(config.data_dir.clone()),
         amqp_port: Some(config.amqp_port),
         bind: Some(config.bind_address),
@@ -256,8 +265,18 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
         cluster_seeds: Some(config.cluster.seeds.clone()),
         cluster_name: Some(config.cluster.cluster_name.clone()),
         cluster_advertise: config.cluster.advertise.clone(),
+    }
+}
+
+/// The settings in force, as the file names them, as JSON (`lepus ctl environment`). The sync
+/// interval of a node that does not sync by interval is the default it would use.
+pub fn effective_settings_json(config: &ServerConfig) -> serde_json::Value {
+    let (sync, sync_interval_ms) = match config.sync_policy {
+        SyncPolicy::Always => (SyncMode::Always, SYNC_INTERVAL_MS_DEFAULT),
+        SyncPolicy::Interval { interval_ms } => (SyncMode::Interval, interval_ms),
+        SyncPolicy::Never => (SyncMode::Never, SYNC_INTERVAL_MS_DEFAULT),
     };
-    toml::to_string(&effective).map(Resolved::Print).map_err(|error| error.to_string())
+    serde_json::to_value(effective_file_settings(config, sync, sync_interval_ms)).unwrap_or(serde_json::Value::Null)
 }
 
 /// Refuses limits of 0: a node that accepts no connection, or channels that take no consumer, is

@@ -1,6 +1,7 @@
 """Three real `lepus server` processes: formation, membership, definitions replicated through
 the metadata Raft group, and failures (kill -9, restart, a minority, a stray client)."""
 
+import json
 import os
 import signal
 import socket
@@ -29,6 +30,16 @@ def test_three_seeds_form_one_cluster_and_every_node_lists_every_node(cluster):
     assert output.returncode == 0, output.stderr
     running = output.stdout.split("Running Nodes")[1]
     assert all(name in running for name in names), output.stdout
+    # rabbitmqctl's JSON shape, with every member in it.
+    shaped = cluster_status_json(cluster.nodes[2])
+    assert shaped["disk_nodes"] == names and shaped["running_nodes"] == names, shaped
+
+
+def cluster_status_json(node):
+    output = subprocess.run([LEPUS_BIN, "ctl", "--url", f"http://127.0.0.1:{node.http_port}", "cluster_status", "--formatter", "json"],
+                            capture_output=True, text=True, timeout=30)
+    assert output.returncode == 0, output.stderr
+    return json.loads(output.stdout)
 
 
 def test_definitions_made_on_any_node_are_on_every_node(cluster):
@@ -125,6 +136,9 @@ def test_the_leader_killed_then_restarted_catches_up_and_keeps_its_classic_messa
     channel = pika.BlockingConnection(pika.URLParameters(survivors[1].url())).channel()
     channel.queue_declare("cluster.made-while-down", durable=True)
     assert [entry["running"] for entry in survivors[0].get("/nodes").json() if entry["name"] == leader.name] == [False]
+    shaped = cluster_status_json(survivors[0])
+    assert leader.name in shaped["disk_nodes"] and leader.name not in shaped["running_nodes"], shaped
+    assert sorted(shaped["running_nodes"]) == sorted(node.name for node in survivors), shaped
     leader.start()
     leader.wait_listening()
     cluster.wait_formed()

@@ -204,10 +204,14 @@ def test_basic_recover_requeues_to_the_back(connection, cleanup):
     consumer.basic_qos(prefetch_count=1)
     seen = []
     consumer.basic_consume(queue, lambda chan, method, properties, body: seen.append((body, method.redelivered)))
-    deadline = time.monotonic() + 5
+    # Generous deadlines, each its own: on a loaded machine a first delivery still on its way when
+    # the recover runs would be requeued before it was seen.
+    deadline = time.monotonic() + 30
     while not seen and time.monotonic() < deadline:
         connection.process_data_events(time_limit=0.1)
+    assert seen, "no first delivery within 30 s"
     consumer.basic_recover(requeue=True)
+    deadline = time.monotonic() + 30
     while len(seen) < 2 and time.monotonic() < deadline:
         connection.process_data_events(time_limit=0.1)
     assert seen == [(b"a", False), (b"b", False)]

@@ -88,6 +88,11 @@ impl Listing {
                     ("frame_max", "frame_max"),
                     ("timeout", "timeout"),
                     ("client_properties", "client_properties"),
+                    ("recv_oct", "recv_oct"),
+                    ("recv_cnt", "recv_cnt"),
+                    ("send_oct", "send_oct"),
+                    ("send_cnt", "send_cnt"),
+                    ("connected_at", "connected_at"),
                 ],
             ),
             Listing::Channels => (
@@ -191,14 +196,41 @@ fn value_of(item: &Value, key: &str, path: &str) -> Value {
 
 /// Lists `listing` with the asked columns (its defaults when none).
 pub fn list(client: &Client, arguments: &CtlArguments, listing: Listing, columns: &[String]) -> Result<(), CtlError> {
+    let (wanted, rows) = rows(client, arguments.vhost(), listing, columns)?;
+    match arguments.formatter {
+        Formatter::Json => print_json(&rows),
+        Formatter::Table => print_table(&wanted, &rows, !arguments.no_table_headers),
+    }
+    Ok(())
+}
+
+/// Every info key Lepus answers for `listing` (what `report` lists).
+pub fn all_columns(listing: Listing) -> Vec<String> {
+    listing.keys().1.iter().map(|(key, _)| (*key).to_owned()).collect()
+}
+
+/// The columns of a listing and its rows, one object of those columns each.
+pub type Rows = (Vec<&'static str>, Vec<Map<String, Value>>);
+
+/// The rows of `listing` in `vhost` with `columns` (the defaults when none), and the columns.
+pub fn rows(client: &Client, vhost: &str, listing: Listing, columns: &[String]) -> Result<Rows, CtlError> {
     let (defaults, keys) = listing.keys();
-    let wanted: Vec<&str> = if columns.is_empty() { defaults.to_vec() } else { columns.iter().map(String::as_str).collect() };
-    let unknown: Vec<&str> = wanted.iter().copied().filter(|column| !keys.iter().any(|(key, _)| key == column)).collect();
+    let mut wanted: Vec<&'static str> = Vec::new();
+    let mut unknown: Vec<&str> = Vec::new();
+    for column in columns {
+        match keys.iter().find(|(key, _)| key == column) {
+            Some((key, _)) => wanted.push(key),
+            None => unknown.push(column),
+        }
+    }
     if !unknown.is_empty() {
         let known: Vec<&str> = keys.iter().map(|(key, _)| *key).collect();
         return Err(CtlError::Usage(format!("Info key(s) {} are not supported; these are: {}", unknown.join(","), known.join(", "))));
     }
-    let items = match client.get_json(&listing.path(arguments.vhost()))? {
+    if columns.is_empty() {
+        wanted = defaults.to_vec();
+    }
+    let items = match client.get_json(&listing.path(vhost))? {
         Value::Array(items) => items,
         single => vec![single],
     };
@@ -212,11 +244,7 @@ pub fn list(client: &Client, arguments: &CtlArguments, listing: Listing, columns
                 .collect()
         })
         .collect();
-    match arguments.formatter {
-        Formatter::Json => print_json(&rows),
-        Formatter::Table => print_table(&wanted, &rows, !arguments.no_table_headers),
-    }
-    Ok(())
+    Ok((wanted, rows))
 }
 
 /// A JSON array laid out as rabbitmqctl lays it out: one object per line, commas leading.
@@ -229,7 +257,7 @@ fn print_json(rows: &[Map<String, Value>]) {
     println!("]");
 }
 
-fn print_table(columns: &[&str], rows: &[Map<String, Value>], headers: bool) {
+pub fn print_table(columns: &[&str], rows: &[Map<String, Value>], headers: bool) {
     if headers {
         println!("{}", columns.join("\t"));
     }

@@ -10,6 +10,7 @@ mod cluster;
 mod console;
 mod definitions;
 mod definitions_import;
+mod environment;
 mod history;
 mod json;
 mod overview;

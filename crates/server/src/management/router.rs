@@ -29,6 +29,7 @@ pub(super) fn router() -> Router<Api> {
         .route("/api/lepus/cluster/nodes/{node}", axum::routing::delete(super::cluster::forget))
         .route("/api/extensions", get(|| async { Json(json!([])) }))
         .route("/api/whoami", get(whoami))
+        .route("/api/lepus/environment", get(super::environment::environment))
         .route("/api/users", get(users))
         .route("/api/users/{user}", get(user).put(put_user).delete(delete_user))
         .route("/api/users/{user}/permissions", get(user_permissions))

@@ -7,6 +7,7 @@ use super::context::Context;
 mod consumer_timeout;
 mod delivery;
 mod get;
+mod header_routes;
 
 pub use consumer_timeout::tick_interval as consumer_timeout_tick_interval;
 mod methods;

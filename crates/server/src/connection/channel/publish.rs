@@ -96,6 +96,9 @@ impl Channel {
                 }
             }
         }
+        if header.has_expiration() {
+            check_expiration(&header)?;
+        }
         let header = if header.has_reply_to() { self.direct_reply_to(header)? } else { header };
         let message = Arc::new(Message {
             exchange: content.exchange,
@@ -108,6 +111,7 @@ impl Channel {
         let mut queues = std::mem::take(&mut self.routed_queues);
         let mut delayed: Vec<(DelayedRoute, bool)> = Vec::new();
         let mut deduplicated = Deduplicated::Routed(None);
+        let mut has_bcc = false;
         {
             let vhost = context.topology()?.read();
             let exchange = vhost.require_exchange(&message.exchange).map_err(|error| error.during(60, 40))?;
@@ -129,11 +133,12 @@ impl Channel {
                     deduplicated = deduplicate(context, exchange, &message);
                 }
                 if !matches!(deduplicated, Deduplicated::Dropped) {
-                    route_to_queues(&vhost, &message, &mut queues, &mut delayed);
+                    has_bcc = route_to_queues(&vhost, &message, &mut queues, &mut delayed);
                 }
                 self.exchange_counts.count(&exchange.stats.0, queues.len());
             }
         }
+        let message = if has_bcc { super::header_routes::without_bcc(&message) } else { message };
         let publish = Publish { mandatory: content.mandatory, message };
         let counters = &self.shared.publish_counters;
         bump_single_writer(&counters.received);
@@ -202,6 +207,7 @@ impl Channel {
         let mut queues: Vec<Queue> = Vec::new();
         let mut delayed: Vec<(DelayedRoute, bool)> = Vec::new();
         let mut deduplicated = Deduplicated::Routed(None);
+        let mut has_bcc = false;
         // Channels exist only after connection.open set the topology.
         if let Ok(topology) = context.topology() {
             let vhost = topology.read();
@@ -209,12 +215,19 @@ impl Channel {
                 deduplicated = deduplicate(context, exchange, &publish.message);
             }
             if !matches!(deduplicated, Deduplicated::Dropped) {
-                route_to_queues(&vhost, &publish.message, &mut queues, &mut delayed);
+                has_bcc = route_to_queues(&vhost, &publish.message, &mut queues, &mut delayed);
                 if let Ok(exchange) = vhost.require_exchange(&publish.message.exchange) {
                     self.exchange_counts.count(&exchange.stats.0, queues.len());
                 }
             }
         }
+        let stripped;
+        let publish = if has_bcc {
+            stripped = Publish { mandatory: publish.mandatory, message: super::header_routes::without_bcc(&publish.message) };
+            &stripped
+        } else {
+            publish
+        };
         count_routing(&self.shared, publish, &queues);
         let mut routed = enqueue(context, self.id(), publish, &queues, tickets);
         if let Deduplicated::Routed(Some(log)) = deduplicated {
@@ -232,7 +245,11 @@ impl Channel {
 fn enqueue(context: &Context, channel: u16, publish: &Publish, queues: &[Queue], tickets: &mut ConfirmTickets) -> Routed {
     let message = &publish.message;
     // A reply to a direct reply-to request names no queue; checked only for what routed nowhere.
-    if queues.is_empty() && message.exchange.is_empty() && context.broker.reply_consumers.deliver(message) {
+    // One that reaches no channel is unroutable: returned below when mandatory.
+    if queues.is_empty()
+        && message.exchange.is_empty()
+        && context.broker.reply_consumers.deliver(message) == crate::direct_reply::ReplyDelivery::Delivered
+    {
         return Routed { waits: false, rejected: false };
     }
     if queues.is_empty() {
@@ -276,14 +293,27 @@ fn count_routing(channel: &ChannelShared, publish: &Publish, queues: &[Queue]) {
 
 /// The queues the message's exchange and routing key lead to, and the delayed exchanges on the
 /// way that hold it back (with whether each is durable).
-fn route_to_queues(vhost: &Vhost<Queue>, message: &Message, queues: &mut Vec<Queue>, delayed: &mut Vec<(DelayedRoute, bool)>) {
+/// Routes a message by its routing key and its CC and BCC keys; true when its BCC header must be
+/// taken out before a queue holds it (see `header_routes`).
+fn route_to_queues(vhost: &Vhost<Queue>, message: &Message, queues: &mut Vec<Queue>, delayed: &mut Vec<(DelayedRoute, bool)>) -> bool {
     let mut properties = || message.header.properties().ok();
     let mut routes: Vec<DelayedRoute> = Vec::new();
     vhost.route(&message.exchange, &message.routing_key, &mut properties, queues, &mut routes);
+    let (header_keys, has_bcc) = super::header_routes::header_routes(message);
+    for key in &header_keys {
+        let mut more: Vec<Queue> = Vec::new();
+        vhost.route(&message.exchange, key, &mut properties, &mut more, &mut routes);
+        for queue in more {
+            if !queues.iter().any(|routed| routed.same(&queue)) {
+                queues.push(queue);
+            }
+        }
+    }
     for route in routes {
         let durable = vhost.exchange(&route.exchange).is_some_and(|exchange| exchange.durable);
         delayed.push((route, durable));
     }
+    has_bcc
 }
 
 /// What an exchange's deduplication made of a publish.
@@ -328,4 +358,24 @@ pub(super) fn send_confirm(channel: &ChannelShared, delivery_tag: u64, durable: 
     let mut frames = BytesMut::with_capacity(32);
     encode_method_frame(&mut frames, channel.id, &method);
     channel.connection.send(Outbound::Frames(frames.freeze()));
+}
+
+/// A per-message expiration must be a whole number of milliseconds from 0 to ten years: RabbitMQ
+/// 3.10.8 closes the channel otherwise, with `rabbit_basic:parse_expiration`'s reason (measured:
+/// `no_integer`, `{value_negative,-1}`; `string:to_integer` leaves `{leftover_string,...}`).
+fn check_expiration(header: &amqp_codec::ContentHeader) -> Result<(), AmqpError> {
+    let Some(expiration) = header.properties().ok().and_then(|properties| properties.expiration) else {
+        return Ok(());
+    };
+    let text = expiration.to_string_lossy();
+    let sign_bytes = usize::from(text.starts_with(['-', '+']));
+    let digits_end = sign_bytes + text[sign_bytes..].bytes().take_while(u8::is_ascii_digit).count();
+    let problem = match text[..digits_end].parse::<i128>() {
+        Err(_) => "no_integer".to_string(),
+        Ok(_) if digits_end < text.len() => format!("{{leftover_string,\"{}\"}}", &text[digits_end..]),
+        Ok(value) if value < 0 => format!("{{value_negative,{value}}}"),
+        Ok(value) if value > i128::from(broker_core::vhost::QUEUE_EXPIRES_MS_MAX) => format!("{{value_too_large,{value}}}"),
+        Ok(_) => return Ok(()),
+    };
+    Err(AmqpError::precondition(format!("invalid expiration '{text}': {problem}")).during(60, 40))
 }

@@ -35,6 +35,9 @@ import org.junit.jupiter.api.Timeout;
 class StreamTest {
   private Environment environment;
   private final List<String> streams = new ArrayList<>();
+  /** Consumers the test opened: closed before their streams are deleted (a stream deleted under a
+   * subscription makes the client try to resubscribe, and its close then waits 30 s for it). */
+  private final List<Consumer> consumers = new ArrayList<>();
   private String test;
 
   @BeforeEach
@@ -45,6 +48,9 @@ class StreamTest {
 
   @AfterEach
   void close() {
+    for (Consumer consumer : consumers) {
+      consumer.close();
+    }
     for (String stream : streams) {
       try {
         environment.deleteStream(stream);
@@ -104,10 +110,10 @@ class StreamTest {
 
   private Received consume(String stream, OffsetSpecification offset) {
     Received received = new Received();
-    environment.consumerBuilder().stream(stream).offset(offset).messageHandler((context, message) -> {
+    consumers.add(environment.consumerBuilder().stream(stream).offset(offset).messageHandler((context, message) -> {
       received.offsets.add(context.offset());
       received.bodies.add(new String(message.getBodyAsBinary(), StandardCharsets.UTF_8));
-    }).build();
+    }).build());
     return received;
   }
 

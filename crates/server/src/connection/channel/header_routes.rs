@@ -1,0 +1,47 @@
+//! Sender-selected destinations: the `CC` and `BCC` headers of a publish name more routing keys,
+//! as RabbitMQ routes them (`rabbit_basic:header_routes`). The message goes, through the same
+//! exchange, to what each of those keys routes to, once per queue; `BCC` is taken out before any
+//! queue holds the message, so no consumer learns who was blind-copied.
+//!
+//! Only a message with headers pays for this (one decode of its properties).
+
+use amqp_codec::{ContentHeader, FieldValue, ShortStr};
+use broker_core::Message;
+use std::sync::Arc;
+
+/// The routing keys in a message's `CC` and `BCC` headers (arrays of long strings; elements of
+/// another type, and keys past 255 bytes, which no binding can match, are skipped), and whether
+/// it carries a `BCC` header to take out.
+pub(super) fn header_routes(message: &Message) -> (Vec<ShortStr>, bool) {
+    if !message.header.has_headers() {
+        return (Vec::new(), false);
+    }
+    let Some(headers) = message.header.properties().ok().and_then(|properties| properties.headers) else {
+        return (Vec::new(), false);
+    };
+    let mut keys = Vec::new();
+    for name in ["CC", "BCC"] {
+        if let Some(FieldValue::Array(values)) = headers.get(name) {
+            for value in values {
+                if let FieldValue::LongStr(key) = value {
+                    if key.len() <= 255 {
+                        keys.push(ShortStr::from_bytes(key.clone()));
+                    }
+                }
+            }
+        }
+    }
+    (keys, headers.get("BCC").is_some())
+}
+
+/// The message without its `BCC` header (the body is shared, the header re-encoded).
+pub(super) fn without_bcc(message: &Arc<Message>) -> Arc<Message> {
+    let Ok(mut properties) = message.header.properties() else {
+        return message.clone();
+    };
+    if let Some(headers) = properties.headers.as_mut() {
+        headers.0.retain(|(name, _)| name.as_bytes() != b"BCC");
+    }
+    let header = ContentHeader::from_properties(message.header.class_id, message.header.body_size, &properties);
+    Arc::new(Message { header, ..(**message).clone() })
+}
