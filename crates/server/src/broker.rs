@@ -116,6 +116,8 @@ pub struct Broker {
     pub expiry_timers: Arc<crate::queue_expiry::ExpiryTimers>,
     /// The node's quorum-queue shards (see `quorum/`).
     pub quorum: Arc<crate::quorum::QuorumHost>,
+    /// The quorum shards' transport: the cluster's links once attached (none on a node alone).
+    pub quorum_links: Arc<crate::cluster::QuorumLinks>,
     /// The store of messages held back by `x-delayed-message` exchanges (see `delayed`).
     pub delayed: Arc<crate::delayed::DelayedMessages>,
     /// The caches of deduplicating exchanges (see `dedup`).
@@ -203,12 +205,14 @@ impl Broker {
         // Only `--sync always` syncs before confirms; the other policies write segments directly.
         let journaled = config.sync_policy == storage::syncer::SyncPolicy::Always;
         let (dead_letters, dead_letter_receiver) = crate::dead_letter::channel();
-        let quorum_config = crate::quorum::HostConfig::single_node(config.data_dir.clone(), config.quorum_shards);
-        let quorum =
-            crate::quorum::QuorumHost::start(quorum_config, Arc::new(replication::transport::NoPeers), Some(dead_letters.clone()))?;
+        let (quorum_config, quorum_links) =
+            crate::cluster::quorum_host_config(&config.cluster, config.bind_address, &config.data_dir, config.quorum_shards)
+                .map_err(|error| RecoveryError::Io { path: config.data_dir.clone(), source: std::io::Error::other(error) })?;
+        let quorum = crate::quorum::QuorumHost::start(quorum_config, quorum_links.clone(), Some(dead_letters.clone()))?;
         let delayed = crate::delayed::DelayedMessages::open(&config.data_dir, config.segment_bytes_max, journaled)?;
         let mut broker = Broker {
             quorum,
+            quorum_links,
             delayed: Arc::new(delayed),
             dedup_exchanges: crate::dedup::ExchangeCaches::new(config.data_dir.join("queues"), config.segment_bytes_max, journaled),
             dead_letters,
@@ -324,7 +328,8 @@ impl Broker {
         // Logs of queues deleted just before a crash, renamed away but not yet removed.
         storage::queue_log::remove_deleted_logs(&self.config.data_dir.join("queues"));
         let restored_messages = self.recover_queues(&definitions.queues, clean_shutdown)?;
-        if !self.quorum.wait_ready(QUORUM_RECOVERY_WAIT_MAX) {
+        // A clustered node's quorum queues come from its metadata log, once its links are up.
+        if !self.config.cluster.enabled() && !self.quorum.wait_ready(QUORUM_RECOVERY_WAIT_MAX) {
             tracing::warn!("the quorum shards did not apply their logs within the start's wait; their queues catch up in the background");
         }
         for record in &definitions.bindings {

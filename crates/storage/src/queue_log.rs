@@ -867,7 +867,13 @@ impl QueueLog {
         for (first_position, path) in listing.segments {
             // A segment whose summary the index holds is not read; the term check is the
             // scan's, so a summary that would break it leaves the segment to the scan.
-            let indexed = index.remove(&first_position).filter(|entry| entry.segment.header_term >= replayed.last_term);
+            // The summary is trusted only for a segment whose records all still check: damage
+            // (a flipped bit, a cut) is found here, at start, and the scan below reports it and
+            // keeps the intact records around it, as for a segment the index does not know.
+            let indexed = index
+                .remove(&first_position)
+                .filter(|entry| entry.segment.header_term >= replayed.last_term)
+                .filter(|entry| segment_checks(&*file_system, &path, &entry.segment));
             let scan = match indexed {
                 Some(entry) => replay_indexed(&entry, &mut replayed),
                 None => {
@@ -1718,6 +1724,32 @@ fn scan_segment(path: &Path, file: &dyn StorageFile, first_position: u64, replay
     }
     scan.term_at_end = replayed.last_term;
     Ok(scan)
+}
+
+/// Whether a sealed segment's records all check against their checksums up to its seal, as its
+/// index entry describes it: a walk of record headers and checksums, without decoding or
+/// replaying what they hold (reading is what recovery cannot skip if it is to find damage at
+/// start; the index spares it the rest).
+fn segment_checks(file_system: &dyn FileSystem, path: &Path, segment: &SealedSegment) -> bool {
+    let Ok(file) = open_segment_file(file_system, path) else { return false };
+    let Ok(file_bytes) = file.len() else { return false };
+    if file_bytes < segment.valid_bytes {
+        return false;
+    }
+    let buffer_bytes = usize::try_from(segment.valid_bytes).unwrap_or(usize::MAX).clamp(4096, SCAN_BUFFER_BYTES);
+    let mut reader = BufReader::with_capacity(buffer_bytes, SequentialReader::new(&*file, 0));
+    match read_record(&mut reader, HEADER_SEED, 0, file_bytes) {
+        Ok(Scanned::Record(header, _)) if header.kind == KIND_SEGMENT_HEADER => {}
+        _ => return false,
+    }
+    let mut offset = SEGMENT_HEADER_RECORD_BYTES;
+    while offset < segment.valid_bytes {
+        match read_record(&mut reader, segment.seed, offset, file_bytes) {
+            Ok(Scanned::Record(header, _)) => offset += header.record_bytes(),
+            _ => return false,
+        }
+    }
+    offset == segment.valid_bytes
 }
 
 /// Replays a sealed segment from its index entry, without reading it.

@@ -39,7 +39,7 @@ class Node:
         arguments = [
             LEPUS_BIN, "server", "--node-name", self.name, "--data-dir", self.data_dir, "--bind", "127.0.0.1",
             "--amqp-port", str(self.amqp_port), "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port),
-            "--cluster-port", str(self.cluster_port),
+            "--cluster-port", str(self.cluster_port), "--stream-port", "0",
         ]
         if self.seeds:
             arguments += ["--cluster-seeds", ",".join(self.seeds)]
@@ -93,13 +93,26 @@ class Node:
 
 
 class Cluster:
-    """Nodes started from one seed list."""
+    """Nodes started from one seed list. `proxied`: every link runs through a `LinkProxy` (the
+    seeds and advertised addresses are its ports), so tests can partition, cut and delay links."""
 
-    def __init__(self, directory, size=3):
+    def __init__(self, directory, size=3, proxied=False):
         self.directory = directory
         ports = [free_port() for _ in range(size)]
-        self.seeds = [f"127.0.0.1:{port}" for port in ports]
-        self.nodes = [Node(directory, f"n{index + 1}", self.seeds, port) for index, port in enumerate(ports)]
+        self.proxy = None
+        if proxied:
+            from link_proxy import LinkProxy
+
+            self.proxy = LinkProxy()
+            proxy_ports = [free_port() for _ in range(size)]
+            self.seeds = [f"127.0.0.1:{port}" for port in proxy_ports]
+            self.nodes = [Node(directory, f"n{index + 1}", self.seeds, port, ["--cluster-advertise", self.seeds[index]])
+                          for index, port in enumerate(ports)]
+            for node, proxy_port in zip(self.nodes, proxy_ports):
+                self.proxy.add(node.name, proxy_port, node.cluster_port)
+        else:
+            self.seeds = [f"127.0.0.1:{port}" for port in ports]
+            self.nodes = [Node(directory, f"n{index + 1}", self.seeds, port) for index, port in enumerate(ports)]
 
     def start(self):
         for node in self.nodes:
@@ -135,7 +148,10 @@ class Cluster:
 
     def stop(self):
         for node in self.nodes:
+            node.kill(signal.SIGCONT)
             node.kill(signal.SIGTERM)
+        if self.proxy:
+            self.proxy.close()
 
 
 def eventually(check, timeout=15, what="condition"):

@@ -18,6 +18,16 @@ def cluster(tmp_path, request):
         print(f"cluster logs: {tmp_path}")
 
 
+@pytest.fixture
+def proxied_cluster(tmp_path, request):
+    """Three nodes whose links run through a LinkProxy (cluster.proxy)."""
+    if not os.path.exists(LEPUS_BIN):
+        pytest.fail(f"LEPUS_BIN={LEPUS_BIN} does not exist: build it (cargo build --release) or set LEPUS_BIN")
+    nodes = Cluster(str(tmp_path), proxied=True).start()
+    yield nodes
+    nodes.stop()
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -216,7 +216,7 @@ def test_a_dead_node_is_forgotten_and_a_new_one_takes_its_place(cluster, tmp_pat
 def test_a_node_without_cluster_settings_is_not_clustered(tmp_path):
     node = Node(str(tmp_path), "alone", [], 0)
     arguments = [LEPUS_BIN, "server", "--data-dir", node.data_dir, "--bind", "127.0.0.1", "--amqp-port", str(node.amqp_port),
-                 "--http-port", str(node.http_port), "--metrics-port", "0"]
+                 "--http-port", str(node.http_port), "--metrics-port", "0", "--stream-port", "0"]
     node.process = subprocess.Popen(arguments, stdout=open(node.log_path, "wb"), stderr=subprocess.STDOUT)
     try:
         node.wait_listening()

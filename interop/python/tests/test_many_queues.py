@@ -81,14 +81,14 @@ class DescriptorSampler(threading.Thread):
         return self.highest
 
 
-def limited_broker(tmp_path):
-    """A LepusBroker whose process runs under `ulimit -n DESCRIPTOR_LIMIT` (soft and hard)."""
+def limited_broker(tmp_path, descriptor_limit=DESCRIPTOR_LIMIT, broker_class=LepusBroker):
+    """A `broker_class` whose process runs under `ulimit -n descriptor_limit` (soft and hard)."""
     wrapper = tmp_path / "lepus-ulimit"
-    wrapper.write_text('#!/bin/sh\nulimit -n %d || exit 97\nexec "%s" "$@"\n' % (DESCRIPTOR_LIMIT, os.environ["LEPUS_BIN"]))
+    wrapper.write_text('#!/bin/sh\nulimit -n %d || exit 97\nexec "%s" "$@"\n' % (descriptor_limit, os.environ["LEPUS_BIN"]))
     wrapper.chmod(0o755)
     data_dir = tmp_path / "data"
     data_dir.mkdir()
-    return LepusBroker(str(wrapper), data_dir, tmp_path)
+    return broker_class(str(wrapper), data_dir, tmp_path)
 
 
 def soft_descriptor_limit(pid):

@@ -157,6 +157,21 @@ impl Broker {
         server_named: bool,
     ) -> Result<(ShortStr, u32, u32), AmqpError> {
         let name = definition.name.clone();
+        match QueueType::from_arguments(&name, vhost, &definition.arguments)? {
+            QueueType::Stream => {
+                return Err(AmqpError::not_implemented(format!(
+                    "stream queues are not replicated in a cluster yet: '{name}' cannot be declared on clustered node {}",
+                    cluster.node_name()
+                )));
+            }
+            QueueType::Quorum if !self.quorum_links.is_member() => {
+                return Err(AmqpError::not_implemented(format!(
+                    "node {} joined its cluster after it formed and is not a member of the quorum shards (their membership changes are not built): declare quorum queues on a founding node",
+                    cluster.node_name()
+                )));
+            }
+            _ => {}
+        }
         let declaration = QueueDeclaration {
             vhost: vhost.to_string(),
             name: name.to_string_lossy(),
@@ -296,6 +311,10 @@ impl Broker {
             MetadataCommand::DeclareQueue(declaration) => self.apply_queue_declaration(index, declaration, node_id, cluster),
             MetadataCommand::DeleteQueue { vhost, name, owner_connection, owner_node } => {
                 let owner = owner_connection.map(|connection| if owner_node == node_id { connection } else { REMOTE_OWNER });
+                if cluster.replaying(index) {
+                    // Its shard applied the deletion in an earlier run: not proposed again.
+                    self.forget_replayed_quorum_queue(&vhost, &ShortStr::truncating(name.clone()));
+                }
                 let (ready, consumers) = self.remove_queue_quietly(&vhost, &ShortStr::truncating(name), owner);
                 Ok(Applied::Removed { ready, consumers })
             }
@@ -329,6 +348,7 @@ impl Broker {
             queue_type: QueueType::default(),
         };
         let storage = self.classic_storage();
+        let replaying = cluster.replaying(index);
         let topology = self.topology(vhost_name)?;
         let queue_bound = self.vhost_bound(vhost_name, VhostLimit::MaxQueues);
         let home_name = cluster.member_name(declaration.home).unwrap_or_else(|| format!("{:x}", declaration.home));
@@ -343,6 +363,12 @@ impl Broker {
             let connection_id = owner.unwrap_or(0);
             let (entry, created) = vhost.declare_queue(definition, false, declaration.server_named, connection_id, |definition| {
                 capabilities(definition.queue_type).check_declare(definition, vhost_name)?;
+                if definition.queue_type == QueueType::Quorum {
+                    return self.quorum_queue_of_cluster(definition, vhost_name, replaying, &declaration.home, &home_name);
+                }
+                if definition.queue_type == QueueType::Stream {
+                    return Err(AmqpError::not_implemented("stream queues are not replicated in a cluster yet"));
+                }
                 if !home_here {
                     let remote = RemoteQueue::new(definition.clone(), vhost_name, declaration.home, home_name.clone());
                     return Ok(Queue::Remote(Arc::new(remote)));
@@ -360,5 +386,36 @@ impl Broker {
             queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
         }
         Ok(Applied::Flag(created))
+    }
+
+    /// A quorum queue, on every node alike: a live declaration is proposed to its shard by every
+    /// node (the machine declares by name once, the others get the same id); one replayed from
+    /// the metadata log at start is found by name once the shard applied its log. A node that is
+    /// not a member of the shards holds a placeholder that refuses with 540.
+    fn quorum_queue_of_cluster(
+        &self,
+        definition: &QueueDefinition,
+        vhost_name: &str,
+        replaying: bool,
+        home: &u64,
+        home_name: &str,
+    ) -> Result<Queue, AmqpError> {
+        if !self.quorum_links.is_member() {
+            let remote = RemoteQueue::new(definition.clone(), vhost_name, *home, home_name.to_string());
+            return Ok(Queue::Remote(Arc::new(remote)));
+        }
+        let quorum = super::QuorumStorage { host: &self.quorum };
+        Ok(if replaying { quorum.recover(definition, vhost_name) } else { quorum.create(definition, vhost_name) })
+    }
+
+    /// A quorum queue whose deletion is replayed from the metadata log: its shard deleted it
+    /// already, so its handle here is dropped without proposing the deletion again (which would
+    /// find, by name, a later queue of the same name).
+    fn forget_replayed_quorum_queue(&self, vhost: &str, name: &ShortStr) {
+        let Some(topology) = self.vhost(vhost) else { return };
+        let handle = topology.read().queue(name).map(|entry| entry.handle.clone());
+        if let Some(Queue::Quorum(queue)) = handle {
+            queue.forget_replayed_deletion();
+        }
     }
 }

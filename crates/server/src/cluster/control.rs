@@ -300,10 +300,20 @@ pub struct Handler {
 impl LinkHandler for Handler {
     fn raft(&self, from: u64, group: u32, message: Bytes) {
         let Some(cluster) = self.cluster.upgrade() else { return };
-        if group != METADATA_GROUP {
-            return tracing::debug!(from, group, "a Raft message for a group this node does not run; dropped");
-        }
+        let quorum = match cluster.broker() {
+            Some(broker) if group != METADATA_GROUP && broker.quorum_links.is_member() => Some(broker),
+            _ if group != METADATA_GROUP => {
+                return tracing::debug!(from, group, "a Raft message for a group this node does not run; dropped");
+            }
+            _ => None,
+        };
         match raft::eraftpb::Message::parse_from_bytes(&message) {
+            // A quorum shard's message: the host checks it before stepping it.
+            Ok(message) if message.from == from && quorum.is_some() => {
+                if let Some(broker) = quorum {
+                    broker.quorum.receive(group, message);
+                }
+            }
             Ok(message) if message.from == from => cluster.deliver_raft(message),
             Ok(message) => tracing::warn!(link = from, claimed = message.from, "a Raft message claims another sender; dropped"),
             Err(error) => tracing::warn!(from, %error, "a Raft message did not parse; dropped"),
@@ -324,7 +334,12 @@ impl LinkHandler for Handler {
         tracing::debug!(from, channel, "a payload for a protocol this node does not run; dropped");
     }
 
-    fn peer_up(&self, _peer: &super::frame::Hello) {}
+    fn peer_up(&self, peer: &super::frame::Hello) {
+        // Management names the quorum shards' members after the nodes.
+        if let Some(broker) = self.cluster.upgrade().and_then(|cluster| cluster.broker()) {
+            broker.quorum.set_member_name(peer.node_id, peer.node_name.clone());
+        }
+    }
 
     fn peer_down(&self, _id: u64) {}
 }

@@ -247,7 +247,9 @@ impl<A: Applier> GroupDriver<A> {
     fn send(&self, messages: Vec<Message>) {
         for message in messages {
             match message.write_to_bytes() {
-                Ok(bytes) => self.links.send_raft(message.to, METADATA_GROUP, bytes.into()),
+                Ok(bytes) => {
+                    self.links.send_raft(message.to, METADATA_GROUP, bytes.into());
+                }
                 Err(error) => tracing::error!(%error, "a Raft message did not encode"),
             }
         }

@@ -493,10 +493,13 @@ impl Links {
     }
 
     /// Sends a Raft message of `group` to `to`; dropped when it cannot be queued (Raft resends).
-    pub fn send_raft(&self, to: u64, group: u32, message: Bytes) {
+    /// Whether it was queued.
+    pub fn send_raft(&self, to: u64, group: u32, message: Bytes) -> bool {
         if self.push(to, LinkFrame::Raft { group, message }.to_bytes()).is_err() {
             self.counters.raft_dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
         }
+        true
     }
 
     /// Asks `to` and waits for its answer, blocking the calling thread (never one of the links'
@@ -534,4 +537,67 @@ async fn read_frame(reader: &mut BufReader<OwnedReadHalf>) -> Result<LinkFrame, 
     let mut body = vec![0; length];
     reader.read_exact(&mut body).await.map_err(|error| format!("reading: {error}"))?;
     LinkFrame::decode_body(Bytes::from(body), checksum).map_err(|error| error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(node_id: u64, cluster_name: &str) -> Hello {
+        Hello {
+            version: LINK_PROTOCOL_VERSION,
+            cluster_name: cluster_name.to_string(),
+            cluster_id: 0,
+            node_name: format!("n{node_id}@test"),
+            node_id,
+            advertise: format!("127.0.0.1:{node_id}"),
+        }
+    }
+
+    /// A peer with a link marked up and no writer draining it: its queue only fills.
+    fn links_with_stalled_peer(queue_bytes_max: usize) -> (tokio::runtime::Runtime, Arc<Links>) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let settings = ClusterSettings { peer_queue_bytes_max: queue_bytes_max, ..ClusterSettings::default() };
+        let links = Links::new(settings, hello(1, "lepus"), runtime.handle().clone());
+        let peer = Arc::new(Peer::new(hello(2, "lepus")));
+        let (closed, _) = watch::channel(false);
+        *peer.link.lock() = Some(ActiveLink { generation: 1, dialled_by: 1, closed });
+        links.peers.lock().insert(2, peer);
+        (runtime, links)
+    }
+
+    #[test]
+    fn a_full_send_queue_drops_raft_messages_and_refuses_requests() {
+        let frame_bytes = LinkFrame::Raft { group: 0, message: Bytes::from(vec![0; 100]) }.to_bytes().len();
+        let (_runtime, links) = links_with_stalled_peer(frame_bytes * 3);
+        for _ in 0..5 {
+            links.send_raft(2, 0, Bytes::from(vec![0; 100]));
+        }
+        assert_eq!(links.counters.raft_dropped.load(Ordering::Relaxed), 2, "three fit, two are dropped");
+        assert_eq!(links.peer(2).expect("peer").queue.lock().frames.len(), 3);
+        let refused = links.request_blocking(2, Bytes::from_static(b"{}"), Duration::from_millis(10));
+        assert_eq!(refused, Err(LinkError::QueueFull(2)), "a request is refused at once, not queued past the bound");
+        assert_eq!(links.counters.sends_refused.load(Ordering::Relaxed), 1);
+        // No link to a node: Raft messages dropped, requests refused.
+        assert!(!links.send_raft(3, 0, Bytes::from_static(b"x")), "a dropped message is reported to the sender");
+        assert_eq!(links.counters.raft_dropped.load(Ordering::Relaxed), 3);
+        assert_eq!(links.request_blocking(3, Bytes::new(), Duration::from_millis(10)), Err(LinkError::NotConnected(3)));
+    }
+
+    #[test]
+    fn handshakes_of_another_cluster_name_or_id_or_this_nodes_id_are_refused() {
+        let (_runtime, links) = links_with_stalled_peer(1 << 20);
+        assert!(links.check_hello(&hello(2, "lepus")).is_ok());
+        assert!(links.check_hello(&hello(2, "other")).expect_err("another name").contains("cluster name"));
+        assert!(links.check_hello(&hello(1, "lepus")).is_err(), "this node's own id");
+        assert!(links.check_hello(&hello(0, "lepus")).is_err(), "id 0");
+        links.set_cluster_id(7);
+        let other_cluster = Hello { cluster_id: 8, ..hello(2, "lepus") };
+        assert!(links.check_hello(&other_cluster).expect_err("another cluster").contains("another cluster"));
+        let fresh = Hello { cluster_id: 0, ..hello(2, "lepus") };
+        assert!(links.check_hello(&fresh).is_ok(), "a node that has not joined yet may link (to join)");
+        let mut old = hello(2, "lepus");
+        old.version += 1;
+        assert!(links.check_hello(&old).expect_err("another protocol").contains("link protocol"));
+    }
 }

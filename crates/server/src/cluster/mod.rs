@@ -11,6 +11,7 @@
 //! apply.rs         applying committed commands to the broker, in log order, on every node
 //! control.rs       join, leave, forget and status between nodes; bootstrap
 //! remote_queue.rs  a classic queue of another node
+//! quorum_link.rs   the quorum shards' transport: their Raft messages over the links
 //! ```
 //!
 //! A node started without a cluster port never builds any of this, and runs as it always did.
@@ -23,12 +24,14 @@ mod group;
 mod link;
 pub mod metrics;
 mod node_state;
+mod quorum_link;
 mod remote_queue;
 mod settings;
 
 pub use apply::Applied;
 pub use command::{ExchangeDeclarationRecord, MetadataCommand, QueueDeclaration};
 pub use group::GroupView;
+pub use quorum_link::{host_config as quorum_host_config, QuorumLinks};
 pub use remote_queue::RemoteQueue;
 pub use settings::ClusterSettings;
 
@@ -183,6 +186,8 @@ impl Cluster {
         // made on this node must go through the cluster from the first one on.
         let _ = broker.cluster.set(cluster.clone());
         links.set_handler(Arc::new(control::Handler { cluster: Arc::downgrade(&cluster) }));
+        broker.quorum.set_member_name(cluster.node_id, cluster.settings.node_name.clone());
+        broker.quorum_links.attach(links.clone());
         links.listen(listener).map_err(|source| ClusterStartError::Listen { address, source })?;
         for seed in &cluster.settings.seeds {
             links.dial(seed);
@@ -397,6 +402,12 @@ impl Cluster {
         if let Some(events) = self.events.lock().as_ref() {
             let _ = events.try_send(GroupEvent::Raft(message));
         }
+    }
+
+    /// Whether the metadata log's entry `index` was in the log when this run opened it (applying
+    /// it replays what an earlier run applied already).
+    pub fn replaying(&self, index: u64) -> bool {
+        index <= self.last_index_at_start.load(Ordering::Acquire)
     }
 
     /// The links' counters.

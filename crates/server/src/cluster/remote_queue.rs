@@ -50,6 +50,13 @@ impl RemoteQueue {
 
     /// The refusal of an operation that needs the queue's messages.
     pub fn refusal(&self) -> AmqpError {
+        if self.definition.queue_type == broker_core::vhost::QueueType::Quorum {
+            // On a node that joined after formation (quorum_link.rs): not a member of the shards.
+            return AmqpError::not_implemented(format!(
+                "queue '{}' in vhost '{}' is a quorum queue of the cluster's founding nodes, and this node joined later: it is not a member of the quorum shards (their membership changes are not built); connect to a founding node",
+                self.definition.name, self.vhost
+            ));
+        }
         AmqpError::not_implemented(format!(
             "queue '{}' in vhost '{}' is a classic queue on node {}: Lepus serves a classic queue on its own node only (connect there, or use a quorum queue)",
             self.definition.name, self.vhost, self.home_name

@@ -301,9 +301,9 @@ impl Reader<'_> {
             let what = || format!("queue '{name}'");
             let Some(vhost) = self.vhost_of(item, &what) else { continue };
             let what = || format!("queue '{name}' in vhost '{vhost}'");
-            let Some(definition) = self.problems.check(&what, queue_definition(&name, item)) else { continue };
+            let Some(mut definition) = self.problems.check(&what, queue_definition(&name, item)) else { continue };
             let queue_bound = self.queue_bound(&vhost);
-            let tried = check_queue_type(item, &definition, &vhost).and_then(|()| {
+            let tried = check_queue_type(item, &mut definition, &vhost).and_then(|()| {
                 declare_queue_on(shape_of(&mut shapes, broker, &vhost), definition.clone(), &vhost, queue_bound).map_err(amqp_reason)
             });
             match self.problems.check(&what, tried) {
@@ -359,14 +359,23 @@ fn shape_of<'a>(shapes: &'a mut HashMap<String, Vhost<()>>, broker: &Broker, vho
 /// as RabbitMQ 3.10 reads it; without one, the `type` field RabbitMQ 3.13 and 4.x export. RabbitMQ
 /// 3.10 ignores that field, but a file that says `quorum` there asks for a quorum queue, and Lepus
 /// refuses it rather than make it classic.
-fn check_queue_type(item: &Value, definition: &QueueDefinition, vhost: &str) -> Result<(), ApiError> {
+///
+/// A type named only in that field is written into the arguments as `x-queue-type`, so the queue
+/// is made of that type (a file exported by RabbitMQ 3.13 or 4.x imports as it was).
+fn check_queue_type(item: &Value, definition: &mut QueueDefinition, vhost: &str) -> Result<(), ApiError> {
     let queue_type = if definition.arguments.get(QUEUE_TYPE_ARGUMENT).is_some() {
         QueueType::from_arguments(&definition.name, vhost, &definition.arguments).map_err(amqp_reason)?
     } else {
         match text(item, "type")? {
             None => QueueType::Classic,
             Some(type_name) => {
-                QueueType::from_name(&type_name).ok_or_else(|| ApiError::bad_request(format!("unsupported queue type '{type_name}'")))?
+                let queue_type = QueueType::from_name(&type_name)
+                    .ok_or_else(|| ApiError::bad_request(format!("unsupported queue type '{type_name}'")))?;
+                if queue_type != QueueType::Classic {
+                    let name = bytes::Bytes::copy_from_slice(queue_type.name().as_bytes());
+                    definition.arguments.insert(QUEUE_TYPE_ARGUMENT, amqp_codec::FieldValue::LongStr(name));
+                }
+                queue_type
             }
         }
     };

@@ -595,13 +595,34 @@ impl QuorumQueue {
 
     /// Deletes the queue (replicated) and hands back its ready count and its local consumers.
     pub fn delete(&self) -> (u32, Vec<Arc<ConsumerHandle>>) {
-        self.deleted.store(true, Ordering::Release);
+        let replayed = self.deleted.swap(true, Ordering::AcqRel);
         let (ready, _) = self.counts();
         let consumers = std::mem::take(&mut self.local.lock().consumers).into_values().map(|entry| entry.handle).collect();
+        if replayed {
+            // Marked by `forget_replayed_deletion`: the shard deleted it in an earlier run.
+            return (ready, consumers);
+        }
+        if crate::cluster::applying() {
+            // Every node applies a clustered deletion on its metadata group's thread: proposed,
+            // not waited for, so a slow or leaderless shard never holds up the definitions.
+            self.submit(QueueCommand::Delete, Waiter::Nothing);
+            return (ready, consumers);
+        }
         if self.commit_and_wait(QueueCommand::Delete).is_err() {
             tracing::error!(queue = %self.name(), "the deletion of a quorum queue was not committed in time; it goes on in the background");
         }
         (ready, consumers)
+    }
+
+    /// A deletion the cluster's metadata log replays at start (the shard applied it in an earlier
+    /// run): `delete` then proposes nothing, and the shard does not look the queue up by name.
+    pub fn forget_replayed_deletion(&self) {
+        self.deleted.store(true, Ordering::Release);
+    }
+
+    /// Whether it was deleted (or its deletion replayed).
+    pub(crate) fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
     }
 
     /// Applies the policy that now matches the queue (or none): its limits are replicated.

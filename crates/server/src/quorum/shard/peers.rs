@@ -56,6 +56,10 @@ impl ShardWorker {
     pub(super) fn resolve(&mut self) {
         if !self.recovered.is_empty() && self.node.caught_up() {
             for queue in std::mem::take(&mut self.recovered) {
+                if queue.is_deleted() {
+                    // A cluster's replayed declaration whose deletion was replayed too.
+                    continue;
+                }
                 match self.node.machine().queue_by_name(queue.name_key()) {
                     Some(id) => {
                         queue.set_id(id);
