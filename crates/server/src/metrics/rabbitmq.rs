@@ -86,6 +86,9 @@ pub fn register(registry: &mut Registry, scrape: &Scrape, shape: &Shape) {
         io_sync(registry, scrape.broker, prefix);
     }
     queue_families(registry, scrape, shape);
+    if shape.wants("ra_metrics") {
+        raft(registry, scrape, shape);
+    }
     channel_and_connection_families(registry, scrape, shape);
     if !matches!(shape, Shape::Detailed { .. }) {
         totals(registry, scrape);
@@ -193,6 +196,122 @@ fn queue_families(registry: &mut Registry, scrape: &Scrape, shape: &Shape) {
     }
     if detail {
         paged.register(registry, shape, "queue_messages_paged_out", "Messages paged out to disk");
+    }
+}
+
+/// One Raft group's figures as RabbitMQ's ra_metrics carry them.
+#[derive(Default)]
+struct RaftSample {
+    term: u64,
+    snapshot_index: u64,
+    applied_index: u64,
+    commit_index: u64,
+    last_written_index: u64,
+    commit_latency_seconds: f64,
+}
+
+impl RaftSample {
+    fn of(figures: &crate::quorum::ShardFigures) -> RaftSample {
+        RaftSample {
+            term: figures.term.load(Ordering::Relaxed),
+            snapshot_index: figures.snapshot_index.load(Ordering::Relaxed),
+            applied_index: figures.applied_index.load(Ordering::Relaxed),
+            commit_index: figures.commit_index.load(Ordering::Relaxed),
+            last_written_index: figures.last_written_index.load(Ordering::Relaxed),
+            commit_latency_seconds: figures.commit_latency_us.load(Ordering::Relaxed) as f64 / 1_000_000.0,
+        }
+    }
+}
+
+/// The HELP texts say what Lepus's figures are: its quorum queues share Raft groups (shards), so
+/// a queue's sample is its shard's.
+const RAFT_FAMILIES: [(&str, &str); 5] = [
+    ("raft_log_snapshot_index", "Raft log snapshot index (a quorum queue's is its Raft shard's)"),
+    ("raft_log_last_applied_index", "Raft log last applied index (a quorum queue's is its Raft shard's)"),
+    ("raft_log_commit_index", "Raft log commit index (a quorum queue's is its Raft shard's)"),
+    ("raft_log_last_written_index", "Raft log last written index (a quorum queue's is its Raft shard's)"),
+    (
+        "raft_entry_commit_latency_seconds",
+        "Time taken for a log entry to be committed: the latest sample of this node's proposal of a batch to its commit \
+         (a quorum queue's is its Raft shard's)",
+    ),
+];
+
+/// One sample per quorum queue (per object) or one summed over the node's shards.
+fn raft_samples(scrape: &Scrape, shape: &Shape) -> Vec<(Labels, RaftSample)> {
+    if shape.per_object() {
+        let quorum = scrape.queues.iter().filter(|queue| queue.queue_type == broker_core::vhost::QueueType::Quorum);
+        quorum
+            .map(|queue| {
+                let figures = scrape.broker.quorum.queue_shard_figures(&queue.vhost, &queue.name);
+                (vec![("vhost", queue.vhost.clone()), ("queue", queue.name.clone())], RaftSample::of(figures))
+            })
+            .collect()
+    } else {
+        let shards: Vec<RaftSample> =
+            scrape.broker.quorum.shard_figures().into_iter().map(|(_, figures)| RaftSample::of(figures)).collect();
+        let mut sum = RaftSample::default();
+        for shard in &shards {
+            sum.term += shard.term;
+            sum.snapshot_index += shard.snapshot_index;
+            sum.applied_index += shard.applied_index;
+            sum.commit_index += shard.commit_index;
+            sum.last_written_index += shard.last_written_index;
+            sum.commit_latency_seconds += shard.commit_latency_seconds;
+        }
+        sum.commit_latency_seconds /= shards.len().max(1) as f64;
+        vec![(Vec::new(), sum)]
+    }
+}
+
+/// RabbitMQ's ra_metrics. Per object: one sample per quorum queue (labels vhost and queue, never
+/// filtered by vhost, as RabbitMQ 3.10 does not filter them), its shard's figures. Aggregated:
+/// summed over the node's Raft groups (Lepus's shards, RabbitMQ's Raft servers), the commit
+/// latency averaged over them.
+fn raft(registry: &mut Registry, scrape: &Scrape, shape: &Shape) {
+    let samples = raft_samples(scrape, shape);
+    let prefix = shape.prefix();
+    let per_object = shape.per_object();
+    // Aggregated, each family is one unlabelled sample (an empty label set would print `{}`).
+    let term_help = "Current Raft term number (a quorum queue's is its Raft shard's)";
+    // The encoder appends `_total` to counters: rabbitmq_raft_term_total.
+    if per_object {
+        let terms = Family::<Labels, Counter>::default();
+        for (labels, sample) in &samples {
+            terms.get_or_create(labels).inc_by(sample.term);
+        }
+        registry.register(format!("{prefix}raft_term"), term_help, terms);
+    } else {
+        super::counter(registry, &format!("{prefix}raft_term"), term_help, samples.iter().map(|(_, sample)| sample.term).sum());
+    }
+    for (position, (name, help)) in RAFT_FAMILIES.into_iter().enumerate() {
+        let name = format!("{prefix}{name}");
+        if position == RAFT_FAMILIES.len() - 1 {
+            type Seconds = Gauge<f64, std::sync::atomic::AtomicU64>;
+            if per_object {
+                let family = Family::<Labels, Seconds>::default();
+                for (labels, sample) in &samples {
+                    family.get_or_create(labels).set(sample.commit_latency_seconds);
+                }
+                registry.register(name, help, family);
+            } else {
+                let gauge = Seconds::default();
+                gauge.set(samples.first().map_or(0.0, |(_, sample)| sample.commit_latency_seconds));
+                registry.register(name, help, gauge);
+            }
+            continue;
+        }
+        let value =
+            |sample: &RaftSample| [sample.snapshot_index, sample.applied_index, sample.commit_index, sample.last_written_index][position];
+        if per_object {
+            let family = Family::<Labels, Gauge>::default();
+            for (labels, sample) in &samples {
+                family.get_or_create(labels).set(as_i64(value(sample)));
+            }
+            registry.register(name, help, family);
+        } else {
+            gauge(registry, &name, help, samples.first().map_or(0, |(_, sample)| value(sample)));
+        }
     }
 }
 

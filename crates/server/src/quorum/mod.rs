@@ -206,6 +206,16 @@ impl QuorumHost {
         self.shards.iter().enumerate().map(|(shard, handle)| (shard as ShardId, &handle.figures)).collect()
     }
 
+    /// The Raft figures of the shard quorum queue `name` of `vhost` lives in (queues share
+    /// their shard's group, so these are the shard's, not the queue's alone).
+    pub fn queue_shard_figures(&self, vhost: &str, name: &str) -> &ShardFigures {
+        let mut key = Vec::with_capacity(vhost.len() + 1 + name.len());
+        key.extend_from_slice(vhost.as_bytes());
+        key.push(0);
+        key.extend_from_slice(name.as_bytes());
+        &self.shard_for(&key).figures
+    }
+
     /// Names member `node` for management (the cluster names its nodes; this node is named
     /// after management's node name).
     #[cfg_attr(not(test), allow(dead_code))]

@@ -48,6 +48,13 @@ pub struct ShardFigures {
     pub commit_index: AtomicU64,
     /// The highest index applied.
     pub applied_index: AtomicU64,
+    /// The index the latest snapshot covers (0: none yet); the log holds entries after it.
+    pub snapshot_index: AtomicU64,
+    /// The index of the last entry written and fdatasynced to this node's log.
+    pub last_written_index: AtomicU64,
+    /// The latest sample of the time from this node's proposal of a batch to its commit, in
+    /// microseconds (0: none yet). One batch at a time is timed (see `ShardWorker::latency_probe`).
+    pub commit_latency_us: AtomicU64,
     /// The leader this node knows of (0: none).
     pub leader: AtomicU64,
     /// Whether this node leads the shard.
@@ -200,6 +207,9 @@ pub(crate) struct ShardWorker {
     last_heard: HashMap<u64, u64>,
     /// Peers whose node was released as gone (until heard from again).
     released: HashMap<u64, u64>,
+    /// The batch being timed for `ShardFigures::commit_latency_us`: the number of its last
+    /// command and when it was proposed. One at a time, so timing costs a clock read per sample.
+    latency_probe: Option<(u64, Instant)>,
     stopping: bool,
 }
 
@@ -258,6 +268,7 @@ pub(crate) fn open(
         progress_at_tick: 0,
         last_heard: HashMap::new(),
         released: HashMap::new(),
+        latency_probe: None,
         stopping: false,
     };
     Ok((handle, worker))
@@ -393,6 +404,9 @@ impl ShardWorker {
                 self.retry();
             } else {
                 for batch in self.batcher.cut(super::queue::now_ms()) {
+                    if self.latency_probe.is_none() {
+                        self.latency_probe = batch.commands.last().map(|command| (command.sequence, Instant::now()));
+                    }
                     if self.node.propose_anywhere(&batch).is_err() {
                         // No leader after all: the next retry proposes it.
                         break;
@@ -447,6 +461,9 @@ impl ShardWorker {
         figures.term.store(self.node.term(), Ordering::Relaxed);
         figures.commit_index.store(self.node.commit_index(), Ordering::Relaxed);
         figures.applied_index.store(self.node.machine().applied_index(), Ordering::Relaxed);
+        let store = self.node.store();
+        figures.snapshot_index.store(store.snapshot_ref().get_metadata().index, Ordering::Relaxed);
+        figures.last_written_index.store(store.last_index_now(), Ordering::Relaxed);
         figures.leader.store(self.node.leader().unwrap_or(0), Ordering::Relaxed);
         figures.is_leader.store(self.node.is_leader(), Ordering::Relaxed);
         figures.ready.store(self.node.caught_up() && self.recovered.is_empty(), Ordering::Release);

@@ -29,6 +29,7 @@ impl ShardWorker {
         }
         for (sequence, result) in self.batcher.confirm(&outcomes) {
             self.progress_at_tick = self.ticks;
+            self.time_commit(sequence);
             self.confirmed(sequence, result);
         }
         for outcome in outcomes {
@@ -55,6 +56,18 @@ impl ShardWorker {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// The timed batch is committed once its last command is (a proposer's commands are
+    /// confirmed in number order): the time since its proposal, retries included, is the sample.
+    fn time_commit(&mut self, sequence: u64) {
+        if let Some((last, proposed_at)) = self.latency_probe {
+            if sequence >= last {
+                let micros = u64::try_from(proposed_at.elapsed().as_micros()).unwrap_or(u64::MAX);
+                self.handle.figures.commit_latency_us.store(micros, std::sync::atomic::Ordering::Relaxed);
+                self.latency_probe = None;
             }
         }
     }
