@@ -261,12 +261,16 @@ def test_raft_and_link_metrics_on_every_node(cluster):
     for node in cluster.nodes:
         text = eventually(lambda node=node: node.metrics() if 'lepus_cluster_members_running 3' in node.metrics() else None,
                           what=f"the metrics of {node.name}")
-        for name in ["lepus_raft_term{group=\"metadata\"}", "lepus_raft_commit_index{group=\"metadata\"}",
-                     "lepus_raft_applied_index{group=\"metadata\"}", "lepus_raft_elections_total{group=\"metadata\"}",
+        for name in ["lepus_metadata_raft_term{group=\"metadata\"}", "lepus_metadata_raft_commit_index{group=\"metadata\"}",
+                     "lepus_metadata_raft_applied_index{group=\"metadata\"}", "lepus_metadata_raft_elections_total{group=\"metadata\"}",
                      "lepus_cluster_links_up_total", "lepus_cluster_raft_messages_dropped_total"]:
             assert name in text, f"{name} missing on {node.name}"
-        assert f"lepus_raft_leader{{group=\"metadata\"}} {1 if node is leader else 0}" in text
-    lag = [line for line in leader.metrics().splitlines() if line.startswith("lepus_raft_replication_lag_entries{")]
+        assert f"lepus_metadata_raft_leader{{group=\"metadata\"}} {1 if node is leader else 0}" in text
+        # One TYPE line per family: a family registered twice (the metadata group's and the quorum
+        # shards' once shared names) makes Prometheus refuse the whole scrape.
+        families = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+        assert len(families) == len(set(families)), sorted(name for name in families if families.count(name) > 1)
+    lag = [line for line in leader.metrics().splitlines() if line.startswith("lepus_metadata_raft_replication_lag_entries{")]
     assert len(lag) == 3, lag
 
 

@@ -30,20 +30,25 @@ fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
 /// Registers the cluster's metrics as they are now.
 pub fn register(registry: &mut Registry, cluster: &Cluster) {
     let view = cluster.group_view();
-    group_gauge(registry, "lepus_raft_term", "Current Raft term of the group on this node", view.term);
-    group_gauge(registry, "lepus_raft_commit_index", "Highest log index known committed by the group", view.commit);
-    group_gauge(registry, "lepus_raft_applied_index", "Highest log index applied on this node", view.applied);
-    group_gauge(registry, "lepus_raft_last_index", "Last index of this node's log of the group", view.last_index);
-    group_gauge(registry, "lepus_raft_leader", "1 when this node leads the group", u64::from(view.leader == Some(cluster.node_id)));
+    group_gauge(registry, "lepus_metadata_raft_term", "Current Raft term of the group on this node", view.term);
+    group_gauge(registry, "lepus_metadata_raft_commit_index", "Highest log index known committed by the group", view.commit);
+    group_gauge(registry, "lepus_metadata_raft_applied_index", "Highest log index applied on this node", view.applied);
+    group_gauge(registry, "lepus_metadata_raft_last_index", "Last index of this node's log of the group", view.last_index);
+    group_gauge(
+        registry,
+        "lepus_metadata_raft_leader",
+        "1 when this node leads the group",
+        u64::from(view.leader == Some(cluster.node_id)),
+    );
     let elections = Family::<Labels, Counter>::default();
     elections.get_or_create(&vec![("group", "metadata".to_string())]).inc_by(view.elections);
-    registry.register("lepus_raft_elections", "Elections this node started for the group", elections);
+    registry.register("lepus_metadata_raft_elections", "Elections this node started for the group", elections);
     let lag = Family::<Labels, Gauge>::default();
     for (id, matched) in &view.matched {
         let node = cluster.member_name(*id).unwrap_or_else(|| format!("{id:x}"));
         lag.get_or_create(&vec![("group", "metadata".to_string()), ("node", node)]).set(as_i64(view.last_index.saturating_sub(*matched)));
     }
-    registry.register("lepus_raft_replication_lag_entries", "On the leader: entries a member's log is behind the leader's", lag);
+    registry.register("lepus_metadata_raft_replication_lag_entries", "On the leader: entries a member's log is behind the leader's", lag);
     let members = cluster.members();
     let member_gauge = |registry: &mut Registry, name: &str, help: &str, value: usize| {
         let gauge: Gauge = Gauge::default();
