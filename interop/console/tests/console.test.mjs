@@ -42,6 +42,11 @@ test('logging in shows the overview with totals, node, both alarms and every lis
   assert.match(await page.textContent('[data-listener="http"]'), new RegExp(`:${broker.httpPort}$`));
   assert.equal((await page.textContent('[data-fact="name"]')).trim(), overview.node);
   assert.equal((await page.textContent('[data-stat="exchanges"]')).trim(), String(overview.object_totals.exchanges));
+  // The cluster view: every node /api/nodes lists, with whether it runs (this node alone here).
+  const nodes = (await api('GET', '/nodes')).body;
+  await page.waitForSelector(`[data-cluster-node="${overview.node}"]`);
+  assert.equal(await page.locator('#cluster-nodes li').count(), nodes.length);
+  assert.match(await page.textContent(`[data-cluster-node="${overview.node}"]`), /running/);
   // A reload keeps the session (sessionStorage), and asks for no password.
   await page.reload();
   await page.waitForSelector('#nav', {state: 'visible'});

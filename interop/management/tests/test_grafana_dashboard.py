@@ -1,4 +1,4 @@
-"""The Grafana dashboard shipped for Lepus's own figures (docs/grafana-lepus.json) queries only
+"""The Grafana dashboard shipped for Lepus's own figures (docs/grafana/lepus.json) queries only
 metrics a running Lepus answers: every `lepus_*` name in its expressions is on /metrics once the
 broker has had some traffic (a renamed or dropped family would leave a panel empty)."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from test_rabbitmq_metrics import make_load
 
-DASHBOARD = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "grafana-lepus.json")
+DASHBOARD = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "grafana", "lepus.json")
 
 
 def dashboard_metric_names():
