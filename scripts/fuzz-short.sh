@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command's short fuzz run: each target of fuzz/ (the AMQP frame and field-table
 # decoders, the stream-protocol frame decoders, the segment scanner, the journal reader, the definitions change log reader) for
-# FUZZ_SECONDS (default 20) from its committed seed corpus in fuzz/corpus/<target>. New inputs
+# FUZZ_SECONDS (default 10: the test command must stay under 45 minutes; longer runs by hand, bench/results/fuzz.md) from its committed seed corpus in fuzz/corpus/<target>. New inputs
 # go to a scratch directory, so the committed corpus only changes by hand.
 #
 # libFuzzer's coverage instrumentation needs a nightly toolchain (cargo-fuzz is not needed: the
@@ -11,7 +11,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root/fuzz"
-seconds=${FUZZ_SECONDS:-20}
+seconds=${FUZZ_SECONDS:-10}
 targets=${FUZZ_TARGETS:-"frame_decode field_table_decode stream_frame_decode segment_scan journal_scan definitions_log"}
 if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
   echo "== fuzzing SKIPPED: no nightly Rust toolchain (rustup toolchain install nightly); the storage readers' properties still ran in cargo test (storage::fuzz_checks)"

@@ -45,7 +45,7 @@ lepus="$root/target/release/lepus"
 # RabbitMQ test runs in the reference run below (LEPUS_PERF_RABBITMQ_URL=none: not here, on purpose).
 LEPUS_BIN="$lepus" LEPUS_PERF_RABBITMQ_URL=none cargo test --workspace --locked
 
-echo "== (${SECONDS} s so far) fuzz targets, ${FUZZ_SECONDS:-20} s each (skipped with a line saying so without a nightly toolchain)"
+echo "== (${SECONDS} s so far) fuzz targets, ${FUZZ_SECONDS:-10} s each (skipped with a line saying so without a nightly toolchain)"
 scripts/fuzz-short.sh
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
