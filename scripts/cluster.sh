@@ -4,7 +4,7 @@
 #   scripts/cluster.sh status   lepus ctl cluster_status through n1
 #   scripts/cluster.sh stop     stops the three nodes (their data stays under $CLUSTER_DIR)
 # Ports: AMQP 5672/5673/5674, management 15672/15673/15674, metrics 15692/15693/15694,
-# cluster links 25672/25673/25674 (PORT_OFFSET=N shifts them all by N). CLUSTER_DIR (default
+# stream protocol 5552/5553/5554, cluster links 25672/25673/25674 (PORT_OFFSET=N shifts them all by N). CLUSTER_DIR (default
 # /tmp/lepus-cluster) holds data and logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ start() {
     fi
     "$lepus" server --node-name "$name@localhost" --data-dir "$directory/$name" --bind 127.0.0.1 \
       --amqp-port $((5672 + offset + index)) --http-port $((15672 + offset + index)) --metrics-port $((15692 + offset + index)) \
-      --cluster-port $((25672 + offset + index)) --cluster-seeds "$seeds" >>"$directory/$name.log" 2>&1 &
+      --stream-port $((5552 + offset + index)) --cluster-port $((25672 + offset + index)) --cluster-seeds "$seeds" >>"$directory/$name.log" 2>&1 &
     echo $! >"$directory/$name.pid"
     echo "$name: amqp://guest:guest@127.0.0.1:$((5672 + offset + index))/  http://127.0.0.1:$((15672 + offset + index))/  log $directory/$name.log"
   done

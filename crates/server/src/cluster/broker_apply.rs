@@ -157,7 +157,14 @@ impl Broker {
         server_named: bool,
     ) -> Result<(ShortStr, u32, u32), AmqpError> {
         let name = definition.name.clone();
-        match QueueType::from_arguments(&name, vhost, &definition.arguments)? {
+        let queue_type = QueueType::from_arguments(&name, vhost, &definition.arguments)?;
+        if server_named && queue_type != QueueType::Classic {
+            // RabbitMQ 3.10.8 refuses this before looking at anything else (measured), as a
+            // single node does.
+            let module = if queue_type == QueueType::Quorum { "rabbit_quorum_queue" } else { "rabbit_stream_queue" };
+            return Err(AmqpError::precondition(format!("Cannot declare a server-named queue for type {module}")));
+        }
+        match queue_type {
             QueueType::Stream => {
                 return Err(AmqpError::not_implemented(format!(
                     "stream queues are not replicated in a cluster yet: '{name}' cannot be declared on clustered node {}",

@@ -175,14 +175,20 @@ impl ClassicStorage<'_> {
         let path = base.with_file_name(format!("{}-{incarnation}", queue_file_name(vhost, &definition.name)));
         let existed = path.exists();
         let (log, recovery) = self.open_log(&path)?;
-        let pager = if existed { Pager::recovered(&log.lock(), &recovery, false) } else { None };
-        let messages = if existed { QueueState::with_paged(recovery.next_position, recovery.live_count) } else { QueueState::new(0) };
-        let expiry = self.expiry_clock(definition, vhost, true);
-        if !existed {
-            expiry.remove_file();
+        if existed {
+            // The metadata log replayed after a restart: the queue comes back as at a start, its
+            // priorities and deduplication cache included (every message flagged redelivered).
+            return self.recovered_queue(definition, vhost, false, log, recovery).map(|(queue, _)| queue);
         }
-        let queue = QueueRuntime::new(definition.clone(), vhost, Some(log), messages, pager, self.dead_letters.cloned(), expiry);
-        queue.start_expiry_clock(existed);
+        let expiry = self.expiry_clock(definition, vhost, true);
+        expiry.remove_file();
+        // Made as a single node's declare makes it: x-max-priority and deduplication included.
+        let messages = QueueState::with_max_priority(0, max_priority(&definition.arguments));
+        let queue = QueueRuntime::new(definition.clone(), vhost, Some(log), messages, None, self.dead_letters.cloned(), expiry);
+        if let Some(cache) = self.deduplication(definition, vhost, true, true) {
+            queue.set_deduplication(cache);
+        }
+        queue.start_expiry_clock(false);
         Ok(Queue::Classic(queue))
     }
 
