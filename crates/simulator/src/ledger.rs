@@ -13,6 +13,8 @@ pub enum Settlement {
     Rejected,
     /// Its TTL passed.
     Expired,
+    /// Its queue was deleted (delete-ok received, or recovery showed the queue gone).
+    QueueDeleted,
 }
 
 /// What became of a publish.
@@ -69,9 +71,28 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// A ledger for `queues` queues.
-    pub fn new(queues: usize) -> Ledger {
-        Ledger { live_per_queue: vec![0; queues], ..Ledger::default() }
+    /// A ledger without queues.
+    pub fn new() -> Ledger {
+        Ledger::default()
+    }
+
+    /// A queue is declared (a new incarnation, as the catalog indexes it).
+    pub fn add_queue(&mut self) -> usize {
+        self.live_per_queue.push(0);
+        self.live_per_queue.len() - 1
+    }
+
+    /// `queue` is gone for good (deleted): its messages are settled, durably, and none of them
+    /// may come back, under that queue or any other.
+    pub fn queue_gone(&mut self, queue: usize) {
+        for publish in self.publishes.values_mut().filter(|publish| publish.queue == queue) {
+            match publish.fate {
+                Fate::Live => publish.fate = Fate::Settled { how: Settlement::QueueDeleted, durable: true },
+                Fate::Settled { how, .. } => publish.fate = Fate::Settled { how, durable: true },
+                Fate::Lost => {}
+            }
+        }
+        self.live_per_queue[queue] = 0;
     }
 
     /// Records a publish (live until it is settled or lost).

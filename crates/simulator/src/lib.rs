@@ -11,6 +11,7 @@
 //! durable never comes back; each publisher's messages reach the only consumer of a queue in
 //! order; no message expires before its TTL; nothing comes back that was never published.
 
+pub mod catalog;
 pub mod ledger;
 pub mod message;
 pub mod node;
@@ -33,12 +34,27 @@ pub enum Sabotage {
     ForgetSettleRecords,
     /// A queue core that expires messages 250 ms early.
     ExpireEarly,
+    /// A queue.delete that removes the log before the definitions' deletion is durable (the
+    /// broker's order before the simulator found it wrong).
+    DeleteLogFirst,
+    /// A start that leaves the logs no definition names.
+    KeepOrphanedLogs,
+    /// A declare that makes its log where a queue was deleted since the last checkpoint,
+    /// without a checkpoint first.
+    ReuseWithoutCheckpoint,
 }
 
 impl Sabotage {
     /// Every deliberate bug.
-    pub const ALL: [Sabotage; 4] =
-        [Sabotage::ConfirmBeforeSync, Sabotage::SkipJournalReplay, Sabotage::ForgetSettleRecords, Sabotage::ExpireEarly];
+    pub const ALL: [Sabotage; 7] = [
+        Sabotage::ConfirmBeforeSync,
+        Sabotage::SkipJournalReplay,
+        Sabotage::ForgetSettleRecords,
+        Sabotage::ExpireEarly,
+        Sabotage::DeleteLogFirst,
+        Sabotage::KeepOrphanedLogs,
+        Sabotage::ReuseWithoutCheckpoint,
+    ];
 
     /// How far ahead of the clock the queue core is told the time when it expires messages.
     pub fn expiry_shift_ms(self) -> u64 {
@@ -57,6 +73,9 @@ impl Sabotage {
             Sabotage::SkipJournalReplay => "skip-journal-replay",
             Sabotage::ForgetSettleRecords => "forget-settle-records",
             Sabotage::ExpireEarly => "expire-early",
+            Sabotage::DeleteLogFirst => "delete-log-first",
+            Sabotage::KeepOrphanedLogs => "keep-orphaned-logs",
+            Sabotage::ReuseWithoutCheckpoint => "reuse-without-checkpoint",
         }
     }
 
@@ -71,8 +90,12 @@ impl Sabotage {
 pub struct Config {
     /// Steps before the final drain.
     pub steps: u64,
-    /// Durable queues (the first has one consumer, so its order is checked; the others two).
+    /// Durable queues declared at the start and never deleted (the first has one consumer, so its
+    /// order is checked; the others two).
     pub queues: usize,
+    /// Names of durable queues that the seed declares and deletes along the run (each with two
+    /// consumers and a binding from the simulator's exchange); 0 for none.
+    pub dynamic_queues: usize,
     /// Publishers.
     pub publishers: u16,
     /// A deliberate bug, or none.
@@ -81,7 +104,7 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Config {
-        Config { steps: 1_500, queues: 2, publishers: 3, sabotage: Sabotage::None }
+        Config { steps: 1_500, queues: 2, dynamic_queues: 2, publishers: 3, sabotage: Sabotage::None }
     }
 }
 
@@ -104,8 +127,18 @@ pub struct Report {
     pub torn_writes: u64,
     /// Power cuts during a restart's recovery.
     pub crashes_in_recovery: u64,
-    /// Power cuts at a file system operation, by operation and file kind.
+    /// Power cuts at a file system operation, by operation and file kind; those inside a
+    /// queue.declare (with its bind), a queue.delete or a definitions compaction are prefixed
+    /// with it (`queue.delete: Rename deleted queue directory`).
     pub crash_points: BTreeMap<String, u64>,
+    /// queue.declare (with its queue.bind) answered.
+    pub declares: u64,
+    /// queue.delete answered.
+    pub deletes: u64,
+    /// Definitions compactions done.
+    pub definition_compactions: u64,
+    /// Log directories without a definition that starts found and removed.
+    pub orphans_removed: u64,
 }
 
 /// A seed that broke an invariant.

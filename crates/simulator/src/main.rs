@@ -12,7 +12,8 @@ use std::time::Instant;
 
 fn usage() -> ExitCode {
     eprintln!("usage: lepus-simulator [--seeds N] [--first S] [--seed S] [--steps K] [--sabotage NAME]");
-    eprintln!("sabotage: none, confirm-before-sync, skip-journal-replay, forget-settle-records, expire-early");
+    let names: Vec<&str> = [Sabotage::None].into_iter().chain(Sabotage::ALL).map(Sabotage::name).collect();
+    eprintln!("sabotage: {}", names.join(", "));
     ExitCode::from(2)
 }
 

@@ -2,14 +2,17 @@
 //! replay, queue logs, a syncer with the journal), each queue's rules in the real queue core, and
 //! the effects performed the way the server's `queue_runtime` performs them.
 
+use crate::catalog::{Catalog, Lifecycle};
 use crate::ledger::{violation, Ledger, Settlement, Violation};
 use crate::message::{parse_body, MessageId, Simulated};
 use crate::Sabotage;
 use parking_lot::Mutex;
 use queue_core::{Command, ConsumerId, Effect, Limits, PagedMessage, QueueCore, QueueState, Reply, Window};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use storage::definitions::{BindingRecord, DefinitionsStore, ExchangeRecord, QueueRecord};
+use storage::definitions_state::DefinitionChange;
 use storage::file_cache::FileCache;
 use storage::journal::{replay_in, Journal};
 use storage::memory_file_system::MemoryFileSystem;
@@ -29,6 +32,8 @@ const WINDOW: Window = Window {
 };
 /// The most deliveries one dispatch makes, so a step stays bounded.
 const DISPATCH_DELIVERIES_MAX: usize = 64;
+/// Syncer steps a checkpoint the simulator waits for may take.
+const CHECKPOINT_STEPS_MAX: u32 = 64;
 /// Open segment files the node's cache keeps.
 const OPEN_SEGMENT_FILES_MAX: usize = 8;
 
@@ -40,6 +45,51 @@ pub fn queues_directory() -> PathBuf {
 /// The node journal.
 pub fn journal_directory() -> PathBuf {
     Path::new("/data").join("journal")
+}
+
+/// The data directory (the definitions store's snapshot and log live there).
+pub fn data_directory() -> PathBuf {
+    PathBuf::from("/data")
+}
+
+/// The vhost of every simulated queue.
+const VHOST: &str = "/";
+/// The durable exchange every declared queue is bound from.
+pub const EXCHANGE: &str = "simulated";
+
+/// A durable classic queue's definition, as the broker stores it.
+pub fn queue_record(name: &str) -> QueueRecord {
+    QueueRecord {
+        vhost: VHOST.to_string(),
+        name: name.to_string(),
+        auto_delete: false,
+        arguments_hex: String::new(),
+        queue_type: broker_core::vhost::QueueType::Classic,
+    }
+}
+
+/// The binding of `queue` from [`EXCHANGE`].
+pub fn binding_record(queue: &str) -> BindingRecord {
+    BindingRecord {
+        vhost: VHOST.to_string(),
+        source: EXCHANGE.to_string(),
+        destination: queue.to_string(),
+        destination_is_exchange: false,
+        routing_key: queue.to_string(),
+        arguments_hex: String::new(),
+    }
+}
+
+/// The durable exchange the queues are bound from.
+pub fn exchange_record() -> ExchangeRecord {
+    ExchangeRecord {
+        vhost: VHOST.to_string(),
+        name: EXCHANGE.to_string(),
+        kind: "direct".to_string(),
+        auto_delete: false,
+        internal: false,
+        arguments_hex: String::new(),
+    }
 }
 
 /// Why a step stopped before its end.
@@ -103,7 +153,10 @@ struct Pager {
 
 /// One durable queue.
 pub struct Queue {
-    index: usize,
+    /// Its incarnation (the ledger's and the catalog's index).
+    pub index: usize,
+    /// Its name, which is also its log directory's.
+    pub name: String,
     /// The node's view of the file system, to tell a power cut from a bug.
     file_system: MemoryFileSystem,
     /// Its log, shared with the syncer.
@@ -127,12 +180,17 @@ pub struct Node {
     pub syncer: SteppedSyncer,
     /// The queues.
     pub queues: Vec<Queue>,
+    /// The definitions store (the broker's `DefinitionsStore`).
+    pub definitions: DefinitionsStore,
+    segment_bytes: u64,
+    cache: Arc<FileCache>,
+    /// Log directories without a definition that the start removed.
+    pub orphans_removed: u64,
+    sabotage: Sabotage,
 }
 
 /// What a start needs beyond the file system.
 pub struct StartOptions {
-    /// Queues to open.
-    pub queues: usize,
     /// Segment size (small: they roll every few messages).
     pub segment_bytes: u64,
     /// Journal size that asks for a checkpoint.
@@ -150,11 +208,15 @@ fn storage_failure(file_system: &MemoryFileSystem, what: &str, error: StorageErr
 }
 
 impl Node {
-    /// Starts the node on `file_system` as the broker does after a crash: replays the journal,
-    /// opens every queue's log and checks what it recovered against the ledger.
-    pub fn start(file_system: MemoryFileSystem, options: &StartOptions, ledger: &mut Ledger) -> Result<Node, Halt> {
+    /// Starts the node on `file_system` as the broker does after a crash: opens the definitions
+    /// (checked against the catalog), replays the journal, opens the log of every queue the
+    /// definitions hold and checks what it recovered against the ledger.
+    pub fn start(file_system: MemoryFileSystem, options: &StartOptions, ledger: &mut Ledger, catalog: &mut Catalog) -> Result<Node, Halt> {
         let shared = file_system.shared();
         let failure = |what: &str, error| storage_failure(&file_system, what, error);
+        // `Broker::open`: the definitions first, then the journal replay.
+        let (definitions, recovered) =
+            DefinitionsStore::open_on(shared.clone(), &data_directory()).map_err(|error| failure("opening the definitions", error))?;
         let (mut journal, entries) =
             Journal::open_in(shared.clone(), &journal_directory()).map_err(|error| failure("opening the journal", error))?;
         if options.sabotage != Sabotage::SkipJournalReplay {
@@ -165,11 +227,34 @@ impl Node {
         journal.set_checkpoint_bytes(options.checkpoint_bytes);
         let syncer = SteppedSyncer::new(SyncPolicy::Always, Some(journal));
         let cache = FileCache::with_file_system(OPEN_SEGMENT_FILES_MAX, shared.clone());
+        let queue_names: BTreeSet<String> =
+            recovered.queues.iter().filter(|queue| queue.vhost == VHOST).map(|queue| queue.name.clone()).collect();
+        let bound: BTreeSet<String> = recovered
+            .bindings
+            .iter()
+            .filter(|binding| binding.source == EXCHANGE && !binding.destination_is_exchange)
+            .map(|binding| binding.destination.clone())
+            .collect();
+        // `Broker::recover`: logs of queues deleted just before a crash, renamed away but not yet
+        // removed, go to the janitor.
+        storage::queue_log::remove_deleted_logs_in(shared.clone(), &queues_directory());
+        // Then the logs no definition names (a deletion durable in the definitions, its log's
+        // removal undone by the crash) go the same way.
+        let keep_orphans = options.sabotage == Sabotage::KeepOrphanedLogs;
+        let orphans = storage::queue_log::remove_orphaned_logs_in(shared.clone(), &queues_directory(), |name| {
+            keep_orphans || queue_names.contains(name)
+        })
+        .map_err(|error| failure("removing orphaned logs", error))?;
+        let resolved = catalog.recovered(&queue_names, &bound)?;
+        for gone in &resolved.gone {
+            ledger.queue_gone(*gone);
+        }
+        check_no_orphaned_logs(&file_system, &queue_names)?;
         // As the broker starts: every log opened, then the seals recovery wrote made durable by
         // one sync of the file system, before any queue is used.
-        let mut opened = Vec::with_capacity(options.queues);
-        for index in 0..options.queues {
-            let directory = queues_directory().join(format!("q{index}"));
+        let mut opened = Vec::with_capacity(resolved.open.len());
+        for index in &resolved.open {
+            let directory = queues_directory().join(&catalog.get(*index).name);
             opened.push(
                 QueueLog::open_without_syncing_seals(&directory, options.segment_bytes, cache.clone())
                     .map_err(|error| failure("queue log recovery", error))?,
@@ -180,54 +265,200 @@ impl Node {
                 failure("syncing recovery's seals", StorageError::Io { path: queues_directory().display().to_string(), source })
             })?;
         }
-        let mut queues = Vec::with_capacity(options.queues);
-        for (index, (mut log, recovery)) in opened.into_iter().enumerate() {
-            log.use_journal();
-            let mut cursor = log.recovered_tail(&recovery);
-            let recovered =
-                log.read_tail(&mut cursor, usize::MAX, usize::MAX).map_err(|error| failure("reading the recovered messages", error))?;
-            if recovered.len() as u64 != recovery.live_count {
-                violation!("queue {index}: recovery counted {} live messages, its tail holds {}", recovery.live_count, recovered.len());
-            }
-            let mut live = BTreeMap::new();
-            for (position, message) in &recovered {
-                let Some((id, _)) = parse_body(&message.body) else {
-                    violation!("queue {index}: position {position} recovered a body never published")
-                };
-                if ledger.get(id).is_none_or(|publish| publish.queue != index) {
-                    violation!("queue {index}: recovered {id:x}, never published to it");
-                }
-                if live.insert(*position, id).is_some() {
-                    violation!("queue {index}: position {position} recovered twice");
-                }
-            }
-            let mut ids: Vec<MessageId> = live.values().copied().collect();
-            ids.sort_unstable();
-            if ids.windows(2).any(|pair| pair[0] == pair[1]) {
-                violation!("queue {index}: a message recovered at two positions");
-            }
-            ledger.recovered(index, &ids)?;
-            let pager = (recovery.live_count > 0).then(|| Pager {
-                cursor: log.recovered_tail(&recovery),
-                delivered: recovery.delivered.clone(),
-                all_redelivered: true,
-            });
-            let core = QueueCore::new(QueueState::with_paged(recovery.next_position, recovery.live_count), Limits::NONE, Some(WINDOW));
-            let log: SharedLog = Arc::new(Mutex::new(log));
-            syncer.handle().watch(log.clone());
-            queues.push(Queue {
-                index,
-                file_system: file_system.clone(),
-                log,
-                core,
-                pager,
-                live,
-                consumers: Vec::new(),
-                settles_unflushed: Vec::new(),
-            });
+        let mut node = Node {
+            file_system,
+            syncer,
+            queues: Vec::new(),
+            definitions,
+            segment_bytes: options.segment_bytes,
+            cache,
+            orphans_removed: orphans.len() as u64,
+            sabotage: options.sabotage,
+        };
+        for (index, (log, recovery)) in resolved.open.into_iter().zip(opened) {
+            let queue = node.recovered_queue(index, &catalog.get(index).name, log, &recovery, ledger)?;
+            node.queues.push(queue);
         }
-        Ok(Node { file_system, syncer, queues })
+        Ok(node)
     }
+
+    /// A recovered queue: its log's messages checked against the ledger.
+    fn recovered_queue(
+        &self,
+        index: usize,
+        name: &str,
+        mut log: QueueLog,
+        recovery: &storage::queue_log::Recovery,
+        ledger: &mut Ledger,
+    ) -> Result<Queue, Halt> {
+        log.use_journal();
+        let mut cursor = log.recovered_tail(recovery);
+        let recovered = log
+            .read_tail(&mut cursor, usize::MAX, usize::MAX)
+            .map_err(|error| storage_failure(&self.file_system, "reading the recovered messages", error))?;
+        if recovered.len() as u64 != recovery.live_count {
+            violation!("queue {index}: recovery counted {} live messages, its tail holds {}", recovery.live_count, recovered.len());
+        }
+        let mut live = BTreeMap::new();
+        for (position, message) in &recovered {
+            let Some((id, _)) = parse_body(&message.body) else {
+                violation!("queue {index}: position {position} recovered a body never published")
+            };
+            if ledger.get(id).is_none_or(|publish| publish.queue != index) {
+                let owner = ledger.get(id).map(|publish| publish.queue);
+                violation!("queue {index} ({name}): recovered {id:x}, never published to it (published to queue {owner:?})");
+            }
+            if live.insert(*position, id).is_some() {
+                violation!("queue {index}: position {position} recovered twice");
+            }
+        }
+        let mut ids: Vec<MessageId> = live.values().copied().collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|pair| pair[0] == pair[1]) {
+            violation!("queue {index}: a message recovered at two positions");
+        }
+        ledger.recovered(index, &ids)?;
+        let pager = (recovery.live_count > 0).then(|| Pager {
+            cursor: log.recovered_tail(recovery),
+            delivered: recovery.delivered.clone(),
+            all_redelivered: true,
+        });
+        let core = QueueCore::new(QueueState::with_paged(recovery.next_position, recovery.live_count), Limits::NONE, Some(WINDOW));
+        Ok(self.queue(index, name, log, core, pager, live))
+    }
+
+    fn queue(
+        &self,
+        index: usize,
+        name: &str,
+        log: QueueLog,
+        core: QueueCore<Simulated>,
+        pager: Option<Pager>,
+        live: BTreeMap<u64, MessageId>,
+    ) -> Queue {
+        let log: SharedLog = Arc::new(Mutex::new(log));
+        self.syncer.handle().watch(log.clone());
+        Queue {
+            index,
+            name: name.to_string(),
+            file_system: self.file_system.clone(),
+            log,
+            core,
+            pager,
+            live,
+            consumers: Vec::new(),
+            settles_unflushed: Vec::new(),
+        }
+    }
+
+    fn failure(&self, what: &str, error: StorageError) -> Halt {
+        storage_failure(&self.file_system, what, error)
+    }
+
+    /// queue.declare of a new durable classic queue `name` (incarnation `index`), then its
+    /// queue.bind from [`EXCHANGE`], as the broker makes them (`Broker::declare_queue` with
+    /// `ClassicStorage::create`, then `Broker::bind`): the log made, the definition submitted
+    /// and waited for, declare-ok; the binding submitted and waited for, bind-ok.
+    pub fn declare(&mut self, name: &str, index: usize, catalog: &mut Catalog) -> Result<(), Halt> {
+        let directory = queues_directory().join(name);
+        // `ClassicStorage::create`: a queue deleted since the last checkpoint left writes in the
+        // journal that a replay would put into this directory; a checkpoint clears them first.
+        let taken = match self.sabotage {
+            Sabotage::ReuseWithoutCheckpoint => None,
+            _ => self.syncer.handle().take_deleted_logs_if(&directory),
+        };
+        if let Some(deleted) = taken {
+            if !self.checkpoint_journal()? {
+                self.syncer.handle().restore_deleted_logs(deleted);
+                violation!("a checkpoint failed without a fault");
+            }
+        }
+        // A new queue starts with an empty log, whatever an older queue of the same name left
+        // behind (the broker ignores the outcome of this removal).
+        let _ = self.file_system.shared().remove_dir_all(&directory);
+        let (mut log, _) = QueueLog::open_with_cache(&directory, self.segment_bytes, self.cache.clone())
+            .map_err(|error| self.failure("creating a queue log", error))?;
+        let core = QueueCore::new(QueueState::new(0), Limits::NONE, Some(WINDOW));
+        log.use_journal();
+        let queue = self.queue(index, name, log, core, None, BTreeMap::new());
+        self.queues.push(queue);
+        let ticket = self.definitions.submit(DefinitionChange::PutQueue(queue_record(name)));
+        self.definitions.wait(ticket).map_err(|error| self.failure("writing a queue's definition", error))?;
+        catalog.set(index, Lifecycle::Declared);
+        self.definitions
+            .apply(DefinitionChange::PutBinding(binding_record(name)))
+            .map_err(|error| self.failure("writing a binding's definition", error))?;
+        catalog.bound(index);
+        Ok(())
+    }
+
+    /// queue.delete of the queue at `slot`, as `Broker::remove_queue_quietly` and
+    /// `QueueRuntime::delete` do it; delete-ok once it returns.
+    pub fn delete(&mut self, slot: usize, catalog: &mut Catalog, ledger: &mut Ledger) -> Result<(), Halt> {
+        let queue = self.queues.remove(slot);
+        catalog.set(queue.index, Lifecycle::Deleting);
+        let change = DefinitionChange::DeleteQueue { vhost: VHOST.to_string(), name: queue.name.clone() };
+        let ticket = self.definitions.submit(change);
+        if self.sabotage == Sabotage::DeleteLogFirst {
+            queue.log.lock().delete().map_err(|error| self.failure("deleting a queue's log", error))?;
+        }
+        // The deletion is durable in the definitions before the log goes: the other way round, a
+        // crash between the two brought the queue back without its messages.
+        self.definitions.wait(ticket).map_err(|error| self.failure("writing a queue's deletion", error))?;
+        // The broker logs a failed log deletion and carries on; the power going explains one here.
+        if self.sabotage != Sabotage::DeleteLogFirst {
+            queue.log.lock().delete().map_err(|error| self.failure("deleting a queue's log", error))?;
+        }
+        self.syncer.handle().note_deleted_log(&queues_directory().join(&queue.name));
+        catalog.set(queue.index, Lifecycle::Deleted);
+        ledger.queue_gone(queue.index);
+        Ok(())
+    }
+
+    /// A journal checkpoint of every log, waited for as `Syncer::checkpoint` waits (stepped):
+    /// whether it made everything durable; a crash point on the way halts the step.
+    fn checkpoint_journal(&mut self) -> Result<bool, Halt> {
+        let outcome = Arc::new(Mutex::new(None));
+        let reported = outcome.clone();
+        let logs = self.queues.iter().map(|queue| queue.log.clone()).collect();
+        self.syncer.handle().checkpoint_then(logs, Box::new(move |durable| *reported.lock() = Some(durable)));
+        for _ in 0..CHECKPOINT_STEPS_MAX {
+            if let Some(durable) = *outcome.lock() {
+                if !durable && self.file_system.crashed().is_some() {
+                    return Err(Halt::Crashed);
+                }
+                return Ok(durable);
+            }
+            if !self.syncer.step(false) && !self.syncer.run_checkpoint() && self.file_system.crashed().is_some() {
+                return Err(Halt::Crashed);
+            }
+        }
+        violation!("a checkpoint did not finish in {CHECKPOINT_STEPS_MAX} steps of the syncer")
+    }
+
+    /// A new snapshot of the definitions and a fresh change log, as a graceful shutdown writes.
+    pub fn compact_definitions(&mut self) -> Result<(), Halt> {
+        self.definitions.compact().map_err(|error| self.failure("compacting the definitions", error))
+    }
+}
+
+/// After the start's clean-up, every log directory belongs to a queue the definitions hold, or
+/// is a deleted one the janitor removes: a log without its definition is found, never left.
+fn check_no_orphaned_logs(file_system: &MemoryFileSystem, queue_names: &BTreeSet<String>) -> Result<(), Halt> {
+    use storage::file_system::FileSystem;
+    let names = match file_system.list_directory(&queues_directory()) {
+        Ok(names) => names,
+        Err(source) => {
+            let error = StorageError::Io { path: queues_directory().display().to_string(), source };
+            return Err(storage_failure(file_system, "listing the queues", error));
+        }
+    };
+    for name in names {
+        if !queue_names.contains(&name) && !name.ends_with(".deleted") {
+            violation!("the log directory {name} has no definition and was left after the start");
+        }
+    }
+    Ok(())
 }
 
 impl Queue {

@@ -1,11 +1,16 @@
 //! The simulated world: the node, its clients and the power, stepped by one seed.
 
+use crate::catalog::{Catalog, Lifecycle};
 use crate::ledger::{violation, Fate, Ledger, Settlement, Violation};
 use crate::message::{message, message_id, Simulated, FILLER_BYTES_MAX};
-use crate::node::{queues_directory, Halt, Node, SharedOutbox, StartOptions};
+use crate::node::{
+    binding_record, data_directory, exchange_record, queue_record, queues_directory, Halt, Node, SharedOutbox, StartOptions,
+};
 use crate::random::Random;
 use crate::{Config, Failure, Report, Sabotage};
 use std::sync::Arc;
+use storage::definitions::DefinitionsStore;
+use storage::definitions_state::DefinitionChange;
 use storage::memory_file_system::{CrashPoint, MemoryFileSystem, PowerCut};
 
 /// Percent of steps after which the power goes even without a crash point.
@@ -18,6 +23,14 @@ const CRASH_POINT_OPERATIONS_MAX: u64 = 400;
 const DRAIN_ROUNDS_MAX: u32 = 2_000;
 /// Steps between the full ledger checks (the cheap ones run after every step).
 const FULL_CHECK_INTERVAL_STEPS: u64 = 25;
+/// Percent of steps that change the definitions (a declare with its bind, a delete, or a
+/// compaction), when the run has dynamic queues.
+const DEFINITION_STEP_PERCENT: u64 = 4;
+/// Percent of those steps that arm a crash point a few operations ahead (when none is armed), so
+/// the power goes inside the definitions write and the queue deletion often.
+const DEFINITION_CRASH_PERCENT: u64 = 40;
+/// How far ahead that crash point is: a declare with its bind, and a delete, take a handful.
+const DEFINITION_CRASH_OPERATIONS_MAX: u64 = 8;
 
 pub(crate) struct World {
     seed: u64,
@@ -32,6 +45,12 @@ pub(crate) struct World {
     next_consumer: u64,
     step: u64,
     report: Report,
+    catalog: Catalog,
+    /// The step under way that changes the definitions, if any: crash points in it are named
+    /// with it.
+    acting: &'static str,
+    /// Whether a crash point is armed in this life of the node.
+    crash_armed: bool,
 }
 
 impl World {
@@ -42,7 +61,7 @@ impl World {
             seed,
             config,
             random: Random::new(seed),
-            ledger: Ledger::new(config.queues),
+            ledger: Ledger::new(),
             outbox: Arc::default(),
             file_system,
             node: None,
@@ -51,6 +70,9 @@ impl World {
             next_consumer: 1,
             step: 0,
             report: Report { seed, ..Report::default() },
+            catalog: Catalog::default(),
+            acting: "",
+            crash_armed: false,
         }
     }
 
@@ -60,10 +82,12 @@ impl World {
     }
 
     fn run_steps(&mut self) -> Result<(), Violation> {
+        self.bootstrap()?;
         self.restart(true)?;
         for step in 0..self.config.steps {
             self.step = step;
             self.report.steps = step + 1;
+            self.acting = "";
             let acted = self.act();
             self.take_outbox()?;
             match acted {
@@ -93,8 +117,29 @@ impl World {
         self.node.as_mut().expect("the node runs between restarts")
     }
 
+    /// The data directory as a first start leaves it: the exchange and the fixed queues
+    /// declared and bound, durably (no crash point is armed yet).
+    fn bootstrap(&mut self) -> Result<(), Violation> {
+        let failed = |error: storage::StorageError| Violation(format!("writing the first definitions failed: {error}"));
+        let (store, _) = DefinitionsStore::open_on(self.file_system.shared(), &data_directory()).map_err(failed)?;
+        store.apply(DefinitionChange::PutExchange(exchange_record())).map_err(failed)?;
+        for queue in 0..self.config.queues {
+            let name = format!("q{queue}");
+            let index = self.catalog.declare_started(&name);
+            assert_eq!(self.ledger.add_queue(), index, "the ledger and the catalog index queues alike");
+            store.apply(DefinitionChange::PutQueue(queue_record(&name))).map_err(failed)?;
+            self.catalog.set(index, Lifecycle::Declared);
+            store.apply(DefinitionChange::PutBinding(binding_record(&name))).map_err(failed)?;
+            self.catalog.bound(index);
+        }
+        Ok(())
+    }
+
     /// One step, chosen by the seed.
     fn act(&mut self) -> Result<(), Halt> {
+        if self.config.dynamic_queues > 0 && self.random.percent(DEFINITION_STEP_PERCENT) {
+            return self.change_definitions();
+        }
         let roll = self.random.below(100);
         match roll {
             0..30 => self.publish(),
@@ -106,7 +151,7 @@ impl World {
             48..73 => self.consume(),
             73..81 => self.move_clock(),
             81..86 => {
-                let queue = self.random.below(self.config.queues as u64) as usize;
+                let queue = self.random_queue();
                 self.flush(queue);
                 Ok(())
             }
@@ -126,16 +171,73 @@ impl World {
         }
     }
 
+    /// A declare (with its bind) of a free dynamic name, a delete of a dynamic queue, or a
+    /// compaction of the definitions; sometimes with a crash point armed a few operations ahead.
+    fn change_definitions(&mut self) -> Result<(), Halt> {
+        if !self.crash_armed && self.random.percent(DEFINITION_CRASH_PERCENT) {
+            self.file_system.crash_at_operation(self.random.between(1..=DEFINITION_CRASH_OPERATIONS_MAX));
+            self.crash_armed = true;
+        }
+        let free: Vec<String> =
+            (0..self.config.dynamic_queues).map(|index| format!("d{index}")).filter(|name| self.catalog.is_free(name)).collect();
+        let dynamic: Vec<usize> = {
+            let fixed = self.config.queues;
+            let queues = &self.node().queues;
+            (0..queues.len()).filter(|slot| queues[*slot].index >= fixed).collect()
+        };
+        let roll = self.random.below(100);
+        if roll < 10 {
+            self.acting = "definitions compaction";
+            self.node().compact_definitions()?;
+            self.report.definition_compactions += 1;
+        } else if !free.is_empty() && (roll < 55 || dynamic.is_empty()) {
+            let name = free[self.random.below(free.len() as u64) as usize].clone();
+            let index = self.catalog.declare_started(&name);
+            assert_eq!(self.ledger.add_queue(), index, "the ledger and the catalog index queues alike");
+            self.acting = "queue.declare";
+            self.trace(format_args!("declare {name} (queue {index})"));
+            let node = self.node.as_mut().expect("the node runs");
+            node.declare(&name, index, &mut self.catalog)?;
+            self.report.declares += 1;
+            let slot = self.node().queues.len() - 1;
+            self.add_consumers_to(slot).map_err(Halt::Violation)?;
+        } else if !dynamic.is_empty() {
+            let slot = dynamic[self.random.below(dynamic.len() as u64) as usize];
+            self.acting = "queue.delete";
+            let index = self.node().queues[slot].index;
+            self.trace(format_args!("delete queue {index}"));
+            let node = self.node.as_mut().expect("the node runs");
+            node.delete(slot, &mut self.catalog, &mut self.ledger)?;
+            self.report.deletes += 1;
+        }
+        Ok(())
+    }
+
+    /// With `LEPUS_SIMULATOR_TRACE` set, prints what a replayed seed does to its definitions and
+    /// power.
+    fn trace(&self, what: std::fmt::Arguments<'_>) {
+        if std::env::var_os("LEPUS_SIMULATOR_TRACE").is_some() {
+            eprintln!("seed {} step {}: {what}", self.seed, self.step);
+        }
+    }
+
+    /// A queue of the node, by slot.
+    fn random_queue(&mut self) -> usize {
+        let count = self.node().queues.len() as u64;
+        self.random.below(count) as usize
+    }
+
     fn publish(&mut self) -> Result<(), Halt> {
         let publisher = self.random.below(u64::from(self.config.publishers)) as u16;
-        let queue = self.random.below(self.config.queues as u64) as usize;
+        let queue = self.random_queue();
         let sequence = self.next_sequence[usize::from(publisher)];
         self.next_sequence[usize::from(publisher)] += 1;
         let id = message_id(publisher, sequence);
         let ttl_ms = self.random.percent(15).then(|| self.random.between(100..=3_000));
         let filler_bytes = self.random.below(FILLER_BYTES_MAX);
         let simulated = Simulated { id, ttl_ms, message: Arc::new(message(id, ttl_ms, filler_bytes)) };
-        self.ledger.publish(id, queue, ttl_ms, self.now_ms);
+        let index = self.node().queues[queue].index;
+        self.ledger.publish(id, index, ttl_ms, self.now_ms);
         self.report.publishes += 1;
         let (now_ms, outbox, sabotage) = (self.now_ms, self.outbox.clone(), self.config.sabotage);
         let node = self.node.as_mut().expect("the node runs");
@@ -154,12 +256,12 @@ impl World {
     }
 
     fn dispatch_all(&mut self) -> Result<(), Halt> {
-        (0..self.config.queues).try_for_each(|queue| self.dispatch(queue))
+        (0..self.node().queues.len()).try_for_each(|queue| self.dispatch(queue))
     }
 
     /// A consumer acks (75 %), requeues (12 %) or rejects (13 %) one of its deliveries.
     fn consume(&mut self) -> Result<(), Halt> {
-        let queue = self.random.below(self.config.queues as u64) as usize;
+        let queue = self.random_queue();
         let holders: Vec<usize> = {
             let consumers = &self.node().queues[queue].consumers;
             (0..consumers.len()).filter(|index| !consumers[*index].unacked.is_empty()).collect()
@@ -188,7 +290,7 @@ impl World {
     fn move_clock(&mut self) -> Result<(), Halt> {
         self.now_ms += if self.random.percent(10) { self.random.between(500..=5_000) } else { self.random.between(1..=50) };
         let (now_ms, sabotage) = (self.now_ms, self.config.sabotage);
-        for queue in 0..self.config.queues {
+        for queue in 0..self.node().queues.len() {
             let node = self.node.as_mut().expect("the node runs");
             node.queues[queue].expire(now_ms, &mut self.ledger, sabotage)?;
             self.dispatch(queue)?;
@@ -239,7 +341,8 @@ impl World {
             queue.check_counts(&self.ledger)?;
         }
         if full {
-            for (index, queue) in node.queues.iter().enumerate() {
+            for queue in &node.queues {
+                let index = queue.index;
                 for (position, id) in &queue.live {
                     match self.ledger.get(*id) {
                         Some(publish) if publish.queue == index && publish.fate == Fate::Live => {}
@@ -259,9 +362,16 @@ impl World {
     }
 
     fn cut_power(&mut self) {
+        self.trace(format_args!("power cut ({}; crash point {:?})", self.acting, self.file_system.crashed()));
         if let Some(point) = self.file_system.crashed() {
-            *self.report.crash_points.entry(crash_point_name(&point)).or_default() += 1;
+            let name = match self.acting {
+                "" => crash_point_name(&point),
+                acting => format!("{acting}: {}", crash_point_name(&point)),
+            };
+            *self.report.crash_points.entry(name).or_default() += 1;
         }
+        self.acting = "";
+        self.crash_armed = false;
         let cut = if self.random.percent(30) {
             self.report.torn_writes += 1;
             PowerCut::TearLastWrite { bytes_kept: self.random.below(64) as usize }
@@ -278,7 +388,6 @@ impl World {
     /// Starts the node, again after every crash that interrupts recovery; adds the consumers.
     fn restart(&mut self, arm_crash_points: bool) -> Result<(), Violation> {
         let options = StartOptions {
-            queues: self.config.queues,
             segment_bytes: self.random.between(512..=4096),
             checkpoint_bytes: self.random.between(2_048..=65_536),
             sabotage: self.config.sabotage,
@@ -286,9 +395,11 @@ impl World {
         for _ in 0..RESTART_ATTEMPTS_MAX {
             if arm_crash_points && self.random.percent(60) {
                 self.file_system.crash_at_operation(self.random.between(1..=CRASH_POINT_OPERATIONS_MAX));
+                self.crash_armed = true;
             }
-            match Node::start(self.file_system.clone(), &options, &mut self.ledger) {
+            match Node::start(self.file_system.clone(), &options, &mut self.ledger, &mut self.catalog) {
                 Ok(node) => {
+                    self.report.orphans_removed += node.orphans_removed;
                     self.node = Some(node);
                     return self.add_consumers();
                 }
@@ -304,17 +415,20 @@ impl World {
 
     /// One consumer on the first queue (its order is checked), two on the others.
     fn add_consumers(&mut self) -> Result<(), Violation> {
-        for queue in 0..self.config.queues {
-            let count = if queue == 0 { 1 } else { 2 };
-            for _ in 0..count {
-                let prefetch = self.random.between(1..=8) as u32;
-                let id = self.next_consumer;
-                self.next_consumer += 1;
-                match self.node().queues[queue].add_consumer(id, prefetch) {
-                    Ok(()) => {}
-                    Err(Halt::Violation(violation)) => return Err(violation),
-                    Err(Halt::Crashed) => unreachable!("adding a consumer does no I/O"),
-                }
+        (0..self.node().queues.len()).try_for_each(|slot| self.add_consumers_to(slot))
+    }
+
+    /// The consumers of the queue at `slot`.
+    fn add_consumers_to(&mut self, queue: usize) -> Result<(), Violation> {
+        let count = if self.node().queues[queue].index == 0 { 1 } else { 2 };
+        for _ in 0..count {
+            let prefetch = self.random.between(1..=8) as u32;
+            let id = self.next_consumer;
+            self.next_consumer += 1;
+            match self.node().queues[queue].add_consumer(id, prefetch) {
+                Ok(()) => {}
+                Err(Halt::Violation(violation)) => return Err(violation),
+                Err(Halt::Crashed) => unreachable!("adding a consumer does no I/O"),
             }
         }
         Ok(())
@@ -332,7 +446,7 @@ impl World {
             self.node().syncer.step(true);
             self.take_outbox()?;
             let (now_ms, sabotage) = (self.now_ms, self.config.sabotage);
-            for queue in 0..self.config.queues {
+            for queue in 0..self.node().queues.len() {
                 let node = self.node.as_mut().expect("the node runs");
                 node.queues[queue].expire(now_ms, &mut self.ledger, sabotage).map_err(halted)?;
                 node.queues[queue].dispatch(now_ms, &mut self.ledger, sabotage).map_err(halted)?;
@@ -355,7 +469,7 @@ impl World {
 
     /// Syncs every queue's settles and waits (in steps) for the outcome.
     fn flush_everything(&mut self) -> Result<(), Violation> {
-        for queue in 0..self.config.queues {
+        for queue in 0..self.node().queues.len() {
             self.flush(queue);
         }
         while self.node().syncer.step(false) {}
@@ -366,7 +480,15 @@ impl World {
 /// A crash point's name in the report: the operation and what kind of file it was on.
 fn crash_point_name(point: &CrashPoint) -> String {
     let path = point.path.to_string_lossy();
-    let file = if path.contains("/journal") {
+    let file = if path.contains("definitions") {
+        "definitions"
+    } else if point.path.parent() == Some(queues_directory().as_path()) && path.ends_with(".deleted") {
+        "deleted queue directory"
+    } else if point.path == queues_directory() {
+        "queues directory"
+    } else if point.path == data_directory() {
+        "data directory"
+    } else if path.contains("/journal") {
         "journal"
     } else if path.ends_with(".seg") {
         "segment"

@@ -687,6 +687,43 @@ pub fn remove_deleted_logs_in(file_system: SharedFileSystem, queues_directory: &
     }
 }
 
+/// Removes the log directories under `queues_directory` that `belongs_to_a_queue` disowns (a
+/// name it returns `false` for): logs of queues whose deletion was durable in the definitions
+/// but whose own removal a crash undid. Each is renamed away (as a deleted queue's log is), the
+/// renames made durable with one directory sync, and the janitor removes them in the
+/// background. Returns their names, each logged. Call it at start, before any queue is
+/// declared: a queue declared anew under the name would otherwise take the old log's messages,
+/// also when a crash undid the rename. Names ending in `.deleted` are left to
+/// [`remove_deleted_logs_in`].
+pub fn remove_orphaned_logs_in(
+    file_system: SharedFileSystem,
+    queues_directory: &Path,
+    belongs_to_a_queue: impl Fn(&str) -> bool,
+) -> Result<Vec<String>, StorageError> {
+    let names = file_system.list_directory(queues_directory).map_err(|error| StorageError::io(queues_directory, error))?;
+    let mut orphans = Vec::new();
+    for name in names {
+        if name.ends_with(&format!(".{DELETED_SUFFIX}")) || belongs_to_a_queue(&name) {
+            continue;
+        }
+        let directory = queues_directory.join(&name);
+        tracing::warn!(directory = %directory.display(), "a queue log without a queue definition (a crash cut its deletion short); removing it");
+        let doomed = queues_directory.join(format!("{name}.{:016x}.{DELETED_SUFFIX}", crate::entropy::random_u64()));
+        file_system.rename(&directory, &doomed).map_err(|error| StorageError::io(&directory, error))?;
+        orphans.push(doomed);
+    }
+    if orphans.is_empty() {
+        return Ok(Vec::new());
+    }
+    file_system.sync_directory(queues_directory).map_err(|error| StorageError::io(queues_directory, error))?;
+    let mut names = Vec::with_capacity(orphans.len());
+    for doomed in orphans {
+        names.push(doomed.file_name().unwrap_or_default().to_string_lossy().into_owned());
+        janitor::remove_directory(file_system.clone(), doomed);
+    }
+    Ok(names)
+}
+
 /// How segment files are opened: for positioned reads and writes, created if needed, never
 /// truncated (a recycled or zero-filled file keeps its blocks).
 const SEGMENT_OPEN_MODE: OpenMode = OpenMode::CreateReadWrite;
@@ -1502,8 +1539,13 @@ impl QueueLog {
         let doomed = self.directory.with_file_name(doomed_name);
         match self.file_system.rename(&self.directory, &doomed) {
             Ok(()) => {
+                // The rename is made durable before the deletion is answered: undone by a crash, it
+                // would bring the log back under the queue's name, and a queue declared anew
+                // under that name would recover the deleted queue's messages.
+                let parent = self.directory.parent().unwrap_or(Path::new("."));
+                let synced = self.file_system.sync_directory(parent).map_err(|error| StorageError::io(parent, error));
                 janitor::remove_directory(self.file_system.clone(), doomed);
-                Ok(())
+                synced
             }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(error) => {

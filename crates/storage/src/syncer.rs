@@ -16,6 +16,7 @@ use crate::queue_log::{CheckpointFile, PendingSync, QueueLog, SyncDue};
 use crate::stream::Stream;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Weak};
@@ -115,6 +116,9 @@ type DirtyList = Arc<Mutex<Vec<WeakLog>>>;
 struct SyncerShared {
     sender: Sender<Command>,
     dirty: DirtyList,
+    /// Directories of journaled logs deleted since the last checkpoint asked for by
+    /// [`Syncer::take_deleted_logs_if`] (see there).
+    deleted_logs: Mutex<HashSet<PathBuf>>,
 }
 
 /// How a watched log tells the syncer it has records to write: installed by [`Syncer::watch`],
@@ -222,7 +226,7 @@ impl Syncer {
     fn parts(policy: SyncPolicy, journal: Option<Journal>, stepped: bool) -> (Syncer, Worker, Receiver<Command>) {
         let (sender, receiver) = mpsc::channel();
         let dirty = DirtyList::default();
-        let shared = Arc::new(SyncerShared { sender, dirty: dirty.clone() });
+        let shared = Arc::new(SyncerShared { sender, dirty: dirty.clone(), deleted_logs: Mutex::default() });
         let stats = Arc::new(SyncStats::default());
         let checkpoint = Checkpoint::start(stats.clone(), Arc::downgrade(&shared), stepped);
         let worker = Worker {
@@ -266,6 +270,28 @@ impl Syncer {
             return false;
         }
         wait.recv().unwrap_or(false)
+    }
+
+    /// Notes that the journaled log in `directory` was deleted: until the next checkpoint the
+    /// journal holds its writes, and a replay after a crash would write them into a new log made
+    /// in the same directory (a queue declared anew under the deleted one's name would recover
+    /// the deleted queue's messages).
+    pub fn note_deleted_log(&self, directory: &Path) {
+        self.shared.deleted_logs.lock().insert(directory.to_path_buf());
+    }
+
+    /// Before a new log is made in `directory`: if a deleted log lived there (see
+    /// [`Syncer::note_deleted_log`]), takes every noted directory, which the caller clears of the
+    /// journal with a checkpoint ([`Syncer::checkpoint`]) before it makes the log; it hands
+    /// them back with [`Syncer::restore_deleted_logs`] if that checkpoint fails.
+    pub fn take_deleted_logs_if(&self, directory: &Path) -> Option<HashSet<PathBuf>> {
+        let mut deleted = self.shared.deleted_logs.lock();
+        deleted.contains(directory).then(|| std::mem::take(&mut *deleted))
+    }
+
+    /// Hands back directories [`Syncer::take_deleted_logs_if`] took, whose checkpoint failed.
+    pub fn restore_deleted_logs(&self, directories: HashSet<PathBuf>) {
+        self.shared.deleted_logs.lock().extend(directories);
     }
 
     /// As [`Syncer::checkpoint`], without waiting: `callback` gets whether everything was made
