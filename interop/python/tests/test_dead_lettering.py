@@ -192,6 +192,45 @@ def test_a_backlog_paged_to_disk_expires_into_the_dead_letter_exchange_too(chann
     channel.queue_purge(dead)
 
 
+IDLE_QUEUES = 2000
+
+
+def test_one_expiring_queue_among_thousands_of_idle_ones_dead_letters_on_time(connection, channel, cleanup):
+    """2,000 idle queues with a TTL and a dead-letter exchange each hold a message that expires in
+    10 minutes; then one more queue gets a message with a 300 ms TTL. It is dead-lettered on time,
+    as RabbitMQ's per-queue timer does it: not before its TTL, at most 1 s after (Lepus's worker
+    sleeps until the earliest deadline of all queues, and the publish must wake it earlier)."""
+    dead = dead_letter_queue(channel, cleanup)
+    arguments = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}
+    idle_connection = connect()
+    try:
+        idle = idle_connection.channel()
+        idle.confirm_delivery()
+        for _ in range(IDLE_QUEUES):
+            name = idle.queue_declare(unique("idle"), exclusive=True,
+                                      arguments=dict(arguments, **{"x-message-ttl": 600_000})).method.queue
+            idle.basic_publish("", name, b"idle")
+        source = cleanup.queue(unique("src"))
+        channel.queue_declare(source, arguments=dict(arguments, **{"x-message-ttl": 300}))
+        arrived = []
+        channel.basic_consume(dead, lambda _channel, _method, _properties, body: arrived.append((time.monotonic(), body)),
+                              auto_ack=True)
+        channel.confirm_delivery()
+        published_at = time.monotonic()
+        channel.basic_publish("", source, b"due")
+        deadline = published_at + 5
+        while not arrived and time.monotonic() < deadline:
+            connection.process_data_events(0.01)
+        assert arrived, "the expiring message was never dead-lettered"
+        elapsed = arrived[0][0] - published_at
+        assert arrived[0][1] == b"due"
+        assert elapsed >= 0.3 - 0.02, "dead-lettered after %.3f s, before its 300 ms TTL" % elapsed
+        assert elapsed <= 1.3, "dead-lettered after %.3f s, over 1 s past its 300 ms TTL" % elapsed
+        assert message_count(source, channel) == 0
+    finally:
+        safe_close(idle_connection)
+
+
 def test_message_expiration_is_recorded_as_original_expiration(channel, cleanup):
     dead = dead_letter_queue(channel, cleanup)
     source = cleanup.queue(unique("src"))

@@ -508,26 +508,6 @@ impl Queue {
         }
     }
 
-    /// Whether it dead-letters (has a dead-letter exchange): the expiry sweep looks at those.
-    pub fn dead_letters(&self) -> bool {
-        match self {
-            Queue::Classic(queue) => queue.dead_letters(),
-            Queue::Quorum(queue) => queue.dead_letters(),
-            Queue::Stream(_) => false,
-            Queue::Remote(_) => false,
-        }
-    }
-
-    /// Expires its head and takes the dead letters it holds (the expiry sweep).
-    pub fn take_dead_letters(&self) -> Option<crate::dead_letter::DeadLetterBatch> {
-        match self {
-            Queue::Classic(queue) => queue.take_dead_letters(),
-            Queue::Quorum(queue) => queue.take_dead_letters(),
-            Queue::Stream(_) => None,
-            Queue::Remote(_) => None,
-        }
-    }
-
     /// The node holding the queue, when another node of the cluster does.
     pub fn home_node(&self) -> Option<&str> {
         match self {

@@ -8,6 +8,7 @@
 use super::shard::{Completion, ShardHandle, ShardInput, Submission, Waiter};
 use super::tickets::CommitSlot;
 use super::{block_outside_runtime, envelope};
+use crate::dead_letter::deadlines::{DeadlineKey, DeadlineQueue};
 use crate::dead_letter::{DeadLetter, DeadLetterBatch, DeadLetterSource};
 use crate::policy::Policy;
 use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueLimits, QueueSnapshot, QueueStats};
@@ -120,8 +121,11 @@ pub struct QuorumQueue {
     /// Woken when a basic.get was answered.
     answered: tokio::sync::Notify,
     self_reference: Weak<QuorumQueue>,
-    /// The last expiry sweep that proposed an expire, in milliseconds since the epoch.
-    expired_at_ms: AtomicU64,
+    /// When the head expires, as the last commit this node applied left it (0: never).
+    head_expires_at_ms: AtomicU64,
+    /// Where the queue tells when its head expires, and the deadline the worker holds for it.
+    dead_letters: Option<crate::dead_letter::DeadLetterSender>,
+    expiry_deadline: Mutex<crate::dead_letter::ExpiryDeadline>,
 }
 
 impl std::fmt::Debug for QuorumQueue {
@@ -159,6 +163,7 @@ impl QuorumQueue {
     fn new(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost) -> Arc<QuorumQueue> {
         let name_key = name_key(vhost, &definition.name);
         let shard = host.shard_for(&name_key).clone();
+        let dead_letters = host.dead_letters().cloned();
         let host = host.self_reference();
         let limits = QueueLimits::new(&definition.arguments, None);
         let dead_letter_source = Arc::new(DeadLetterSource { vhost: vhost.to_string(), queue: definition.name.clone(), log: None });
@@ -176,7 +181,9 @@ impl QuorumQueue {
             dead_letter_source,
             answered: tokio::sync::Notify::new(),
             self_reference: self_reference.clone(),
-            expired_at_ms: AtomicU64::new(0),
+            head_expires_at_ms: AtomicU64::new(0),
+            dead_letters,
+            expiry_deadline: Mutex::new(crate::dead_letter::ExpiryDeadline::default()),
         })
     }
 
@@ -554,6 +561,20 @@ impl QuorumQueue {
         figures.delivered.store(stats.delivered, Ordering::Relaxed);
         figures.acked.store(stats.acked, Ordering::Relaxed);
         figures.requeued.store(stats.requeued, Ordering::Relaxed);
+        let head_expires_at_ms = messages.head_expires_at_ms();
+        self.head_expires_at_ms.store(head_expires_at_ms.unwrap_or(0), Ordering::Relaxed);
+        self.tell_expiry_deadline(head_expires_at_ms);
+    }
+
+    /// Tells the dead-letter worker when the head expires, when the queue dead-letters (every
+    /// replica does: the one that leads when the deadline comes proposes the expire).
+    fn tell_expiry_deadline(&self, deadline_ms: Option<u64>) {
+        let Some(sender) = &self.dead_letters else { return };
+        if deadline_ms.is_none() || self.limits.lock().dead_letter.is_none() {
+            return;
+        }
+        let queue = self.self_reference.clone();
+        sender.schedule_expiry(&mut self.expiry_deadline.lock(), deadline_ms, || DeadlineQueue::Quorum(queue));
     }
 
     /// A message the queue dropped (this node leads the shard): dead-lettered when the queue has
@@ -686,24 +707,35 @@ impl QuorumQueue {
             .collect()
     }
 
-    /// Whether the expiry sweep should look at it: it has a message TTL (argument or policy) and
-    /// ready messages.
-    pub fn dead_letters(&self) -> bool {
-        self.limits.lock().message_ttl_ms.is_some() && self.figures.ready.load(Ordering::Relaxed) > 0
-    }
-
-    /// The expiry sweep: the leader proposes an expire at most once per [`EXPIRE_INTERVAL_MS`],
-    /// so expired messages leave (and are dead-lettered) without a consumer asking.
-    pub fn take_dead_letters(&self) -> Option<DeadLetterBatch> {
+    /// The dead-letter worker's visit at the queue's deadline `key`. When the head has expired,
+    /// the leader proposes an expire (its commit tells the next deadline); every replica looks
+    /// again after [`EXPIRE_INTERVAL_MS`] while the head stays expired (no commit came: a
+    /// follower waits for its leader, a leader's proposal may be lost).
+    pub fn expire_due(&self, key: DeadlineKey) -> Option<DeadLetterBatch> {
+        let mut entry = self.expiry_deadline.lock();
+        entry.taken(key);
+        let Some(sender) = &self.dead_letters else { return None };
+        if self.is_deleted() {
+            return None;
+        }
         let now = now_ms();
-        let last = self.expired_at_ms.load(Ordering::Relaxed);
-        if self.leads() && now >= last + EXPIRE_INTERVAL_MS && self.id() != 0 {
-            self.expired_at_ms.store(now, Ordering::Relaxed);
+        let head_expires_at_ms = self.head_expires_at_ms.load(Ordering::Relaxed);
+        if head_expires_at_ms == 0 {
+            return None;
+        }
+        if head_expires_at_ms > now {
+            sender.schedule_expiry(&mut entry, Some(head_expires_at_ms), || DeadlineQueue::Quorum(self.self_reference.clone()));
+            return None;
+        }
+        sender.schedule_expiry(&mut entry, Some(now + EXPIRE_INTERVAL_MS), || DeadlineQueue::Quorum(self.self_reference.clone()));
+        // Not under the entry's lock: the shard's thread takes it when it applies a commit.
+        drop(entry);
+        if self.leads() && self.id() != 0 {
             self.submit(QueueCommand::Expire, Waiter::Nothing);
         }
         None
     }
 }
 
-/// How often the leader proposes an expire for a queue with a message TTL and ready messages.
+/// How soon a quorum queue whose head expired looks again while no commit has removed it.
 pub const EXPIRE_INTERVAL_MS: u64 = 1000;
