@@ -254,7 +254,11 @@ fn publish_batch(
             let vhost = topology.read();
             let mut properties = || dead_message.header.properties().ok();
             let mut delayed = Vec::new();
-            vhost.route(&dead_message.exchange, &dead_message.routing_key, &mut properties, &mut queues, &mut delayed);
+            // Every key routes (the CC keys too); a queue two keys reach holds the letter once.
+            for routing_key in &dead.routing_keys {
+                vhost.route(&dead_message.exchange, routing_key, &mut properties, &mut queues, &mut delayed);
+            }
+            dedup_queues(&mut queues);
             // A dead-letter exchange that is a delayed one holds the letter back, as the plugin does.
             for route in delayed {
                 let durable = vhost.exchange(&route.exchange).is_some_and(|exchange| exchange.durable);
@@ -274,6 +278,18 @@ fn publish_batch(
         }
     }
     settle_when_held(syncer, &source, tickets, settled_positions);
+}
+
+/// Keeps the first of each queue in `queues` (few: the queues of one letter's keys).
+fn dedup_queues(queues: &mut Vec<Queue>) {
+    let mut index = 1;
+    while index < queues.len() {
+        if queues[..index].iter().any(|earlier| earlier.same(&queues[index])) {
+            queues.remove(index);
+        } else {
+            index += 1;
+        }
+    }
 }
 
 /// Settles `positions` in the source's log once `tickets` are settled; not at all when they
