@@ -408,7 +408,7 @@ impl Queue {
     pub fn mark_used(&self) {
         match self {
             Queue::Classic(queue) => queue.mark_used(),
-            Queue::Quorum(_) => {}
+            Queue::Quorum(queue) => queue.mark_used(),
             Queue::Stream(_) => {}
             Queue::Remote(_) => {}
         }

@@ -11,7 +11,7 @@ use super::{block_outside_runtime, envelope};
 use crate::dead_letter::deadlines::{DeadlineKey, DeadlineQueue};
 use crate::dead_letter::{DeadLetter, DeadLetterBatch, DeadLetterSource};
 use crate::policy::Policy;
-use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueLimits, QueueSnapshot, QueueStats};
+use crate::queue_runtime::{ConsumerRemoval, ConsumerView, ExpiryCheck, ExpiryClock, GetAnswer, QueueLimits, QueueSnapshot, QueueStats};
 use crate::queue_type::{ConfirmTicket, PublishOutcome, Settlement};
 use crate::shared::{ChannelShared, ConsumerHandle, Outbound, Unacked, OUTBOUND_DELIVERIES_MAX};
 use amqp_codec::ShortStr;
@@ -126,6 +126,9 @@ pub struct QuorumQueue {
     /// Where the queue tells when its head expires, and the deadline the worker holds for it.
     dead_letters: Option<crate::dead_letter::DeadLetterSender>,
     expiry_deadline: Mutex<crate::dead_letter::ExpiryDeadline>,
+    /// x-expires: the last use, and when the queue is deleted unused. A use is a consumer
+    /// anywhere in the cluster (the replicated count), or a basic.get or redeclare on this node.
+    expiry: Mutex<ExpiryClock>,
 }
 
 impl std::fmt::Debug for QuorumQueue {
@@ -160,7 +163,7 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 impl QuorumQueue {
-    fn new(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost) -> Arc<QuorumQueue> {
+    fn new(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost, expiry: ExpiryClock) -> Arc<QuorumQueue> {
         let name_key = name_key(vhost, &definition.name);
         let shard = host.shard_for(&name_key).clone();
         let dead_letters = host.dead_letters().cloned();
@@ -184,21 +187,22 @@ impl QuorumQueue {
             head_expires_at_ms: AtomicU64::new(0),
             dead_letters,
             expiry_deadline: Mutex::new(crate::dead_letter::ExpiryDeadline::default()),
+            expiry: Mutex::new(expiry),
         })
     }
 
     /// A newly declared queue: its declaration is proposed now; commands sent before it is
     /// committed wait for it in the shard (one proposer's commands are applied in order).
-    pub fn declare(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost) -> Arc<QuorumQueue> {
-        let queue = QuorumQueue::new(definition, vhost, host);
+    pub fn declare(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost, expiry: ExpiryClock) -> Arc<QuorumQueue> {
+        let queue = QuorumQueue::new(definition, vhost, host, expiry);
         queue.submit(queue.declaration(), Waiter::Nothing);
         queue
     }
 
     /// A queue found in the definitions at start: the shard finds it by name once its log is
     /// applied (declaring it afresh if the shard lost it).
-    pub fn recover(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost) -> Arc<QuorumQueue> {
-        let queue = QuorumQueue::new(definition, vhost, host);
+    pub fn recover(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost, expiry: ExpiryClock) -> Arc<QuorumQueue> {
+        let queue = QuorumQueue::new(definition, vhost, host, expiry);
         queue.shard.send(ShardInput::Recovered(queue.clone()));
         queue
     }
@@ -363,7 +367,10 @@ impl QuorumQueue {
             None => {}
         }
         local.gets.insert(key, GetState::Asked);
+        let idle = local.consumers.is_empty() && self.figures.consumers.load(Ordering::Relaxed) == 0;
         drop(local);
+        // A basic.get is a use (once per get, not per retry while it waits for its answer).
+        self.expiry.lock().used(now_ms(), idle);
         let request = GetRequest { queue: self.self_reference.clone(), channel: channel.clone(), no_ack };
         self.submit(QueueCommand::Get { no_ack }, Waiter::Get(request));
         GetAnswer::PageInPending
@@ -556,7 +563,9 @@ impl QuorumQueue {
         let figures = &self.figures;
         figures.ready.store(messages.ready_count() as u64, Ordering::Relaxed);
         figures.unacked.store(messages.unacked_count() as u64, Ordering::Relaxed);
-        figures.consumers.store(core.consumer_ids().count() as u64, Ordering::Relaxed);
+        let consumers = core.consumer_ids().count() as u64;
+        let consumers_before = figures.consumers.swap(consumers, Ordering::Relaxed);
+        self.consumers_changed(consumers_before, consumers);
         figures.published.store(stats.published, Ordering::Relaxed);
         figures.delivered.store(stats.delivered, Ordering::Relaxed);
         figures.acked.store(stats.acked, Ordering::Relaxed);
@@ -564,6 +573,52 @@ impl QuorumQueue {
         let head_expires_at_ms = messages.head_expires_at_ms();
         self.head_expires_at_ms.store(head_expires_at_ms.unwrap_or(0), Ordering::Relaxed);
         self.tell_expiry_deadline(head_expires_at_ms);
+    }
+
+    /// x-expires: the queue's first consumer (anywhere in the cluster) holds it; its last one
+    /// leaving starts the clock.
+    fn consumers_changed(&self, before: u64, now: u64) {
+        if before == 0 && now > 0 {
+            self.expiry.lock().consumed();
+        } else if before > 0 && now == 0 {
+            self.expiry.lock().idle(now_ms(), self.self_reference.clone());
+        }
+    }
+
+    /// Starts the x-expires clock of a queue just declared or recovered, as a classic queue's.
+    pub fn start_expiry_clock(&self, recovered: bool) {
+        let mut expiry = self.expiry.lock();
+        if recovered {
+            expiry.recover_last_use(now_ms());
+            expiry.schedule_deadline(self.self_reference.clone());
+        } else {
+            expiry.idle(now_ms(), self.self_reference.clone());
+        }
+    }
+
+    /// A redeclare (also passive) renews the x-expires lease.
+    pub fn mark_used(&self) {
+        let idle = self.is_idle();
+        self.expiry.lock().used(now_ms(), idle);
+    }
+
+    /// Whether no consumer holds the queue: none on this node, none committed anywhere.
+    fn is_idle(&self) -> bool {
+        self.local.lock().consumers.is_empty() && self.figures.consumers.load(Ordering::Relaxed) == 0
+    }
+
+    /// What the expiry task finds. Only the node leading the queue's shard deletes it (the
+    /// deletion is replicated): another looks again one expiry later, when it may lead.
+    pub fn check_expiry(&self, now_ms: u64) -> ExpiryCheck {
+        let idle = self.is_idle();
+        let mut expiry = self.expiry.lock();
+        match expiry.check(now_ms, idle) {
+            ExpiryCheck::Expired if !self.leads() => {
+                expiry.postponed();
+                ExpiryCheck::Later(now_ms.saturating_add(expiry.expires_ms().unwrap_or(0)))
+            }
+            check => check,
+        }
     }
 
     /// Tells the dead-letter worker when the head expires, when the queue dead-letters (every
@@ -617,6 +672,7 @@ impl QuorumQueue {
     /// Deletes the queue (replicated) and hands back its ready count and its local consumers.
     pub fn delete(&self) -> (u32, Vec<Arc<ConsumerHandle>>) {
         let replayed = self.deleted.swap(true, Ordering::AcqRel);
+        self.expiry.lock().remove_file();
         let (ready, _) = self.counts();
         let consumers = std::mem::take(&mut self.local.lock().consumers).into_values().map(|entry| entry.handle).collect();
         if replayed {
@@ -650,10 +706,16 @@ impl QuorumQueue {
     pub fn apply_policy(&self, policy: Option<Arc<Policy>>) {
         let limits = {
             let mut current = self.limits.lock();
-            *current = QueueLimits::new(&self.definition.arguments, policy);
+            *current = QueueLimits::new(&self.definition.arguments, policy.clone());
             replicated_limits(&current)
         };
         self.submit(QueueCommand::SetLimits { limits }, Waiter::Nothing);
+        let idle = self.is_idle();
+        let mut expiry = self.expiry.lock();
+        expiry.set_policy_ms(policy.and_then(|policy| policy.queue_settings.expires_ms));
+        if idle {
+            expiry.schedule_deadline(self.self_reference.clone());
+        }
     }
 
     /// The policy that applies to it.

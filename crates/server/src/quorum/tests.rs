@@ -205,8 +205,8 @@ fn queue_on_every_node(cluster: &Cluster, declaring: u64, name: &str) -> BTreeMa
     let mut queues = BTreeMap::new();
     for (node, host) in &cluster.hosts {
         let queue = match *node == declaring {
-            true => QuorumQueue::declare(definition(name), "/", host),
-            false => QuorumQueue::recover(definition(name), "/", host),
+            true => QuorumQueue::declare(definition(name), "/", host, no_expiry()),
+            false => QuorumQueue::recover(definition(name), "/", host, no_expiry()),
         };
         queues.insert(*node, queue);
     }
@@ -286,4 +286,9 @@ fn when_the_leader_dies_a_new_one_serves_the_queue_and_redelivers_what_the_dead_
     for (body, redelivered, _) in &got {
         assert_eq!(*redelivered, held_bodies.contains(body.as_str()), "{body}: redelivered only if the dead node held it");
     }
+}
+
+/// A clock for a queue without x-expires.
+fn no_expiry() -> crate::queue_runtime::ExpiryClock {
+    crate::queue_runtime::ExpiryClock::new(Arc::default(), None, None, 0)
 }
