@@ -7,7 +7,8 @@
 # seconds with nothing connected. The TTL (an hour) never passes during the run.
 #
 # Usage: bench/idle-cpu.sh LEPUS_BIN LABEL [extra `lepus server` arguments]
-# Environment: QUEUES (10000), MESSAGES (10 per queue), IDLE_S (60), SETTLE_S (10),
+# Environment: QUEUES (10000), MESSAGES (10 per queue), IDLE_S (60), SETTLE_S (10), HTTP_PORT (0: no
+#              management API, whose chart sampler reads every queue every 5 s),
 #              RESULTS (bench/results/idle-cpu)
 set -euo pipefail
 BIN=$1 LABEL=$2
@@ -18,7 +19,7 @@ QUEUES=${QUEUES:-10000} MESSAGES=${MESSAGES:-10} IDLE_S=${IDLE_S:-60} SETTLE_S=$
 mkdir -p "$RESULTS"
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 DATA_DIR=$(mktemp -d /tmp/lepus-idle-cpu.XXXXXX)
-LEPUS_LOG=warn "$BIN" server --data-dir "$DATA_DIR" --amqp-port "$PORT" --bind 127.0.0.1 --http-port 0 --metrics-port 0 --stream-port 0 "$@" \
+LEPUS_LOG=warn "$BIN" server --data-dir "$DATA_DIR" --amqp-port "$PORT" --bind 127.0.0.1 --http-port "${HTTP_PORT:-0}" --metrics-port 0 --stream-port 0 "$@" \
   >"$RESULTS/$LABEL.server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true; rm -rf "$DATA_DIR"' EXIT
