@@ -8,7 +8,8 @@
 #
 # Usage: bench/idle-cpu.sh LEPUS_BIN LABEL [extra `lepus server` arguments]
 # Environment: QUEUES (10000), MESSAGES (10 per queue), IDLE_S (60), SETTLE_S (10), HTTP_PORT (0: no
-#              management API, whose chart sampler reads every queue every 5 s),
+#              management API, whose chart sampler reads every queue every 5 s), QUEUE_TYPE (classic;
+#              quorum),
 #              RESULTS (bench/results/idle-cpu)
 set -euo pipefail
 BIN=$1 LABEL=$2
@@ -25,7 +26,8 @@ SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true; rm -rf "$DATA_DIR"' EXIT
 for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
 
-python3 "$BENCH_DIR/idle_cpu_seed.py" "amqp://guest:guest@127.0.0.1:$PORT/" "$QUEUES" --messages "$MESSAGES" >"$RESULTS/$LABEL.seed.log"
+python3 "$BENCH_DIR/idle_cpu_seed.py" "amqp://guest:guest@127.0.0.1:$PORT/" "$QUEUES" --messages "$MESSAGES" \
+  --queue-type "${QUEUE_TYPE:-classic}" >"$RESULTS/$LABEL.seed.log"
 sleep "$SETTLE_S"
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$SERVER/stat"; }
@@ -35,10 +37,11 @@ sleep "$IDLE_S"
 after=$(cpu_ticks)
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 python3 - "$LABEL" "$QUEUES" "$MESSAGES" "$IDLE_S" "$(getconf CLK_TCK)" "$before" "$after" "$load_before" "$load_after" <<'PY' | tee "$RESULTS/$LABEL.txt"
-import sys
+import os, sys
 label, queues, messages, idle_s, hz, before, after, load_before, load_after = sys.argv[1:]
 cpu_s = (int(after) - int(before)) / int(hz)
-print(f"{label}: {queues} idle durable queues (x-message-ttl 1 h, dead-letter exchange, {messages} messages each), "
+kind = os.environ.get("QUEUE_TYPE", "classic")
+print(f"{label}: {queues} idle {kind} durable queues (x-message-ttl 1 h, dead-letter exchange, {messages} messages each), "
       f"over {float(idle_s):.0f} s: broker utime+stime {cpu_s:.2f} s ({100 * cpu_s / float(idle_s):.2f}% of one core); "
       f"load average {load_before} -> {load_after}")
 PY

@@ -3,7 +3,7 @@ declare_pipelined.py does, declares the durable queue `dead` and COUNT durable q
 idle-ttl-NNNNNN with x-message-ttl TTL_MS and a dead-letter exchange ("" routing to `dead`), then
 publishes MESSAGES persistent messages to each with confirms.
 
-Usage: idle_cpu_seed.py URL COUNT [--messages 10] [--ttl-ms 3600000] [--window 1000]
+Usage: idle_cpu_seed.py URL COUNT [--messages 10] [--ttl-ms 3600000] [--window 1000] [--queue-type quorum]
 """
 
 import argparse
@@ -28,9 +28,12 @@ def main():
     parser.add_argument("--messages", type=int, default=10)
     parser.add_argument("--ttl-ms", type=int, default=3_600_000)
     parser.add_argument("--window", type=int, default=1000)
+    parser.add_argument("--queue-type", default="classic")
     args = parser.parse_args()
     names = ["idle-ttl-%06d" % number for number in range(args.count)]
     arguments = {"x-message-ttl": args.ttl_ms, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"}
+    if args.queue_type != "classic":
+        arguments["x-queue-type"] = args.queue_type
     client = declare_pipelined.connect(args.url)
     requests = [declare_frame("dead", {})] + [declare_frame(name, arguments) for name in names]
     declare_pipelined.pipelined(client, requests, rawamqp.QUEUE_DECLARE_OK, args.window, lambda _: None, "declare")
