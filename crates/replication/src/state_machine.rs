@@ -208,6 +208,11 @@ impl QueueStateMachine {
         self.proposers.iter().map(|(proposer, node)| (*proposer, *node))
     }
 
+    /// Whether a proposer was released (its node gone): its commands are refused `Retired`.
+    pub fn is_retired(&self, proposer: u64) -> bool {
+        self.retired.contains_key(&proposer)
+    }
+
     /// Whether a proposer owns a consumer or a basic.get's message.
     pub fn proposer_holds_anything(&self, proposer: u64) -> bool {
         self.consumers.values().any(|owner| owner.proposer == proposer) || self.get_holders.values().any(|holder| *holder == proposer)

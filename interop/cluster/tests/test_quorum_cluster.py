@@ -293,6 +293,52 @@ def test_the_quorum_leaders_node_partitioned_away_under_confirmed_load_loses_not
     print(f"{confirmed} confirmed across a partition of the leader's node (a new leader after {elected_s:.1f} s), none lost")
 
 
+def test_a_follower_cut_off_past_the_down_time_serves_its_clients_again_once_healed(proxied_cluster):
+    """A follower whose consumer holds messages is cut off from the others for longer than the
+    leader waits (3 s): the leader gives the messages back. Healed, the node tells its consumer
+    it was cancelled (basic.cancel) and serves publishes and consumers again; it used to refuse
+    every command of its own until it was restarted."""
+    cluster = proxied_cluster
+    declare_quorum(cluster.nodes[0], "quorum.cutoff")
+    leader = leader_of(cluster, "quorum.cutoff")
+    follower = next(node for node in cluster.nodes if node is not leader)
+    others = [node for node in cluster.nodes if node is not follower]
+    publishing = pika.BlockingConnection(pika.URLParameters(leader.url()))
+    channel = publishing.channel()
+    channel.confirm_delivery()
+    for number in range(5):
+        channel.basic_publish("", "quorum.cutoff", f"a{number}".encode(), pika.BasicProperties(delivery_mode=2))
+    publishing.close()
+    consuming = pika.BlockingConnection(pika.URLParameters(follower.url()))
+    consumer = consuming.channel()
+    consumer.basic_qos(prefetch_count=10)
+    held, cancelled = [], []
+    consumer.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    consumer.basic_consume("quorum.cutoff", lambda _channel, _method, _properties, body: held.append(body))
+    eventually(lambda: consuming.process_data_events(time_limit=0.2) or len(held) == 5, what="the follower's consumer to hold five messages")
+    cluster.proxy.partition([follower.name], [node.name for node in others])
+    try:
+        time.sleep(5.0)
+        # The majority side gave the held messages back: a consumer there gets them, redelivered.
+        majority = pika.BlockingConnection(pika.URLParameters(others[0].url()))
+        got = [majority.channel().basic_get("quorum.cutoff", auto_ack=True) for _ in range(5)]
+        assert [body for _, _, body in got] == [f"a{number}".encode() for number in range(5)], got
+        assert all(method.redelivered for method, _, _ in got)
+        majority.close()
+    finally:
+        cluster.proxy.heal()
+    eventually(lambda: consuming.process_data_events(time_limit=0.2) or cancelled, what="basic.cancel for the released consumer")
+    consuming.close()
+    healed = pika.BlockingConnection(pika.URLParameters(follower.url()))
+    channel = healed.channel()
+    channel.confirm_delivery()
+    channel.basic_publish("", "quorum.cutoff", b"after", pika.BasicProperties(delivery_mode=2))
+    method, _, body = eventually(lambda: (lambda got: got if got[0] else None)(channel.basic_get("quorum.cutoff", auto_ack=True)),
+                                 what="the message published through the healed node")
+    assert body == b"after"
+    healed.close()
+
+
 def test_a_node_restarted_with_damaged_quorum_shard_logs_is_repaired_and_loses_nothing(cluster):
     """A follower stopped, a byte flipped in the middle of each of its shard logs (damage, not a
     torn tail: valid records follow), restarted: it reports the damage, catches up from the

@@ -97,8 +97,16 @@ pub(crate) enum LocalDelivery {
     Taken,
     /// Sent to a consumer without acks: the shard settles it.
     SettleNow,
-    /// Its consumer or channel is gone: the shard requeues it (and cancels the consumer).
-    Requeue { cancel: Option<u64> },
+    /// Its channel closed meanwhile: it goes back to the queue.
+    Requeue,
+}
+
+/// What a dispatch sent but could not leave with its consumer: positions to settle now (sent to
+/// a consumer without acks) and positions to give back (the channel closed meanwhile).
+#[derive(Debug, Default)]
+pub(crate) struct Dispatched {
+    pub settle: Vec<u64>,
+    pub requeue: Vec<u64>,
 }
 
 /// A quorum queue on this node.
@@ -129,6 +137,9 @@ pub struct QuorumQueue {
     /// x-expires: the last use, and when the queue is deleted unused. A use is a consumer
     /// anywhere in the cluster (the replicated count), or a basic.get or redeclare on this node.
     expiry: Mutex<ExpiryClock>,
+    /// Held by whoever takes deliveries off the local consumers' `held` and sends them, so two
+    /// threads (the shard's, a connection's) never send one consumer's deliveries out of order.
+    dispatching: Mutex<()>,
 }
 
 impl std::fmt::Debug for QuorumQueue {
@@ -188,6 +199,7 @@ impl QuorumQueue {
             dead_letters,
             expiry_deadline: Mutex::new(crate::dead_letter::ExpiryDeadline::default()),
             expiry: Mutex::new(expiry),
+            dispatching: Mutex::new(()),
         })
     }
 
@@ -471,22 +483,36 @@ impl GetRequest {
 }
 
 impl QuorumQueue {
-    /// The plan hands a message to local consumer `consumer`: sent now, or held until the
-    /// consumer can take it.
-    pub(crate) fn deliver_local(&self, consumer: u64, position: u64, redelivered: bool, delivery_count: u32, body: Bytes) -> LocalDelivery {
-        let mut local = self.local.lock();
-        let Some(entry) = local.consumers.get_mut(&consumer) else {
-            return LocalDelivery::Requeue { cancel: Some(consumer) };
-        };
-        let held = HeldDelivery { position, redelivered, delivery_count, body };
-        if !entry.held.is_empty() || !entry.accepted || !can_send(&entry.handle) {
-            entry.held.push_back(held);
-            entry.handle.channel.connection.note_stalled(crate::queue_type::WeakQueue::Quorum(self.self_reference.clone()));
-            return LocalDelivery::Taken;
+    /// The plan hands a message to local consumer `consumer`: it joins the consumer's `held`
+    /// deliveries, which are sent now if the consumer can take them (`None`: held for later), or
+    /// the consumer is gone (`Err`: the shard requeues it and cancels the consumer).
+    ///
+    /// Every delivery goes through `held` and only [`QuorumQueue::dispatch_now`] sends: a delivery
+    /// sent straight from here could overtake one a connection's dispatch had just taken off
+    /// `held` and not sent yet, and a publisher's messages would reach the consumer out of order.
+    pub(crate) fn deliver_local(
+        &self,
+        consumer: u64,
+        position: u64,
+        redelivered: bool,
+        delivery_count: u32,
+        body: Bytes,
+    ) -> Result<Option<Dispatched>, u64> {
+        {
+            let mut local = self.local.lock();
+            let Some(entry) = local.consumers.get_mut(&consumer) else {
+                return Err(consumer);
+            };
+            entry.held.push_back(HeldDelivery { position, redelivered, delivery_count, body });
+            if !entry.accepted {
+                return Ok(None);
+            }
+            if !can_send(&entry.handle) {
+                entry.handle.channel.connection.note_stalled(crate::queue_type::WeakQueue::Quorum(self.self_reference.clone()));
+                return Ok(None);
+            }
         }
-        let handle = entry.handle.clone();
-        drop(local);
-        self.send(&handle, held)
+        Ok(Some(self.dispatch_now()))
     }
 
     fn send(&self, consumer: &Arc<ConsumerHandle>, held: HeldDelivery) -> LocalDelivery {
@@ -498,7 +524,7 @@ impl QuorumQueue {
         let channel = &consumer.channel;
         let mut ledger = channel.ledger.lock();
         if !ledger.open {
-            return LocalDelivery::Requeue { cancel: None };
+            return LocalDelivery::Requeue;
         }
         ledger.last_tag += 1;
         let delivery_tag = ledger.last_tag;
@@ -525,8 +551,20 @@ impl QuorumQueue {
     /// Sends what local consumers hold, as far as they can take it now (their writer drained,
     /// flow resumed, consume-ok sent).
     pub fn dispatch(&self) {
-        let mut settle = Vec::new();
-        let mut requeue = Vec::new();
+        let Dispatched { settle, requeue } = self.dispatch_now();
+        if !settle.is_empty() {
+            self.settle(&settle, Settlement::Ack);
+        }
+        if !requeue.is_empty() {
+            self.settle(&requeue, Settlement::Return);
+        }
+    }
+
+    /// Sends what local consumers hold, in order, one dispatcher at a time; what must be settled
+    /// or given back is left to the caller.
+    pub(crate) fn dispatch_now(&self) -> Dispatched {
+        let _turn = self.dispatching.lock();
+        let mut dispatched = Dispatched::default();
         loop {
             let next = {
                 let mut local = self.local.lock();
@@ -539,16 +577,20 @@ impl QuorumQueue {
             let position = held.position;
             match self.send(&handle, held) {
                 LocalDelivery::Taken => {}
-                LocalDelivery::SettleNow => settle.push(position),
-                LocalDelivery::Requeue { .. } => requeue.push(position),
+                LocalDelivery::SettleNow => dispatched.settle.push(position),
+                LocalDelivery::Requeue => dispatched.requeue.push(position),
             }
         }
-        if !settle.is_empty() {
-            self.settle(&settle, Settlement::Ack);
-        }
-        if !requeue.is_empty() {
-            self.settle(&requeue, Settlement::Return);
-        }
+        dispatched
+    }
+
+    /// The local consumers the machine forgot when it released this node (cut off too long):
+    /// removed here, with what they held, for their clients to be told (basic.cancel). A
+    /// consumer whose consume-ok was not sent yet stays: its add is proposed again.
+    pub(crate) fn release_local_consumers(&self) -> Vec<Arc<ConsumerHandle>> {
+        let mut local = self.local.lock();
+        let released: Vec<u64> = local.consumers.iter().filter(|(_, entry)| entry.accepted).map(|(id, _)| *id).collect();
+        released.into_iter().filter_map(|id| local.consumers.remove(&id).map(|entry| entry.handle)).collect()
     }
 
     /// A local consumer the machine removed (its queue was deleted elsewhere).

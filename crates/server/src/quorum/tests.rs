@@ -288,6 +288,85 @@ fn when_the_leader_dies_a_new_one_serves_the_queue_and_redelivers_what_the_dead_
     }
 }
 
+#[test]
+fn a_consumer_gets_the_queue_in_order_when_several_threads_dispatch_to_it() {
+    // Held deliveries are sent by whichever thread dispatches: the shard's, and connections'
+    // tasks after a writer drained or an ack. Two at once must still keep the queue's order.
+    use crate::shared::OUTBOUND_DELIVERIES_MAX;
+    use std::sync::atomic::Ordering;
+    const ROUNDS: usize = 15;
+    const PER_ROUND: usize = 100;
+    let cluster = Cluster::start();
+    let queues = queue_on_every_node(&cluster, 1, "ordered");
+    let consuming = queues[&2].clone();
+    // Without a prefetch, the consumer's credit covers every message: no acks needed.
+    let (handle, mut receiver) = consumer("c", 0);
+    consuming.consume(handle.clone(), false, || {}).expect("the consumer is added");
+    let outbound = &handle.channel.connection.outbound_deliveries;
+    for round in 0..ROUNDS {
+        // The writer is full: the round's deliveries are held.
+        outbound.store(OUTBOUND_DELIVERIES_MAX, Ordering::Release);
+        let numbers = round * PER_ROUND..(round + 1) * PER_ROUND;
+        publish_confirmed(&queues[&3], numbers.map(|number| format!("m{number:05}")));
+        std::thread::sleep(Duration::from_millis(50));
+        outbound.store(0, Ordering::Release);
+        let start = Arc::new(std::sync::Barrier::new(2));
+        let dispatchers: Vec<_> = (0..2)
+            .map(|_| {
+                let (queue, start) = (consuming.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    queue.dispatch();
+                })
+            })
+            .collect();
+        for dispatcher in dispatchers {
+            dispatcher.join().expect("a dispatcher ends");
+        }
+    }
+    let got = deliveries(&handle, &mut receiver, ROUNDS * PER_ROUND);
+    let bodies: Vec<&str> = got.iter().map(|(body, _, _)| body.as_str()).collect();
+    let first_out_of_order = bodies.windows(2).position(|pair| pair[0] > pair[1]);
+    assert_eq!(first_out_of_order, None, "deliveries out of order: {:?}", first_out_of_order.map(|at| &bodies[at..at + 2]));
+    assert_eq!(bodies.len(), ROUNDS * PER_ROUND, "every message delivered");
+    let expected = (0..ROUNDS * PER_ROUND).map(|number| format!("m{number:05}"));
+    assert!(bodies.iter().zip(expected).all(|(got, expected)| *got == expected), "every message once");
+}
+
+#[test]
+fn a_node_released_while_cut_off_serves_its_clients_again_once_the_cut_heals() {
+    // Cut off past `node_down_ticks` with a consumer holding messages, a follower is released
+    // by the leader: its consumer cancelled, its messages given back, its proposer retired.
+    // Healed, the node must publish and consume again (it used to be refused until a restart).
+    let cluster = Cluster::start();
+    let key = super::queue::name_key("/", &ShortStr::from("q3"));
+    let leader = cluster.leader_of(&key);
+    let follower = NODES.iter().copied().find(|node| *node != leader).expect("a follower");
+    let queues = queue_on_every_node(&cluster, leader, "q3");
+    let (held, mut held_receiver) = consumer("held", 10);
+    queues[&follower].consume(held.clone(), false, || {}).expect("added");
+    publish_confirmed(&queues[&leader], (0..5).map(|number| format!("a{number}")));
+    assert_eq!(deliveries(&held, &mut held_receiver, 5).len(), 5);
+    let commit_index = || cluster.hosts[&leader].shard_for(&key).figures.commit_index.load(std::sync::atomic::Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(200));
+    let before_cut = commit_index();
+    cluster.network.cut.lock().insert(follower);
+    // Nothing else is proposed meanwhile: the entry committed is the leader's release of the node.
+    wait_for("the leader to release the cut-off node", || (commit_index() > before_cut).then_some(()));
+    cluster.network.cut.lock().remove(&follower);
+    wait_for("the healed node to learn that its consumer was cancelled", || {
+        held.cancelled.load(std::sync::atomic::Ordering::Acquire).then_some(())
+    });
+    // Published through the healed node: committed and confirmed.
+    publish_confirmed(&queues[&follower], (0..5).map(|number| format!("b{number}")));
+    let (handle, mut receiver) = consumer("after", 100);
+    queues[&follower].consume(handle.clone(), false, || {}).expect("the healed node adds a consumer");
+    let got = deliveries(&handle, &mut receiver, 10);
+    let bodies: Vec<&str> = got.iter().map(|(body, _, _)| body.as_str()).collect();
+    assert_eq!(bodies, ["a0", "a1", "a2", "a3", "a4", "b0", "b1", "b2", "b3", "b4"], "the given-back messages first, then the new ones");
+    assert!(got.iter().take(5).all(|(_, redelivered, _)| *redelivered), "the given-back ones are redelivered");
+}
+
 /// A clock for a queue without x-expires.
 fn no_expiry() -> crate::queue_runtime::ExpiryClock {
     crate::queue_runtime::ExpiryClock::new(Arc::default(), None, None, 0)

@@ -2,7 +2,7 @@
 //! consumers' deliveries, dead letters (as leader), and the figures of the queues touched.
 
 use super::{Proposed, ShardWorker, Submission, Waiter};
-use crate::quorum::queue::{LocalDelivery, QuorumQueue};
+use crate::quorum::queue::{Dispatched, QuorumQueue};
 use crate::quorum::tickets::SlotOutcome;
 use queue_core::Reply;
 use replication::command::{QueueCommand, QueueId};
@@ -58,6 +58,8 @@ impl ShardWorker {
                 }
             }
         }
+        // After the outcomes: the release that retired the proposer cancelled its consumers above.
+        self.renew_retired_proposer();
     }
 
     /// The timed batch is committed once its last command is (a proposer's commands are
@@ -128,15 +130,18 @@ impl ShardWorker {
             return;
         };
         match queue.deliver_local(consumer, position, redelivered, delivery_count, body) {
-            LocalDelivery::Taken => {}
-            LocalDelivery::SettleNow => {
-                self.admit(Submission { queue, command: QueueCommand::Settle { position }, waiter: Waiter::Nothing });
-            }
-            LocalDelivery::Requeue { cancel } => {
-                if let Some(consumer) = cancel {
-                    let command = QueueCommand::CancelConsumer { consumer };
-                    self.admit(Submission { queue: queue.clone(), command, waiter: Waiter::Nothing });
+            Ok(None) => {}
+            Ok(Some(Dispatched { settle, requeue })) => {
+                for position in settle {
+                    self.admit(Submission { queue: queue.clone(), command: QueueCommand::Settle { position }, waiter: Waiter::Nothing });
                 }
+                for position in requeue {
+                    self.admit(Submission { queue: queue.clone(), command: QueueCommand::Requeue { position }, waiter: Waiter::Nothing });
+                }
+            }
+            Err(consumer) => {
+                let command = QueueCommand::CancelConsumer { consumer };
+                self.admit(Submission { queue: queue.clone(), command, waiter: Waiter::Nothing });
                 self.admit(Submission { queue, command: QueueCommand::Requeue { position }, waiter: Waiter::Nothing });
             }
         }

@@ -2,7 +2,8 @@
 //! stepped; nodes gone quiet, whose consumers' messages the leader gives back; and queues whose
 //! ids are found once the shard caught up.
 
-use super::{ShardWorker, Submission, Waiter};
+use super::{Proposed, ShardWorker, Submission, Waiter, BATCH_BYTES_MAX, UNCONFIRMED_COMMANDS_MAX};
+use replication::batcher::Batcher;
 use replication::command::QueueCommand;
 use replication::Message;
 use std::sync::Arc;
@@ -48,6 +49,56 @@ impl ShardWorker {
                 self.released.remove(&node);
             }
         }
+    }
+
+    /// The leader released this node while it was cut off (longer than `node_down_ticks`, with
+    /// consumers or basic.gets): its consumers were cancelled, their messages given back, and the
+    /// machine refuses this proposer's commands for good. The node carries on under a new
+    /// proposer, registered first, with every unconfirmed command proposed again in order under
+    /// new numbers, each keeping its waiter (a publisher's confirm, a declare's answer).
+    pub(super) fn renew_retired_proposer(&mut self) {
+        // Learnt from the machine as soon as the release is applied here (a node with nothing to
+        // propose would not hear it from a refused command).
+        if !self.batcher.retired() && !self.node.machine().is_retired(self.proposer) {
+            return;
+        }
+        let proposer = rand::random::<u64>() | 1;
+        tracing::warn!(
+            shard = self.shard,
+            old = self.batcher.proposer(),
+            new = proposer,
+            "this node was released as gone by the shard's leader; it goes on under a new proposer"
+        );
+        let mut old = std::mem::replace(&mut self.batcher, Batcher::new(proposer, BATCH_BYTES_MAX, UNCONFIRMED_COMMANDS_MAX));
+        self.proposer = proposer;
+        self.batcher.push(0, QueueCommand::RegisterProposer { node: self.config.node_id }).expect("an empty batcher has room");
+        let mut waiting: std::collections::HashMap<u64, Proposed> =
+            self.proposed.drain(..).map(|proposed| (proposed.sequence, proposed)).collect();
+        for command in old.take_unconfirmed() {
+            let waiter = waiting.remove(&command.sequence);
+            match self.batcher.push(command.queue, command.command) {
+                Ok(sequence) => {
+                    if let Some(Proposed { queue, waiter, .. }) = waiter {
+                        self.proposed.push_back(Proposed { sequence, queue, waiter });
+                    }
+                }
+                Err(_) => {
+                    if let Some(proposed) = waiter {
+                        super::fail(proposed.waiter);
+                    }
+                }
+            }
+        }
+        // Waiters whose command the old batcher no longer held (none expected): told it failed.
+        for (_, proposed) in waiting {
+            super::fail(proposed.waiter);
+        }
+        self.proposed_to = (None, 0);
+        // The release cancelled this node's consumers in the machine and gave their messages
+        // back; their clients are told, as for a deleted queue, and may consume again.
+        let released: Vec<_> =
+            self.queues.values().filter_map(|queue| queue.upgrade()).flat_map(|queue| queue.release_local_consumers()).collect();
+        crate::broker::notify_cancelled(&released);
     }
 
     /// Commands parked until their queue's id was known, and queues recovered at start: once the
