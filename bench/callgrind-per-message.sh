@@ -12,7 +12,8 @@
 # which is the saturated regime the throughput runs measure too.
 #
 # Usage: bench/callgrind-per-message.sh LEPUS_BIN [OUT_DIR]
-# Environment: MESSAGES (100000), SIZE (16), MAX_PENDING (1000), PERF_BIN (LEPUS_BIN).
+# Environment: MESSAGES (100000), SIZE (16), MAX_PENDING (1000), PERF_BIN (LEPUS_BIN),
+#              QUEUE_ARGS (the queue's arguments, as `lepus perf --queue-args` takes them).
 # Prints: `<size> B: <instructions> Ir over <messages> messages = <Ir per message> Ir/msg`, and
 # leaves callgrind.out (for callgrind_annotate) and the perf client's output in OUT_DIR.
 set -euo pipefail
@@ -30,7 +31,8 @@ trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm
 for _ in $(seq 1 600); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
 callgrind_control -i on "$server" >/dev/null
 "$PERF_BIN" perf client --url "amqp://guest:guest@127.0.0.1:$port/" --persistent --durable --max-pending "$MAX_PENDING" \
-  --message-size "$SIZE" --message-count "$MESSAGES" --drain-timeout 120 --quiet queue://q >"$OUT_DIR/perf.out" 2>&1
+  --message-size "$SIZE" --message-count "$MESSAGES" --drain-timeout 120 --quiet ${QUEUE_ARGS:+--queue-args "$QUEUE_ARGS"} queue://q \
+  >"$OUT_DIR/perf.out" 2>&1
 callgrind_control -d "$server" >/dev/null
 callgrind_control -i off "$server" >/dev/null
 kill "$server"; wait "$server" 2>/dev/null || true

@@ -289,6 +289,16 @@ impl<M: Payload> QueueState<M> {
         }
     }
 
+    /// When the head in memory expires (see [`QueueState::pop_expired_head`]), in milliseconds
+    /// since the epoch: none when it has no expiry, the queue is empty, or the head is paged
+    /// (it gets its expiry when a page-in reads it).
+    pub fn head_expires_at_ms(&self) -> Option<u64> {
+        if !self.levels.is_empty() && self.head_is_paged() {
+            return None;
+        }
+        self.ready.first_key_value().and_then(|(_, queued)| queued.expires_at_ms)
+    }
+
     /// Removes expired messages from the head of the queue (see [`QueueState::pop_expired_head`]).
     pub fn drop_expired_head(&mut self, now_ms: u64) -> Vec<(u64, QueuedMessage<M>)> {
         std::iter::from_fn(|| self.pop_expired_head(now_ms)).collect()

@@ -198,6 +198,22 @@ fn ttl_expires_at_the_deadline_not_before() {
 }
 
 #[test]
+fn the_head_tells_when_it_expires_and_only_the_head() {
+    let mut queue = Harness::new(Limits { message_ttl_ms: Some(100), ..Limits::NONE });
+    assert_eq!(queue.core.messages().head_expires_at_ms(), None, "an empty queue has nothing to expire");
+    queue.publish(1_000);
+    queue.apply(Command::Enqueue { message: TestMessage(9), persistent: false, own_ttl_ms: Some(10) }, 1_050);
+    // RabbitMQ expires at the head only: the second message's earlier time waits for the head.
+    assert_eq!(queue.core.messages().head_expires_at_ms(), Some(1_100));
+    queue.apply(Command::Expire, 1_100);
+    assert_eq!(queue.dropped().len(), 2, "the head, then the one behind it that was already due");
+    assert_eq!(queue.core.messages().head_expires_at_ms(), None);
+    let mut no_ttl = Harness::new(Limits::NONE);
+    no_ttl.publish(1_000);
+    assert_eq!(no_ttl.core.messages().head_expires_at_ms(), None, "no TTL, no deadline");
+}
+
+#[test]
 fn max_length_drop_head_drops_the_oldest() {
     let mut queue = Harness::new(Limits { max_length: Some(2), ..Limits::NONE });
     queue.publish(0);

@@ -381,7 +381,7 @@ impl Broker {
     /// cache a start waits on the disk, one read at a time per thread), the seals recovery
     /// writes are made durable with one sync of the file system, and then the queues are made.
     fn recover_queues(&self, records: &[QueueRecord], clean_shutdown: bool) -> Result<u64, RecoveryError> {
-        let quorum = QuorumStorage { host: &self.quorum };
+        let quorum = self.quorum_storage();
         let mut restored_messages = 0;
         // Classic queues' logs are opened together below, on several threads.
         let mut queues = Vec::with_capacity(records.len());
@@ -477,6 +477,11 @@ impl Broker {
             dead_letters: Some(&self.dead_letters),
             expiry_timers: &self.expiry_timers,
         }
+    }
+
+    /// Where quorum queues live.
+    pub(crate) fn quorum_storage(&self) -> QuorumStorage<'_> {
+        QuorumStorage { host: &self.quorum, expiry_timers: &self.expiry_timers, data_dir: &self.config.data_dir }
     }
 
     /// Where stream queues keep their streams.
@@ -1085,7 +1090,7 @@ impl Broker {
             }
         }
         let storage = self.classic_storage();
-        let quorum = QuorumStorage { host: &self.quorum };
+        let quorum = self.quorum_storage();
         let topology = self.topology(vhost_name)?;
         let queue_bound = self.vhost_bound(vhost_name, VhostLimit::MaxQueues);
         let (queue, created, ticket) = {

@@ -12,7 +12,8 @@
 
 use crate::broker::Broker;
 use crate::queue_runtime::{ExpiryCheck, QueueRuntime};
-use crate::queue_type::Queue;
+use crate::queue_type::{Queue, WeakQueue};
+use crate::quorum::QuorumQueue;
 use parking_lot::Mutex;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -23,7 +24,19 @@ use std::time::Duration;
 #[derive(Debug)]
 struct Entry {
     deadline_ms: u64,
-    queue: Weak<QueueRuntime>,
+    queue: WeakQueue,
+}
+
+impl From<Weak<QueueRuntime>> for WeakQueue {
+    fn from(queue: Weak<QueueRuntime>) -> WeakQueue {
+        WeakQueue::Classic(queue)
+    }
+}
+
+impl From<Weak<QuorumQueue>> for WeakQueue {
+    fn from(queue: Weak<QuorumQueue>) -> WeakQueue {
+        WeakQueue::Quorum(queue)
+    }
 }
 
 impl PartialEq for Entry {
@@ -56,7 +69,7 @@ pub struct ExpiryTimers {
 
 impl ExpiryTimers {
     /// Asks the task to look at `queue` at `deadline_ms` (milliseconds since the epoch).
-    pub fn schedule(&self, deadline_ms: u64, queue: Weak<QueueRuntime>) {
+    pub fn schedule(&self, deadline_ms: u64, queue: WeakQueue) {
         let mut heap = self.heap.lock();
         let earliest = heap.peek().is_none_or(|first| deadline_ms < first.deadline_ms);
         heap.push(Entry { deadline_ms, queue });
@@ -71,7 +84,7 @@ impl ExpiryTimers {
         self.heap.lock().peek().map(|entry| entry.deadline_ms)
     }
 
-    fn take_due(&self, now_ms: u64) -> Vec<Weak<QueueRuntime>> {
+    fn take_due(&self, now_ms: u64) -> Vec<WeakQueue> {
         let mut heap = self.heap.lock();
         let mut due = Vec::new();
         while heap.peek().is_some_and(|entry| entry.deadline_ms <= now_ms) {
@@ -98,12 +111,17 @@ pub async fn run(broker: Arc<Broker>) {
             }
         }
         let now_ms = crate::queue_runtime::now_ms();
-        for queue in timers.take_due(now_ms) {
-            let Some(queue) = queue.upgrade() else { continue };
-            match queue.check_expiry(now_ms) {
+        for weak in timers.take_due(now_ms) {
+            let Some(queue) = weak.upgrade() else { continue };
+            let check = match &queue {
+                Queue::Classic(queue) => queue.check_expiry(now_ms),
+                Queue::Quorum(queue) => queue.check_expiry(now_ms),
+                Queue::Stream(_) | Queue::Remote(_) => ExpiryCheck::InUse,
+            };
+            match check {
                 ExpiryCheck::Expired => delete_expired(&broker, queue),
                 // Never at or before now: an entry due again at once would spin this task.
-                ExpiryCheck::Later(deadline_ms) => timers.schedule(deadline_ms.max(now_ms + 1), Arc::downgrade(&queue)),
+                ExpiryCheck::Later(deadline_ms) => timers.schedule(deadline_ms.max(now_ms + 1), weak),
                 ExpiryCheck::InUse => {}
             }
         }
@@ -111,10 +129,12 @@ pub async fn run(broker: Arc<Broker>) {
 }
 
 /// Deletes an expired queue, if the topology still holds this very queue under its name.
-fn delete_expired(broker: &Broker, queue: Arc<QueueRuntime>) {
-    let vhost = queue.vhost.clone();
-    let name = queue.name().clone();
-    let handle = Queue::Classic(queue);
+fn delete_expired(broker: &Broker, handle: Queue) {
+    let (vhost, name) = match &handle {
+        Queue::Classic(queue) => (queue.vhost.clone(), queue.name().clone()),
+        Queue::Quorum(queue) => (queue.vhost.clone(), queue.name().clone()),
+        Queue::Stream(_) | Queue::Remote(_) => return,
+    };
     let Some(topology) = broker.vhost(&vhost) else { return };
     let current = topology.read().queue(&name).is_some_and(|entry| entry.handle.same(&handle));
     if current {

@@ -62,6 +62,14 @@ def exists(name):
         raise
 
 
+def declare(channel, name, kind, arguments=None):
+    """Declares `name` as a transient or durable classic queue, or a quorum queue, with `arguments`."""
+    arguments = dict(arguments or {})
+    if kind == "quorum":
+        arguments["x-queue-type"] = "quorum"
+    return channel.queue_declare(name, durable=kind != "transient", arguments=arguments)
+
+
 def wait_gone(name, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -71,56 +79,68 @@ def wait_gone(name, timeout):
     return not exists(name)
 
 
-@pytest.mark.parametrize("durable", [False, True])
-def test_an_unused_queue_is_deleted_once_its_expiry_passes(channel, cleanup, durable):
+KINDS = ["transient", "durable", "quorum"]
+
+
+def gone_within_s(kind):
+    """How long a test waits for the deletion: RabbitMQ's quorum queues check their expiry on the
+    Ra machine's tick (every 5 s by default), so they are deleted up to about 5 s late."""
+    return 12.0 if kind == "quorum" else 5.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_unused_queue_is_deleted_once_its_expiry_passes(channel, cleanup, kind):
     name = cleanup.queue(unique("expiry"))
     declared_at = time.monotonic()
-    channel.queue_declare(name, durable=durable, arguments={"x-expires": EXPIRES_MS})
+    declare(channel, name, kind, {"x-expires": EXPIRES_MS})
     channel.basic_publish("", name, b"held")
     # Publishing is no use, and messages do not keep a queue alive.
-    assert wait_gone(name, 5.0), "the queue outlived its x-expires"
+    assert wait_gone(name, gone_within_s(kind)), "the queue outlived its x-expires"
     assert time.monotonic() - declared_at >= EXPIRES_MS / 1000.0 * 0.9, "deleted before its expiry"
 
 
-def test_basic_get_and_redeclare_renew_the_lease(channel, cleanup):
+@pytest.mark.parametrize("kind", ["transient", "quorum"])
+def test_basic_get_and_redeclare_renew_the_lease(channel, cleanup, kind):
     name = cleanup.queue(unique("expiry-used"))
-    channel.queue_declare(name, arguments={"x-expires": EXPIRES_MS})
+    declare(channel, name, kind, {"x-expires": EXPIRES_MS})
     end = time.monotonic() + 3 * EXPIRES_MS / 1000.0
     use = 0
     while time.monotonic() < end:
         if use % 2:
             channel.basic_get(name, auto_ack=True)
         else:
-            channel.queue_declare(name, arguments={"x-expires": EXPIRES_MS})
+            declare(channel, name, kind, {"x-expires": EXPIRES_MS})
         use += 1
         time.sleep(EXPIRES_MS / 1000.0 / 4)
     assert exists(name), "a queue in use (basic.get, redeclare) was deleted"
-    assert wait_gone(name, 5.0)
+    assert wait_gone(name, gone_within_s(kind))
 
 
-def test_a_consumer_keeps_the_queue_and_its_cancel_starts_the_clock(connection, cleanup):
+@pytest.mark.parametrize("kind", ["transient", "quorum"])
+def test_a_consumer_keeps_the_queue_and_its_cancel_starts_the_clock(connection, cleanup, kind):
     name = cleanup.queue(unique("expiry-consumed"))
     channel = connection.channel()
-    channel.queue_declare(name, arguments={"x-expires": EXPIRES_MS})
+    declare(channel, name, kind, {"x-expires": EXPIRES_MS})
     tag = channel.basic_consume(name, lambda *args: None)
     connection.process_data_events(time_limit=3 * EXPIRES_MS / 1000.0)
     assert exists(name), "a queue with a consumer was deleted"
     cancelled_at = time.monotonic()
     channel.basic_cancel(tag)
-    assert wait_gone(name, 5.0)
+    assert wait_gone(name, gone_within_s(kind))
     assert time.monotonic() - cancelled_at >= EXPIRES_MS / 1000.0 * 0.9, "the clock did not restart at the cancel"
 
 
-def test_a_consumer_whose_connection_closes_starts_the_clock(connection_factory, cleanup):
+@pytest.mark.parametrize("kind", ["transient", "quorum"])
+def test_a_consumer_whose_connection_closes_starts_the_clock(connection_factory, cleanup, kind):
     name = cleanup.queue(unique("expiry-closed"))
     consumer_connection = connection_factory()
     channel = consumer_connection.channel()
-    channel.queue_declare(name, arguments={"x-expires": EXPIRES_MS})
+    declare(channel, name, kind, {"x-expires": EXPIRES_MS})
     channel.basic_consume(name, lambda *args: None)
     consumer_connection.process_data_events(time_limit=2 * EXPIRES_MS / 1000.0)
     assert exists(name)
     consumer_connection.close()
-    assert wait_gone(name, 5.0)
+    assert wait_gone(name, gone_within_s(kind))
 
 
 def set_policy(amqp_url, name, pattern, definition):
@@ -140,19 +160,21 @@ def clear_policy(amqp_url, name):
         admin.run("clear_policy", name)
 
 
-def test_the_expires_policy_key_deletes_an_unused_queue(amqp_url, channel, cleanup):
+@pytest.mark.parametrize("kind", ["transient", "quorum"])
+def test_the_expires_policy_key_deletes_an_unused_queue(amqp_url, channel, cleanup, kind):
     prefix = unique("expiry-policy")
     name = cleanup.queue(prefix + "-q")
-    channel.queue_declare(name)
+    declare(channel, name, kind)
     set_policy(amqp_url, prefix, "^" + prefix, {"expires": EXPIRES_MS})
     try:
-        assert wait_gone(name, 5.0), "the expires policy did not delete the unused queue"
+        assert wait_gone(name, gone_within_s(kind)), "the expires policy did not delete the unused queue"
     finally:
         clear_policy(amqp_url, prefix)
 
 
 @pytest.mark.lepus_only
-def test_the_clock_keeps_running_across_a_restart(tmp_path):
+@pytest.mark.parametrize("kind", ["durable", "quorum"])
+def test_the_clock_keeps_running_across_a_restart(tmp_path, kind):
     """Lepus-only: RabbitMQ starts a full period again after a restart. A durable queue with a
     6 s expiry, left unused for 3 s before a graceful restart, is deleted about 6 s after its
     declaration (Lepus stores its last use at most 1 s ahead), not 6 s after the restart."""
@@ -165,7 +187,7 @@ def test_the_clock_keeps_running_across_a_restart(tmp_path):
     expires_s = 6.0
     try:
         conn = broker.connect()
-        conn.channel().queue_declare(name, durable=True, arguments={"x-expires": int(expires_s * 1000)})
+        declare(conn.channel(), name, kind, {"x-expires": int(expires_s * 1000)})
         declared_at = time.monotonic()
         safe_close(conn)
         time.sleep(3.0)

@@ -411,7 +411,7 @@ impl Broker {
             let remote = RemoteQueue::new(definition.clone(), vhost_name, *home, home_name.to_string());
             return Ok(Queue::Remote(Arc::new(remote)));
         }
-        let quorum = super::QuorumStorage { host: &self.quorum };
+        let quorum = self.quorum_storage();
         Ok(if replaying { quorum.recover(definition, vhost_name) } else { quorum.create(definition, vhost_name) })
     }
 

@@ -18,6 +18,10 @@ pub struct DeadLettered {
     pub message: Message,
     /// The `x-death` array as written into the message.
     pub deaths: Vec<FieldValue>,
+    /// The keys it is routed by: the dead-letter routing key, or without one the message's own
+    /// keys, its routing key and then its `CC` keys, as RabbitMQ 3.10 routes it (the message's
+    /// `routing_keys`; its `BCC` keys were taken out at publish, before any queue held it).
+    pub routing_keys: Vec<ShortStr>,
 }
 
 fn text(value: &[u8]) -> FieldValue {
@@ -64,7 +68,7 @@ pub fn dead_lettered(
     entry.insert("queue", text(queue.as_bytes()));
     entry.insert("time", FieldValue::Timestamp(now_s));
     entry.insert("exchange", text(message.exchange.as_bytes()));
-    entry.insert("routing-keys", FieldValue::Array(routing_keys));
+    entry.insert("routing-keys", FieldValue::Array(routing_keys.clone()));
     if let Some(expiration) = properties.expiration.take() {
         entry.insert("original-expiration", text(expiration.as_bytes()));
     }
@@ -76,9 +80,20 @@ pub fn dead_lettered(
     sort(&mut headers);
     properties.headers = Some(headers);
     let header = ContentHeader::from_properties(message.header.class_id, message.header.body_size, &properties);
+    let routing_keys = match &target.routing_key {
+        Some(routing_key) => vec![routing_key.clone()],
+        None => routing_keys
+            .iter()
+            .filter_map(|key| match key {
+                // Longer keys were never routing keys: no binding can match them.
+                FieldValue::LongStr(key) if key.len() <= 255 => Some(ShortStr::from_bytes(key.clone())),
+                _ => None,
+            })
+            .collect(),
+    };
     let routing_key = target.routing_key.clone().unwrap_or_else(|| message.routing_key.clone());
     let message = Message { exchange: target.exchange.clone(), routing_key, header, body: message.body.clone(), published_at_ns: 0 };
-    Some(DeadLettered { message, deaths })
+    Some(DeadLettered { message, deaths, routing_keys })
 }
 
 /// The message with its `x-delivery-count` header (a long, as RabbitMQ's quorum queues write it)

@@ -11,27 +11,35 @@
 //! (the confirm tickets of its publish are settled, as a publisher confirm would wait). A crash in
 //! between leaves it in both queues (a duplicate), never in neither.
 //!
-//! The worker also sweeps, every [`EXPIRY_SWEEP_INTERVAL_MS`], the queues that dead-letter, so a
-//! message whose TTL passes is dead-lettered without waiting for a consumer or a publish.
+//! The worker also expires messages whose TTL passes without a consumer or a publish: each queue
+//! that dead-letters tells it when its head next expires (`deadlines.rs`), and the worker visits a
+//! queue only when that time comes. Idle queues cost no CPU between deadlines.
 
+pub mod deadlines;
 pub mod message;
 
 use crate::broker::{Broker, VhostTopology};
 use crate::queue_type::{ConfirmTickets, PublishOutcome, Queue};
 use amqp_codec::ShortStr;
 use broker_core::Message;
+use deadlines::{DeadlineKey, DeadlineQueue, ExpiryDeadlines};
 use queue_core::DeadLetterReason;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use storage::syncer::{SharedLog, Syncer};
 
 /// How many batches of dead letters wait for the worker at most. When the backlog is full, a
 /// queue keeps its dead letters and hands them over with its next command or the next sweep.
 pub const DEAD_LETTER_BATCHES_MAX: usize = 4096;
 
-/// How often the worker looks for expired messages in the queues that dead-letter.
-pub const EXPIRY_SWEEP_INTERVAL_MS: u64 = 100;
+/// The most queues the worker visits for their deadlines before it looks at its backlog of dead
+/// letters again.
+pub const DUE_QUEUES_PER_ROUND_MAX: usize = 1024;
+
+/// The longest the worker sleeps without looking at the clock (a wall clock set back or forward
+/// moves deadlines; this bounds how late that makes one).
+pub const WORKER_SLEEP_MS_MAX: u64 = 60_000;
 
 /// Where a queue dead-letters: its `x-dead-letter-exchange` and `x-dead-letter-routing-key` (or
 /// the policy's `dead-letter-exchange` and `dead-letter-routing-key`).
@@ -78,21 +86,53 @@ pub struct DeadLetterBatch {
     pub letters: Vec<DeadLetter>,
 }
 
-/// Where queues hand their dead letters over.
+/// What the worker is handed.
+#[derive(Debug)]
+enum WorkerInput {
+    /// Dead letters to publish.
+    Batch(DeadLetterBatch),
+    /// A queue has a deadline earlier than any the worker waits for.
+    Wake,
+}
+
+/// Where queues hand their dead letters over, and tell when their head next expires.
 #[derive(Debug, Clone)]
 pub struct DeadLetterSender {
-    sender: SyncSender<DeadLetterBatch>,
+    sender: SyncSender<WorkerInput>,
+    deadlines: Arc<ExpiryDeadlines>,
 }
 
 /// The worker's end, until the broker starts it.
 pub struct DeadLetterReceiver {
-    receiver: Receiver<DeadLetterBatch>,
+    receiver: Receiver<WorkerInput>,
+    deadlines: Arc<ExpiryDeadlines>,
 }
 
 /// A sender and the receiver the worker will read.
 pub fn channel() -> (DeadLetterSender, DeadLetterReceiver) {
     let (sender, receiver) = sync_channel(DEAD_LETTER_BATCHES_MAX);
-    (DeadLetterSender { sender }, DeadLetterReceiver { receiver })
+    let deadlines = Arc::new(ExpiryDeadlines::default());
+    (DeadLetterSender { sender, deadlines: deadlines.clone() }, DeadLetterReceiver { receiver, deadlines })
+}
+
+/// A queue's entry in the worker's deadlines: the key it holds, if any.
+#[derive(Debug, Default)]
+pub struct ExpiryDeadline {
+    key: Option<DeadlineKey>,
+}
+
+impl ExpiryDeadline {
+    /// The deadline the queue holds, in milliseconds since the epoch.
+    pub fn deadline_ms(&self) -> Option<u64> {
+        self.key.map(|(deadline_ms, _)| deadline_ms)
+    }
+
+    /// The worker took the entry (it is visiting the queue).
+    pub fn taken(&mut self, key: DeadlineKey) {
+        if self.key == Some(key) {
+            self.key = None;
+        }
+    }
 }
 
 impl DeadLetterSender {
@@ -100,50 +140,82 @@ impl DeadLetterSender {
     /// When the worker is gone (the broker is stopping) the letters are dropped: their messages
     /// stay in the source's log, so a restart finds them there.
     pub fn try_send(&self, batch: DeadLetterBatch) -> Result<(), DeadLetterBatch> {
-        match self.sender.try_send(batch) {
+        match self.sender.try_send(WorkerInput::Batch(batch)) {
             Ok(()) | Err(TrySendError::Disconnected(_)) => Ok(()),
-            Err(TrySendError::Full(batch)) => Err(batch),
+            Err(TrySendError::Full(WorkerInput::Batch(batch))) => Err(batch),
+            Err(TrySendError::Full(WorkerInput::Wake)) => Ok(()),
+        }
+    }
+
+    /// Tells the worker the queue's head next expires at `deadline_ms` (none: nothing to
+    /// expire). Only an earlier deadline than the one `entry` holds costs an operation; a later
+    /// one waits for the held entry to fire. Called under the queue's lock.
+    pub fn schedule_expiry(&self, entry: &mut ExpiryDeadline, deadline_ms: Option<u64>, queue: impl FnOnce() -> DeadlineQueue) {
+        let Some(deadline_ms) = deadline_ms else { return };
+        if entry.deadline_ms().is_some_and(|held_ms| held_ms <= deadline_ms) {
+            return;
+        }
+        let (key, earliest) = self.deadlines.schedule(entry.key, deadline_ms, queue());
+        entry.key = Some(key);
+        if earliest {
+            // A full backlog means the worker is awake and looks at the deadlines after it.
+            let _ = self.sender.try_send(WorkerInput::Wake);
+        }
+    }
+
+    /// Forgets the queue's entry (the queue is deleted).
+    pub fn cancel_expiry(&self, entry: &mut ExpiryDeadline) {
+        if let Some(key) = entry.key.take() {
+            self.deadlines.cancel(key);
         }
     }
 }
 
 /// Starts the worker thread; it stops when the broker is dropped.
 pub fn start(broker: Weak<Broker>, receiver: DeadLetterReceiver) {
-    let spawned = std::thread::Builder::new().name("lepus-dead-letters".to_string()).spawn(move || run(broker, receiver.receiver));
+    let spawned = std::thread::Builder::new().name("lepus-dead-letters".to_string()).spawn(move || run(broker, receiver));
     if let Err(error) = spawned {
         tracing::error!(%error, "the dead-letter thread could not start: dead letters stay in their queues' logs");
     }
 }
 
-fn run(broker: Weak<Broker>, receiver: Receiver<DeadLetterBatch>) {
-    let interval = Duration::from_millis(EXPIRY_SWEEP_INTERVAL_MS);
-    let mut last_sweep = Instant::now();
+fn run(broker: Weak<Broker>, receiver: DeadLetterReceiver) {
+    let DeadLetterReceiver { receiver, deadlines } = receiver;
     loop {
-        let received = receiver.recv_timeout(interval);
+        let received = receive(&receiver, &deadlines);
         let Some(broker) = broker.upgrade() else {
             return;
         };
         match received {
-            Ok(batch) => publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, &broker.delayed, batch),
-            Err(RecvTimeoutError::Timeout) => {}
+            Ok(WorkerInput::Batch(batch)) => publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, &broker.delayed, batch),
+            Ok(WorkerInput::Wake) | Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
-        if last_sweep.elapsed() >= interval {
-            sweep(&broker);
-            last_sweep = Instant::now();
-        }
+        visit_due(&broker, &deadlines);
     }
 }
 
-/// Expires the heads of the queues that dead-letter, and publishes what they give.
-fn sweep(broker: &Broker) {
-    for (_, topology) in broker.topologies() {
-        let queues: Vec<Queue> =
-            topology.read().queues().filter(|entry| entry.handle.dead_letters()).map(|entry| entry.handle.clone()).collect();
-        for queue in queues {
-            if let Some(batch) = queue.take_dead_letters() {
-                publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, &broker.delayed, batch);
-            }
+/// Waits for a batch, a wake-up or the earliest deadline, whichever comes first.
+fn receive(receiver: &Receiver<WorkerInput>, deadlines: &ExpiryDeadlines) -> Result<WorkerInput, RecvTimeoutError> {
+    let now_ms = crate::queue_runtime::now_ms();
+    let wait_ms = match deadlines.next_deadline_ms() {
+        Some(deadline_ms) => deadline_ms.saturating_sub(now_ms).min(WORKER_SLEEP_MS_MAX),
+        None => WORKER_SLEEP_MS_MAX,
+    };
+    receiver.recv_timeout(Duration::from_millis(wait_ms))
+}
+
+/// Visits the queues whose deadline passed: each expires its head, hands over its dead letters
+/// and tells its next deadline.
+fn visit_due(broker: &Broker, deadlines: &ExpiryDeadlines) {
+    let now_ms = crate::queue_runtime::now_ms();
+    for (key, queue) in deadlines.take_due(now_ms, DUE_QUEUES_PER_ROUND_MAX) {
+        let batch = match queue {
+            DeadlineQueue::Classic(queue) => queue.upgrade().and_then(|queue| queue.expire_due(key)),
+            DeadlineQueue::Quorum(queue) => queue.upgrade().and_then(|queue| queue.expire_due(key)),
+        };
+        if let Some(batch) = batch {
+            publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, &broker.delayed, batch);
         }
     }
 }
@@ -182,7 +254,11 @@ fn publish_batch(
             let vhost = topology.read();
             let mut properties = || dead_message.header.properties().ok();
             let mut delayed = Vec::new();
-            vhost.route(&dead_message.exchange, &dead_message.routing_key, &mut properties, &mut queues, &mut delayed);
+            // Every key routes (the CC keys too); a queue two keys reach holds the letter once.
+            for routing_key in &dead.routing_keys {
+                vhost.route(&dead_message.exchange, routing_key, &mut properties, &mut queues, &mut delayed);
+            }
+            dedup_queues(&mut queues);
             // A dead-letter exchange that is a delayed one holds the letter back, as the plugin does.
             for route in delayed {
                 let durable = vhost.exchange(&route.exchange).is_some_and(|exchange| exchange.durable);
@@ -202,6 +278,18 @@ fn publish_batch(
         }
     }
     settle_when_held(syncer, &source, tickets, settled_positions);
+}
+
+/// Keeps the first of each queue in `queues` (few: the queues of one letter's keys).
+fn dedup_queues(queues: &mut Vec<Queue>) {
+    let mut index = 1;
+    while index < queues.len() {
+        if queues[..index].iter().any(|earlier| earlier.same(&queues[index])) {
+            queues.remove(index);
+        } else {
+            index += 1;
+        }
+    }
 }
 
 /// Settles `positions` in the source's log once `tickets` are settled; not at all when they

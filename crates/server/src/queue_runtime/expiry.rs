@@ -11,8 +11,9 @@
 //! arriving or leaving.
 
 use crate::queue_expiry::ExpiryTimers;
+use crate::queue_type::WeakQueue;
 use std::path::PathBuf;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 /// How far ahead of a use the stored idle time is put (see the module comment).
 pub const STORED_AHEAD_MS: u64 = 1000;
@@ -101,7 +102,7 @@ impl ExpiryClock {
 
     /// The queue became idle (its last consumer left, it was declared or an expiry was set):
     /// from now on it expires, and the expiry task is told.
-    pub fn idle(&mut self, now_ms: u64, queue: Weak<crate::queue_runtime::QueueRuntime>) {
+    pub fn idle(&mut self, now_ms: u64, queue: impl Into<WeakQueue>) {
         let Some(expires_ms) = self.expires_ms else { return };
         self.last_used_ms = self.last_used_ms.max(now_ms);
         if self.stored_idle_ms.is_none_or(|stored| stored < now_ms) {
@@ -112,17 +113,28 @@ impl ExpiryClock {
 
     /// Schedules an idle queue at its deadline from its last use (recovered, or a policy changed
     /// its expiry), without counting this as a use.
-    pub fn schedule_deadline(&mut self, queue: Weak<crate::queue_runtime::QueueRuntime>) {
+    pub fn schedule_deadline(&mut self, queue: impl Into<WeakQueue>) {
         if let Some(expires_ms) = self.expires_ms {
             self.schedule(self.last_used_ms.saturating_add(expires_ms), queue);
         }
     }
 
-    fn schedule(&mut self, deadline_ms: u64, queue: Weak<crate::queue_runtime::QueueRuntime>) {
+    fn schedule(&mut self, deadline_ms: u64, queue: impl Into<WeakQueue>) {
         if !self.scheduled {
             self.scheduled = true;
-            self.timers.schedule(deadline_ms, queue);
+            self.timers.schedule(deadline_ms, queue.into());
         }
+    }
+
+    /// The expiry in force, if any.
+    pub fn expires_ms(&self) -> Option<u64> {
+        self.expires_ms
+    }
+
+    /// The expiry task was told to look again later (see [`ExpiryCheck::Later`]) although the
+    /// queue expired: a quorum queue on a node that does not lead it.
+    pub fn postponed(&mut self) {
+        self.scheduled = true;
     }
 
     /// What the expiry task finds at `now_ms`; `idle` when no consumer holds the queue.

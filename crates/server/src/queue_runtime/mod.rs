@@ -5,7 +5,8 @@
 //! writer that drained) calls [`QueueRuntime::dispatch`] right there, so no extra task hop is paid.
 //! Lock order: queue, then a channel's ledger; never the other way round.
 
-use crate::dead_letter::{DeadLetter, DeadLetterBatch, DeadLetterSender, DeadLetterSource, DeadLetterTarget};
+use crate::dead_letter::deadlines::{DeadlineKey, DeadlineQueue};
+use crate::dead_letter::{DeadLetter, DeadLetterBatch, DeadLetterSender, DeadLetterSource, DeadLetterTarget, ExpiryDeadline};
 use crate::policy::Policy;
 use crate::queue_type::Settlement;
 use crate::shared::{ConsumerHandle, Outbound};
@@ -42,8 +43,6 @@ pub struct QueueRuntime {
     self_reference: Weak<QueueRuntime>,
     /// Woken when a page-in result was applied (a basic.get waits on it).
     page_in_done: tokio::sync::Notify,
-    /// Whether the queue has a dead-letter exchange (the expiry sweep looks at it).
-    dead_lettering: AtomicBool,
     /// Where its dead letters are handed over (none in tests that do not dead-letter).
     dead_letter_sender: Option<DeadLetterSender>,
     /// The queue as its dead letters name it.
@@ -75,6 +74,8 @@ struct QueueInner {
     dead_letters: Vec<DeadLetter>,
     /// x-expires: the last use, and when the queue is deleted unused.
     expiry: ExpiryClock,
+    /// With a dead-letter exchange, the deadline the dead-letter worker holds for the queue.
+    expiry_deadline: ExpiryDeadline,
 }
 
 /// A queue's effective limits: its arguments merged with the policy that applies to it, the way
@@ -252,7 +253,6 @@ impl QueueRuntime {
         Arc::new_cyclic(|self_reference| QueueRuntime {
             self_reference: self_reference.clone(),
             page_in_done: tokio::sync::Notify::new(),
-            dead_lettering: AtomicBool::new(limits.dead_letter.is_some()),
             dead_letter_sender,
             dead_letter_source,
             inner: Mutex::new(QueueInner {
@@ -265,6 +265,7 @@ impl QueueRuntime {
                 effects: Vec::new(),
                 dead_letters: Vec::new(),
                 expiry,
+                expiry_deadline: ExpiryDeadline::default(),
             }),
             definition,
             vhost: vhost.to_string(),
@@ -320,6 +321,7 @@ impl QueueRuntime {
                     let reason = queue_core::DeadLetterReason::MaxLength;
                     inner.dead_letters.push(DeadLetter { position: 0, logged: false, message, reason, target });
                     self.hand_over_dead_letters(&mut inner);
+                    self.tell_expiry_deadline(&mut inner, now_ms);
                 }
                 return Enqueued::Rejected;
             }
@@ -363,7 +365,6 @@ impl QueueRuntime {
         let timeout_ms = lower(consumer_timeout_argument_ms(&self.definition.arguments), policy_timeout_ms);
         self.consumer_timeout_ms.store(timeout_ms.unwrap_or(0), Ordering::Release);
         inner.limits = QueueLimits::new(&self.definition.arguments, policy);
-        self.dead_lettering.store(inner.limits.dead_letter.is_some(), Ordering::Release);
         let limits = inner.limits.core_limits();
         self.run(&mut inner, || Command::SetLimits(limits), perform::Context::default());
         inner.expiry.set_policy_ms(policy_expires_ms);
@@ -383,6 +384,8 @@ impl QueueRuntime {
         } else {
             inner.expiry.idle(now_ms, Arc::downgrade(self));
         }
+        // A recovered queue's messages are all paged: a visit pages in its head to expire it.
+        self.tell_expiry_deadline(&mut inner, now_ms);
     }
 
     /// A redeclare (also passive, as RabbitMQ counts it) renews the queue's x-expires lease.
@@ -593,6 +596,9 @@ impl QueueRuntime {
         inner.core = QueueCore::new(QueueState::new(0), inner.limits.core_limits(), window);
         inner.pager = None;
         inner.expiry.remove_file();
+        if let Some(sender) = &self.dead_letter_sender {
+            sender.cancel_expiry(&mut inner.expiry_deadline);
+        }
         if let Some(cache) = self.deduplication.get() {
             cache.remove_files();
         }
@@ -605,19 +611,47 @@ impl QueueRuntime {
     }
 }
 
-impl QueueRuntime {
-    /// Whether the queue dead-letters (the expiry sweep looks only at those).
-    pub fn dead_letters(&self) -> bool {
-        self.dead_lettering.load(Ordering::Acquire)
-    }
+/// How soon a queue looks again when its head is paged (a visit asks for the page-in that gives
+/// the head its expiry; the page-in's result tells the real deadline).
+pub const PAGED_HEAD_RETRY_MS: u64 = 100;
 
-    /// Expires the head and takes every dead letter the queue still holds (the expiry sweep).
-    /// It dispatches rather than only expiring, so a backlog paged to disk is paged in and
-    /// expires too, one page-in batch per sweep, with no consumer asking.
-    pub fn take_dead_letters(self: &Arc<Self>) -> Option<DeadLetterBatch> {
+/// How soon a queue hands its dead letters over again when the worker's backlog was full.
+pub const HAND_OVER_RETRY_MS: u64 = 100;
+
+impl QueueRuntime {
+    /// The dead-letter worker's visit at the queue's deadline `key`: expires the head and takes
+    /// every dead letter the queue still holds. It dispatches rather than only expiring, so a
+    /// backlog paged to disk is paged in and expires too, one page-in batch per visit, with no
+    /// consumer asking. The commands it runs tell the queue's next deadline.
+    pub fn expire_due(self: &Arc<Self>, key: DeadlineKey) -> Option<DeadLetterBatch> {
         let mut inner = self.inner.lock();
+        inner.expiry_deadline.taken(key);
+        if self.deleted.load(Ordering::Acquire) {
+            return None;
+        }
         self.dispatch_locked(&mut inner);
         self.take_batch(&mut inner)
+    }
+
+    /// Tells the dead-letter worker when the queue next needs a visit: when its head expires,
+    /// soon when its head is paged or dead letters wait for the worker's backlog, never when it
+    /// has nothing to expire. Called after each command: an earlier head than the deadline held
+    /// costs one map operation; the same or a later one costs a comparison.
+    fn tell_expiry_deadline(&self, inner: &mut QueueInner, now_ms: u64) {
+        let Some(sender) = &self.dead_letter_sender else { return };
+        if inner.limits.dead_letter.is_none() {
+            return;
+        }
+        let messages = inner.core.messages();
+        let deadline_ms = if !inner.dead_letters.is_empty() {
+            Some(now_ms.saturating_add(HAND_OVER_RETRY_MS))
+        } else if messages.head_is_paged() {
+            Some(now_ms.saturating_add(PAGED_HEAD_RETRY_MS))
+        } else {
+            messages.head_expires_at_ms()
+        };
+        let queue = self.self_reference.clone();
+        sender.schedule_expiry(&mut inner.expiry_deadline, deadline_ms, || DeadlineQueue::Classic(queue));
     }
 
     fn take_batch(&self, inner: &mut QueueInner) -> Option<DeadLetterBatch> {

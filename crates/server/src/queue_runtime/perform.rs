@@ -84,6 +84,7 @@ impl QueueRuntime {
         if !inner.dead_letters.is_empty() {
             self.hand_over_dead_letters(inner);
         }
+        self.tell_expiry_deadline(inner, now_ms);
         outcome
     }
 
@@ -98,13 +99,16 @@ impl QueueRuntime {
             Some(queue) => can_take(queue, &consumers[consumer.index].1),
             None => false,
         };
-        outcome.reply = core.apply(command, super::now_ms(), &mut can_take, &mut effects);
+        let now_ms = super::now_ms();
+        outcome.reply = core.apply(command, now_ms, &mut can_take, &mut effects);
         self.perform(inner, &mut effects, &context, &mut outcome);
         inner.effects = effects;
         // A page-in's result drops (and may dead-letter) messages dropped at the head before it.
         if !inner.dead_letters.is_empty() {
             self.hand_over_dead_letters(inner);
         }
+        // A page-in's result gives the head its expiry.
+        self.tell_expiry_deadline(inner, now_ms);
         outcome.reply
     }
 

@@ -85,8 +85,8 @@ const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
 const QUORUM: QueueTypeCapabilities = QueueTypeCapabilities {
     queue_type: QueueType::Quorum,
     implemented: true,
-    // What RabbitMQ 3.10.8's quorum queues take; x-expires (and at-least-once dead-lettering) is
-    // refused with 540 by `not_implemented_for` until Lepus honours it for quorum queues.
+    // What RabbitMQ 3.10.8's quorum queues take; at-least-once dead-lettering is refused with 540
+    // by `not_implemented_for` until Lepus honours it for quorum queues.
     accepted_arguments: &[
         "x-dead-letter-exchange",
         "x-dead-letter-routing-key",
@@ -165,7 +165,6 @@ pub const RABBITMQ_QUEUE_ARGUMENTS: &[&str] = &[
 /// Arguments a type takes that Lepus does not implement for it yet: refused with 540.
 fn not_implemented_for(queue_type: QueueType, key: &str, value: &amqp_codec::FieldValue) -> bool {
     match (queue_type, key) {
-        (QueueType::Quorum, "x-expires") => true,
         // Deduplication (a Lepus extension, as LavinMQ's) keeps its cache beside a classic queue's log only.
         (QueueType::Quorum | QueueType::Stream, "x-message-deduplication") => true,
         // At-least-once dead-lettering (RabbitMQ's, with reject-publish) is not there: at most once is.

@@ -63,7 +63,7 @@ fn queue_log_path(data_dir: &Path, vhost: &str, name: &ShortStr) -> PathBuf {
 pub const EXPIRY_DIRECTORY: &str = "queue-expiry";
 
 /// The x-expires argument, in milliseconds (checked positive at declaration).
-fn expires_argument_ms(definition: &QueueDefinition) -> Option<u64> {
+pub(super) fn expires_argument_ms(definition: &QueueDefinition) -> Option<u64> {
     definition.arguments.get("x-expires").and_then(|value| value.as_i64()).filter(|expires| *expires > 0).map(|expires| expires as u64)
 }
 

@@ -409,7 +409,7 @@ impl Queue {
     pub fn mark_used(&self) {
         match self {
             Queue::Classic(queue) => queue.mark_used(),
-            Queue::Quorum(_) => {}
+            Queue::Quorum(queue) => queue.mark_used(),
             Queue::Stream(_) => {}
             Queue::Remote(_) => {}
         }
@@ -506,26 +506,6 @@ impl Queue {
             Queue::Quorum(queue) => queue.consumer_views(),
             Queue::Stream(queue) => queue.consumer_views(),
             Queue::Remote(_) => Vec::new(),
-        }
-    }
-
-    /// Whether it dead-letters (has a dead-letter exchange): the expiry sweep looks at those.
-    pub fn dead_letters(&self) -> bool {
-        match self {
-            Queue::Classic(queue) => queue.dead_letters(),
-            Queue::Quorum(queue) => queue.dead_letters(),
-            Queue::Stream(_) => false,
-            Queue::Remote(_) => false,
-        }
-    }
-
-    /// Expires its head and takes the dead letters it holds (the expiry sweep).
-    pub fn take_dead_letters(&self) -> Option<crate::dead_letter::DeadLetterBatch> {
-        match self {
-            Queue::Classic(queue) => queue.take_dead_letters(),
-            Queue::Quorum(queue) => queue.take_dead_letters(),
-            Queue::Stream(_) => None,
-            Queue::Remote(_) => None,
         }
     }
 

@@ -173,12 +173,15 @@ fn a_quorum_queue_checks_its_arguments_before_its_properties_and_names_its_type(
         refusal(quorum.check_declare(&declared, VHOST)),
         (406, "PRECONDITION_FAILED - invalid arg 'x-queue-mode' for queue 'q' in vhost '/' of queue type rabbit_quorum_queue".to_string())
     );
-    let mut declared = definition("q", &[("x-delivery-limit", FieldValue::I32(-1)), ("x-expires", FieldValue::I32(1000))]);
+    let mut declared = definition("q", &[("x-expires", FieldValue::I32(1000)), ("x-dead-letter-strategy", text("at-least-once"))]);
     declared.queue_type = QueueType::Quorum;
     assert_eq!(
         refusal(quorum.check_declare(&declared, VHOST)),
-        (540, "NOT_IMPLEMENTED - queue argument 'x-expires' is not supported by Lepus yet for quorum queues".to_string())
+        (540, "NOT_IMPLEMENTED - queue argument 'x-dead-letter-strategy' is not supported by Lepus yet for quorum queues".to_string())
     );
+    let mut declared = definition("q", &[("x-expires", FieldValue::I32(1000))]);
+    declared.queue_type = QueueType::Quorum;
+    assert_eq!(quorum.check_declare(&declared, VHOST), Ok(()), "x-expires is honoured on quorum queues");
 }
 
 #[test]

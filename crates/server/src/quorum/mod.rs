@@ -116,6 +116,8 @@ pub struct QuorumHost {
     /// When this node last heard from each peer.
     heard: parking_lot::Mutex<std::collections::HashMap<u64, std::time::Instant>>,
     self_reference: std::sync::Weak<QuorumHost>,
+    /// Where queues with a dead-letter exchange tell when their head expires.
+    dead_letters: Option<DeadLetterSender>,
 }
 
 impl std::fmt::Debug for QuorumHost {
@@ -154,11 +156,17 @@ impl QuorumHost {
             names,
             heard: Default::default(),
             self_reference: self_reference.clone(),
+            dead_letters,
         }))
     }
 
     pub(crate) fn self_reference(&self) -> std::sync::Weak<QuorumHost> {
         self.self_reference.clone()
+    }
+
+    /// Where dead letters go (and queues tell when their head expires).
+    pub(crate) fn dead_letters(&self) -> Option<&DeadLetterSender> {
+        self.dead_letters.as_ref()
     }
 
     /// The shard a queue named `key` lives on.

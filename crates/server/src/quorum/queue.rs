@@ -8,9 +8,10 @@
 use super::shard::{Completion, ShardHandle, ShardInput, Submission, Waiter};
 use super::tickets::CommitSlot;
 use super::{block_outside_runtime, envelope};
+use crate::dead_letter::deadlines::{DeadlineKey, DeadlineQueue};
 use crate::dead_letter::{DeadLetter, DeadLetterBatch, DeadLetterSource};
 use crate::policy::Policy;
-use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueLimits, QueueSnapshot, QueueStats};
+use crate::queue_runtime::{ConsumerRemoval, ConsumerView, ExpiryCheck, ExpiryClock, GetAnswer, QueueLimits, QueueSnapshot, QueueStats};
 use crate::queue_type::{ConfirmTicket, PublishOutcome, Settlement};
 use crate::shared::{ChannelShared, ConsumerHandle, Outbound, Unacked, OUTBOUND_DELIVERIES_MAX};
 use amqp_codec::ShortStr;
@@ -128,8 +129,14 @@ pub struct QuorumQueue {
     /// Woken when a basic.get was answered.
     answered: tokio::sync::Notify,
     self_reference: Weak<QuorumQueue>,
-    /// The last expiry sweep that proposed an expire, in milliseconds since the epoch.
-    expired_at_ms: AtomicU64,
+    /// When the head expires, as the last commit this node applied left it (0: never).
+    head_expires_at_ms: AtomicU64,
+    /// Where the queue tells when its head expires, and the deadline the worker holds for it.
+    dead_letters: Option<crate::dead_letter::DeadLetterSender>,
+    expiry_deadline: Mutex<crate::dead_letter::ExpiryDeadline>,
+    /// x-expires: the last use, and when the queue is deleted unused. A use is a consumer
+    /// anywhere in the cluster (the replicated count), or a basic.get or redeclare on this node.
+    expiry: Mutex<ExpiryClock>,
     /// Held by whoever takes deliveries off the local consumers' `held` and sends them, so two
     /// threads (the shard's, a connection's) never send one consumer's deliveries out of order.
     dispatching: Mutex<()>,
@@ -167,9 +174,10 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 impl QuorumQueue {
-    fn new(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost) -> Arc<QuorumQueue> {
+    fn new(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost, expiry: ExpiryClock) -> Arc<QuorumQueue> {
         let name_key = name_key(vhost, &definition.name);
         let shard = host.shard_for(&name_key).clone();
+        let dead_letters = host.dead_letters().cloned();
         let host = host.self_reference();
         let limits = QueueLimits::new(&definition.arguments, None);
         let dead_letter_source = Arc::new(DeadLetterSource { vhost: vhost.to_string(), queue: definition.name.clone(), log: None });
@@ -187,23 +195,26 @@ impl QuorumQueue {
             dead_letter_source,
             answered: tokio::sync::Notify::new(),
             self_reference: self_reference.clone(),
-            expired_at_ms: AtomicU64::new(0),
+            head_expires_at_ms: AtomicU64::new(0),
+            dead_letters,
+            expiry_deadline: Mutex::new(crate::dead_letter::ExpiryDeadline::default()),
+            expiry: Mutex::new(expiry),
             dispatching: Mutex::new(()),
         })
     }
 
     /// A newly declared queue: its declaration is proposed now; commands sent before it is
     /// committed wait for it in the shard (one proposer's commands are applied in order).
-    pub fn declare(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost) -> Arc<QuorumQueue> {
-        let queue = QuorumQueue::new(definition, vhost, host);
+    pub fn declare(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost, expiry: ExpiryClock) -> Arc<QuorumQueue> {
+        let queue = QuorumQueue::new(definition, vhost, host, expiry);
         queue.submit(queue.declaration(), Waiter::Nothing);
         queue
     }
 
     /// A queue found in the definitions at start: the shard finds it by name once its log is
     /// applied (declaring it afresh if the shard lost it).
-    pub fn recover(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost) -> Arc<QuorumQueue> {
-        let queue = QuorumQueue::new(definition, vhost, host);
+    pub fn recover(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost, expiry: ExpiryClock) -> Arc<QuorumQueue> {
+        let queue = QuorumQueue::new(definition, vhost, host, expiry);
         queue.shard.send(ShardInput::Recovered(queue.clone()));
         queue
     }
@@ -368,7 +379,10 @@ impl QuorumQueue {
             None => {}
         }
         local.gets.insert(key, GetState::Asked);
+        let idle = local.consumers.is_empty() && self.figures.consumers.load(Ordering::Relaxed) == 0;
         drop(local);
+        // A basic.get is a use (once per get, not per retry while it waits for its answer).
+        self.expiry.lock().used(now_ms(), idle);
         let request = GetRequest { queue: self.self_reference.clone(), channel: channel.clone(), no_ack };
         self.submit(QueueCommand::Get { no_ack }, Waiter::Get(request));
         GetAnswer::PageInPending
@@ -591,11 +605,73 @@ impl QuorumQueue {
         let figures = &self.figures;
         figures.ready.store(messages.ready_count() as u64, Ordering::Relaxed);
         figures.unacked.store(messages.unacked_count() as u64, Ordering::Relaxed);
-        figures.consumers.store(core.consumer_ids().count() as u64, Ordering::Relaxed);
+        let consumers = core.consumer_ids().count() as u64;
+        let consumers_before = figures.consumers.swap(consumers, Ordering::Relaxed);
+        self.consumers_changed(consumers_before, consumers);
         figures.published.store(stats.published, Ordering::Relaxed);
         figures.delivered.store(stats.delivered, Ordering::Relaxed);
         figures.acked.store(stats.acked, Ordering::Relaxed);
         figures.requeued.store(stats.requeued, Ordering::Relaxed);
+        let head_expires_at_ms = messages.head_expires_at_ms();
+        self.head_expires_at_ms.store(head_expires_at_ms.unwrap_or(0), Ordering::Relaxed);
+        self.tell_expiry_deadline(head_expires_at_ms);
+    }
+
+    /// x-expires: the queue's first consumer (anywhere in the cluster) holds it; its last one
+    /// leaving starts the clock.
+    fn consumers_changed(&self, before: u64, now: u64) {
+        if before == 0 && now > 0 {
+            self.expiry.lock().consumed();
+        } else if before > 0 && now == 0 {
+            self.expiry.lock().idle(now_ms(), self.self_reference.clone());
+        }
+    }
+
+    /// Starts the x-expires clock of a queue just declared or recovered, as a classic queue's.
+    pub fn start_expiry_clock(&self, recovered: bool) {
+        let mut expiry = self.expiry.lock();
+        if recovered {
+            expiry.recover_last_use(now_ms());
+            expiry.schedule_deadline(self.self_reference.clone());
+        } else {
+            expiry.idle(now_ms(), self.self_reference.clone());
+        }
+    }
+
+    /// A redeclare (also passive) renews the x-expires lease.
+    pub fn mark_used(&self) {
+        let idle = self.is_idle();
+        self.expiry.lock().used(now_ms(), idle);
+    }
+
+    /// Whether no consumer holds the queue: none on this node, none committed anywhere.
+    fn is_idle(&self) -> bool {
+        self.local.lock().consumers.is_empty() && self.figures.consumers.load(Ordering::Relaxed) == 0
+    }
+
+    /// What the expiry task finds. Only the node leading the queue's shard deletes it (the
+    /// deletion is replicated): another looks again one expiry later, when it may lead.
+    pub fn check_expiry(&self, now_ms: u64) -> ExpiryCheck {
+        let idle = self.is_idle();
+        let mut expiry = self.expiry.lock();
+        match expiry.check(now_ms, idle) {
+            ExpiryCheck::Expired if !self.leads() => {
+                expiry.postponed();
+                ExpiryCheck::Later(now_ms.saturating_add(expiry.expires_ms().unwrap_or(0)))
+            }
+            check => check,
+        }
+    }
+
+    /// Tells the dead-letter worker when the head expires, when the queue dead-letters (every
+    /// replica does: the one that leads when the deadline comes proposes the expire).
+    fn tell_expiry_deadline(&self, deadline_ms: Option<u64>) {
+        let Some(sender) = &self.dead_letters else { return };
+        if deadline_ms.is_none() || self.limits.lock().dead_letter.is_none() {
+            return;
+        }
+        let queue = self.self_reference.clone();
+        sender.schedule_expiry(&mut self.expiry_deadline.lock(), deadline_ms, || DeadlineQueue::Quorum(queue));
     }
 
     /// A message the queue dropped (this node leads the shard): dead-lettered when the queue has
@@ -638,6 +714,7 @@ impl QuorumQueue {
     /// Deletes the queue (replicated) and hands back its ready count and its local consumers.
     pub fn delete(&self) -> (u32, Vec<Arc<ConsumerHandle>>) {
         let replayed = self.deleted.swap(true, Ordering::AcqRel);
+        self.expiry.lock().remove_file();
         let (ready, _) = self.counts();
         let consumers = std::mem::take(&mut self.local.lock().consumers).into_values().map(|entry| entry.handle).collect();
         if replayed {
@@ -671,10 +748,16 @@ impl QuorumQueue {
     pub fn apply_policy(&self, policy: Option<Arc<Policy>>) {
         let limits = {
             let mut current = self.limits.lock();
-            *current = QueueLimits::new(&self.definition.arguments, policy);
+            *current = QueueLimits::new(&self.definition.arguments, policy.clone());
             replicated_limits(&current)
         };
         self.submit(QueueCommand::SetLimits { limits }, Waiter::Nothing);
+        let idle = self.is_idle();
+        let mut expiry = self.expiry.lock();
+        expiry.set_policy_ms(policy.and_then(|policy| policy.queue_settings.expires_ms));
+        if idle {
+            expiry.schedule_deadline(self.self_reference.clone());
+        }
     }
 
     /// The policy that applies to it.
@@ -728,24 +811,35 @@ impl QuorumQueue {
             .collect()
     }
 
-    /// Whether the expiry sweep should look at it: it has a message TTL (argument or policy) and
-    /// ready messages.
-    pub fn dead_letters(&self) -> bool {
-        self.limits.lock().message_ttl_ms.is_some() && self.figures.ready.load(Ordering::Relaxed) > 0
-    }
-
-    /// The expiry sweep: the leader proposes an expire at most once per [`EXPIRE_INTERVAL_MS`],
-    /// so expired messages leave (and are dead-lettered) without a consumer asking.
-    pub fn take_dead_letters(&self) -> Option<DeadLetterBatch> {
+    /// The dead-letter worker's visit at the queue's deadline `key`. When the head has expired,
+    /// the leader proposes an expire (its commit tells the next deadline); every replica looks
+    /// again after [`EXPIRE_INTERVAL_MS`] while the head stays expired (no commit came: a
+    /// follower waits for its leader, a leader's proposal may be lost).
+    pub fn expire_due(&self, key: DeadlineKey) -> Option<DeadLetterBatch> {
+        let mut entry = self.expiry_deadline.lock();
+        entry.taken(key);
+        let Some(sender) = &self.dead_letters else { return None };
+        if self.is_deleted() {
+            return None;
+        }
         let now = now_ms();
-        let last = self.expired_at_ms.load(Ordering::Relaxed);
-        if self.leads() && now >= last + EXPIRE_INTERVAL_MS && self.id() != 0 {
-            self.expired_at_ms.store(now, Ordering::Relaxed);
+        let head_expires_at_ms = self.head_expires_at_ms.load(Ordering::Relaxed);
+        if head_expires_at_ms == 0 {
+            return None;
+        }
+        if head_expires_at_ms > now {
+            sender.schedule_expiry(&mut entry, Some(head_expires_at_ms), || DeadlineQueue::Quorum(self.self_reference.clone()));
+            return None;
+        }
+        sender.schedule_expiry(&mut entry, Some(now + EXPIRE_INTERVAL_MS), || DeadlineQueue::Quorum(self.self_reference.clone()));
+        // Not under the entry's lock: the shard's thread takes it when it applies a commit.
+        drop(entry);
+        if self.leads() && self.id() != 0 {
             self.submit(QueueCommand::Expire, Waiter::Nothing);
         }
         None
     }
 }
 
-/// How often the leader proposes an expire for a queue with a message TTL and ready messages.
+/// How soon a quorum queue whose head expired looks again while no commit has removed it.
 pub const EXPIRE_INTERVAL_MS: u64 = 1000;

@@ -205,8 +205,8 @@ fn queue_on_every_node(cluster: &Cluster, declaring: u64, name: &str) -> BTreeMa
     let mut queues = BTreeMap::new();
     for (node, host) in &cluster.hosts {
         let queue = match *node == declaring {
-            true => QuorumQueue::declare(definition(name), "/", host),
-            false => QuorumQueue::recover(definition(name), "/", host),
+            true => QuorumQueue::declare(definition(name), "/", host, no_expiry()),
+            false => QuorumQueue::recover(definition(name), "/", host, no_expiry()),
         };
         queues.insert(*node, queue);
     }
@@ -365,4 +365,9 @@ fn a_node_released_while_cut_off_serves_its_clients_again_once_the_cut_heals() {
     let bodies: Vec<&str> = got.iter().map(|(body, _, _)| body.as_str()).collect();
     assert_eq!(bodies, ["a0", "a1", "a2", "a3", "a4", "b0", "b1", "b2", "b3", "b4"], "the given-back messages first, then the new ones");
     assert!(got.iter().take(5).all(|(_, redelivered, _)| *redelivered), "the given-back ones are redelivered");
+}
+
+/// A clock for a queue without x-expires.
+fn no_expiry() -> crate::queue_runtime::ExpiryClock {
+    crate::queue_runtime::ExpiryClock::new(Arc::default(), None, None, 0)
 }
