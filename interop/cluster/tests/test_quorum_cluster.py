@@ -25,6 +25,16 @@ def declare_quorum(node, name):
     connection.close()
 
 
+def publish_confirmed(node, queue, bodies):
+    """Publishes `bodies` (persistent) through `node`, each confirmed before the next."""
+    connection = pika.BlockingConnection(pika.URLParameters(node.url()))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for body in bodies:
+        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+    connection.close()
+
+
 def queue_info(node, name):
     answer = node.get(f"/queues/%2F/{name}")
     return answer.json() if answer.ok else None
@@ -54,12 +64,7 @@ def test_a_quorum_queue_is_declared_published_and_consumed_through_any_node(clus
     leader_of(cluster, "quorum.shared")
     # Ten messages through each node, confirmed (a confirm is a majority's commit).
     for node in cluster.nodes:
-        connection = pika.BlockingConnection(pika.URLParameters(node.url()))
-        channel = connection.channel()
-        channel.confirm_delivery()
-        for index in range(10):
-            channel.basic_publish("", "quorum.shared", f"{node.name}:{index}".encode(), pika.BasicProperties(delivery_mode=2))
-        connection.close()
+        publish_confirmed(node, "quorum.shared", (f"{node.name}:{index}".encode() for index in range(10)))
     for node in cluster.nodes:
         eventually(lambda node=node: queue_info(node, "quorum.shared")["messages"] == 30, what=f"30 messages counted on {node.name}")
     # Consumed on the third node, acked; each publisher's messages in order.
@@ -303,12 +308,7 @@ def test_a_follower_cut_off_past_the_down_time_serves_its_clients_again_once_hea
     leader = leader_of(cluster, "quorum.cutoff")
     follower = next(node for node in cluster.nodes if node is not leader)
     others = [node for node in cluster.nodes if node is not follower]
-    publishing = pika.BlockingConnection(pika.URLParameters(leader.url()))
-    channel = publishing.channel()
-    channel.confirm_delivery()
-    for number in range(5):
-        channel.basic_publish("", "quorum.cutoff", f"a{number}".encode(), pika.BasicProperties(delivery_mode=2))
-    publishing.close()
+    publish_confirmed(leader, "quorum.cutoff", (f"a{number}".encode() for number in range(5)))
     consuming = pika.BlockingConnection(pika.URLParameters(follower.url()))
     consumer = consuming.channel()
     consumer.basic_qos(prefetch_count=10)
@@ -337,6 +337,42 @@ def test_a_follower_cut_off_past_the_down_time_serves_its_clients_again_once_hea
                                  what="the message published through the healed node")
     assert body == b"after"
     healed.close()
+
+
+def test_a_quorum_queues_dead_letters_reach_classic_queues_on_every_node_once(cluster):
+    """Classic queues take nothing through another node, so the node leading a quorum queue's
+    shard cannot publish its dead letters to another node's classic queue: that node does, when
+    it applies the drop. A classic dead-letter queue on each of the three nodes (the leader's
+    too) gets each letter once."""
+    connection = pika.BlockingConnection(pika.URLParameters(cluster.nodes[0].url()))
+    connection.channel().queue_declare("quorum.dead", durable=True, arguments=dict(QUORUM, **{"x-dead-letter-exchange": "amq.fanout"}))
+    connection.close()
+    leader = leader_of(cluster, "quorum.dead")
+    for node in cluster.nodes:
+        connection = pika.BlockingConnection(pika.URLParameters(node.url()))
+        channel = connection.channel()
+        channel.queue_declare(f"dead.{node.name}", durable=True)
+        channel.queue_bind(f"dead.{node.name}", "amq.fanout")
+        connection.close()
+    follower = next(node for node in cluster.nodes if node is not leader)
+    publish_confirmed(follower, "quorum.dead", (f"d{number}".encode() for number in range(3)))
+    connection = pika.BlockingConnection(pika.URLParameters(follower.url()))
+    channel = connection.channel()
+    for _ in range(3):
+        method, _, _ = eventually(lambda: (lambda got: got if got[0] else None)(channel.basic_get("quorum.dead")), what="a message to reject")
+        channel.basic_reject(method.delivery_tag, requeue=False)
+    connection.close()
+    for node in cluster.nodes:
+        connection = pika.BlockingConnection(pika.URLParameters(node.url()))
+        channel = connection.channel()
+        eventually(lambda: channel.queue_declare(f"dead.{node.name}", durable=True, passive=True).method.message_count >= 3,
+                   what=f"three dead letters in {node.name}'s classic queue (leader {leader.name})")
+        time.sleep(0.5)
+        count = channel.queue_declare(f"dead.{node.name}", durable=True, passive=True).method.message_count
+        assert count == 3, f"{node.name}: {count} dead letters, each once expected"
+        bodies = sorted(channel.basic_get(f"dead.{node.name}", auto_ack=True)[2] for _ in range(3))
+        assert bodies == [b"d0", b"d1", b"d2"]
+        connection.close()
 
 
 def test_a_node_restarted_with_damaged_quorum_shard_logs_is_repaired_and_loses_nothing(cluster):

@@ -84,6 +84,33 @@ pub struct DeadLetterBatch {
     pub source: Arc<DeadLetterSource>,
     /// The messages.
     pub letters: Vec<DeadLetter>,
+    /// Which of the queues they route to this node publishes to.
+    pub scope: DeadLetterScope,
+}
+
+/// Which queues a node publishes a batch's dead letters to. A quorum queue's drop is applied on
+/// every node of its shard: each node publishes to the classic queues it holds (classic queues
+/// take no messages through another node), the node leading the shard to the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterScope {
+    /// A classic queue's letters: every queue they route to.
+    Everywhere,
+    /// A quorum queue's, on the node leading its shard: every queue but other nodes' classic
+    /// queues (their own node publishes to those).
+    ShardLeader,
+    /// A quorum queue's, on a node not leading its shard: only this node's classic queues.
+    ShardFollower,
+}
+
+impl DeadLetterScope {
+    /// Whether this node publishes the letter to `queue`.
+    fn takes(self, queue: &Queue) -> bool {
+        match self {
+            DeadLetterScope::Everywhere => true,
+            DeadLetterScope::ShardLeader => !matches!(queue, Queue::Remote(_)),
+            DeadLetterScope::ShardFollower => matches!(queue, Queue::Classic(_)),
+        }
+    }
 }
 
 /// What the worker is handed.
@@ -233,7 +260,7 @@ fn publish_batch(
     delayed_store: &crate::delayed::DelayedMessages,
     batch: DeadLetterBatch,
 ) {
-    let DeadLetterBatch { source, letters } = batch;
+    let DeadLetterBatch { source, letters, scope } = batch;
     let now_s = now_s();
     let mut tickets = ConfirmTickets::default();
     let mut settled_positions: Vec<u64> = Vec::new();
@@ -259,6 +286,10 @@ fn publish_batch(
                 vhost.route(&dead_message.exchange, routing_key, &mut properties, &mut queues, &mut delayed);
             }
             dedup_queues(&mut queues);
+            queues.retain(|queue| scope.takes(queue));
+            if scope == DeadLetterScope::ShardFollower {
+                delayed.clear();
+            }
             // A dead-letter exchange that is a delayed one holds the letter back, as the plugin does.
             for route in delayed {
                 let durable = vhost.exchange(&route.exchange).is_some_and(|exchange| exchange.durable);

@@ -658,7 +658,8 @@ impl QueueRuntime {
         if inner.dead_letters.is_empty() {
             return None;
         }
-        Some(DeadLetterBatch { source: self.dead_letter_source.clone(), letters: std::mem::take(&mut inner.dead_letters) })
+        let letters = std::mem::take(&mut inner.dead_letters);
+        Some(DeadLetterBatch { source: self.dead_letter_source.clone(), letters, scope: crate::dead_letter::DeadLetterScope::Everywhere })
     }
 
     /// Hands the dead letters a command made to the worker; while its backlog is full they stay

@@ -676,11 +676,18 @@ impl QuorumQueue {
 
     /// A message the queue dropped (this node leads the shard): dead-lettered when the queue has
     /// a dead-letter exchange.
-    pub(crate) fn dead_letter(&self, position: u64, reason: DeadLetterReason, body: &Bytes, sender: &crate::dead_letter::DeadLetterSender) {
+    pub(crate) fn dead_letter(
+        &self,
+        position: u64,
+        reason: DeadLetterReason,
+        body: &Bytes,
+        sender: &crate::dead_letter::DeadLetterSender,
+        scope: crate::dead_letter::DeadLetterScope,
+    ) {
         let Some(target) = self.limits.lock().dead_letter.clone() else { return };
         let Ok(message) = envelope::decode(body) else { return };
         let letter = DeadLetter { position, logged: false, message, reason, target };
-        let batch = DeadLetterBatch { source: self.dead_letter_source.clone(), letters: vec![letter] };
+        let batch = DeadLetterBatch { source: self.dead_letter_source.clone(), letters: vec![letter], scope };
         if sender.try_send(batch).is_err() {
             tracing::warn!(queue = %self.name(), "the dead-letter worker is full; a quorum queue's dead letter is dropped");
         }

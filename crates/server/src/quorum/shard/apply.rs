@@ -2,6 +2,7 @@
 //! consumers' deliveries, dead letters (as leader), and the figures of the queues touched.
 
 use super::{Proposed, ShardWorker, Submission, Waiter};
+use crate::dead_letter::DeadLetterScope;
 use crate::quorum::queue::{Dispatched, QuorumQueue};
 use crate::quorum::tickets::SlotOutcome;
 use queue_core::Reply;
@@ -42,11 +43,15 @@ impl ShardWorker {
                 }
                 Outcome::Dropped { queue, position, reason, body, .. } => {
                     // At most once, as RabbitMQ's quorum queues dead-letter by default: the node
-                    // that leads the shard when it applies the drop publishes the dead letter.
-                    if self.node.is_leader() {
-                        if let (Some(queue), Some(sender)) = (self.queue(queue), &self.dead_letters) {
-                            queue.dead_letter(position, reason, &body, sender);
-                        }
+                    // that leads the shard when it applies the drop publishes the dead letter,
+                    // except to other nodes' classic queues, which their own node publishes to
+                    // when it applies the drop (classic queues take nothing through another node).
+                    let scope = match self.node.is_leader() {
+                        true => DeadLetterScope::ShardLeader,
+                        false => DeadLetterScope::ShardFollower,
+                    };
+                    if let (Some(queue), Some(sender)) = (self.queue(queue), &self.dead_letters) {
+                        queue.dead_letter(position, reason, &body, sender, scope);
                     }
                 }
                 Outcome::ConsumerRemoved { queue, owner, consumer } => {
