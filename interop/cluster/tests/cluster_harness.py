@@ -115,11 +115,16 @@ class Cluster:
             self.nodes = [Node(directory, f"n{index + 1}", self.seeds, port) for index, port in enumerate(ports)]
 
     def start(self):
-        for node in self.nodes:
-            node.start()
-        for node in self.nodes:
-            node.wait_listening()
-        self.wait_formed()
+        try:
+            for node in self.nodes:
+                node.start()
+            for node in self.nodes:
+                node.wait_listening()
+            self.wait_formed()
+        except BaseException:
+            # The fixture never reaches its teardown: the nodes that did start must not outlive it.
+            self.stop()
+            raise
         return self
 
     def running(self):
