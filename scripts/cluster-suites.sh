@@ -2,13 +2,13 @@
 # The client suites against a three-node Lepus cluster: starts n1..n3 (scripts/cluster.sh, on
 # ports shifted by PORT_OFFSET, default 3000, data in a fresh temp directory), then runs each
 # suite named (default: python go) through n2, the way an application connects to any node.
-#   scripts/cluster-suites.sh [python] [go]
+#   scripts/cluster-suites.sh [python] [go] [java]
 # Lifecycle tests (those that start their own broker) are left out: LEPUS_BIN is unset. What a
 # cluster does not do yet is deselected by name below, each with the reason, so every other test
 # must pass; the counts go in docs/cluster.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-suites=${*:-python go}
+suites=${*:-python go java}
 offset=${PORT_OFFSET:-3000}
 directory=$(mktemp -d /tmp/lepus-cluster-suites-XXXXXX)
 export PORT_OFFSET=$offset CLUSTER_DIR=$directory
@@ -49,6 +49,8 @@ for suite in $suites; do
     python) interop/python/run.sh -q "${python_deselected[@]}" || failed=$((failed + 1)) ;;
     # It needs a broker of its own (LEPUS_BIN), started with its memory alarm raised.
     go) interop/go/run.sh -skip 'TestConnectionBlockedByMemoryAlarm' || failed=$((failed + 1)) ;;
+    # The same two, in the Java suite: each needs a broker of its own (LEPUS_BIN).
+    java) interop/java/run.sh '-Dtest=!ConnectionTest#memoryAlarmBlocksAPublishingConnectionWithConnectionBlocked,!QueueFeaturesTest#aConsumerTimeoutClosesTheChannelThatHeldADeliveryTooLong' || failed=$((failed + 1)) ;;
     *) "interop/$suite/run.sh" || failed=$((failed + 1)) ;;
   esac
 done
