@@ -30,8 +30,6 @@ pub struct Batcher {
     unconfirmed_commands_max: usize,
     /// A command came back out of order: retry everything unconfirmed.
     retry_due: bool,
-    /// A command came back `Retired`: this proposer is released for good.
-    retired: bool,
 }
 
 fn command_bytes(command: &QueueCommand) -> usize {
@@ -54,7 +52,6 @@ impl Batcher {
             unconfirmed: BTreeMap::new(),
             unconfirmed_commands_max,
             retry_due: false,
-            retired: false,
         }
     }
 
@@ -118,11 +115,7 @@ impl Batcher {
                     continue;
                 }
                 match result {
-                    CommandResult::OutOfOrder => self.retry_due = true,
-                    CommandResult::Retired => {
-                        self.retry_due = true;
-                        self.retired = true;
-                    }
+                    CommandResult::OutOfOrder | CommandResult::Retired => self.retry_due = true,
                     _ => {
                         if self.unconfirmed.remove(sequence).is_some() {
                             confirmed.push((*sequence, result.clone()));
@@ -138,13 +131,6 @@ impl Batcher {
     /// everything unconfirmed must be proposed again, in order.
     pub fn retry_due(&self) -> bool {
         self.retry_due
-    }
-
-    /// Whether the machine retired this proposer (its node was released as gone): none of its
-    /// commands will be applied again; they must go through a new proposer
-    /// ([`Batcher::take_unconfirmed`]).
-    pub fn retired(&self) -> bool {
-        self.retired
     }
 
     /// This batcher's proposer id.

@@ -1099,11 +1099,7 @@ impl Broker {
                 check_queue_limit(&vhost, &definition, passive, server_named, bound)?;
             }
             let (entry, created) = vhost.declare_queue(definition, passive, server_named, connection_id, |definition| {
-                if server_named && definition.queue_type != QueueType::Classic {
-                    // RabbitMQ 3.10.8 refuses this before looking at anything else (measured).
-                    let module = if definition.queue_type == QueueType::Quorum { "rabbit_quorum_queue" } else { "rabbit_stream_queue" };
-                    return Err(AmqpError::precondition(format!("Cannot declare a server-named queue for type {module}")));
-                }
+                crate::queue_type::check_server_named(definition.queue_type, server_named)?;
                 capabilities(definition.queue_type).check_declare(definition, vhost_name)?;
                 if definition.queue_type == QueueType::Quorum {
                     return Ok(quorum.create(definition, vhost_name));

@@ -16,6 +16,9 @@ check() returns the violations, each a sentence:
 
 import json
 import threading
+import time
+
+import pika
 
 
 class History:
@@ -76,3 +79,28 @@ def check(events, single_consumer=True):
                 violations.append(f"publisher {publisher}: {sequence} first delivered after {last[publisher]}")
             last[publisher] = max(sequence, last.get(publisher, sequence))
     return violations
+
+
+def publish_until(node, publisher, queue, history, stop, reconnect=True):
+    """Publishes `publisher:N` with confirms through `node` until `stop`, recording each publish
+    and its confirm in `history`; after a failure it connects again, or with `reconnect` false
+    ends (its node died: what was not confirmed may be lost)."""
+    sequence = 0
+    while not stop.is_set():
+        try:
+            connection = pika.BlockingConnection(pika.URLParameters(node.url()))
+            channel = connection.channel()
+            channel.confirm_delivery()
+            while not stop.is_set():
+                sequence += 1
+                history.record(event="publish", publisher=publisher, sequence=sequence)
+                try:
+                    channel.basic_publish("", queue, f"{publisher}:{sequence}".encode(), pika.BasicProperties(delivery_mode=2))
+                    history.record(event="confirm", publisher=publisher, sequence=sequence, ack=True)
+                except pika.exceptions.NackError:
+                    history.record(event="confirm", publisher=publisher, sequence=sequence, ack=False)
+            connection.close()
+        except (pika.exceptions.AMQPError, OSError):
+            if not reconnect:
+                return
+            time.sleep(0.2)

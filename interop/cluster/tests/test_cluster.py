@@ -282,7 +282,7 @@ def test_kill_9_of_a_classic_queues_node_under_confirmed_load_loses_nothing_conf
     import random
     import threading
 
-    from history import History, check, read
+    from history import History, check, publish_until, read
 
     seed = int(os.environ.get("CLUSTER_SEED", random.randrange(1 << 30)))
     chooser = random.Random(seed)
@@ -294,24 +294,8 @@ def test_kill_9_of_a_classic_queues_node_under_confirmed_load_loses_nothing_conf
     setup.close()
     stop = threading.Event()
 
-    def publish(publisher):
-        sequence = 0
-        try:
-            connection = pika.BlockingConnection(pika.URLParameters(home.url()))
-            channel = connection.channel()
-            channel.confirm_delivery()
-            while not stop.is_set():
-                sequence += 1
-                history.record(event="publish", publisher=publisher, sequence=sequence)
-                try:
-                    channel.basic_publish("", "cluster.load", f"{publisher}:{sequence}".encode(), pika.BasicProperties(delivery_mode=2))
-                    history.record(event="confirm", publisher=publisher, sequence=sequence, ack=True)
-                except pika.exceptions.NackError:
-                    history.record(event="confirm", publisher=publisher, sequence=sequence, ack=False)
-        except pika.exceptions.AMQPError:
-            return  # the node died: what was not confirmed may be lost
-
-    publishers = [threading.Thread(target=publish, args=(f"p{index}",)) for index in range(2)]
+    publishers = [threading.Thread(target=publish_until, args=(home, f"p{index}", "cluster.load", history, stop, False))
+                  for index in range(2)]
     for thread in publishers:
         thread.start()
     time.sleep(1.0 + chooser.random())

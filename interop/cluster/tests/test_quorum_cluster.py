@@ -14,7 +14,7 @@ import pika
 import pytest
 
 from cluster_harness import Node, eventually, free_port
-from history import History, check, read
+from history import History, check, publish_until, read
 
 QUORUM = {"x-queue-type": "quorum"}
 
@@ -135,27 +135,6 @@ def test_a_node_that_joined_later_refuses_quorum_queues_loudly(cluster, tmp_path
                                  what="the message through a founding node")
     assert body == b"served"
     connection.close()
-
-
-def publish_until(node, publisher, queue, history, stop):
-    """Publishes with confirms through `node` until `stop`, reconnecting after a failure."""
-    sequence = 0
-    while not stop.is_set():
-        try:
-            connection = pika.BlockingConnection(pika.URLParameters(node.url()))
-            channel = connection.channel()
-            channel.confirm_delivery()
-            while not stop.is_set():
-                sequence += 1
-                history.record(event="publish", publisher=publisher, sequence=sequence)
-                try:
-                    channel.basic_publish("", queue, f"{publisher}:{sequence}".encode(), pika.BasicProperties(delivery_mode=2))
-                    history.record(event="confirm", publisher=publisher, sequence=sequence, ack=True)
-                except pika.exceptions.NackError:
-                    history.record(event="confirm", publisher=publisher, sequence=sequence, ack=False)
-            connection.close()
-        except (pika.exceptions.AMQPError, OSError):
-            time.sleep(0.2)
 
 
 def drain(node, queue, history, consumer="c"):

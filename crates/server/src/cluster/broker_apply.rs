@@ -158,12 +158,7 @@ impl Broker {
     ) -> Result<(ShortStr, u32, u32), AmqpError> {
         let name = definition.name.clone();
         let queue_type = QueueType::from_arguments(&name, vhost, &definition.arguments)?;
-        if server_named && queue_type != QueueType::Classic {
-            // RabbitMQ 3.10.8 refuses this before looking at anything else (measured), as a
-            // single node does.
-            let module = if queue_type == QueueType::Quorum { "rabbit_quorum_queue" } else { "rabbit_stream_queue" };
-            return Err(AmqpError::precondition(format!("Cannot declare a server-named queue for type {module}")));
-        }
+        crate::queue_type::check_server_named(queue_type, server_named)?;
         match queue_type {
             QueueType::Stream => {
                 return Err(AmqpError::not_implemented(format!(

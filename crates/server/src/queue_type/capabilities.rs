@@ -173,6 +173,15 @@ fn not_implemented_for(queue_type: QueueType, key: &str, value: &amqp_codec::Fie
     }
 }
 
+/// A server-named queue of any type but classic is refused, before anything else is looked at
+/// (RabbitMQ 3.10.8, measured), on a single node and through a clustered node alike.
+pub fn check_server_named(queue_type: QueueType, server_named: bool) -> Result<(), AmqpError> {
+    if server_named && queue_type != QueueType::Classic {
+        return Err(AmqpError::precondition(format!("Cannot declare a server-named queue for type {}", type_module(queue_type))));
+    }
+    Ok(())
+}
+
 /// The name RabbitMQ's replies give a queue type's module.
 fn type_module(queue_type: QueueType) -> &'static str {
     match queue_type {

@@ -19,7 +19,7 @@ mod quorum;
 mod stream;
 
 pub use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueSnapshot, GET_PAGE_IN_ROUNDS_MAX};
-pub use capabilities::{capabilities, QueueTypeCapabilities};
+pub use capabilities::{capabilities, check_server_named, QueueTypeCapabilities};
 pub use classic::{is_queue_file_name, queue_file_name};
 pub use classic::{ClassicStorage, ClassicStorageError, RecoveredLog, EXPIRY_DIRECTORY};
 pub use quorum::QuorumStorage;

@@ -58,8 +58,9 @@ impl ShardWorker {
     /// new numbers, each keeping its waiter (a publisher's confirm, a declare's answer).
     pub(super) fn renew_retired_proposer(&mut self) {
         // Learnt from the machine as soon as the release is applied here (a node with nothing to
-        // propose would not hear it from a refused command).
-        if !self.batcher.retired() && !self.node.machine().is_retired(self.proposer) {
+        // propose would not hear it from a refused command; a `Retired` result comes from this
+        // node's own apply of the release, so the machine knows it first).
+        if !self.node.machine().is_retired(self.proposer) {
             return;
         }
         let proposer = rand::random::<u64>() | 1;
