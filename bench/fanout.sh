@@ -7,12 +7,13 @@
 # published message (/proc/PID/io write_bytes: how many times a message is stored).
 #
 # Usage: bench/fanout.sh LEPUS_BIN [lepus|rabbitmq|both]
-# Environment: QUEUES (1000), SIZE (16), DURATION_S (30), RUNS (3), RESULTS (bench/results/fanout).
+# Environment: QUEUES (1000), SIZE (16), DURATION_S (30), RUNS (3), MAX_PENDING (10: unconfirmed publishes;
+#              each is QUEUES deliveries, so a larger window only queues up work), RESULTS (bench/results/fanout).
 set -euo pipefail
 LEPUS=$1 WHICH=${2:-both}
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 RESULTS=${RESULTS:-$BENCH_DIR/results/fanout}
-QUEUES=${QUEUES:-1000} SIZE=${SIZE:-16} DURATION_S=${DURATION_S:-30} RUNS=${RUNS:-3}
+QUEUES=${QUEUES:-1000} SIZE=${SIZE:-16} DURATION_S=${DURATION_S:-30} RUNS=${RUNS:-3} MAX_PENDING=${MAX_PENDING:-10}
 mkdir -p "$RESULTS"
 # shellcheck source=bench/rabbitmq-node.sh
 source "$BENCH_DIR/rabbitmq-node.sh"
@@ -26,7 +27,7 @@ trap 'if [[ -n $lepus_pid ]]; then kill "$lepus_pid" 2>/dev/null || true; fi; if
 run() { # run NAME URL PID
   local name=$1 url=$2 pid=$3 ticks bytes
   ticks=$(cpu_ticks "$pid") bytes=$(written_bytes "$pid")
-  "$LEPUS" perf client --url "$url" --persistent --durable --message-size "$SIZE" --consumers "$QUEUES" \
+  "$LEPUS" perf client --url "$url" --persistent --durable --message-size "$SIZE" --consumers "$QUEUES" --max-pending "$MAX_PENDING" \
     --duration "$DURATION_S" --cleanup "topic://fanout-$name" >"$RESULTS/$name.txt" 2>&1 || true
   ticks=$(( $(cpu_ticks "$pid") - ticks )) bytes=$(( $(written_bytes "$pid") - bytes ))
   python3 - "$RESULTS/$name.txt" "$name" "$ticks" "$hz" "$bytes" <<'PY'
@@ -45,7 +46,7 @@ PY
 }
 
 {
-  echo "fan-out to $QUEUES queues, $SIZE B persistent, ${DURATION_S} s runs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "fan-out to $QUEUES queues, $SIZE B persistent, $MAX_PENDING unconfirmed at most, ${DURATION_S} s runs, load $(cut -d' ' -f1-3 /proc/loadavg)"
   if [[ $WHICH != lepus ]]; then
     rabbitmq_base=$(mktemp -d /tmp/lepus-fanout-rabbitmq.XXXXXX)
     RABBITMQ_DESCRIPTORS=${RABBITMQ_DESCRIPTORS:-$(ulimit -n)} rabbitmq_start "$rabbitmq_base"
