@@ -18,31 +18,34 @@ mkdir -p "$RESULTS"
 # shellcheck source=bench/rabbitmq-node.sh
 source "$BENCH_DIR/rabbitmq-node.sh"
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }  # of the whole process, all its threads
 written_bytes() { awk '$1 == "write_bytes:" { print $2 }' "/proc/$1/io"; }
 hz=$(getconf CLK_TCK)
 lepus_pid="" rabbitmq_base=""
 trap 'if [[ -n $lepus_pid ]]; then kill "$lepus_pid" 2>/dev/null || true; fi; if [[ -n $rabbitmq_base ]]; then rabbitmq_stop || true; rm -rf "$rabbitmq_base"; fi' EXIT
 
 run() { # run NAME URL PID
-  local name=$1 url=$2 pid=$3 ticks bytes
-  ticks=$(cpu_ticks "$pid") bytes=$(written_bytes "$pid")
-  "$LEPUS" perf client --url "$url" --persistent --durable --message-size "$SIZE" --consumers "$QUEUES" --max-pending "$MAX_PENDING" \
-    --duration "$DURATION_S" --cleanup "topic://fanout-$name" >"$RESULTS/$name.txt" 2>&1 || true
-  ticks=$(( $(cpu_ticks "$pid") - ticks )) bytes=$(( $(written_bytes "$pid") - bytes ))
-  python3 - "$RESULTS/$name.txt" "$name" "$ticks" "$hz" "$bytes" <<'PY'
-import re, sys
-path, name, ticks, hz, written = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-summary = [line for line in open(path) if line.startswith("sent ")]
-if not summary:
-    print(f"{name}: no summary (see {path})"); sys.exit()
-sent = re.search(r"completed (\d+) \((\d+) msg/s\)", summary[-1])
-received = re.search(r"received (\d+) \((\d+) msg/s\)", summary[-1])
-published, deliveries = int(sent.group(1)), int(received.group(1))
-cpu_ns = ticks * 1e9 / hz
-print(f"{name}: published {sent.group(2)} msg/s, {received.group(2)} deliveries/s; broker CPU {cpu_ns / max(deliveries, 1):,.0f} ns per delivery "
-      f"(whole run, drain included); disk written {written / max(published, 1):,.0f} B per published message")
-PY
+  local name=$1 url=$2 pid=$3 line first_ticks="" last_ticks="" first_bytes="" last_bytes="" seconds=0 published=0 deliveries=0
+  # The broker's CPU time and disk writes are read at the first progress line (queues declared,
+  # bound and consumed from) and at the first drain line: the steady state only, without the
+  # declares, binds and deletes of 1,000 queues. Each progress line is one second's rates.
+  while IFS= read -r line; do
+    echo "$line" >>"$RESULTS/$name.txt"
+    if [[ $line =~ ^\[\ *[0-9.]+\ s\]\ sent\ +([0-9]+)/s.*completed\ +([0-9]+)/s.*received\ +([0-9]+)/s ]]; then
+      if [[ -z $first_ticks ]]; then
+        first_ticks=$(cpu_ticks "$pid") first_bytes=$(written_bytes "$pid")
+        continue
+      fi
+      seconds=$((seconds + 1)) published=$((published + BASH_REMATCH[2])) deliveries=$((deliveries + BASH_REMATCH[3]))
+    elif [[ $line == *drain* && -n $first_ticks && -z $last_ticks ]]; then
+      last_ticks=$(cpu_ticks "$pid") last_bytes=$(written_bytes "$pid")
+    fi
+  done < <("$LEPUS" perf client --url "$url" --persistent --durable --message-size "$SIZE" --consumers "$QUEUES" --max-pending "$MAX_PENDING" \
+    --duration "$DURATION_S" --cleanup "topic://fanout-$name" 2>&1)
+  if [[ -z $last_ticks || $seconds == 0 ]]; then echo "$name: no steady state measured (see $RESULTS/$name.txt)"; return; fi
+  echo "$name: over ${seconds} s: $((published / seconds)) msg/s published (confirmed), $((deliveries / seconds)) deliveries/s;" \
+    "broker CPU $(( (last_ticks - first_ticks) * 1000000000 / hz / (deliveries > 0 ? deliveries : 1) )) ns per delivery;" \
+    "disk written $(( (last_bytes - first_bytes) / (published > 0 ? published : 1) )) B per published message"
 }
 
 {
