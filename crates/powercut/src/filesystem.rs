@@ -20,7 +20,21 @@ use crate::state::State;
 /// No attribute or name caching in the kernel: every stat reaches the backing directory.
 const TTL: Duration = Duration::ZERO;
 
-pub struct PowerCutFs(pub Arc<Mutex<State>>);
+pub struct PowerCutFs(pub Arc<Mutex<State>>, pub Option<SlowFsync>);
+
+/// How often a slow fsync looks whether the power went.
+const SLOW_FSYNC_POLL: Duration = Duration::from_millis(5);
+
+/// fsyncs of files whose name starts with a prefix take this long before they sync
+/// (`--slow-fsync PREFIX:MS`): a test holds one durability step open (the definitions', log or
+/// snapshot) while the others go on, on the other FUSE threads.
+#[derive(Debug, Clone)]
+pub struct SlowFsync {
+    /// How the names (not the paths) of the files whose fsyncs are slow start.
+    pub prefix: String,
+    /// How long each takes before it syncs.
+    pub delay: Duration,
+}
 
 fn to_errno(error: io::Error) -> Errno {
     Errno::from(error)
@@ -320,6 +334,22 @@ impl Filesystem for PowerCutFs {
     }
 
     fn fsync(&self, _request: &Request, inode: INodeNo, handle: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        if let Some(slow) = &self.1 {
+            let path = self.0.lock().ok().and_then(|state| state.full_path(inode.0));
+            let name = path.as_ref().and_then(|path| path.file_name()).map(|name| name.to_string_lossy().into_owned());
+            if name.is_some_and(|name| name.starts_with(&slow.prefix)) {
+                // Without the state's lock: the other threads serve every other operation meanwhile.
+                // A cut in the middle fails it, as the power would: a killed process waits for
+                // the answer to the fsync it is in, which must not make its data durable.
+                let started = std::time::Instant::now();
+                while started.elapsed() < slow.delay {
+                    if self.0.lock().map_or(true, |state| state.powered_off) {
+                        return reply.error(Errno::EIO);
+                    }
+                    std::thread::sleep(SLOW_FSYNC_POLL);
+                }
+            }
+        }
         reply_empty(reply, self.powered().and_then(|mut state| state.sync_file(inode.0, handle.0).map_err(to_errno)));
     }
 

@@ -90,6 +90,9 @@ pub struct Broker {
     /// Operator policies: limits merged into whatever policy applies, the stricter value winning.
     operator_policies: RwLock<Vec<Arc<Policy>>>,
     definitions: DefinitionsStore,
+    /// Durable queues in the topology whose definition may not be on disk yet: a confirm of a
+    /// message routed into one waits for it ([`Broker::await_declared`]).
+    pub(crate) declares_in_flight: declares_in_flight::DeclaresInFlight,
     /// Serialises writes of the control plane (users, permissions, vhosts, policies), each read
     /// whole, so the newest is the one on disk.
     definitions_write: Mutex<()>,
@@ -131,6 +134,7 @@ pub struct Broker {
 /// broker's private helpers).
 #[path = "cluster/broker_apply.rs"]
 mod cluster_apply;
+pub(crate) mod declares_in_flight;
 
 /// Why the broker could not open its data directory or recover from it. Each names the file or
 /// the queue it concerns; the listener reports it and the start stops.
@@ -225,6 +229,7 @@ impl Broker {
             policies: RwLock::new(Vec::new()),
             operator_policies: RwLock::new(Vec::new()),
             definitions,
+            declares_in_flight: Default::default(),
             definitions_write: Mutex::new(()),
             // A clustered node's exclusive queues name their owner by connection id in the
             // metadata log; ids of a new incarnation must not be those of the last one.
@@ -993,7 +998,31 @@ impl Broker {
         self.definitions.wait(ticket).map_err(|error| {
             tracing::error!(%error, "saving definitions failed");
             AmqpError::internal(format!("could not store definitions: {error}"))
-        })
+        })?;
+        if self.declares_in_flight.any() {
+            self.declares_in_flight.forget_durable();
+        }
+        Ok(())
+    }
+
+    /// Waits until the definition of each of `queues` whose declaration is in flight is on disk,
+    /// before a confirm of a persistent message routed into them may go: the log's fdatasync
+    /// alone would leave the message to a power cut that takes the definition (the next start
+    /// removes the log as an orphan). Blocks on the definitions' fdatasync, as the declaring
+    /// channel does, only in that moment; false when the definition could not be stored (the
+    /// publish is then nacked).
+    pub fn await_declared(&self, queues: &[Queue]) -> bool {
+        for queue in queues {
+            let Some(ticket) = self.declares_in_flight.ticket_of(queue) else { continue };
+            // A failed commit's changes are folded into the next one, which stores them.
+            let stored = self.definitions.wait(ticket).or_else(|_| self.definitions.wait_for_everything_submitted());
+            if let Err(error) = stored {
+                tracing::error!(%error, queue = %queue.name(), "a publish waited for its new queue's definition, which could not be stored");
+                return false;
+            }
+            self.declares_in_flight.forget(queue);
+        }
+        true
     }
 
     /// exchange.declare.
@@ -1119,6 +1148,10 @@ impl Broker {
             let stored = created && entry.definition.durable && entry.definition.exclusive_owner.is_none();
             let ticket =
                 stored.then(|| self.submit_definition(DefinitionChange::PutQueue(queue_record(vhost_name, &entry.definition)))).flatten();
+            // Under the write lock: whoever routes to the queue from now on sees it in flight.
+            if let Some(ticket) = &ticket {
+                self.declares_in_flight.add(&entry.handle, ticket.clone());
+            }
             (entry.handle.clone(), created, ticket)
         };
         ChurnCounters::count(&self.churn.queues_declared);

@@ -60,6 +60,11 @@ impl Broker {
                 PublishOutcome::Rejected => {}
             }
         }
+        // "routed" waits for what a confirm waits for: also the definition of a queue whose
+        // declaration is in flight (`Broker::await_declared`).
+        if self.declares_in_flight.any() && message.is_persistent() && !self.await_declared(&queues) {
+            return Err(broker_core::AmqpError::internal("could not store the definition of a queue the message was routed to"));
+        }
         Ok(published)
     }
 

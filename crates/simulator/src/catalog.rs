@@ -40,8 +40,11 @@ pub struct Catalog {
 pub struct Resolved {
     /// The incarnations whose queues the node opens, by index.
     pub open: Vec<usize>,
-    /// The incarnations an unanswered declare or delete left gone: their messages are gone too.
+    /// The incarnations an unanswered delete left gone: their messages are gone too.
     pub gone: Vec<usize>,
+    /// The incarnations an unanswered declare left gone: none of their messages may have been
+    /// confirmed (a confirm waits for the queue's definition).
+    pub never_declared: Vec<usize>,
 }
 
 impl Catalog {
@@ -101,7 +104,11 @@ impl Catalog {
                 (Lifecycle::Declared, false) => violation!("queue {} (declare-ok received) lost after a restart", incarnation.name),
                 (Lifecycle::Deleted, true) => violation!("queue {} came back after its delete-ok", incarnation.name),
                 (Lifecycle::Deleted, false) => {}
-                (Lifecycle::Declaring | Lifecycle::Deleting, false) => {
+                (Lifecycle::Declaring, false) => {
+                    incarnation.lifecycle = Lifecycle::Deleted;
+                    resolved.never_declared.push(index);
+                }
+                (Lifecycle::Deleting, false) => {
                     incarnation.lifecycle = Lifecycle::Deleted;
                     resolved.gone.push(index);
                 }

@@ -95,6 +95,20 @@ impl Ledger {
         self.live_per_queue[queue] = 0;
     }
 
+    /// `queue`'s declare was never answered and recovery shows it gone: its confirmed messages
+    /// are lost (a confirm promised them); the unconfirmed ones went with the power.
+    pub fn queue_never_declared(&mut self, queue: usize) -> Result<(), Violation> {
+        for (id, publish) in self.publishes.iter().filter(|(_, publish)| publish.queue == queue) {
+            if publish.fate == Fate::Live && publish.confirmed == Some(true) {
+                violation!(
+                    "queue {queue}: confirmed message {id:x} lost in a power cut with its queue, whose declare never reached the disk"
+                );
+            }
+        }
+        self.queue_gone(queue);
+        Ok(())
+    }
+
     /// Records a publish (live until it is settled or lost).
     pub fn publish(&mut self, id: MessageId, queue: usize, ttl_ms: Option<u64>, now_ms: u64) {
         let publish = Publish { queue, ttl_ms, published_at_ms: now_ms, confirmed: None, fate: Fate::Live };

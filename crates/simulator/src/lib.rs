@@ -42,11 +42,15 @@ pub enum Sabotage {
     /// A declare that makes its log where a queue was deleted since the last checkpoint,
     /// without a checkpoint first.
     ReuseWithoutCheckpoint,
+    /// A publish into a queue whose declare is in flight confirmed once the queue's log is
+    /// synced, without waiting for the queue's definition (the broker's order before the
+    /// simulator's in-flight declares showed the confirmed message lost with its queue).
+    ConfirmBeforeDefinition,
 }
 
 impl Sabotage {
     /// Every deliberate bug.
-    pub const ALL: [Sabotage; 7] = [
+    pub const ALL: [Sabotage; 8] = [
         Sabotage::ConfirmBeforeSync,
         Sabotage::SkipJournalReplay,
         Sabotage::ForgetSettleRecords,
@@ -54,6 +58,7 @@ impl Sabotage {
         Sabotage::DeleteLogFirst,
         Sabotage::KeepOrphanedLogs,
         Sabotage::ReuseWithoutCheckpoint,
+        Sabotage::ConfirmBeforeDefinition,
     ];
 
     /// How far ahead of the clock the queue core is told the time when it expires messages.
@@ -76,6 +81,7 @@ impl Sabotage {
             Sabotage::DeleteLogFirst => "delete-log-first",
             Sabotage::KeepOrphanedLogs => "keep-orphaned-logs",
             Sabotage::ReuseWithoutCheckpoint => "reuse-without-checkpoint",
+            Sabotage::ConfirmBeforeDefinition => "confirm-before-definition",
         }
     }
 
@@ -135,6 +141,8 @@ pub struct Report {
     pub declares: u64,
     /// queue.delete answered.
     pub deletes: u64,
+    /// Publishes (with confirms, from other channels) into a queue whose declare was in flight.
+    pub publishes_during_declare: u64,
     /// Definitions compactions done.
     pub definition_compactions: u64,
     /// Log directories without a definition that starts found and removed.

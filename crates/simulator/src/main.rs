@@ -40,6 +40,7 @@ fn main() -> ExitCode {
     let started = Instant::now();
     let (mut failures, mut crash_points) = (Vec::new(), BTreeMap::<String, u64>::new());
     let (mut steps, mut publishes, mut confirmed, mut power_cuts, mut torn, mut recovery_crashes) = (0, 0, 0, 0, 0, 0);
+    let mut publishes_during_declare = 0;
     for seed in first..first.saturating_add(seeds) {
         match run(seed, &config) {
             Ok(report) => {
@@ -49,6 +50,7 @@ fn main() -> ExitCode {
                 power_cuts += report.power_cuts;
                 torn += report.torn_writes;
                 recovery_crashes += report.crashes_in_recovery;
+                publishes_during_declare += report.publishes_during_declare;
                 for (point, count) in report.crash_points {
                     *crash_points.entry(point).or_default() += count;
                 }
@@ -62,7 +64,8 @@ fn main() -> ExitCode {
     let elapsed = started.elapsed();
     println!(
         "{seeds} seeds from {first} ({} sabotage), {:.1} s: {} failed; {steps} steps, {publishes} publishes, {confirmed} confirmed, \
-         {power_cuts} power cuts ({torn} tearing the last write, {recovery_crashes} during recovery)",
+         {power_cuts} power cuts ({torn} tearing the last write, {recovery_crashes} during recovery); \
+         {publishes_during_declare} publishes into a queue whose declare was in flight",
         config.sabotage.name(),
         elapsed.as_secs_f64(),
         failures.len()

@@ -11,7 +11,7 @@ use queue_core::{Command, ConsumerId, Effect, Limits, PagedMessage, QueueCore, Q
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use storage::definitions::{BindingRecord, DefinitionsStore, ExchangeRecord, QueueRecord};
+use storage::definitions::{BindingRecord, DefinitionsStore, DefinitionsTicket, ExchangeRecord, QueueRecord};
 use storage::definitions_state::DefinitionChange;
 use storage::file_cache::FileCache;
 use storage::journal::{replay_in, Journal};
@@ -170,6 +170,9 @@ pub struct Queue {
     pub consumers: Vec<Consumer>,
     /// Settles appended since the last flush request.
     pub settles_unflushed: Vec<MessageId>,
+    /// While its queue.declare is in flight (the queue visible to other channels, its definition
+    /// submitted but not known durable): the definitions ticket a publish's confirm waits for.
+    pub definition_pending: Option<DefinitionsTicket>,
 }
 
 /// The storage and queues of one run of the node.
@@ -248,6 +251,9 @@ impl Node {
         let resolved = catalog.recovered(&queue_names, &bound)?;
         for gone in &resolved.gone {
             ledger.queue_gone(*gone);
+        }
+        for gone in &resolved.never_declared {
+            ledger.queue_never_declared(*gone)?;
         }
         check_no_orphaned_logs(&file_system, &queue_names)?;
         // As the broker starts: every log opened, then the seals recovery wrote made durable by
@@ -348,6 +354,7 @@ impl Node {
             live,
             consumers: Vec::new(),
             settles_unflushed: Vec::new(),
+            definition_pending: None,
         }
     }
 
@@ -355,11 +362,11 @@ impl Node {
         storage_failure(&self.file_system, what, error)
     }
 
-    /// queue.declare of a new durable classic queue `name` (incarnation `index`), then its
-    /// queue.bind from [`EXCHANGE`], as the broker makes them (`Broker::declare_queue` with
-    /// `ClassicStorage::create`, then `Broker::bind`): the log made, the definition submitted
-    /// and waited for, declare-ok; the binding submitted and waited for, bind-ok.
-    pub fn declare(&mut self, name: &str, index: usize, catalog: &mut Catalog) -> Result<(), Halt> {
+    /// queue.declare of a new durable classic queue `name` (incarnation `index`), as the broker
+    /// starts one (`Broker::declare_queue_unwaited` with `ClassicStorage::create`): the log made,
+    /// the queue in the node (other channels publish to it from now on), its definition
+    /// submitted. [`Node::declare_answered`] waits for the definition and answers.
+    pub fn declare_submitted(&mut self, name: &str, index: usize) -> Result<(), Halt> {
         let directory = queues_directory().join(name);
         // `ClassicStorage::create`: a queue deleted since the last checkpoint left writes in the
         // journal that a replay would put into this directory; a checkpoint clears them first.
@@ -380,13 +387,23 @@ impl Node {
             .map_err(|error| self.failure("creating a queue log", error))?;
         let core = QueueCore::new(QueueState::new(0), Limits::NONE, Some(WINDOW));
         log.use_journal();
-        let queue = self.queue(index, name, log, core, None, BTreeMap::new());
+        let mut queue = self.queue(index, name, log, core, None, BTreeMap::new());
+        queue.definition_pending = Some(self.definitions.submit(DefinitionChange::PutQueue(queue_record(name))));
         self.queues.push(queue);
-        let ticket = self.definitions.submit(DefinitionChange::PutQueue(queue_record(name)));
-        self.definitions.wait(ticket).map_err(|error| self.failure("writing a queue's definition", error))?;
+        Ok(())
+    }
+
+    /// The end of the declare of the queue at `slot` (see [`Node::declare_submitted`]): its
+    /// definition waited for, declare-ok; then its queue.bind from [`EXCHANGE`] (`Broker::bind`),
+    /// the binding submitted and waited for, bind-ok.
+    pub fn declare_answered(&mut self, slot: usize, catalog: &mut Catalog) -> Result<(), Halt> {
+        let (index, name) = (self.queues[slot].index, self.queues[slot].name.clone());
+        if let Some(ticket) = self.queues[slot].definition_pending.take() {
+            self.definitions.wait(ticket).map_err(|error| self.failure("writing a queue's definition", error))?;
+        }
         catalog.set(index, Lifecycle::Declared);
         self.definitions
-            .apply(DefinitionChange::PutBinding(binding_record(name)))
+            .apply(DefinitionChange::PutBinding(binding_record(&name)))
             .map_err(|error| self.failure("writing a binding's definition", error))?;
         catalog.bound(index);
         Ok(())
@@ -462,8 +479,18 @@ fn check_no_orphaned_logs(file_system: &MemoryFileSystem, queue_names: &BTreeSet
 }
 
 impl Queue {
-    /// Enqueues a publish and asks the syncer for its confirm, as a channel does.
-    pub fn publish(&mut self, message: Simulated, now_ms: u64, syncer: &SteppedSyncer, sink: Arc<SharedOutbox>) -> Result<(), Halt> {
+    /// Enqueues a publish and asks the syncer for its confirm, as a channel does: into a queue
+    /// whose declare is in flight, once its definition is durable too (the channel waits for the
+    /// declare's ticket, `publish.rs`'s `enqueue`).
+    pub fn publish(
+        &mut self,
+        message: Simulated,
+        now_ms: u64,
+        node: (&SteppedSyncer, &DefinitionsStore),
+        sink: Arc<SharedOutbox>,
+        sabotage: Sabotage,
+    ) -> Result<(), Halt> {
+        let (syncer, definitions) = node;
         let id = message.id;
         let ttl_ms = message.ttl_ms;
         let mut effects = Vec::new();
@@ -483,6 +510,13 @@ impl Queue {
                     self.live.insert(position, id);
                 }
                 other => violation!("queue {}: enqueue asked for {other:?}", self.index),
+            }
+        }
+        if sabotage != Sabotage::ConfirmBeforeDefinition {
+            if let Some(ticket) = self.definition_pending.as_ref().filter(|ticket| !ticket.is_durable()) {
+                definitions
+                    .wait(ticket.clone())
+                    .map_err(|error| storage_failure(&self.file_system, "writing the definition of a queue published to", error))?;
             }
         }
         let confirm = Confirm { sink, delivery_tag: id, accepted: true };

@@ -31,6 +31,9 @@ const DEFINITION_STEP_PERCENT: u64 = 4;
 const DEFINITION_CRASH_PERCENT: u64 = 40;
 /// How far ahead that crash point is: a declare with its bind, and a delete, take a handful.
 const DEFINITION_CRASH_OPERATIONS_MAX: u64 = 8;
+/// The most publishes other channels make into a queue whose declare is in flight (between its
+/// definition's submission and declare-ok), each followed by a syncer step half the time.
+const PUBLISHES_DURING_DECLARE_MAX: u64 = 3;
 
 pub(crate) struct World {
     seed: u64,
@@ -196,10 +199,21 @@ impl World {
             assert_eq!(self.ledger.add_queue(), index, "the ledger and the catalog index queues alike");
             self.acting = "queue.declare";
             self.trace(format_args!("declare {name} (queue {index})"));
-            let node = self.node.as_mut().expect("the node runs");
-            node.declare(&name, index, &mut self.catalog)?;
-            self.report.declares += 1;
+            self.node().declare_submitted(&name, index)?;
             let slot = self.node().queues.len() - 1;
+            // Other channels see the queue from here on: they publish to it with confirms, and the
+            // group commit may sync its log, before its definition is durable.
+            for _ in 0..self.random.below(PUBLISHES_DURING_DECLARE_MAX + 1) {
+                self.publish_to(slot)?;
+                self.report.publishes_during_declare += 1;
+                if self.random.percent(50) {
+                    let timer_fired = self.random.percent(30);
+                    self.node().syncer.step(timer_fired);
+                }
+            }
+            let node = self.node.as_mut().expect("the node runs");
+            node.declare_answered(slot, &mut self.catalog)?;
+            self.report.declares += 1;
             self.add_consumers_to(slot).map_err(Halt::Violation)?;
         } else if !dynamic.is_empty() {
             let slot = dynamic[self.random.below(dynamic.len() as u64) as usize];
@@ -230,6 +244,17 @@ impl World {
     fn publish(&mut self) -> Result<(), Halt> {
         let publisher = self.random.below(u64::from(self.config.publishers)) as u16;
         let queue = self.random_queue();
+        self.publish_from(publisher, queue)
+    }
+
+    /// A publisher chosen by the seed publishes to the queue at slot `queue`, with confirms.
+    fn publish_to(&mut self, queue: usize) -> Result<(), Halt> {
+        let publisher = self.random.below(u64::from(self.config.publishers)) as u16;
+        self.publish_from(publisher, queue)
+    }
+
+    /// `publisher` publishes to the queue at slot `queue`, with confirms.
+    fn publish_from(&mut self, publisher: u16, queue: usize) -> Result<(), Halt> {
         let sequence = self.next_sequence[usize::from(publisher)];
         self.next_sequence[usize::from(publisher)] += 1;
         let id = message_id(publisher, sequence);
@@ -241,7 +266,7 @@ impl World {
         self.report.publishes += 1;
         let (now_ms, outbox, sabotage) = (self.now_ms, self.outbox.clone(), self.config.sabotage);
         let node = self.node.as_mut().expect("the node runs");
-        node.queues[queue].publish(simulated, now_ms, &node.syncer, outbox)?;
+        node.queues[queue].publish(simulated, now_ms, (&node.syncer, &node.definitions), outbox, sabotage)?;
         if sabotage == Sabotage::ConfirmBeforeSync {
             self.ledger.confirm(id, true)?;
             self.report.confirmed += 1;

@@ -132,3 +132,16 @@ fn every_deliberate_bug_is_caught() {
         assert!(caught, "{} was never caught by seeds 0-9", sabotage.name());
     }
 }
+
+/// A publish into a queue whose declare is in flight (another channel's), confirmed once the
+/// queue's log is synced but before the queue's definition is durable, as the broker did: a
+/// power cut inside the definitions write loses the queue, the start removes its log as an
+/// orphan, and the confirmed message is gone. Seed 2 finds it (32 of seeds 0-299 do).
+#[test]
+fn a_confirm_before_the_queues_definition_is_durable_is_caught() {
+    let config = Config { sabotage: Sabotage::ConfirmBeforeDefinition, ..Config::default() };
+    let failure = run(2, &config).expect_err("seed 2 catches the confirm before the definition");
+    assert!(failure.to_string().contains("whose declare never reached the disk"), "{failure}");
+    let report = run(2, &Config::default()).expect("seed 2 passes with the confirm after the definition");
+    assert!(report.publishes_during_declare > 0, "seed 2 published into no queue whose declare was in flight");
+}

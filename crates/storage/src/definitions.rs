@@ -264,9 +264,17 @@ struct Batch {
 }
 
 /// A submitted change's place in the group commit; [`DefinitionsStore::wait`] returns once it
-/// is durable.
-#[derive(Debug)]
+/// is durable. A clone is the same place: a publish into a queue whose declaration is in flight
+/// waits for the declaration's ticket too (`Broker::declare_queue_unwaited`).
+#[derive(Debug, Clone)]
 pub struct DefinitionsTicket(Arc<Batch>);
+
+impl DefinitionsTicket {
+    /// Whether the change is durable already (its batch was committed): one atomic load.
+    pub fn is_durable(&self) -> bool {
+        matches!(self.0.outcome.get(), Some(Ok(())))
+    }
+}
 
 /// What submitters share: the state with every submitted change applied, and the framed records
 /// not yet written.
@@ -380,6 +388,13 @@ impl DefinitionsStore {
                 self.commit(&mut writer);
             }
         }
+    }
+
+    /// Returns once every change submitted so far is durable: after a failed commit, whose
+    /// changes the next commit folds into a new snapshot, this is that next commit.
+    pub fn wait_for_everything_submitted(&self) -> Result<(), StorageError> {
+        let ticket = DefinitionsTicket(self.submitted.lock().batch.clone());
+        self.wait(ticket)
     }
 
     /// [`DefinitionsStore::submit`] then [`DefinitionsStore::wait`], for a change no lock orders.

@@ -277,6 +277,11 @@ fn enqueue(context: &Context, channel: u16, publish: &Publish, queues: &[Queue],
             PublishOutcome::Dropped => {}
         }
     }
+    // A queue another channel is declaring has its log synced by the confirm's group commit, but
+    // not its definition: the confirm waits for that too (one load while no declare is in flight).
+    if context.broker.declares_in_flight.any() && message.is_persistent() && !context.broker.await_declared(queues) {
+        routed.rejected = true;
+    }
     routed
 }
 
