@@ -393,14 +393,17 @@ impl Cluster {
         }
     }
 
-    /// Waits until every running node's shard of `key` has these voters and learners.
-    fn wait_members(&self, key: &[u8], voters: &[u64], learners: &[u64]) {
+    /// Waits until every shard on every running node has these voters and learners: every shard
+    /// changes its members on its own, one change at a time, and a shard left behind (still
+    /// holding a killed voter) would stop a later step, however long it waits.
+    fn wait_members(&self, voters: &[u64], learners: &[u64]) {
         let expected = (voters.to_vec(), learners.to_vec());
-        wait_for("the shard's members on every node", || {
+        wait_for("every shard's members on every node", || {
             self.hosts
                 .values()
-                .all(|host| {
-                    let (mut voters, mut learners) = host.shard_for(key).figures.members.lock().clone();
+                .flat_map(|host| host.shards.iter())
+                .all(|shard| {
+                    let (mut voters, mut learners) = shard.figures.members.lock().clone();
                     voters.sort_unstable();
                     learners.sort_unstable();
                     (voters, learners) == expected
@@ -418,7 +421,7 @@ fn a_joined_node_serves_as_a_learner_and_replaces_a_forgotten_voter() {
     let before = queue_on_every_node(&cluster, 1, "q-join");
     publish_confirmed(&before[&1], (0..10).map(|number| format!("a{number}")));
     cluster.join(4);
-    cluster.wait_members(&key, &[1, 2, 3], &[4]);
+    cluster.wait_members(&[1, 2, 3], &[4]);
     let joined = QuorumQueue::recover(definition("q-join"), "/", &cluster.hosts[&4], no_expiry());
     wait_for("the queue's id on the joined node", || (joined.id() == before[&1].id()).then_some(()));
     // Published through the learner (forwarded to the leader), consumed there from its own apply.
@@ -438,7 +441,7 @@ fn a_joined_node_serves_as_a_learner_and_replaces_a_forgotten_voter() {
     // Node 3 dies and is forgotten: removed from the shard, the learner promoted.
     cluster.kill(3);
     cluster.set_members(&[1, 2, 4]);
-    cluster.wait_members(&key, &[1, 2, 4], &[]);
+    cluster.wait_members(&[1, 2, 4], &[]);
     // With node 2 gone too, nodes 1 and 4 are a majority of the voters: commits go on.
     cluster.kill(2);
     publish_confirmed(&before[&1], (20..25).map(|number| format!("a{number}")));
@@ -446,5 +449,7 @@ fn a_joined_node_serves_as_a_learner_and_replaces_a_forgotten_voter() {
     // Removing node 4 now would leave voters 1 and 2 with one of them running: refused.
     let host = &cluster.hosts[&1];
     wait_for("node 2 quiet on node 1", || host.check_removal(4).is_err().then_some(()));
-    assert!(host.check_removal(2).is_ok(), "voters 1 and 4 both run");
+    // Whether a voter runs is judged by when it was last heard from: under load node 4 may look
+    // quiet for a moment (CI's unit tests run in parallel), so wait rather than sample once.
+    wait_for("removing node 2 allowed: voters 1 and 4 both run", || host.check_removal(2).is_ok().then_some(()));
 }
