@@ -211,6 +211,8 @@ pub(crate) struct ShardWorker {
     /// command and when it was proposed. One at a time, so timing costs a clock read per sample.
     latency_probe: Option<(u64, Instant)>,
     stopping: bool,
+    /// When held (at-least-once) dead letters are published again.
+    dead_letter_retry: super::dead_letter_retry::DeadLetterRetry,
 }
 
 /// Opens shard `shard` of this node and makes its thread's state.
@@ -270,6 +272,7 @@ pub(crate) fn open(
         released: HashMap::new(),
         latency_probe: None,
         stopping: false,
+        dead_letter_retry: super::dead_letter_retry::DeadLetterRetry::new(config.dead_letter_retry_interval_ms),
     };
     Ok((handle, worker))
 }
@@ -363,6 +366,8 @@ impl ShardWorker {
         }
         self.release_gone_nodes();
         self.spread_leadership();
+        let leading = self.node.is_leader() && self.node.caught_up();
+        self.dead_letter_retry.tick(leading, self.node.machine(), &self.queues, self.dead_letters.as_ref());
     }
 
     /// Leaders spread over the nodes: shard `n`'s preferred leader is the `n`-th voter (in id
