@@ -22,7 +22,7 @@ LOAD=$(mktemp /tmp/lepus-delayed-million.XXXXXX)
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 port=$(free_port) metrics_port=$(free_port)
 data_dir=$(mktemp -d /tmp/lepus-delayed-million-data.XXXXXX)
-LEPUS_LOG=warn "$LEPUS" server --data-dir "$data_dir" --amqp-port "$port" --bind 127.0.0.1 --http-port 0 --metrics-port "$metrics_port" \
+LEPUS_LOG=warn "$LEPUS" server --data-dir "$data_dir" --amqp-port "$port" --bind 127.0.0.1 --http-port 0 --metrics-port "$metrics_port" --stream-port 0 \
   >"$RESULTS/server.log" 2>&1 &
 server=$!
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$data_dir" "$LOAD"' EXIT

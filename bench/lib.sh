@@ -49,7 +49,7 @@ start_lepus() {
   rm -rf "$data_dir"
   if port_open "$LEPUS_PORT"; then echo "port $LEPUS_PORT is taken: set LEPUS_PORT" >&2; exit 1; fi
   # No management or metrics listeners: their default ports may belong to a RabbitMQ.
-  LEPUS_LOG=warn LEPUS_HTTP_PORT=0 LEPUS_METRICS_PORT=0 "$LEPUS_BIN" server --data-dir "$data_dir" --amqp-port "$LEPUS_PORT" --bind 127.0.0.1 \
+  LEPUS_LOG=warn LEPUS_HTTP_PORT=0 LEPUS_METRICS_PORT=0 LEPUS_STREAM_PORT=0 "$LEPUS_BIN" server --data-dir "$data_dir" --amqp-port "$LEPUS_PORT" --bind 127.0.0.1 \
     >"/tmp/lepus-bench-server-$LEPUS_PORT.log" 2>&1 &
   CLEANUP_PIDS+=($!)
   for _ in $(seq 1 100); do port_open "$LEPUS_PORT" && break; sleep 0.1; done

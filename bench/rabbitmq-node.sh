@@ -6,7 +6,7 @@
 #                              whose /proc entries give its RSS, CPU time and descriptors)
 #   rabbitmq_stop              a graceful stop (rabbitmqctl stop), waits for it
 #   rabbitmq_kill              kill -9 of the VM (a crash)
-# Environment: RABBITMQ_DESCRIPTORS (the node's `ulimit -n`; unchanged when empty),
+# Environment: RABBITMQ_DESCRIPTORS (the node's `ulimit -n`, soft and hard; unchanged when empty),
 #              RABBITMQ_PLUGINS (enabled plugins, an Erlang list; default none: "[]").
 
 rabbitmq_free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -27,9 +27,15 @@ CONF
   (
     if [[ -n ${RABBITMQ_DESCRIPTORS:-} ]]; then ulimit -n "$RABBITMQ_DESCRIPTORS"; fi
     cd "$base" # where an Erlang crash dump lands
-    RABBITMQ_NODENAME=$RABBITMQ_NODE RABBITMQ_DIST_PORT=$dist_port RABBITMQ_CONFIG_FILE=$base/rabbitmq.conf \
-      RABBITMQ_MNESIA_BASE=$base/mnesia RABBITMQ_LOG_BASE=$base/log RABBITMQ_ENABLED_PLUGINS_FILE=$base/enabled_plugins \
-      exec rabbitmq-server
+    export RABBITMQ_NODENAME=$RABBITMQ_NODE RABBITMQ_DIST_PORT=$dist_port RABBITMQ_CONFIG_FILE=$base/rabbitmq.conf \
+      RABBITMQ_MNESIA_BASE=$base/mnesia RABBITMQ_LOG_BASE=$base/log RABBITMQ_ENABLED_PLUGINS_FILE=$base/enabled_plugins
+    # Debian's rabbitmq-server switches to the rabbitmq user with su, whose PAM session puts the
+    # soft descriptor limit back to 1,024 (RabbitMQ then fails with emfile at about 1,000
+    # connections); switching without PAM keeps the limit asked for.
+    if [[ -n ${RABBITMQ_DESCRIPTORS:-} && $(id -u) == 0 ]] && command -v setpriv >/dev/null && [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]]; then
+      exec setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups env HOME=/var/lib/rabbitmq /usr/lib/rabbitmq/bin/rabbitmq-server
+    fi
+    exec rabbitmq-server
   ) >>"$base/server.out" 2>&1 &
   RABBITMQ_SERVER_PID=$!
   RABBITMQ_AMQP_URL="amqp://guest:guest@127.0.0.1:$RABBITMQ_AMQP_PORT/"
@@ -41,6 +47,9 @@ CONF
     sleep 0.2
   done
   [[ -n $RABBITMQ_BEAM_PID ]] || { echo "rabbitmq did not answer rabbitmqctl" >&2; return 1; }
+  # The VM answers rabbitmqctl before the AMQP listener is up.
+  for _ in $(seq 1 600); do (exec 3<>"/dev/tcp/127.0.0.1/$RABBITMQ_AMQP_PORT") 2>/dev/null && return 0; sleep 0.2; done
+  echo "rabbitmq did not listen on $RABBITMQ_AMQP_PORT" >&2; return 1
 }
 
 rabbitmq_stop() {

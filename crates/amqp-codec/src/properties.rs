@@ -119,11 +119,64 @@ impl ContentHeader {
         raw.get(offset).copied()
     }
 
+    /// Whether the headers table may hold an entry named one of `names`, read in place without
+    /// decoding a value (the broker asks it of every publish with headers, for `CC` and `BCC`).
+    /// False only when the table was walked whole and no entry has such a name; a table that does
+    /// not walk answers true, so the caller's full decode decides, as it would without this.
+    pub fn may_have_header_named(&self, names: &[&[u8]]) -> bool {
+        if self.property_flags & FLAG_HEADERS == 0 {
+            return false;
+        }
+        let raw: &[u8] = &self.properties_raw;
+        let mut offset = 0usize;
+        for flag in [FLAG_CONTENT_TYPE, FLAG_CONTENT_ENCODING] {
+            if self.property_flags & flag != 0 {
+                let Some(&length) = raw.get(offset) else { return true };
+                offset += 1 + usize::from(length);
+            }
+        }
+        let Some(table) = long_field(raw, offset) else { return true };
+        table_has_entry_named(table, names).unwrap_or(true)
+    }
+
     /// The priority property without decoding the others (a priority queue reads it for every
     /// message it takes).
     pub fn priority(&self) -> Option<u8> {
         priority_in(self.property_flags, &self.properties_raw)
     }
+}
+
+/// The bytes of a length-prefixed (u32) field at `offset`, when they are all there.
+fn long_field(raw: &[u8], offset: usize) -> Option<&[u8]> {
+    let length = u32::from_be_bytes(raw.get(offset..offset.checked_add(4)?)?.try_into().ok()?) as usize;
+    raw.get(offset + 4..(offset + 4).checked_add(length)?)
+}
+
+/// Whether a field table has an entry named one of `names` (values skipped by their type's size
+/// or length prefix, never decoded); `None` when the table is cut or has an unknown type before
+/// such an entry, or after its last entry.
+fn table_has_entry_named(table: &[u8], names: &[&[u8]]) -> Option<bool> {
+    let mut offset = 0usize;
+    while offset < table.len() {
+        let name_length = usize::from(*table.get(offset)?);
+        if names.contains(&table.get(offset + 1..offset + 1 + name_length)?) {
+            return Some(true);
+        }
+        offset += 1 + name_length;
+        let tag = *table.get(offset)?;
+        offset += 1;
+        offset += match tag {
+            b't' | b'b' | b'B' => 1,
+            b's' | b'u' => 2,
+            b'I' | b'i' | b'f' => 4,
+            b'l' | b'd' | b'T' => 8,
+            b'D' => 5,
+            b'V' => 0,
+            b'S' | b'x' | b'A' | b'F' => 4 + long_field(table, offset)?.len(),
+            _ => return None,
+        };
+    }
+    (offset == table.len()).then_some(false)
 }
 
 /// The priority property of encoded properties (`property_flags` and the raw fields after them),
@@ -317,6 +370,7 @@ impl BasicProperties {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::{Decimal, FieldValue};
     use proptest::prelude::*;
 
     fn short_str() -> impl Strategy<Value = Option<ShortStr>> {
@@ -345,6 +399,43 @@ mod tests {
                 prop_assert!(header.properties().is_ok());
             }
             prop_assert_eq!(header.check_properties().is_ok(), header.properties().is_ok());
+        }
+
+        #[test]
+        fn the_header_name_walk_agrees_with_the_decode(
+            names in proptest::collection::vec(proptest::sample::select(vec!["CC", "BCC", "cc", "x-death", "C", "BCCX"]), 0..5),
+            values in proptest::collection::vec(0u8..8, 5),
+            content_type in short_str(),
+            bytes_cut in 0usize..2,
+        ) {
+            let mut headers = FieldTable::new();
+            for (name, kind) in names.iter().zip(values) {
+                let value = match kind {
+                    0 => FieldValue::Array(vec![FieldValue::LongStr(Bytes::from_static(b"key"))]),
+                    1 => FieldValue::Table(FieldTable::new()),
+                    2 => FieldValue::I64(-1),
+                    3 => FieldValue::Decimal(Decimal { scale: 2, value: 7 }),
+                    4 => FieldValue::Void,
+                    5 => FieldValue::Bool(true),
+                    6 => FieldValue::U16(9),
+                    _ => FieldValue::LongStr(Bytes::from_static(b"CC")),
+                };
+                headers.insert(name, value);
+            }
+            let properties = BasicProperties { content_type, headers: Some(headers), ..Default::default() };
+            let mut raw = BytesMut::new();
+            let flags = properties.encode(&mut raw);
+            raw.truncate(raw.len().saturating_sub(bytes_cut));
+            let header = ContentHeader { class_id: 60, body_size: 0, property_flags: flags, properties_raw: raw.freeze() };
+            let wanted: [&[u8]; 2] = [b"CC", b"BCC"];
+            let decoded = header.properties().ok().and_then(|properties| properties.headers);
+            let has = decoded.as_ref().is_some_and(|headers| headers.get("CC").is_some() || headers.get("BCC").is_some());
+            // Never a false "no": that would lose a CC route.
+            prop_assert!(header.may_have_header_named(&wanted) || !has);
+            // And exact when the properties decode.
+            if decoded.is_some() {
+                prop_assert_eq!(header.may_have_header_named(&wanted), has);
+            }
         }
 
         #[test]

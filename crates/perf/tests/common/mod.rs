@@ -32,10 +32,12 @@ impl Broker {
             .args(["server", "--bind", "127.0.0.1", "--amqp-port", &port.to_string(), "--data-dir"])
             .arg(&data_dir)
             .env("LEPUS_LOG", "warn")
-            // No management or metrics listeners: parallel tests would fight over their ports.
+            // No management, metrics or stream listeners: parallel tests (and other brokers on the
+            // machine) would fight over their fixed ports; the loser exits before listening.
             // (Environment rather than flags, which a broker without these listeners ignores.)
             .env("LEPUS_HTTP_PORT", "0")
             .env("LEPUS_METRICS_PORT", "0")
+            .env("LEPUS_STREAM_PORT", "0")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -85,6 +85,33 @@ fn messages_come_back_when_due_earliest_first() {
     assert_eq!(store.pending(), 0);
 }
 
+fn wall_clock_us() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_micros()
+}
+
+#[test]
+fn no_message_is_routed_before_its_delay_has_passed() {
+    let data_dir = DataDir::new("never-early");
+    let store = DelayedMessages::open(&data_dir.0, 1 << 20, false).expect("open");
+    let mut published_us = Vec::new();
+    for index in 0..40 {
+        published_us.push(wall_clock_us());
+        store.delay("/", &route(2), &message(&index.to_string(), false), false);
+        std::thread::sleep(Duration::from_micros(150));
+    }
+    let mut routed = 0;
+    while routed < published_us.len() {
+        let due = store.wait_for_due();
+        let now_us = wall_clock_us();
+        for body in fire_bodies(&store, due) {
+            let index: usize = std::str::from_utf8(&body).expect("utf-8").parse().expect("an index");
+            let waited_us = now_us - published_us[index];
+            assert!(waited_us >= 2_000, "message {index} routed after {waited_us} us, before its 2 ms delay");
+            routed += 1;
+        }
+    }
+}
+
 #[test]
 fn a_restart_rebuilds_the_index_from_the_persistent_records() {
     let data_dir = DataDir::new("restart");

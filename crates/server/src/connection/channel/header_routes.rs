@@ -3,7 +3,8 @@
 //! exchange, to what each of those keys routes to, once per queue; `BCC` is taken out before any
 //! queue holds the message, so no consumer learns who was blind-copied.
 //!
-//! Only a message with headers pays for this (one decode of its properties).
+//! Only a message with a header named `CC` or `BCC` pays for this (one decode of its properties);
+//! any other message with headers costs a walk of its header names, without decoding a value.
 
 use amqp_codec::{ContentHeader, FieldValue, ShortStr};
 use broker_core::Message;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 /// another type, and keys past 255 bytes, which no binding can match, are skipped), and whether
 /// it carries a `BCC` header to take out.
 pub(super) fn header_routes(message: &Message) -> (Vec<ShortStr>, bool) {
-    if !message.header.has_headers() {
+    if !message.header.may_have_header_named(&[b"CC", b"BCC"]) {
         return (Vec::new(), false);
     }
     let Some(headers) = message.header.properties().ok().and_then(|properties| properties.headers) else {
