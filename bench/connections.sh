@@ -7,6 +7,10 @@
 # 16 B persistent messages at PROBE_RATE msg/s with confirms and acks for PROBE_S seconds) with no
 # other connection and again with them all open.
 #
+# Lepus's default connection_max is half the descriptor limit less 128 (the other half is its
+# segment file cache's): 9,872 under 20,000. The bench starts it with --connection-max COUNT + 16,
+# as an operator who wants COUNT connections under that limit would.
+#
 # Usage: bench/connections.sh LEPUS_BIN [lepus|rabbitmq|both]
 # Environment: COUNT (19000), HOLD_S (60), HEARTBEAT_S (10), PROBE_RATE (1000), PROBE_S (20),
 #              RESULTS (bench/results/connections).
@@ -32,7 +36,7 @@ trap 'if [[ -n $lepus_pid ]]; then kill "$lepus_pid" 2>/dev/null || true; fi; if
 probe() { # probe NAME URL: the well-behaved client's summary lines
   "$LEPUS" perf client --url "$2" --persistent --durable --message-size 16 --rate "$PROBE_RATE" --duration "$PROBE_S" \
     --cleanup "queue://probe-$1" >"$RESULTS/$1.probe.txt" 2>&1 || true
-  grep -E '^(sent|transfer)' "$RESULTS/$1.probe.txt" | sed "s/^/  $1: /"
+  grep -E '^(sent|transfer)' "$RESULTS/$1.probe.txt" | sed "s/^/  $1: /" || echo "  $1: no summary: $(tail -1 "$RESULTS/$1.probe.txt")"
 }
 
 measure() { # measure BROKER URL PID
@@ -61,7 +65,7 @@ measure() { # measure BROKER URL PID
   if [[ $WHICH != rabbitmq ]]; then
     port=$(free_port) data_dir=$(mktemp -d /tmp/lepus-connections-data.XXXXXX); cleanup_dirs+=("$data_dir")
     LEPUS_LOG=warn "$LEPUS" server --data-dir "$data_dir" --amqp-port "$port" --bind 127.0.0.1 --http-port 0 --metrics-port 0 --stream-port 0 \
-      >"$RESULTS/lepus-server.log" 2>&1 &
+      --connection-max $((COUNT + 16)) >"$RESULTS/lepus-server.log" 2>&1 &
     lepus_pid=$!
     for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
     measure lepus "amqp://guest:guest@127.0.0.1:$port/" "$lepus_pid"

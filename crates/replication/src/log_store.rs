@@ -87,6 +87,8 @@ pub struct LogStore {
     cache_bytes_max: usize,
     hard_state: HardState,
     conf_state: ConfState,
+    /// The index of the membership change `conf_state` comes from (or of the snapshot holding it).
+    conf_index: u64,
     snapshot: Snapshot,
 }
 
@@ -166,6 +168,16 @@ impl LogStore {
     /// The persisted hard state.
     pub fn hard_state(&self) -> &HardState {
         &self.hard_state
+    }
+
+    /// The group's members as last applied (voters and learners).
+    pub fn conf_state(&self) -> &ConfState {
+        &self.conf_state
+    }
+
+    /// The index of the membership change the members come from: one at or below it is applied.
+    pub fn conf_index(&self) -> u64 {
+        self.conf_index
     }
 
     /// The latest snapshot (index 0 and no data: none yet).

@@ -93,6 +93,8 @@ pub struct ReplicaNode {
     outcomes: Vec<Outcome>,
     /// Committed entries whose data was not a batch (a bug, never input): skipped on every replica alike.
     undecodable_entries: u64,
+    /// Membership changes applied since the node opened.
+    membership_changes: u64,
 }
 
 mod checks;
@@ -103,7 +105,15 @@ pub use checks::RefusedMessage;
 impl ReplicaNode {
     /// Opens a member from its directory (created, empty, when missing).
     pub fn open(config: NodeConfig, file_system: SharedFileSystem, directory: &Path) -> Result<(ReplicaNode, Recovery), NodeError> {
-        let (store, recovery) = LogStore::open(file_system, directory, config.checksum_seed, &config.voters)?;
+        let (mut store, recovery) = LogStore::open(file_system, directory, config.checksum_seed, &config.voters)?;
+        let members_unknown = store.conf_state().voters.is_empty() && store.conf_state().learners.is_empty();
+        if members_unknown && store.last_index_now() == 0 && !config.voters.is_empty() {
+            // A node that joined a cluster opened its shards before it knew the cluster's
+            // founding voters; it holds nothing yet, so its log starts from them now.
+            store
+                .set_conf_state(raft::eraftpb::ConfState { voters: config.voters.clone(), ..Default::default() })
+                .map_err(NodeError::Write)?;
+        }
         let snapshot = store.snapshot_ref();
         let applied = snapshot.get_metadata().index;
         let machine = match applied {
@@ -136,6 +146,7 @@ impl ReplicaNode {
             outbox: Vec::new(),
             outcomes: Vec::new(),
             undecodable_entries: 0,
+            membership_changes: 0,
         };
         node.draw_election_timeout();
         Ok((node, recovery))
@@ -203,6 +214,41 @@ impl ReplicaNode {
     /// The group's voters, this node included.
     pub fn voters(&self) -> Vec<u64> {
         self.raw.raft.prs().conf().voters().ids().iter().collect()
+    }
+
+    /// The group's learners (members that replicate and apply the log but do not vote).
+    pub fn learners(&self) -> Vec<u64> {
+        self.raw.raft.prs().conf().learners().iter().copied().collect()
+    }
+
+    /// Whether `node` is a voter or a learner of the group.
+    pub fn is_member(&self, node: u64) -> bool {
+        self.raw.raft.prs().conf().voters().contains(node) || self.raw.raft.prs().conf().learners().contains(&node)
+    }
+
+    /// Whether a membership change is proposed and not applied yet (one at a time).
+    pub fn membership_change_pending(&self) -> bool {
+        self.raw.raft.has_pending_conf()
+    }
+
+    /// As leader: how far `node` has replicated (its matched index) and whether it was heard
+    /// from within the last election timeout.
+    pub fn member_progress(&self, node: u64) -> Option<(u64, bool)> {
+        if !self.is_leader() {
+            return None;
+        }
+        self.raw.raft.prs().get(node).map(|progress| (progress.matched, progress.recent_active || node == self.id()))
+    }
+
+    /// As leader: proposes one membership change (raft-rs `ConfChange`: add a learner, add or
+    /// promote a voter, remove a member). raft-rs takes one at a time; a change proposed while
+    /// another is pending is dropped by raft-rs (the caller proposes it again later).
+    pub fn propose_membership_change(&mut self, change: raft::eraftpb::ConfChange) -> Result<(), NodeError> {
+        if !self.is_leader() {
+            return Err(NodeError::NotLeader { leader: self.leader() });
+        }
+        self.raw.propose_conf_change(Vec::new(), change)?;
+        Ok(())
     }
 
     /// Whether the log is damaged and not yet repaired.
@@ -311,9 +357,14 @@ impl ReplicaNode {
         self.raw.raft.set_randomized_election_timeout(timeout as usize);
     }
 
-    fn apply_entries(&mut self, entries: Vec<Entry>) {
+    fn apply_entries(&mut self, entries: Vec<Entry>) -> Result<(), NodeError> {
         for entry in entries {
             if entry.index <= self.machine.applied_index() {
+                continue;
+            }
+            if entry.get_entry_type() == EntryType::EntryConfChange {
+                self.apply_membership_change(&entry)?;
+                self.machine.skip(entry.index);
                 continue;
             }
             if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
@@ -328,5 +379,33 @@ impl ReplicaNode {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A committed membership change: applied to raft-rs and made durable with its index, unless
+    /// the stored members already come from it or a later one (a restart replays the log from
+    /// the snapshot). A change that does not parse or that raft-rs refuses is skipped on every
+    /// replica alike (counted with the undecodable entries).
+    fn apply_membership_change(&mut self, entry: &Entry) -> Result<(), NodeError> {
+        use protobuf::Message as _;
+        if entry.index <= self.raw.store().conf_index() || entry.data.is_empty() {
+            return Ok(());
+        }
+        let applied = raft::eraftpb::ConfChange::parse_from_bytes(&entry.data)
+            .map_err(|error| raft::Error::ConfChangeError(error.to_string()))
+            .and_then(|change| self.raw.apply_conf_change(&change));
+        match applied {
+            Ok(members) => {
+                self.raw.mut_store().set_conf_state_at(members, entry.index)?;
+                self.membership_changes += 1;
+            }
+            Err(_) => self.undecodable_entries += 1,
+        }
+        Ok(())
+    }
+
+    /// Membership changes this node applied since it opened (the host refreshes what it shows).
+    pub fn membership_changes(&self) -> u64 {
+        self.membership_changes
     }
 }

@@ -153,3 +153,52 @@ fn old_entries_are_read_from_the_file_not_kept_in_memory() {
     assert!(!recovery.damaged);
     assert_eq!(all_entries(&store), expected[20..].to_vec());
 }
+
+/// The shard's members after a membership change (voters, learners and the change's index) are
+/// durable, and a snapshot carries the learners; a hard state written before learners existed
+/// reads as voters only.
+#[test]
+fn members_with_learners_survive_a_power_cut_and_a_compaction() {
+    use raft::eraftpb::ConfState;
+    let file_system = file_system();
+    let (mut store, _) = open(&file_system);
+    store.append(&entries(1..=10, 1)).expect("appended");
+    store.sync().expect("synced");
+    store.set_hard_state(&HardState { term: 1, vote: 1, commit: 10, ..Default::default() }).expect("written");
+    let members = ConfState { voters: vec![1, 2, 3], learners: vec![4], ..Default::default() };
+    store.set_conf_state_at(members.clone(), 5).expect("written");
+    let file_system = file_system.power_cut(PowerCut::LoseUnsynced);
+    let (mut store, recovery) = open(&file_system);
+    assert!(!recovery.damaged);
+    assert_eq!((store.conf_state().voters.clone(), store.conf_state().learners.clone()), (vec![1, 2, 3], vec![4]));
+    assert_eq!(store.conf_index(), 5);
+    assert_eq!(store.initial_state().expect("state").conf_state.learners, vec![4]);
+    store.compact(8, b"image".to_vec()).expect("compacted");
+    assert_eq!(store.snapshot_ref().get_metadata().get_conf_state().learners, vec![4]);
+    let file_system = file_system.power_cut(PowerCut::LoseUnsynced);
+    let (store, _) = open(&file_system);
+    assert_eq!(store.snapshot_ref().get_metadata().get_conf_state().learners, vec![4]);
+    assert_eq!(store.conf_index(), 8, "the snapshot holds every change up to its index");
+
+    // A hard state of before: term, vote, commit, voters, checksum.
+    let mut old = Vec::new();
+    let mut writer = replication::codec::Writer(&mut old);
+    for value in [3u64, 2, 0] {
+        writer.u64(value);
+    }
+    writer.u32(3);
+    for voter in [1u64, 2, 3] {
+        writer.u64(voter);
+    }
+    replication::codec::append_checksum(&mut old, 0, SEED);
+    let file_system = self::file_system();
+    let shared = file_system.shared();
+    shared.create_dir_all(&directory()).expect("made");
+    let file = shared.open(&directory().join("hard_state"), storage::file_system::OpenMode::CreateReadWrite).expect("opened");
+    file.write_all_at(&old, 0).expect("written");
+    file.sync_data().expect("synced");
+    let (store, recovery) = open(&file_system);
+    assert!(!recovery.damaged);
+    assert_eq!((store.conf_state().voters.clone(), store.conf_state().learners.clone(), store.conf_index()), (vec![1, 2, 3], vec![], 0));
+    assert_eq!(store.hard_state().term, 3);
+}

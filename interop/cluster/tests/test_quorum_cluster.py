@@ -13,7 +13,7 @@ import time
 import pika
 import pytest
 
-from cluster_harness import Node, eventually, free_port
+from cluster_harness import eventually
 from history import History, check, publish_until, read
 
 QUORUM = {"x-queue-type": "quorum"}
@@ -104,37 +104,6 @@ def test_a_stream_queue_is_refused_loudly_in_a_cluster(cluster):
     assert error.value.reply_code == 540 and "stream" in error.value.reply_text, error.value.reply_text
     for node in cluster.nodes:
         assert node.get("/queues/%2F/cluster.stream").status_code == 404
-
-
-def test_a_node_that_joined_later_refuses_quorum_queues_loudly(cluster, tmp_path):
-    first, second, _ = cluster.nodes
-    declare_quorum(first, "quorum.founders")
-    late = Node(str(tmp_path), "n4", cluster.seeds, free_port()).start()
-    cluster.nodes.append(late)
-    late.wait_listening()
-    cluster.wait_formed(expected=4)
-    eventually(lambda: late.get("/queues/%2F/quorum.founders").ok, what="the quorum queue's definition on the late node")
-    connection = pika.BlockingConnection(pika.URLParameters(late.url()))
-    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as error:
-        connection.channel().queue_declare("quorum.late", durable=True, arguments=QUORUM)
-    assert error.value.reply_code == 540 and late.name in error.value.reply_text, error.value.reply_text
-    connection = pika.BlockingConnection(pika.URLParameters(late.url()))
-    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as error:
-        connection.channel().basic_get("quorum.founders")
-    assert error.value.reply_code == 540 and "founding" in error.value.reply_text, error.value.reply_text
-    for node in cluster.nodes:
-        assert node.get("/queues/%2F/quorum.late").status_code == 404
-    # The founding nodes still serve it.
-    connection = pika.BlockingConnection(pika.URLParameters(first.url()))
-    channel = connection.channel()
-    channel.confirm_delivery()
-    channel.basic_publish("", "quorum.founders", b"served", pika.BasicProperties(delivery_mode=2))
-    connection.close()
-    connection = pika.BlockingConnection(pika.URLParameters(second.url()))
-    method, _, body = eventually(lambda: (lambda got: got if got[0] else None)(connection.channel().basic_get("quorum.founders", auto_ack=True)),
-                                 what="the message through a founding node")
-    assert body == b"served"
-    connection.close()
 
 
 def drain(node, queue, history, consumer="c"):

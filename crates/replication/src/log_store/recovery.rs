@@ -10,12 +10,26 @@ use raft::eraftpb::{ConfState, HardState, Snapshot};
 use std::path::Path;
 use storage::file_system::{OpenMode, SharedFileSystem};
 
-/// The hard state file: term, vote, commit and the voters.
-pub(super) fn decode_hard_state(bytes: Bytes, checksum_seed: u32) -> Result<(HardState, ConfState), DecodeError> {
+/// The hard state file: term, vote, commit, the voters, then (files written since learners
+/// exist) the learners and the index of the membership change the members come from.
+pub(super) fn decode_hard_state(bytes: Bytes, checksum_seed: u32) -> Result<(HardState, ConfState, u64), DecodeError> {
     let mut reader = Reader::new(verify_checksum(&bytes, checksum_seed)?);
     let hard_state = HardState { term: reader.u64()?, vote: reader.u64()?, commit: reader.u64()?, ..Default::default() };
-    let conf_state = decode_voters(&mut reader)?;
-    Ok((hard_state, conf_state))
+    let mut conf_state = decode_voters(&mut reader)?;
+    let mut conf_index = 0;
+    if reader.remaining() > 0 {
+        conf_state.learners = decode_learners(&mut reader)?;
+        conf_index = reader.u64()?;
+    }
+    Ok((hard_state, conf_state, conf_index))
+}
+
+fn decode_learners(reader: &mut Reader) -> Result<Vec<u64>, DecodeError> {
+    let count = reader.u32()?;
+    if count as usize > reader.remaining() / 8 {
+        return Err(DecodeError::Invalid { field: "learner count", value: count.into() });
+    }
+    (0..count).map(|_| reader.u64()).collect()
 }
 
 pub(super) fn decode_voters(reader: &mut Reader) -> Result<ConfState, DecodeError> {
@@ -39,6 +53,9 @@ pub(super) fn decode_snapshot(bytes: Bytes, checksum_seed: u32) -> Result<Snapsh
     metadata.term = reader.u64()?;
     metadata.set_conf_state(decode_voters(&mut reader)?);
     snapshot.data = reader.bytes()?;
+    if reader.remaining() > 0 {
+        snapshot.mut_metadata().mut_conf_state().learners = decode_learners(&mut reader)?;
+    }
     Ok(snapshot)
 }
 
@@ -58,12 +75,15 @@ pub(super) fn open(
     let mut recovery = Recovery::default();
     let mut conf_state = ConfState { voters: voters.to_vec(), ..Default::default() };
     let mut hard_state = HardState::default();
+    let mut conf_index = 0;
     let hard_state_path = directory.join(HARD_STATE_FILE);
     if file_system.exists(&hard_state_path) {
         let file = file_system.open(&hard_state_path, OpenMode::Read).map_err(io_error(&hard_state_path))?;
         let bytes = read_all(file.as_ref()).map_err(io_error(&hard_state_path))?;
         match decode_hard_state(Bytes::from(bytes), checksum_seed) {
-            Ok((stored, stored_conf_state)) => (hard_state, conf_state) = (stored, stored_conf_state),
+            Ok((stored, stored_conf_state, stored_conf_index)) => {
+                (hard_state, conf_state, conf_index) = (stored, stored_conf_state, stored_conf_index)
+            }
             // The vote is unknown: the node must not vote until repaired.
             Err(_) => recovery.damaged = true,
         }
@@ -95,8 +115,10 @@ pub(super) fn open(
         cache_bytes_max: super::LOG_CACHE_BYTES_MAX,
         hard_state,
         conf_state,
+        conf_index,
         snapshot,
     };
+    store.conf_index = store.conf_index.max(store.snapshot.get_metadata().index);
     store.read_log(&mut recovery).map_err(io_error(&log_path))?;
     // A node never holds an entry of a term above its own (a lost hard state would say 0).
     if let Some(last) = store.terms.last() {

@@ -14,6 +14,15 @@ fn encode_voters(writer: &mut Writer, conf_state: &ConfState) {
     }
 }
 
+/// The learners, after everything a file held before learners existed (a file written before
+/// them ends where they would start, and reads as "no learners").
+fn encode_learners(writer: &mut Writer, conf_state: &ConfState) {
+    writer.u32(conf_state.learners.len() as u32);
+    for learner in &conf_state.learners {
+        writer.u64(*learner);
+    }
+}
+
 impl LogStore {
     /// Appends entries from raft-rs (not synced: see [`LogStore::sync`]). Entries at or below the
     /// last index replace the log from there on: a new leader overwrote an unacknowledged suffix.
@@ -66,6 +75,14 @@ impl LogStore {
         self.write_hard_state()
     }
 
+    /// Records the members after the membership change of entry `index` was applied, durably:
+    /// a restart starts from these members and does not apply that change again (replaying an
+    /// older change over a newer configuration would undo it for a while).
+    pub fn set_conf_state_at(&mut self, conf_state: ConfState, index: u64) -> io::Result<()> {
+        self.conf_index = self.conf_index.max(index);
+        self.set_conf_state(conf_state)
+    }
+
     /// Raises the commit index (raft-rs's `LightReady::commit_index`).
     pub fn set_commit(&mut self, commit: u64) {
         self.hard_state.commit = commit;
@@ -89,6 +106,8 @@ impl LogStore {
         writer.u64(self.hard_state.vote);
         writer.u64(self.hard_state.commit);
         encode_voters(&mut writer, &self.conf_state);
+        encode_learners(&mut writer, &self.conf_state);
+        writer.u64(self.conf_index);
         append_checksum(&mut buffer, 0, self.checksum_seed);
         self.replace_file(HARD_STATE_FILE, &buffer)
     }
@@ -101,6 +120,7 @@ impl LogStore {
         writer.u64(metadata.term);
         encode_voters(&mut writer, metadata.get_conf_state());
         writer.bytes(&self.snapshot.data);
+        encode_learners(&mut writer, metadata.get_conf_state());
         append_checksum(&mut buffer, 0, self.checksum_seed);
         self.replace_file(SNAPSHOT_FILE, &buffer)
     }
@@ -111,6 +131,7 @@ impl LogStore {
         self.hard_state.term = self.hard_state.term.max(metadata.term);
         self.hard_state.commit = metadata.index;
         self.conf_state = metadata.get_conf_state().clone();
+        self.conf_index = self.conf_index.max(metadata.index);
         self.snapshot = snapshot;
         self.write_snapshot()?;
         self.offsets.clear();

@@ -31,7 +31,7 @@ impl ReplicaNode {
             self.raw.store().sync()?;
         }
         let committed = ready.take_committed_entries();
-        self.apply_entries(committed);
+        self.apply_entries(committed)?;
         self.outbox.extend(ready.take_persisted_messages());
         let mut light = self.raw.advance(ready);
         if let Some(commit) = light.commit_index() {
@@ -39,7 +39,7 @@ impl ReplicaNode {
         }
         self.outbox.extend(light.take_messages());
         let committed = light.take_committed_entries();
-        self.apply_entries(committed);
+        self.apply_entries(committed)?;
         self.raw.advance_apply();
         self.check_repaired();
         self.maybe_compact()?;

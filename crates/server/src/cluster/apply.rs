@@ -144,6 +144,7 @@ impl Applier for MetadataApplier {
         let expected = MemberRecord { name: self.cluster.settings.node_name.clone(), address: self.cluster.advertise.clone() };
         let due = self.member_proposed_at.is_none_or(|at| at.elapsed() > Duration::from_millis(MEMBER_RECORD_RETRY_MS));
         let is_member = view.voters.contains(&self.cluster.node_id) || view.learners.contains(&self.cluster.node_id);
+        self.share_members_with_quorum_shards(view, is_member);
         // Once per run the member says who it is, even when the log has it: that entry, past
         // the log this run started with, is what tells the node its last run's log is applied.
         let announced = self.member_proposed_at.is_some();
@@ -160,6 +161,19 @@ impl Applier for MetadataApplier {
 }
 
 impl MetadataApplier {
+    /// The quorum shards' leaders make the cluster's members their shards' members: told once
+    /// this node has applied its whole metadata log (during a restart's replay the membership
+    /// passes through older states, which must not remove anyone from a shard).
+    fn share_members_with_quorum_shards(&self, view: &GroupView, is_member: bool) {
+        let last_run = self.cluster.last_index_at_start.load(std::sync::atomic::Ordering::Acquire);
+        if !is_member || view.leader.is_none() || view.applied < view.commit || view.applied < last_run {
+            return;
+        }
+        if let Some(broker) = self.cluster.broker() {
+            broker.quorum.set_cluster_members(view.voters.iter().chain(&view.learners).copied().collect());
+        }
+    }
+
     /// This node was removed from the cluster: it records that and shuts down gracefully.
     fn leave_now(&self) {
         self.cluster.left.store(true, std::sync::atomic::Ordering::Release);

@@ -159,20 +159,11 @@ impl Broker {
         let name = definition.name.clone();
         let queue_type = QueueType::from_arguments(&name, vhost, &definition.arguments)?;
         crate::queue_type::check_server_named(queue_type, server_named)?;
-        match queue_type {
-            QueueType::Stream => {
-                return Err(AmqpError::not_implemented(format!(
-                    "stream queues are not replicated in a cluster yet: '{name}' cannot be declared on clustered node {}",
-                    cluster.node_name()
-                )));
-            }
-            QueueType::Quorum if !self.quorum_links.is_member() => {
-                return Err(AmqpError::not_implemented(format!(
-                    "node {} joined its cluster after it formed and is not a member of the quorum shards (their membership changes are not built): declare quorum queues on a founding node",
-                    cluster.node_name()
-                )));
-            }
-            _ => {}
+        if queue_type == QueueType::Stream {
+            return Err(AmqpError::not_implemented(format!(
+                "stream queues are not replicated in a cluster yet: '{name}' cannot be declared on clustered node {}",
+                cluster.node_name()
+            )));
         }
         let declaration = QueueDeclaration {
             vhost: vhost.to_string(),
@@ -366,7 +357,7 @@ impl Broker {
             let (entry, created) = vhost.declare_queue(definition, false, declaration.server_named, connection_id, |definition| {
                 capabilities(definition.queue_type).check_declare(definition, vhost_name)?;
                 if definition.queue_type == QueueType::Quorum {
-                    return self.quorum_queue_of_cluster(definition, vhost_name, replaying, &declaration.home, &home_name);
+                    return self.quorum_queue_of_cluster(definition, vhost_name, replaying);
                 }
                 if definition.queue_type == QueueType::Stream {
                     return Err(AmqpError::not_implemented("stream queues are not replicated in a cluster yet"));
@@ -392,20 +383,9 @@ impl Broker {
 
     /// A quorum queue, on every node alike: a live declaration is proposed to its shard by every
     /// node (the machine declares by name once, the others get the same id); one replayed from
-    /// the metadata log at start is found by name once the shard applied its log. A node that is
-    /// not a member of the shards holds a placeholder that refuses with 540.
-    fn quorum_queue_of_cluster(
-        &self,
-        definition: &QueueDefinition,
-        vhost_name: &str,
-        replaying: bool,
-        home: &u64,
-        home_name: &str,
-    ) -> Result<Queue, AmqpError> {
-        if !self.quorum_links.is_member() {
-            let remote = RemoteQueue::new(definition.clone(), vhost_name, *home, home_name.to_string());
-            return Ok(Queue::Remote(Arc::new(remote)));
-        }
+    /// the metadata log at start is found by name once the shard applied its log (so is one a
+    /// node that joined finds committed before its join).
+    fn quorum_queue_of_cluster(&self, definition: &QueueDefinition, vhost_name: &str, replaying: bool) -> Result<Queue, AmqpError> {
         let quorum = self.quorum_storage();
         Ok(if replaying { quorum.recover(definition, vhost_name) } else { quorum.create(definition, vhost_name) })
     }

@@ -57,6 +57,9 @@ pub enum ControlAnswer {
         cluster_id: u64,
         /// The voters the log starts from.
         initial_voters: Vec<u64>,
+        /// The metadata index applied when the join was accepted (0 from a node before it).
+        #[serde(default)]
+        history_index: u64,
     },
     /// Refused, and why.
     Refused {
@@ -97,6 +100,7 @@ pub fn load_or_create_state(data_dir: &Path, settings: &ClusterSettings, adverti
         cluster_id: 0,
         initial_voters: if founding { initial_voters } else { Vec::new() },
         membership: Membership::Fresh,
+        history_index: 0,
     };
     state.store(data_dir).map_err(ClusterStartError::Refused)?;
     Ok(state)
@@ -122,8 +126,8 @@ fn bootstrap(cluster: &Arc<Cluster>) {
         let formed: Vec<_> = peers.iter().filter(|peer| peer.hello.cluster_id != 0).collect();
         if let Some(peer) = formed.first() {
             match ask_to_join(cluster, peer.hello.node_id) {
-                Ok((cluster_id, initial_voters)) => {
-                    return become_member(cluster, cluster_id, initial_voters);
+                Ok((cluster_id, initial_voters, history_index)) => {
+                    return become_member(cluster, cluster_id, initial_voters, history_index);
                 }
                 Err(reason) if last_refusal.elapsed() > Duration::from_secs(10) => {
                     last_refusal = Instant::now();
@@ -135,17 +139,18 @@ fn bootstrap(cluster: &Arc<Cluster>) {
             // Every founding node starts the log from the same voters; Raft elects the first
             // leader once a majority of them is up.
             let initial_voters = cluster.node_state.lock().initial_voters.clone();
-            return become_member(cluster, 0, initial_voters);
+            return become_member(cluster, 0, initial_voters, 0);
         }
         std::thread::sleep(Duration::from_millis(BOOTSTRAP_POLL_MS));
     }
 }
 
-fn become_member(cluster: &Arc<Cluster>, cluster_id: u64, initial_voters: Vec<u64>) {
+fn become_member(cluster: &Arc<Cluster>, cluster_id: u64, initial_voters: Vec<u64>, history_index: u64) {
     cluster.update_node_state(|state| {
         state.membership = Membership::Member;
         state.cluster_id = cluster_id;
         state.initial_voters = initial_voters;
+        state.history_index = history_index;
     });
     cluster.links.set_cluster_id(cluster_id);
     match cluster.open_group() {
@@ -154,7 +159,7 @@ fn become_member(cluster: &Arc<Cluster>, cluster_id: u64, initial_voters: Vec<u6
     }
 }
 
-fn ask_to_join(cluster: &Cluster, peer: u64) -> Result<(u64, Vec<u64>), String> {
+fn ask_to_join(cluster: &Cluster, peer: u64) -> Result<(u64, Vec<u64>, u64), String> {
     let request =
         ControlRequest::Join { id: cluster.node_id, name: cluster.settings.node_name.clone(), address: cluster.advertise.clone() };
     let body = Bytes::from(serde_json::to_vec(&request).map_err(|error| error.to_string())?);
@@ -163,7 +168,7 @@ fn ask_to_join(cluster: &Cluster, peer: u64) -> Result<(u64, Vec<u64>), String> 
         .request_blocking(peer, body, Duration::from_millis(MEMBERSHIP_CHANGE_TIMEOUT_MS + 2_000))
         .map_err(|error| error.to_string())?;
     match serde_json::from_slice(&answer).map_err(|error| error.to_string())? {
-        ControlAnswer::Accepted { cluster_id, initial_voters } => Ok((cluster_id, initial_voters)),
+        ControlAnswer::Accepted { cluster_id, initial_voters, history_index } => Ok((cluster_id, initial_voters, history_index)),
         ControlAnswer::Refused { reason } => Err(reason),
     }
 }
@@ -176,7 +181,11 @@ impl Cluster {
         if cluster_id == 0 || !self.is_member() {
             return refused("the cluster has not formed yet".to_string());
         }
-        let accepted = || ControlAnswer::Accepted { cluster_id, initial_voters: self.node_state.lock().initial_voters.clone() };
+        let accepted = || ControlAnswer::Accepted {
+            cluster_id,
+            initial_voters: self.node_state.lock().initial_voters.clone(),
+            history_index: self.group_view().applied,
+        };
         let view = self.group_view();
         let members = self.state.lock().members.clone();
         if view.voters.contains(&id) {
@@ -232,6 +241,9 @@ impl Cluster {
         let Some(member) = member else { return Err(format!("node {name} is not a member of this cluster")) };
         if member.running {
             return Err(format!("node {name} is running: stop it first, or run `lepus ctl cluster leave` on it"));
+        }
+        if let Some(broker) = self.broker() {
+            broker.quorum.check_removal(member.id).map_err(|reason| format!("node {name} is not forgotten: {reason}"))?;
         }
         self.change_membership(ConfChangeType::RemoveNode, member.id, None)
     }

@@ -303,6 +303,10 @@ impl Cluster {
     /// Opens the metadata group from `cluster/metadata` and starts its thread.
     fn open_group(self: &Arc<Self>) -> Result<(), String> {
         let node_state = self.node_state.lock().clone();
+        if let Some(broker) = self.broker() {
+            // A node that joined learns the founding voters here: its shards start from them.
+            broker.quorum.set_initial_voters(node_state.initial_voters.clone());
+        }
         let directory = self.data_dir.join("cluster").join("metadata");
         let file_system = storage::file_system::real();
         let checksum_seed = (node_state.cluster_name.len() as u32).wrapping_mul(0x9E37_79B9) ^ 0x4D45_5441;
@@ -406,8 +410,11 @@ impl Cluster {
 
     /// Whether the metadata log's entry `index` was in the log when this run opened it (applying
     /// it replays what an earlier run applied already).
+    /// A node that joined treats the entries committed before its join the same way: the quorum
+    /// shards applied their queue declarations and deletions already (proposing them again would
+    /// delete a later queue of a name declared, deleted and declared again).
     pub fn replaying(&self, index: u64) -> bool {
-        index <= self.last_index_at_start.load(Ordering::Acquire)
+        index <= self.last_index_at_start.load(Ordering::Acquire).max(self.node_state.lock().history_index)
     }
 
     /// The links' counters.

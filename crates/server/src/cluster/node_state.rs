@@ -33,6 +33,10 @@ pub struct NodeState {
     pub initial_voters: Vec<u64>,
     /// See [`Membership`].
     pub membership: Membership,
+    /// For a node that joined: the metadata index the cluster had applied when it accepted the
+    /// join; entries up to it were applied by the others before this node existed.
+    #[serde(default)]
+    pub history_index: u64,
 }
 
 /// The Raft id of a founding node: derived from the cluster name and its seed address, so every
@@ -100,6 +104,7 @@ mod tests {
             cluster_id: 0,
             initial_voters: vec![5, 6],
             membership: Membership::Member,
+            history_index: 7,
         };
         state.store(&directory).expect("stores");
         assert_eq!(NodeState::load(&directory).expect("reads"), Some(state));

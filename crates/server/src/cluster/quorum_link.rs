@@ -3,11 +3,12 @@
 //! `u32::MAX`, so the two never meet); frames of other groups that arrive are handed to the host
 //! (`control::Handler::raft`).
 //!
-//! Decision: the quorum shards' voters are the cluster's founding nodes (the seeds' derived ids,
-//! the metadata group's initial voters), known from the settings before anything runs, so the
-//! host starts with the broker, before the links exist: it sends nothing until they are attached
-//! (Raft resends). A node that joined later is not a member of the shards (membership changes of
-//! the shards are not built): on it quorum queues are refused with 540 NOT_IMPLEMENTED.
+//! Decision: the quorum shards start with the cluster's founding nodes as voters (the seeds'
+//! derived ids, the metadata group's initial voters), known from the settings before anything
+//! runs, so the host starts with the broker, before the links exist: it sends nothing until they
+//! are attached (Raft resends). A node that joins later opens its shards empty; once it knows the
+//! founding voters (the join's answer) its shards start from them, and every shard's leader adds
+//! it as a learner (`quorum/shard/membership.rs`), so it serves every quorum queue.
 
 use super::link::Links;
 use super::settings::ClusterSettings;
@@ -21,7 +22,7 @@ use std::sync::{Arc, OnceLock};
 #[derive(Default)]
 pub struct QuorumLinks {
     links: OnceLock<Arc<Links>>,
-    /// Whether this node is a voter of the quorum shards.
+    /// Whether this node runs the quorum shards with other nodes (every clustered node does).
     member: bool,
 }
 
@@ -32,7 +33,7 @@ impl std::fmt::Debug for QuorumLinks {
 }
 
 impl QuorumLinks {
-    /// Whether this node runs the quorum shards with the other founding nodes.
+    /// Whether this node runs the quorum shards with the cluster's other nodes.
     pub fn is_member(&self) -> bool {
         self.member
     }
@@ -60,7 +61,8 @@ impl PeerTransport for QuorumLinks {
 }
 
 /// The quorum host's settings and transport: a node alone runs every shard as a group of one;
-/// a founding node of a cluster runs them with the other founding nodes as voters.
+/// a clustered node runs them from the founding nodes as voters (a node that joined later learns
+/// them at its join: `QuorumHost::set_initial_voters`).
 pub fn host_config(
     settings: &ClusterSettings,
     bind_address: std::net::IpAddr,
@@ -73,12 +75,7 @@ pub fn host_config(
     }
     let advertise = settings.advertised_address(bind_address)?;
     let state = super::control::load_or_create_state(data_dir, settings, &advertise).map_err(|error| error.to_string())?;
-    let member = state.initial_voters.contains(&state.node_id);
-    if member {
-        config.node_id = state.node_id;
-        config.voters = state.initial_voters.clone();
-    } else {
-        tracing::warn!(node = %settings.node_name, "this node is not a founding node of its cluster: quorum queues are refused on it");
-    }
-    Ok((config, Arc::new(QuorumLinks { links: OnceLock::new(), member })))
+    config.node_id = state.node_id;
+    config.voters = state.initial_voters.clone();
+    Ok((config, Arc::new(QuorumLinks { links: OnceLock::new(), member: true })))
 }

@@ -112,6 +112,11 @@ pub struct ReplicaInfo {
     pub online: Vec<String>,
 }
 
+/// The cluster's members as this node's metadata group last applied them: every shard's leader
+/// makes them the shard's members (joined nodes as learners first). `None` while not known (a
+/// node alone, or one still replaying its metadata log): the shards keep the members they have.
+pub(crate) type MembersTarget = Arc<parking_lot::RwLock<Option<Vec<u64>>>>;
+
 /// The node's shards.
 pub struct QuorumHost {
     config: HostConfig,
@@ -124,6 +129,8 @@ pub struct QuorumHost {
     self_reference: std::sync::Weak<QuorumHost>,
     /// Where queues with a dead-letter exchange tell when their head expires.
     dead_letters: Option<DeadLetterSender>,
+    /// The members every shard's leader makes its shard's.
+    members_target: MembersTarget,
 }
 
 impl std::fmt::Debug for QuorumHost {
@@ -144,10 +151,11 @@ impl QuorumHost {
         // One proposer per node incarnation, shared by the shards (each shard's machine numbers
         // it separately). Random: a restarted node never reuses an earlier incarnation's id.
         let proposer = rand::random::<u64>() | 1;
+        let members_target = MembersTarget::default();
         let mut shards = Vec::new();
         let mut threads = Vec::new();
         for shard in 0..config.shards {
-            let (handle, worker) = shard::open(shard, &config, proposer, transport.clone(), dead_letters.clone())
+            let (handle, worker) = shard::open(shard, &config, proposer, transport.clone(), dead_letters.clone(), members_target.clone())
                 .map_err(|source| HostError::Open { shard, source })?;
             let thread =
                 std::thread::Builder::new().name(format!("lepus-quorum-{shard}")).spawn(move || worker.run()).map_err(HostError::Thread)?;
@@ -163,7 +171,37 @@ impl QuorumHost {
             heard: Default::default(),
             self_reference: self_reference.clone(),
             dead_letters,
+            members_target,
         }))
+    }
+
+    /// The cluster's members as the metadata group applied them (voters and learners): each
+    /// shard's leader adds the missing ones as learners, removes the ones gone, and promotes a
+    /// caught-up learner while the shard has fewer voters than it started with (one change at a
+    /// time per shard; see `shard/membership.rs`).
+    pub fn set_cluster_members(&self, mut members: Vec<u64>) {
+        members.sort_unstable();
+        members.dedup();
+        if self.members_target.read().as_ref() == Some(&members) {
+            return;
+        }
+        let mut target = self.members_target.write();
+        if target.as_ref() != Some(&members) {
+            tracing::info!(members = ?members, "the quorum shards' members follow the cluster's");
+            *target = Some(members);
+        }
+    }
+
+    /// The founding voters, learnt by a node that joined a cluster after its shards opened: a
+    /// shard that holds nothing yet starts its log from them (the founding nodes' logs start
+    /// from them without an entry saying so).
+    pub fn set_initial_voters(&self, voters: Vec<u64>) {
+        if voters.is_empty() {
+            return;
+        }
+        for handle in &self.shards {
+            handle.send(ShardInput::InitialVoters(voters.clone()));
+        }
     }
 
     pub(crate) fn self_reference(&self) -> std::sync::Weak<QuorumHost> {
@@ -246,18 +284,41 @@ impl QuorumHost {
         let leader = shard.figures.leader.load(std::sync::atomic::Ordering::Relaxed);
         let quiet_after = std::time::Duration::from_millis(self.config.tick_ms * self.config.node_down_ticks);
         let heard = self.heard.lock();
-        let online = self
-            .config
-            .voters
+        let (voters, learners) = shard.figures.members.lock().clone();
+        let mut members: Vec<u64> = voters.into_iter().chain(learners).collect();
+        if members.is_empty() {
+            members = self.config.voters.clone();
+        }
+        let online = members
             .iter()
             .filter(|node| **node == self.config.node_id || heard.get(node).is_some_and(|at| at.elapsed() < quiet_after))
             .map(|node| self.member_name(*node))
             .collect();
         ReplicaInfo {
             leader: (leader != 0).then(|| self.member_name(leader)),
-            members: self.config.voters.iter().map(|node| self.member_name(*node)).collect(),
+            members: members.iter().map(|node| self.member_name(*node)).collect(),
             online,
         }
+    }
+
+    /// Refuses to remove `node` from the shards when a shard's voters without it would not have
+    /// a running majority as this node sees them (itself and the peers heard from lately): its
+    /// leader would hold the change back, and the operator is told why now.
+    pub fn check_removal(&self, node: u64) -> Result<(), String> {
+        let quiet_after = std::time::Duration::from_millis(self.config.tick_ms * self.config.node_down_ticks);
+        let heard = self.heard.lock();
+        let running = |member: &u64| *member == self.config.node_id || heard.get(member).is_some_and(|at| at.elapsed() < quiet_after);
+        for (shard, handle) in self.shards.iter().enumerate() {
+            let voters: Vec<u64> = handle.figures.members.lock().0.iter().copied().filter(|voter| *voter != node).collect();
+            let live = voters.iter().filter(|voter| running(voter)).count();
+            if !voters.is_empty() && live * 2 <= voters.len() {
+                return Err(format!(
+                    "quorum shard {shard} would be left with {} voters of which {live} are running, not a working majority: start the others first",
+                    voters.len()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Stops every shard thread after its current round (unconfirmed publishes are nacked) and

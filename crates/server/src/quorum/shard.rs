@@ -18,6 +18,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 mod apply;
+mod membership;
 mod peers;
 
 /// The most bytes of commands one Raft entry carries (docs/replication.md: `batch_bytes_max`).
@@ -61,6 +62,8 @@ pub struct ShardFigures {
     pub is_leader: AtomicBool,
     /// The shard applied its log up to its current term and found its recovered queues.
     pub ready: AtomicBool,
+    /// The shard's voters and learners (refreshed every tick).
+    pub members: Mutex<(Vec<u64>, Vec<u64>)>,
 }
 
 /// What a shard's thread is sent.
@@ -75,6 +78,8 @@ pub(crate) enum ShardInput {
     /// A queue found in the definitions at start: find its id by name once the shard caught up,
     /// declaring it again if the shard does not have it.
     Recovered(Arc<QuorumQueue>),
+    /// The cluster's founding voters, learnt by a node that joined after its shards opened.
+    InitialVoters(Vec<u64>),
     /// Stop after this round.
     Stop,
 }
@@ -210,6 +215,10 @@ pub(crate) struct ShardWorker {
     /// The batch being timed for `ShardFigures::commit_latency_us`: the number of its last
     /// command and when it was proposed. One at a time, so timing costs a clock read per sample.
     latency_probe: Option<(u64, Instant)>,
+    /// The members the shard's leader makes the shard's (the cluster's).
+    members_target: super::MembersTarget,
+    /// The tick a membership change was last held back (its reason logged), to log it seldom.
+    membership_held_at_tick: u64,
     stopping: bool,
     /// When held (at-least-once) dead letters are published again.
     dead_letter_retry: super::dead_letter_retry::DeadLetterRetry,
@@ -222,6 +231,7 @@ pub(crate) fn open(
     proposer: u64,
     transport: Arc<dyn PeerTransport>,
     dead_letters: Option<DeadLetterSender>,
+    members_target: super::MembersTarget,
 ) -> Result<(Arc<ShardHandle>, ShardWorker), NodeError> {
     let node_config = NodeConfig {
         id: config.node_id,
@@ -271,6 +281,8 @@ pub(crate) fn open(
         last_heard: HashMap::new(),
         released: HashMap::new(),
         latency_probe: None,
+        members_target,
+        membership_held_at_tick: 0,
         stopping: false,
         dead_letter_retry: super::dead_letter_retry::DeadLetterRetry::new(config.dead_letter_retry_interval_ms),
     };
@@ -329,6 +341,7 @@ impl ShardWorker {
             ShardInput::SubmitMany(submissions) => submissions.into_iter().for_each(|submission| self.admit(submission)),
             ShardInput::Peer(message) => self.step_peer(message),
             ShardInput::Recovered(queue) => self.recovered.push(queue),
+            ShardInput::InitialVoters(voters) => self.learn_initial_voters(voters),
             ShardInput::Stop => self.stopping = true,
         }
     }
@@ -366,6 +379,8 @@ impl ShardWorker {
         }
         self.release_gone_nodes();
         self.spread_leadership();
+        self.reconcile_membership();
+        *self.handle.figures.members.lock() = (self.node.voters(), self.node.learners());
         let leading = self.node.is_leader() && self.node.caught_up();
         self.dead_letter_retry.tick(leading, self.node.machine(), &self.queues, self.dead_letters.as_ref());
     }
@@ -379,7 +394,10 @@ impl ShardWorker {
         if !self.node.is_leader() || !self.ticks.is_multiple_of(LEADERSHIP_CHECK_TICKS) {
             return;
         }
-        let mut voters = self.config.voters.clone();
+        let mut voters = self.node.voters();
+        if voters.is_empty() {
+            return;
+        }
         voters.sort_unstable();
         let preferred = voters[self.shard as usize % voters.len()];
         if preferred != self.config.node_id && self.node.transfer_leadership(preferred) {
@@ -471,7 +489,9 @@ impl ShardWorker {
         figures.last_written_index.store(store.last_index_now(), Ordering::Relaxed);
         figures.leader.store(self.node.leader().unwrap_or(0), Ordering::Relaxed);
         figures.is_leader.store(self.node.is_leader(), Ordering::Relaxed);
-        figures.ready.store(self.node.caught_up() && self.recovered.is_empty(), Ordering::Release);
+        // A node that joined and does not know the founding voters yet has nothing to wait for.
+        let members_unknown = store.conf_state().voters.is_empty() && store.conf_state().learners.is_empty();
+        figures.ready.store((self.node.caught_up() && self.recovered.is_empty()) || members_unknown, Ordering::Release);
     }
 
     /// The node stops: whatever waits for a commit here is told it failed.

@@ -372,3 +372,80 @@ fn a_node_released_while_cut_off_serves_its_clients_again_once_the_cut_heals() {
 fn no_expiry() -> crate::queue_runtime::ExpiryClock {
     crate::queue_runtime::ExpiryClock::new(Arc::default(), None, None, 0)
 }
+
+impl Cluster {
+    /// A node that joins later: its shards start from the founding voters, and every running
+    /// node's host is told the cluster's members now include it.
+    fn join(&mut self, node: u64) {
+        let link = Arc::new(Link { network: self.network.clone(), from: node });
+        let host = QuorumHost::start(config(node), link, None).expect("a host starts");
+        self.network.hosts.write().insert(node, Arc::downgrade(&host));
+        self.hosts.insert(node, host);
+        let members: Vec<u64> = self.hosts.keys().copied().collect();
+        self.set_members(&members);
+    }
+
+    fn set_members(&self, members: &[u64]) {
+        for host in self.hosts.values() {
+            for member in members {
+                host.set_member_name(*member, format!("n{member}@localhost"));
+            }
+            host.set_cluster_members(members.to_vec());
+        }
+    }
+
+    /// Waits until every running node's shard of `key` has these voters and learners.
+    fn wait_members(&self, key: &[u8], voters: &[u64], learners: &[u64]) {
+        let expected = (voters.to_vec(), learners.to_vec());
+        wait_for("the shard's members on every node", || {
+            self.hosts
+                .values()
+                .all(|host| {
+                    let (mut voters, mut learners) = host.shard_for(key).figures.members.lock().clone();
+                    voters.sort_unstable();
+                    learners.sort_unstable();
+                    (voters, learners) == expected
+                })
+                .then_some(())
+        });
+    }
+}
+
+#[test]
+fn a_joined_node_serves_as_a_learner_and_replaces_a_forgotten_voter() {
+    let mut cluster = Cluster::start();
+    let key = super::queue::name_key("/", &ShortStr::from("q-join"));
+    cluster.leader_of(&key);
+    let before = queue_on_every_node(&cluster, 1, "q-join");
+    publish_confirmed(&before[&1], (0..10).map(|number| format!("a{number}")));
+    cluster.join(4);
+    cluster.wait_members(&key, &[1, 2, 3], &[4]);
+    let joined = QuorumQueue::recover(definition("q-join"), "/", &cluster.hosts[&4], no_expiry());
+    wait_for("the queue's id on the joined node", || (joined.id() == before[&1].id()).then_some(()));
+    // Published through the learner (forwarded to the leader), consumed there from its own apply.
+    publish_confirmed(&joined, (10..20).map(|number| format!("a{number}")));
+    let (handle, mut receiver) = consumer("c4", 100);
+    joined.consume(handle.clone(), false, || {}).expect("the consumer is added");
+    let got = deliveries(&handle, &mut receiver, 20);
+    let bodies: Vec<String> = got.iter().map(|(body, _, _)| body.clone()).collect();
+    assert_eq!(bodies, (0..20).map(|number| format!("a{number}")).collect::<Vec<_>>());
+    let positions: Vec<u64> = got.iter().map(|(_, _, position)| *position).collect();
+    handle.channel.ledger.lock().unacked.clear();
+    joined.settle(&positions, Settlement::Ack);
+    joined.cancel(&handle);
+    for queue in before.values() {
+        wait_for("the acks applied on every node", || (queue.snapshot().ready == 0 && queue.snapshot().unacked == 0).then_some(()));
+    }
+    // Node 3 dies and is forgotten: removed from the shard, the learner promoted.
+    cluster.kill(3);
+    cluster.set_members(&[1, 2, 4]);
+    cluster.wait_members(&key, &[1, 2, 4], &[]);
+    // With node 2 gone too, nodes 1 and 4 are a majority of the voters: commits go on.
+    cluster.kill(2);
+    publish_confirmed(&before[&1], (20..25).map(|number| format!("a{number}")));
+    wait_for("the joined node applied them", || (joined.snapshot().ready == 5).then_some(()));
+    // Removing node 4 now would leave voters 1 and 2 with one of them running: refused.
+    let host = &cluster.hosts[&1];
+    wait_for("node 2 quiet on node 1", || host.check_removal(4).is_err().then_some(()));
+    assert!(host.check_removal(2).is_ok(), "voters 1 and 4 both run");
+}

@@ -13,7 +13,14 @@ impl ShardWorker {
     /// some impossible inputs, which a faulty or foreign peer could send).
     pub(super) fn step_peer(&mut self, message: Message) {
         let from = message.from;
-        if from == self.config.node_id || !self.config.voters.contains(&from) {
+        if self.node.voters().is_empty() && self.node.learners().is_empty() {
+            // A node that joined and does not know the founding voters yet: its log cannot start.
+            return;
+        }
+        let known = self.node.is_member(from)
+            || self.config.voters.contains(&from)
+            || self.members_target.read().as_ref().is_some_and(|members| members.contains(&from));
+        if from == self.config.node_id || !known {
             tracing::warn!(shard = self.shard, from, "a raft message from a node that is not a member was dropped");
             return;
         }

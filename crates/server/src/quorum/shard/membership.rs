@@ -1,0 +1,183 @@
+//! A shard's members follow the cluster's: a node that joins becomes a learner of every shard
+//! (it replicates and applies the log, so its clients use every quorum queue, and it never
+//! counts toward a commit, so it cannot slow or block the founding majority); a node forgotten is
+//! removed; while a shard has fewer voters than it started with, a caught-up learner is promoted
+//! (a dead founding node replaced). The shard's leader makes the changes, one at a time (raft-rs
+//! `ConfChange`), and never one that leaves the voters without a live majority.
+
+use super::ShardWorker;
+use raft::eraftpb::{ConfChange, ConfChangeType};
+
+/// Ticks between a leader's looks at the shard's members.
+pub const MEMBERSHIP_CHECK_TICKS: u64 = 5;
+
+/// Ticks between log lines saying a change is held back.
+const HELD_LOG_TICKS: u64 = 100;
+
+/// What the leader knows of a member's replication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberProgress {
+    /// The highest index it holds, as the leader knows.
+    pub matched: u64,
+    /// Heard from within the last election timeout.
+    pub active: bool,
+}
+
+/// The next membership change of a shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MembershipPlan {
+    /// The members are the cluster's.
+    Settled,
+    /// Propose this change.
+    Change(ConfChangeType, u64),
+    /// A change is due but would leave the voters without a live majority: not made.
+    Held(String),
+}
+
+/// The shard's members as they are and as the cluster wants them.
+#[derive(Debug, Clone)]
+pub struct Members<'a> {
+    /// Voters now.
+    pub voters: &'a [u64],
+    /// Learners now.
+    pub learners: &'a [u64],
+    /// The cluster's members.
+    pub target: &'a [u64],
+    /// How many voters the shard should have (the founding nodes' count).
+    pub voters_wanted: usize,
+    /// The leader's commit index: a learner that holds it is caught up.
+    pub commit: u64,
+}
+
+/// Decides the next change (pure: the leader's view in, one change out). Removals first (a gone
+/// learner, then a gone voter if the remaining voters keep a live majority), then the cluster's
+/// new members as learners, then a caught-up learner promoted while voters are missing.
+pub fn plan(members: &Members<'_>, progress: impl Fn(u64) -> Option<MemberProgress>) -> MembershipPlan {
+    let active = |node: u64| progress(node).is_some_and(|progress| progress.active);
+    if let Some(learner) = members.learners.iter().find(|node| !members.target.contains(node)) {
+        return MembershipPlan::Change(ConfChangeType::RemoveNode, *learner);
+    }
+    if let Some(voter) = members.voters.iter().find(|node| !members.target.contains(node)) {
+        let remaining: Vec<u64> = members.voters.iter().copied().filter(|node| node != voter).collect();
+        let live = remaining.iter().filter(|node| active(**node)).count();
+        if remaining.is_empty() || live * 2 <= remaining.len() {
+            return MembershipPlan::Held(format!(
+                "removing voter {voter:x} would leave {} voters of which {live} are live: not a working majority",
+                remaining.len()
+            ));
+        }
+        return MembershipPlan::Change(ConfChangeType::RemoveNode, *voter);
+    }
+    let is_member = |node: &u64| members.voters.contains(node) || members.learners.contains(node);
+    if let Some(new) = members.target.iter().find(|node| !is_member(node)) {
+        return MembershipPlan::Change(ConfChangeType::AddLearnerNode, *new);
+    }
+    if members.voters.len() < members.voters_wanted {
+        let caught_up = |node: &&u64| progress(**node).is_some_and(|progress| progress.active && progress.matched >= members.commit);
+        if let Some(learner) = members.learners.iter().filter(caught_up).min() {
+            return MembershipPlan::Change(ConfChangeType::AddNode, *learner);
+        }
+    }
+    MembershipPlan::Settled
+}
+
+impl ShardWorker {
+    /// As leader, every [`MEMBERSHIP_CHECK_TICKS`]: one change toward the cluster's members,
+    /// when none is pending and the leader has applied its log.
+    pub(super) fn reconcile_membership(&mut self) {
+        if !self.node.is_leader() || !self.ticks.is_multiple_of(MEMBERSHIP_CHECK_TICKS) || self.node.membership_change_pending() {
+            return;
+        }
+        let Some(target) = self.members_target.read().clone() else { return };
+        if !target.contains(&self.config.node_id) || !self.node.caught_up() {
+            return;
+        }
+        let (voters, learners) = (self.node.voters(), self.node.learners());
+        let members = Members {
+            voters: &voters,
+            learners: &learners,
+            target: &target,
+            voters_wanted: self.node_config.voters.len().max(1),
+            commit: self.node.commit_index(),
+        };
+        let node = &self.node;
+        let progress = |member: u64| node.member_progress(member).map(|(matched, active)| MemberProgress { matched, active });
+        match plan(&members, progress) {
+            MembershipPlan::Settled => {}
+            MembershipPlan::Held(reason) => {
+                if self.membership_held_at_tick == 0 || self.ticks >= self.membership_held_at_tick + HELD_LOG_TICKS {
+                    self.membership_held_at_tick = self.ticks;
+                    tracing::warn!(shard = self.shard, %reason, "a membership change of the quorum shard is held back");
+                }
+            }
+            MembershipPlan::Change(kind, member) => {
+                let mut change = ConfChange { node_id: member, ..Default::default() };
+                change.set_change_type(kind);
+                tracing::info!(shard = self.shard, change = ?kind, node = %format!("{member:x}"), "changing the quorum shard's members");
+                if let Err(error) = self.node.propose_membership_change(change) {
+                    tracing::warn!(shard = self.shard, %error, "proposing a membership change failed; tried again later");
+                }
+            }
+        }
+    }
+
+    /// The founding voters, learnt by a node that joined after its shards opened: a shard that
+    /// holds nothing yet is opened again with them (its log starts where the founders' did).
+    pub(super) fn learn_initial_voters(&mut self, voters: Vec<u64>) {
+        self.config.voters = voters.clone();
+        let fresh = self.node.voters().is_empty() && self.node.learners().is_empty();
+        if self.node_config.voters == voters || !fresh {
+            return;
+        }
+        self.node_config.voters = voters;
+        let directory = self.config.data_dir.join("raft").join(format!("shard-{}", self.shard));
+        match replication::node::ReplicaNode::open(self.node_config.clone(), self.config.file_system.clone(), &directory) {
+            Ok((node, _)) => {
+                self.node = node;
+                self.proposed_to = (None, 0);
+            }
+            Err(error) => tracing::error!(shard = self.shard, %error, "opening the quorum shard with the cluster's voters failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live(matched: u64) -> Option<MemberProgress> {
+        Some(MemberProgress { matched, active: true })
+    }
+
+    #[test]
+    fn a_joined_node_becomes_a_learner_and_is_not_promoted_while_the_voters_are_complete() {
+        let members = Members { voters: &[1, 2, 3], learners: &[], target: &[1, 2, 3, 4], voters_wanted: 3, commit: 10 };
+        assert_eq!(plan(&members, |_| live(10)), MembershipPlan::Change(ConfChangeType::AddLearnerNode, 4));
+        let members = Members { learners: &[4], ..members };
+        assert_eq!(plan(&members, |_| live(10)), MembershipPlan::Settled);
+    }
+
+    #[test]
+    fn a_forgotten_voter_is_removed_then_a_caught_up_learner_promoted() {
+        let progress = |node: u64| if node == 3 { Some(MemberProgress { matched: 4, active: false }) } else { live(10) };
+        let members = Members { voters: &[1, 2, 3], learners: &[4], target: &[1, 2, 4], voters_wanted: 3, commit: 10 };
+        assert_eq!(plan(&members, progress), MembershipPlan::Change(ConfChangeType::RemoveNode, 3));
+        let members = Members { voters: &[1, 2], ..members };
+        assert_eq!(plan(&members, progress), MembershipPlan::Change(ConfChangeType::AddNode, 4));
+        // A learner behind the commit is not promoted yet.
+        assert_eq!(plan(&members, |node| if node == 4 { live(9) } else { live(10) }), MembershipPlan::Settled);
+    }
+
+    #[test]
+    fn a_removal_that_leaves_no_live_majority_is_held() {
+        let progress = |node: u64| if node == 1 { live(10) } else { Some(MemberProgress { matched: 4, active: false }) };
+        let members = Members { voters: &[1, 2, 3], learners: &[], target: &[1, 2], voters_wanted: 3, commit: 10 };
+        assert!(matches!(plan(&members, progress), MembershipPlan::Held(_)));
+    }
+
+    #[test]
+    fn a_forgotten_learner_is_removed_first() {
+        let members = Members { voters: &[1, 2, 3], learners: &[4, 5], target: &[1, 2, 3, 5, 6], voters_wanted: 3, commit: 10 };
+        assert_eq!(plan(&members, |_| live(10)), MembershipPlan::Change(ConfChangeType::RemoveNode, 4));
+    }
+}
