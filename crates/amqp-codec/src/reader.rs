@@ -122,6 +122,9 @@ impl Reader {
             b'I' => FieldValue::I32(self.read_u32()? as i32),
             b'i' => FieldValue::U32(self.read_u32()?),
             b'l' => FieldValue::I64(self.read_u64()? as i64),
+            // py-amqp (kombu, Celery) writes integers past 32 bits as 'L', a signed 64-bit value:
+            // Celery's delayed-delivery queues declare x-message-ttl up to 2^27 s so. RabbitMQ takes it.
+            b'L' => FieldValue::I64(self.read_u64()? as i64),
             b'f' => FieldValue::F32(f32::from_bits(self.read_u32()?)),
             b'd' => FieldValue::F64(f64::from_bits(self.read_u64()?)),
             b'D' => FieldValue::Decimal(Decimal { scale: self.read_u8()?, value: self.read_u32()? }),

@@ -340,3 +340,22 @@ fn hostile_frames_never_panic() {
         })
         .unwrap();
 }
+
+/// py-amqp (kombu, Celery) writes an integer past 32 bits with the tag 'L' (signed 64-bit), as
+/// Celery's delayed-delivery queues' x-message-ttl of 2^27 s: read as a long, as RabbitMQ takes it.
+#[test]
+fn a_py_amqp_long_tagged_l_reads_as_a_signed_64_bit_integer() {
+    let mut entries = vec![13u8];
+    entries.extend_from_slice(b"x-message-ttl");
+    entries.push(b'L');
+    entries.extend_from_slice(&134_217_728_000i64.to_be_bytes());
+    entries.push(3);
+    entries.extend_from_slice(b"neg");
+    entries.push(b'L');
+    entries.extend_from_slice(&(-5i64).to_be_bytes());
+    let mut encoded = (entries.len() as u32).to_be_bytes().to_vec();
+    encoded.extend_from_slice(&entries);
+    let table = Reader::new(Bytes::from(encoded)).read_table().expect("an 'L' value is read");
+    assert_eq!(table.get("x-message-ttl"), Some(&FieldValue::I64(134_217_728_000)));
+    assert_eq!(table.get("neg"), Some(&FieldValue::I64(-5)));
+}

@@ -462,5 +462,6 @@ impl Limits {
         message_ttl_ms: None,
         delivery_limit: None,
         dead_letters: false,
+        dead_letter_at_least_once: false,
     };
 }

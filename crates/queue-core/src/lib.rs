@@ -41,6 +41,10 @@ pub struct Limits {
     /// and logged like any other before it leaves, so its dead-lettering is at least once;
     /// without, it is dropped at once with nothing written.
     pub dead_letters: bool,
+    /// Whether what leaves is dead-lettered at least once (a quorum queue's
+    /// `x-dead-letter-strategy: at-least-once` with reject-publish): the replicated machine keeps
+    /// each dropped message until its dead letter is settled. The core itself ignores it.
+    pub dead_letter_at_least_once: bool,
 }
 
 /// How many ready messages a queue with a log keeps in memory; past that, new ones are paged.

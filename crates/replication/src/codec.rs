@@ -185,7 +185,12 @@ pub fn encode_limits(writer: &mut Writer, limits: &queue_core::Limits) {
     });
     writer.optional_u64(limits.message_ttl_ms);
     writer.optional_u64(limits.delivery_limit.map(u64::from));
-    writer.u8(u8::from(limits.dead_letters));
+    // 2: at least once (a byte earlier versions wrote as a bool, so their logs still decode).
+    writer.u8(match (limits.dead_letters, limits.dead_letter_at_least_once) {
+        (false, _) => 0,
+        (true, false) => 1,
+        (true, true) => 2,
+    });
 }
 
 /// See [`encode_limits`].
@@ -202,6 +207,19 @@ pub fn decode_limits(reader: &mut Reader) -> Result<queue_core::Limits, DecodeEr
         Some(limit) => Some(u32::try_from(limit).map_err(|_| DecodeError::Invalid { field: "delivery limit", value: limit })?),
         None => None,
     };
-    let dead_letters = reader.bool("dead letters")?;
-    Ok(queue_core::Limits { max_length, max_length_bytes, overflow, message_ttl_ms, delivery_limit, dead_letters })
+    let (dead_letters, dead_letter_at_least_once) = match reader.u8()? {
+        0 => (false, false),
+        1 => (true, false),
+        2 => (true, true),
+        value => return Err(DecodeError::Invalid { field: "dead letters", value: value.into() }),
+    };
+    Ok(queue_core::Limits {
+        max_length,
+        max_length_bytes,
+        overflow,
+        message_ttl_ms,
+        delivery_limit,
+        dead_letters,
+        dead_letter_at_least_once,
+    })
 }

@@ -124,6 +124,12 @@ pub enum QueueCommand {
         /// The node's Raft id.
         node: u64,
     },
+    /// The dead letter the queue keeps at `position` is held by every queue it was dead-lettered
+    /// to: the queue forgets it (at-least-once dead-lettering).
+    SettleDeadLetter {
+        /// The dead letter's position in the queue.
+        position: u64,
+    },
     /// Releases every proposer of `node` except `keep`: their consumers are cancelled, the
     /// messages they and their basic.gets held come back (redelivered), and their numbers are
     /// forgotten (a command of a released proposer is refused from then on). `queue` is ignored.
@@ -259,6 +265,10 @@ fn encode_command(writer: &mut Writer, proposed: &ProposedCommand) {
             writer.u8(14);
             writer.u64(*position);
         }
+        QueueCommand::SettleDeadLetter { position } => {
+            writer.u8(15);
+            writer.u64(*position);
+        }
         QueueCommand::ReleaseNode { node, keep } => {
             writer.u8(13);
             writer.u64(*node);
@@ -295,6 +305,7 @@ fn decode_command(reader: &mut Reader) -> Result<ProposedCommand, DecodeError> {
         12 => QueueCommand::RegisterProposer { node: reader.u64()? },
         13 => QueueCommand::ReleaseNode { node: reader.u64()?, keep: reader.u64()? },
         14 => QueueCommand::RequeueToTail { position: reader.u64()? },
+        15 => QueueCommand::SettleDeadLetter { position: reader.u64()? },
         kind => return Err(DecodeError::Invalid { field: "command kind", value: kind.into() }),
     };
     Ok(ProposedCommand { queue, proposer, sequence, command })
@@ -313,7 +324,14 @@ mod tests {
                 sequence: 3,
                 command: QueueCommand::Declare {
                     name: Bytes::from_static(b"/\0q"),
-                    limits: Limits { max_length: Some(3), delivery_limit: Some(2), ..Limits::NONE },
+                    limits: Limits {
+                        max_length: Some(3),
+                        delivery_limit: Some(2),
+                        overflow: queue_core::Overflow::RejectPublish,
+                        dead_letters: true,
+                        dead_letter_at_least_once: true,
+                        ..Limits::NONE
+                    },
                     single_active_consumer: true,
                 },
             },
@@ -340,6 +358,7 @@ mod tests {
             },
             ProposedCommand { queue: 1, proposer: 2, sequence: 10, command: QueueCommand::Expire },
             ProposedCommand { queue: 1, proposer: 2, sequence: 13, command: QueueCommand::RequeueToTail { position: 3 } },
+            ProposedCommand { queue: 1, proposer: 2, sequence: 14, command: QueueCommand::SettleDeadLetter { position: 5 } },
             ProposedCommand { queue: 0, proposer: 2, sequence: 11, command: QueueCommand::RegisterProposer { node: 3 } },
             ProposedCommand { queue: 0, proposer: 2, sequence: 12, command: QueueCommand::ReleaseNode { node: 3, keep: 2 } },
         ];

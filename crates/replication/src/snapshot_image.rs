@@ -4,12 +4,15 @@
 
 use crate::codec::{append_checksum, decode_limits, encode_limits, verify_checksum, DecodeError, Reader, Writer};
 use crate::command::Body;
-use crate::state_machine::{ConsumerOwner, QueueStateMachine, ReplicatedQueue};
+use crate::state_machine::{dead_letters, ConsumerOwner, HeldDeadLetters, QueueStateMachine, ReplicatedQueue};
 use bytes::Bytes;
 use queue_core::{ConsumerImage, CoreImage, MessagesImage, QueueCore, QueueStats, QueuedMessage};
 
-/// Marks a snapshot image (and its format version).
-const IMAGE_MAGIC: u32 = u32::from_le_bytes(*b"LQS2");
+/// Marks a snapshot image (and its format version): version 3 adds each queue's held dead letters.
+const IMAGE_MAGIC: u32 = u32::from_le_bytes(*b"LQS3");
+
+/// Version 2 (no held dead letters), still read.
+const IMAGE_MAGIC_V2: u32 = u32::from_le_bytes(*b"LQS2");
 
 /// Seeds the image checksum, so a log record is never taken for an image.
 const IMAGE_CHECKSUM_SEED: u32 = 0x5EED_1A6E;
@@ -47,6 +50,7 @@ impl QueueStateMachine {
             writer.bytes(&replicated.name);
             encode_limits(&mut writer, &replicated.limits);
             encode_core(&mut writer, &replicated.core.image());
+            encode_held(&mut writer, &replicated.held);
         }
         append_checksum(&mut buffer, 0, IMAGE_CHECKSUM_SEED);
         buffer
@@ -56,7 +60,7 @@ impl QueueStateMachine {
     pub fn decode_image(bytes: Bytes) -> Result<QueueStateMachine, DecodeError> {
         let mut reader = Reader::new(verify_checksum(&bytes, IMAGE_CHECKSUM_SEED)?);
         let magic = reader.u32()?;
-        if magic != IMAGE_MAGIC {
+        if magic != IMAGE_MAGIC && magic != IMAGE_MAGIC_V2 {
             return Err(DecodeError::Invalid { field: "image magic", value: magic.into() });
         }
         let mut machine = QueueStateMachine::new();
@@ -83,16 +87,38 @@ impl QueueStateMachine {
             let name = reader.bytes()?;
             let limits = decode_limits(&mut reader)?;
             let core = QueueCore::from_image(decode_core(&mut reader)?, None);
+            let held = if magic == IMAGE_MAGIC { decode_held(&mut reader)? } else { HeldDeadLetters::default() };
             if !name.is_empty() {
                 machine.names.insert(name.clone(), queue);
             }
-            machine.queues.insert(queue, ReplicatedQueue { core, limits, name });
+            machine.queues.insert(queue, ReplicatedQueue { core, limits, name, held });
         }
         if !reader.is_at_end() {
             return Err(DecodeError::Invalid { field: "bytes after the image", value: 0 });
         }
         Ok(machine)
     }
+}
+
+fn encode_held(writer: &mut Writer, held: &HeldDeadLetters) {
+    writer.u64(held.len() as u64);
+    for (position, letter) in held.iter() {
+        writer.u64(position);
+        writer.u8(dead_letters::reason_code(letter.reason));
+        writer.bytes(&letter.body);
+    }
+}
+
+fn decode_held(reader: &mut Reader) -> Result<HeldDeadLetters, DecodeError> {
+    let mut held = HeldDeadLetters::default();
+    for _ in 0..count(reader, "held dead letter count")? {
+        let position = reader.u64()?;
+        let code = reader.u8()?;
+        let reason =
+            dead_letters::reason_from_code(code).ok_or(DecodeError::Invalid { field: "dead letter reason", value: code.into() })?;
+        held.hold(position, reason, reader.bytes()?);
+    }
+    Ok(held)
 }
 
 fn encode_queued(writer: &mut Writer, queued: &QueuedMessage<Body>) {

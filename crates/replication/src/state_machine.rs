@@ -13,7 +13,10 @@ use bytes::Bytes;
 use queue_core::{Command, ConsumerRef, DeadLetterReason, Effect, Limits, Overflow, QueueCore, QueueState, Reply};
 use std::collections::BTreeMap;
 
+pub(crate) mod dead_letters;
 mod owners;
+
+pub use dead_letters::{holds_dead_letters, HeldDeadLetter, HeldDeadLetters};
 
 /// What applying one command gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +98,8 @@ pub enum Outcome {
     },
     /// A message left its queue unconsumed (rejected, expired, over a length or delivery
     /// limit): the node that leads the shard dead-letters it when the queue has a dead-letter
-    /// exchange (at most once, as RabbitMQ's quorum queues by default).
+    /// exchange (at most once, as RabbitMQ's quorum queues by default; at least once when
+    /// `held`).
     Dropped {
         /// The entry whose commands dropped it.
         index: u64,
@@ -107,6 +111,9 @@ pub enum Outcome {
         reason: DeadLetterReason,
         /// The message.
         body: Bytes,
+        /// The queue keeps it until a `SettleDeadLetter` of its position is applied (at-least-once
+        /// dead-lettering, [`holds_dead_letters`]).
+        held: bool,
     },
     /// A consumer is gone without its owner asking (its queue was deleted): its node tells the
     /// client (basic.cancel).
@@ -128,6 +135,8 @@ pub(crate) struct ReplicatedQueue {
     pub(crate) limits: Limits,
     /// The name it was declared with (empty: none), which finds it after a restart.
     pub(crate) name: Bytes,
+    /// Dead letters kept until they are settled (at least once).
+    pub(crate) held: HeldDeadLetters,
 }
 
 /// Who owns a consumer.
@@ -191,6 +200,11 @@ impl QueueStateMachine {
     /// A queue's core, to read.
     pub fn queue(&self, queue: QueueId) -> Option<&QueueCore<Body>> {
         self.queues.get(&queue).map(|queue| &queue.core)
+    }
+
+    /// The dead letters a queue keeps until they are settled (at-least-once dead-lettering).
+    pub fn held_dead_letters(&self, queue: QueueId) -> Option<&HeldDeadLetters> {
+        self.queues.get(&queue).map(|queue| &queue.held)
     }
 
     /// The id of the queue declared with `name`.
@@ -299,14 +313,30 @@ impl QueueStateMachine {
             QueueCommand::Requeue { position } => self.settling(queue, position, Command::Requeue { position }),
             QueueCommand::RequeueToTail { position } => self.settling(queue, position, Command::RequeueToTail { position }),
             QueueCommand::Reject { position } => self.settling(queue, position, Command::Reject { position }),
-            QueueCommand::Purge => Command::Purge,
+            QueueCommand::Purge => {
+                // RabbitMQ's purge drops the dead letters waiting too (`rabbit_fifo_dlx:purge`).
+                if let Some(replicated) = self.queues.get_mut(&queue) {
+                    replicated.held.take_all();
+                }
+                Command::Purge
+            }
             QueueCommand::SetLimits { limits } => match self.queues.get_mut(&queue) {
                 Some(replicated) => {
                     replicated.limits = limits;
+                    replicated.release_held_dead_letters(context.index, queue, outcomes);
                     Command::SetLimits(core_limits(limits))
                 }
                 None => return CommandResult::NoSuchQueue,
             },
+            QueueCommand::SettleDeadLetter { position } => {
+                return match self.queues.get_mut(&queue) {
+                    Some(replicated) => {
+                        replicated.held.settle(position);
+                        CommandResult::Core(Reply::Ok)
+                    }
+                    None => CommandResult::NoSuchQueue,
+                };
+            }
             QueueCommand::Expire => Command::Expire,
         };
         match self.run(context, queue, core_command, outcomes) {
@@ -322,7 +352,7 @@ impl QueueStateMachine {
         let id = if queue != 0 { queue } else { fresh_id };
         if let std::collections::btree_map::Entry::Vacant(slot) = self.queues.entry(id) {
             let core = QueueCore::new(QueueState::default(), core_limits(limits), None).with_single_active_consumer(single_active_consumer);
-            slot.insert(ReplicatedQueue { core, limits, name: name.clone() });
+            slot.insert(ReplicatedQueue { core, limits, name: name.clone(), held: HeldDeadLetters::default() });
             if !name.is_empty() {
                 self.names.insert(name, id);
             }
@@ -365,7 +395,14 @@ impl QueueStateMachine {
                     });
                 }
                 Effect::Drop { position, message, reason, .. } => {
-                    outcomes.push(Outcome::Dropped { index, queue, position, reason, body: message.0 });
+                    let held = match self.queues.get_mut(&queue) {
+                        Some(replicated) if holds_dead_letters(&replicated.limits) => {
+                            replicated.held.hold(position, reason, message.0.clone());
+                            true
+                        }
+                        _ => false,
+                    };
+                    outcomes.push(Outcome::Dropped { index, queue, position, reason, body: message.0, held });
                 }
                 _ => {}
             }
@@ -428,13 +465,15 @@ pub(crate) fn core_limits(limits: Limits) -> Limits {
 }
 
 impl ReplicatedQueue {
-    /// Whether reject-publish refuses a message now: the queue is over a length limit.
+    /// Whether reject-publish refuses a message now: the queue is over a length limit. Dead
+    /// letters it keeps count, as RabbitMQ's `is_over_limit` counts its discards.
     fn refuses_publishes(&self) -> bool {
         let limits = &self.limits;
         let messages = self.core.messages();
+        let held = &self.held;
         limits.overflow == Overflow::RejectPublish
-            && (limits.max_length.is_some_and(|max| messages.ready_count() as u64 > max)
-                || limits.max_length_bytes.is_some_and(|max| messages.ready_bytes() > max))
+            && (limits.max_length.is_some_and(|max| messages.ready_count() as u64 + held.len() as u64 > max)
+                || limits.max_length_bytes.is_some_and(|max| messages.ready_bytes() + held.payload_bytes() > max))
     }
 }
 

@@ -259,3 +259,77 @@ fn releasing_a_node_cancels_its_consumers_and_requeues_what_they_and_its_gets_he
     let restored = QueueStateMachine::decode_image(Bytes::from(machine.encode_image())).expect("decodes");
     assert_eq!(restored.encode_image(), machine.encode_image());
 }
+
+/// A queue that dead-letters at least once (reject-publish, as RabbitMQ requires) with a length limit.
+fn at_least_once(max_length: u64, at_least_once: bool) -> queue_core::Limits {
+    queue_core::Limits {
+        max_length: Some(max_length),
+        overflow: queue_core::Overflow::RejectPublish,
+        dead_letters: true,
+        dead_letter_at_least_once: at_least_once,
+        ..queue_core::Limits::NONE
+    }
+}
+
+fn dropped(outcomes: &[Outcome]) -> Vec<(u64, bool)> {
+    outcomes
+        .iter()
+        .filter_map(|outcome| match outcome {
+            Outcome::Dropped { position, held, .. } => Some((*position, *held)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn at_least_once_dead_letters_stay_until_settled_count_toward_the_limit_and_survive_a_snapshot() {
+    let declare = QueueCommand::Declare { name: Bytes::new(), limits: at_least_once(2, true), single_active_consumer: false };
+    let mut machine = QueueStateMachine::new();
+    let mut outcomes = Vec::new();
+    let get = QueueCommand::Get { no_ack: false };
+    machine.apply(1, batch(1_000, vec![declare, enqueue("a", None), enqueue("b", None), get.clone(), get]), &mut outcomes);
+    outcomes.clear();
+    machine.apply(2, batch(1_001, vec![QueueCommand::Reject { position: 0 }, QueueCommand::Reject { position: 1 }]), &mut outcomes);
+    assert_eq!(dropped(&outcomes), vec![(0, true), (1, true)]);
+    let held = machine.held_dead_letters(1).expect("declared");
+    assert_eq!((held.len(), held.payload_bytes()), (2, 2));
+    // Two held letters fill a queue of two: reject-publish refuses while it is over the limit (the
+    // third message is taken, as RabbitMQ takes it, the fourth refused).
+    outcomes.clear();
+    machine.apply(3, batch(1_002, vec![enqueue("c", None), enqueue("d", None)]), &mut outcomes);
+    assert_eq!(results(&outcomes), vec![CommandResult::Core(queue_core::Reply::Ok), CommandResult::Core(queue_core::Reply::Rejected)]);
+    let restored = QueueStateMachine::decode_image(Bytes::from(machine.encode_image())).expect("decodes");
+    assert_eq!(restored.encode_image(), machine.encode_image());
+    assert_eq!(restored.held_dead_letters(1).map(|held| held.len()), Some(2), "a snapshot keeps the held letters");
+    outcomes.clear();
+    machine.apply(4, batch(1_003, vec![enqueue("e", None)]), &mut outcomes);
+    assert_eq!(results(&outcomes), vec![CommandResult::Core(queue_core::Reply::Rejected)], "one ready and two held: over 2");
+    outcomes.clear();
+    let settles = vec![QueueCommand::SettleDeadLetter { position: 0 }, QueueCommand::SettleDeadLetter { position: 1 }, enqueue("f", None)];
+    machine.apply(5, batch(1_004, settles), &mut outcomes);
+    assert_eq!(results(&outcomes)[2], CommandResult::Core(queue_core::Reply::Ok), "settled letters no longer count");
+    assert!(machine.held_dead_letters(1).is_some_and(|held| held.is_empty()));
+}
+
+#[test]
+fn without_at_least_once_drops_are_not_held_and_a_strategy_change_releases_the_held_ones() {
+    let declare = QueueCommand::Declare { name: Bytes::new(), limits: at_least_once(10, false), single_active_consumer: false };
+    let mut machine = QueueStateMachine::new();
+    let mut outcomes = Vec::new();
+    let get = QueueCommand::Get { no_ack: false };
+    machine.apply(1, batch(1_000, vec![declare, enqueue("a", None), enqueue("b", None), get.clone(), get]), &mut outcomes);
+    outcomes.clear();
+    machine.apply(2, batch(1_001, vec![QueueCommand::Reject { position: 0 }]), &mut outcomes);
+    assert_eq!(dropped(&outcomes), vec![(0, false)], "at most once: nothing kept");
+    outcomes.clear();
+    let limits = at_least_once(10, true);
+    machine.apply(3, batch(1_002, vec![QueueCommand::SetLimits { limits }, QueueCommand::Reject { position: 1 }]), &mut outcomes);
+    assert_eq!(dropped(&outcomes), vec![(1, true)]);
+    outcomes.clear();
+    // Drop-head makes at least once ineffective (RabbitMQ falls back to at most once): the held
+    // letter leaves at most once.
+    let limits = queue_core::Limits { overflow: queue_core::Overflow::DropHead, ..at_least_once(10, true) };
+    machine.apply(4, batch(1_003, vec![QueueCommand::SetLimits { limits }]), &mut outcomes);
+    assert_eq!(dropped(&outcomes), vec![(1, false)]);
+    assert!(machine.held_dead_letters(1).is_some_and(|held| held.is_empty()));
+}

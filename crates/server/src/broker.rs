@@ -209,9 +209,10 @@ impl Broker {
         // Only `--sync always` syncs before confirms; the other policies write segments directly.
         let journaled = config.sync_policy == storage::syncer::SyncPolicy::Always;
         let (dead_letters, dead_letter_receiver) = crate::dead_letter::channel();
-        let (quorum_config, quorum_links) =
+        let (mut quorum_config, quorum_links) =
             crate::cluster::quorum_host_config(&config.cluster, config.bind_address, &config.data_dir, config.quorum_shards)
                 .map_err(|error| RecoveryError::Io { path: config.data_dir.clone(), source: std::io::Error::other(error) })?;
+        quorum_config.dead_letter_retry_interval_ms = config.dead_letter_retry_interval_ms;
         let quorum = crate::quorum::QuorumHost::start(quorum_config, quorum_links.clone(), Some(dead_letters.clone()))?;
         let delayed = crate::delayed::DelayedMessages::open(&config.data_dir, config.segment_bytes_max, journaled)?;
         let mut broker = Broker {

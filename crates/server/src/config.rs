@@ -113,6 +113,9 @@ pub struct ServerConfig {
     pub sync_policy: storage::syncer::SyncPolicy,
     /// How many Raft groups (shards) quorum queues are spread over (docs/replication.md).
     pub quorum_shards: u32,
+    /// How long a quorum queue's held (at-least-once) dead letter that was not settled waits
+    /// before it is published again (RabbitMQ's `dead_letter_worker_publisher_confirm_timeout`).
+    pub dead_letter_retry_interval_ms: u64,
     /// The RabbitMQ Stream protocol's port (0: not served).
     pub stream_port: u16,
     /// The host the stream protocol tells clients to connect to (open's connection properties,
@@ -150,6 +153,7 @@ impl Default for ServerConfig {
             sync_policy: storage::syncer::SyncPolicy::Always,
             memory_high_watermark_bytes: crate::alarms::memory::default_memory_high_watermark_bytes(),
             quorum_shards: crate::quorum::SHARDS_DEFAULT,
+            dead_letter_retry_interval_ms: crate::quorum::DEAD_LETTER_RETRY_INTERVAL_MS_DEFAULT,
             stream_port: 5552,
             stream_advertised_host: None,
             cluster: crate::cluster::ClusterSettings::default(),

@@ -4,7 +4,8 @@
 //! of highest priority applies, alone, as in RabbitMQ.
 //!
 //! Lepus applies the queue settings it implements (`max-length`, `max-length-bytes`, `overflow`,
-//! `message-ttl`, `expires`, `dead-letter-exchange`, `dead-letter-routing-key`, `delivery-limit`,
+//! `message-ttl`, `expires`, `dead-letter-exchange`, `dead-letter-routing-key`,
+//! `dead-letter-strategy` (quorum queues), `delivery-limit`,
 //! and for stream queues `max-age` and `stream-max-segment-size-bytes`)
 //! and the exchange setting `alternate-exchange` (an exchange's own argument wins over it).
 //! Settings RabbitMQ knows and Lepus does not implement are refused with a message that says so,
@@ -17,7 +18,6 @@ use storage::definitions::PolicyRecord;
 
 /// RabbitMQ policy settings that Lepus does not implement; a policy naming one is refused.
 const NOT_IMPLEMENTED_KEYS: &[&str] = &[
-    "dead-letter-strategy",
     "federation-upstream",
     "federation-upstream-set",
     "ha-mode",
@@ -96,6 +96,9 @@ pub struct QueueSettings {
     pub dead_letter_exchange: Option<String>,
     /// `dead-letter-routing-key`: the routing key they get there.
     pub dead_letter_routing_key: Option<String>,
+    /// `dead-letter-strategy`: whether a quorum queue dead-letters at least once (true) or at
+    /// most once (false).
+    pub dead_letter_at_least_once: Option<bool>,
     /// `overflow`: what happens at `max-length`.
     pub overflow: Option<Overflow>,
     /// `message-ttl`: how long a message may wait, in milliseconds.
@@ -323,6 +326,13 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
                 settings.dead_letter_routing_key =
                     Some(key.ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "dead letter routing key"))?.to_string())
             }
+            "dead-letter-strategy" => {
+                settings.dead_letter_at_least_once = Some(match value.as_str() {
+                    Some("at-least-once") => true,
+                    Some("at-most-once") => false,
+                    _ => return Err(PolicyError::Invalid(rabbit_value(value), "dead letter strategy")),
+                })
+            }
             "message-ttl" => settings.message_ttl_ms = Some(non_negative()?),
             "consumer-timeout" => settings.consumer_timeout_ms = Some(positive()?),
             // RabbitMQ 3.10.8's `rabbit_policies` validation texts.
@@ -419,10 +429,17 @@ mod tests {
     fn unknown_and_unimplemented_settings_are_refused_loudly() {
         let refused = |value: Value| Policy::new("/", "p", ".*", "queues", 0, definition(value)).err();
         assert_eq!(refused(json!({"colour": "blue"})), Some(PolicyError::Unrecognised(vec!["colour".to_string()])));
+        assert_eq!(refused(json!({"queue-version": 2})), Some(PolicyError::NotImplemented(vec!["queue-version".to_string()])));
         assert_eq!(
-            refused(json!({"dead-letter-strategy": "at-least-once"})),
-            Some(PolicyError::NotImplemented(vec!["dead-letter-strategy".to_string()]))
+            refused(json!({"dead-letter-strategy": "sometimes"})),
+            Some(PolicyError::Invalid("<<\"sometimes\">>".to_string(), "dead letter strategy"))
         );
+        let strategy = |value: &str| {
+            Policy::new("/", "p", ".*", "queues", 0, definition(json!({"dead-letter-strategy": value})))
+                .ok()
+                .and_then(|policy| policy.queue_settings.dead_letter_at_least_once)
+        };
+        assert_eq!((strategy("at-least-once"), strategy("at-most-once")), (Some(true), Some(false)));
         assert_eq!(refused(json!({"dead-letter-exchange": 5})), Some(PolicyError::Invalid("5".to_string(), "dead letter exchange name")));
         assert_eq!(
             refused(json!({"max-length-bytes": "a"})),

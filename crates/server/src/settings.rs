@@ -94,6 +94,10 @@ pub struct ServerArguments {
     /// What a consumer timeout does: close the channel (RabbitMQ) or cancel only the consumer [default: close].
     #[arg(long, env = "LEPUS_CONSUMER_TIMEOUT_MODE", value_enum)]
     consumer_timeout_mode: Option<crate::config::ConsumerTimeoutMode>,
+    /// How long a quorum queue's at-least-once dead letter that was not settled (it routed
+    /// nowhere) waits before it is published again, in milliseconds [default: 180000, RabbitMQ's].
+    #[arg(long, env = "LEPUS_DEAD_LETTER_RETRY_INTERVAL_MS")]
+    dead_letter_retry_interval_ms: Option<u64>,
     /// When messages are fdatasynced [default: always].
     #[arg(long, env = "LEPUS_SYNC", value_enum)]
     sync: Option<SyncMode>,
@@ -147,6 +151,7 @@ struct FileSettings {
     consumer_max_per_channel: Option<usize>,
     consumer_timeout_ms: Option<u64>,
     consumer_timeout_mode: Option<crate::config::ConsumerTimeoutMode>,
+    dead_letter_retry_interval_ms: Option<u64>,
     sync: Option<SyncMode>,
     sync_interval_ms: Option<u64>,
     stream_port: Option<u16>,
@@ -208,6 +213,11 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
             .unwrap_or(defaults.consumer_max_per_channel),
         consumer_timeout_ms: arguments.consumer_timeout_ms.or(file.consumer_timeout_ms).unwrap_or(defaults.consumer_timeout_ms),
         consumer_timeout_mode: arguments.consumer_timeout_mode.or(file.consumer_timeout_mode).unwrap_or(defaults.consumer_timeout_mode),
+        dead_letter_retry_interval_ms: arguments
+            .dead_letter_retry_interval_ms
+            .or(file.dead_letter_retry_interval_ms)
+            .unwrap_or(defaults.dead_letter_retry_interval_ms)
+            .max(1),
         sync_policy: match sync {
             SyncMode::Always => SyncPolicy::Always,
             SyncMode::Interval => SyncPolicy::Interval { interval_ms: sync_interval_ms },
@@ -256,6 +266,7 @@ fn effective_file_settings(config: &ServerConfig, sync: SyncMode, sync_interval_
         consumer_max_per_channel: Some(config.consumer_max_per_channel),
         consumer_timeout_ms: Some(config.consumer_timeout_ms),
         consumer_timeout_mode: Some(config.consumer_timeout_mode),
+        dead_letter_retry_interval_ms: Some(config.dead_letter_retry_interval_ms),
         sync: Some(sync),
         sync_interval_ms: Some(sync_interval_ms),
         stream_port: Some(config.stream_port),

@@ -138,12 +138,21 @@ def test_invalid_policies_are_refused_loudly(fresh_lepus):
     broker = fresh_lepus
     unknown = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"colour": "blue"}})
     assert unknown.status_code == 400 and "colour" in unknown.json()["reason"] and "not recognised" in unknown.json()["reason"]
+    # dead-letter-strategy (quorum queues) is taken with either of its two values, nothing else.
     strategy = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"dead-letter-strategy": "at-least-once"}})
+    assert strategy.status_code == 201
+    assert broker.delete("/policies/%2F/p").status_code == 204
+    bad_strategy = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"dead-letter-strategy": "sometimes"}})
+    assert bad_strategy.status_code == 400
+    # RabbitMQ's policy endpoint escapes its reasons as HTML (an Erlang binary's << and >>).
+    expected = 'Validation failed\n\n&lt;&lt;"sometimes"&gt;&gt; is not a valid dead letter strategy\n'
+    assert bad_strategy.json() == {"error": "bad_request", "reason": expected}
+    queue_version = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"queue-version": 2}})
     if broker.is_lepus:
-        # Lepus has no dead-letter-strategy (a quorum-queue setting): it refuses the key rather than ignore it.
-        assert strategy.status_code == 400 and "not implemented" in strategy.json()["reason"]
+        # A setting Lepus does not implement is refused rather than ignored.
+        assert queue_version.status_code == 400 and "not implemented" in queue_version.json()["reason"]
     else:
-        assert strategy.status_code == 201
+        assert queue_version.status_code == 201
         assert broker.delete("/policies/%2F/p").status_code == 204
     bad_exchange = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"dead-letter-exchange": 5}})
     assert bad_exchange.status_code == 400 and "5 is not a valid dead letter exchange name" in bad_exchange.json()["reason"]

@@ -106,6 +106,9 @@ def test_declarations_rabbitmq_refuses_are_refused_with_its_code_and_text(connec
     {"x-quorum-initial-group-size": 5},
     {"x-overflow": "reject-publish-dlx"},
     {"x-dead-letter-strategy": "at-most-once"},
+    {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish", "x-dead-letter-exchange": "dlx"},
+    # At least once with drop-head: taken, and dead-letters at most once (RabbitMQ logs the fallback).
+    {"x-dead-letter-strategy": "at-least-once", "x-dead-letter-exchange": "dlx"},
     {"x-max-in-memory-length": 10, "x-max-in-memory-bytes": 1000},
     {"x-queue-leader-locator": "balanced"},
     {"x-single-active-consumer": True},

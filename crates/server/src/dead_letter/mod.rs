@@ -11,6 +11,13 @@
 //! (the confirm tickets of its publish are settled, as a publisher confirm would wait). A crash in
 //! between leaves it in both queues (a duplicate), never in neither.
 //!
+//! A quorum queue with `x-dead-letter-strategy: at-least-once` (and reject-publish) keeps its
+//! dead letters in its replicated state (`replication::state_machine::HeldDeadLetters`): the node
+//! leading its shard publishes them here, and proposes their settle once every new queue holds
+//! them. One that routes nowhere (no queue bound, no exchange, every target refused it) stays in
+//! its source and is published again after the retry interval, as RabbitMQ's
+//! `rabbit_fifo_dlx_worker` retries after its `dead_letter_worker_publisher_confirm_timeout`.
+//!
 //! The worker also expires messages whose TTL passes without a consumer or a publish: each queue
 //! that dead-letters tells it when its head next expires (`deadlines.rs`), and the worker visits a
 //! queue only when that time comes. Idle queues cost no CPU between deadlines.
@@ -58,6 +65,10 @@ pub struct DeadLetter {
     pub position: u64,
     /// Whether the source's log holds it: settled there once its new queues hold it.
     pub logged: bool,
+    /// Whether the source (a quorum queue dead-lettering at least once) keeps it until told
+    /// that its new queues hold it: settled there then, kept (and published again later) when it
+    /// routes nowhere.
+    pub held: bool,
     /// The message as the source queue held it.
     pub message: Arc<Message>,
     /// Why it left.
@@ -75,6 +86,8 @@ pub struct DeadLetterSource {
     pub queue: ShortStr,
     /// Its log, where logged dead letters are settled.
     pub log: Option<SharedLog>,
+    /// The quorum queue held dead letters are settled in.
+    pub quorum: Option<Weak<crate::quorum::QuorumQueue>>,
 }
 
 /// Dead letters of one queue, handed over together.
@@ -264,6 +277,7 @@ fn publish_batch(
     let now_s = now_s();
     let mut tickets = ConfirmTickets::default();
     let mut settled_positions: Vec<u64> = Vec::new();
+    let mut held_positions: Vec<u64> = Vec::new();
     let mut queues: Vec<Queue> = Vec::new();
     for letter in letters {
         if letter.logged {
@@ -273,6 +287,11 @@ fn publish_batch(
             continue;
         };
         let Some(dead) = message::dead_lettered(&letter.message, &source.queue, letter.reason, &letter.target, now_s) else {
+            if letter.held {
+                // Properties that cannot be read never will be: keeping it would retry forever.
+                tracing::error!(queue = %source.queue, "a held dead letter's properties are unreadable; it is dropped");
+                held_positions.push(letter.position);
+            }
             continue;
         };
         let dead_message = Arc::new(dead.message);
@@ -296,19 +315,57 @@ fn publish_batch(
                 tickets.add(delayed_store.delay(&source.vhost, &route, &dead_message, durable));
             }
         }
+        let mut published = false;
+        let mut refused = false;
         for queue in &queues {
             let automatic = letter.reason != DeadLetterReason::Rejected;
             if automatic && message::is_cycle(queue.name().as_bytes(), &dead.deaths) {
                 tracing::debug!(queue = %queue.name(), "a dead-letter cycle was cut");
                 continue;
             }
-            // A refusal (the new queue is full with reject-publish) drops the letter, as RabbitMQ does.
-            if let PublishOutcome::Accepted(ticket) = queue.publish(dead_message.clone()) {
-                tickets.add(ticket);
+            // A refusal (the new queue is full with reject-publish) drops the letter, as RabbitMQ
+            // does at most once; a held letter stays in its source and is published again later.
+            match queue.publish(dead_message.clone()) {
+                PublishOutcome::Accepted(ticket) => {
+                    tickets.add(ticket);
+                    published = true;
+                }
+                PublishOutcome::Dropped => published = true,
+                PublishOutcome::Rejected => refused = true,
             }
         }
+        if letter.held && published && !refused {
+            held_positions.push(letter.position);
+        }
     }
-    settle_when_held(syncer, &source, tickets, settled_positions);
+    if held_positions.is_empty() {
+        settle_when_held(syncer, &source, tickets, settled_positions);
+    } else {
+        settle_held_when_held(syncer, &source, tickets, held_positions);
+    }
+}
+
+/// Settles held dead letters in their quorum source once `tickets` are settled (their new queues
+/// hold them: a classic queue's log synced, a quorum queue's enqueue committed); not at all when
+/// one failed: they stay held and are published again after the retry interval.
+fn settle_held_when_held(syncer: &Syncer, source: &Arc<DeadLetterSource>, tickets: ConfirmTickets, positions: Vec<u64>) {
+    let Some(queue) = source.quorum.clone() else {
+        return;
+    };
+    let settle = move |durable: bool| {
+        if !durable {
+            tracing::warn!(count = positions.len(), "dead letters were not made durable in their new queues; kept in their quorum source");
+            return;
+        }
+        if let Some(queue) = queue.upgrade() {
+            queue.settle_dead_letters(&positions);
+        }
+    };
+    if tickets.is_empty() {
+        settle(true);
+    } else {
+        tickets.when_settled(syncer, Box::new(settle));
+    }
 }
 
 /// Keeps the first of each queue in `queues` (few: the queues of one letter's keys).

@@ -178,7 +178,14 @@ fn require_policymaker(caller: &Caller) -> Result<(), ApiError> {
 /// Builds a policy from a PUT body (RabbitMQ's: `pattern`, `definition`, `priority`, `apply-to`).
 pub fn policy_from_body(vhost: &str, name: &str, body: &Value) -> Result<Policy, ApiError> {
     let (pattern, apply_to, priority, definition) = policy_parts(body)?;
-    Policy::new(vhost, name, pattern, apply_to, priority, definition).map_err(|error| ApiError::bad_request(error.to_string()))
+    Policy::new(vhost, name, pattern, apply_to, priority, definition)
+        .map_err(|error| ApiError::bad_request(escape_html_tags(&error.to_string())))
+}
+
+/// RabbitMQ 3.10.8's policy endpoint escapes its validation reasons as HTML (measured: an
+/// Erlang binary `<<"x">>` comes back as `&lt;&lt;"x"&gt;&gt;`).
+fn escape_html_tags(reason: &str) -> String {
+    reason.replace('<', "&lt;").replace('>', "&gt;")
 }
 
 /// An operator policy from a PUT body, in the same form.

@@ -92,6 +92,9 @@ pub(crate) struct QueueLimits {
     delivery_limit: Option<u64>,
     /// Where dropped messages go; none drops them (no per-message work beyond this branch).
     pub(crate) dead_letter: Option<DeadLetterTarget>,
+    /// x-dead-letter-strategy at-least-once (or the policy's `dead-letter-strategy`; the
+    /// argument wins): quorum queues only, and only with reject-publish.
+    pub(crate) dead_letter_at_least_once: bool,
     pub(crate) policy: Option<Arc<Policy>>,
 }
 
@@ -121,6 +124,10 @@ impl QueueLimits {
             message_ttl_ms: lower(non_negative_argument(arguments, "x-message-ttl"), settings.message_ttl_ms),
             delivery_limit: lower(non_negative_argument(arguments, "x-delivery-limit"), settings.delivery_limit),
             dead_letter: exchange.map(|exchange| DeadLetterTarget { exchange, routing_key }),
+            dead_letter_at_least_once: match arguments.get("x-dead-letter-strategy").and_then(|value| value.as_text()) {
+                Some(strategy) => strategy == "at-least-once",
+                None => settings.dead_letter_at_least_once.unwrap_or(false),
+            },
             policy,
         }
     }
@@ -138,6 +145,9 @@ impl QueueLimits {
             message_ttl_ms: self.message_ttl_ms,
             delivery_limit: self.delivery_limit.map(|limit| limit.min(u64::from(u32::MAX)) as u32),
             dead_letters: self.dead_letter.is_some(),
+            // Classic queues dead-letter at least once their own way (`dead_letter`), as RabbitMQ's
+            // classic queues ignore the strategy; quorum queues set this in `replicated_limits`.
+            dead_letter_at_least_once: false,
         }
     }
 
@@ -249,7 +259,8 @@ impl QueueRuntime {
         let limits = QueueLimits::new(&definition.arguments, None);
         let consumer_timeout_ms = consumer_timeout_argument_ms(&definition.arguments).unwrap_or(0);
         let window = log.is_some().then_some(paging::WINDOW);
-        let dead_letter_source = Arc::new(DeadLetterSource { vhost: vhost.to_string(), queue: definition.name.clone(), log: log.clone() });
+        let dead_letter_source =
+            Arc::new(DeadLetterSource { vhost: vhost.to_string(), queue: definition.name.clone(), log: log.clone(), quorum: None });
         Arc::new_cyclic(|self_reference| QueueRuntime {
             self_reference: self_reference.clone(),
             page_in_done: tokio::sync::Notify::new(),
@@ -319,7 +330,7 @@ impl QueueRuntime {
             Reply::Rejected => {
                 if let Some(target) = inner.limits.refused_dead_letter().cloned() {
                     let reason = queue_core::DeadLetterReason::MaxLength;
-                    inner.dead_letters.push(DeadLetter { position: 0, logged: false, message, reason, target });
+                    inner.dead_letters.push(DeadLetter { position: 0, logged: false, held: false, message, reason, target });
                     self.hand_over_dead_letters(&mut inner);
                     self.tell_expiry_deadline(&mut inner, now_ms);
                 }

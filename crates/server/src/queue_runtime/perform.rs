@@ -193,7 +193,7 @@ impl QueueRuntime {
     /// (settled in the log by the dead-letter worker once its new queues hold it), else dropped.
     fn drop_message(&self, inner: &mut QueueInner, position: u64, message: Arc<Message>, reason: DeadLetterReason, logged: bool) {
         match &inner.limits.dead_letter {
-            Some(target) => inner.dead_letters.push(DeadLetter { position, logged, message, reason, target: target.clone() }),
+            Some(target) => inner.dead_letters.push(DeadLetter { position, logged, held: false, message, reason, target: target.clone() }),
             None if logged => {
                 if let Some(log) = &self.log {
                     log.lock().append_settled(position);

@@ -85,8 +85,7 @@ const CLASSIC: QueueTypeCapabilities = QueueTypeCapabilities {
 const QUORUM: QueueTypeCapabilities = QueueTypeCapabilities {
     queue_type: QueueType::Quorum,
     implemented: true,
-    // What RabbitMQ 3.10.8's quorum queues take; at-least-once dead-lettering is refused with 540
-    // by `not_implemented_for` until Lepus honours it for quorum queues.
+    // What RabbitMQ 3.10.8's quorum queues take.
     accepted_arguments: &[
         "x-dead-letter-exchange",
         "x-dead-letter-routing-key",
@@ -163,12 +162,10 @@ pub const RABBITMQ_QUEUE_ARGUMENTS: &[&str] = &[
 ];
 
 /// Arguments a type takes that Lepus does not implement for it yet: refused with 540.
-fn not_implemented_for(queue_type: QueueType, key: &str, value: &amqp_codec::FieldValue) -> bool {
+fn not_implemented_for(queue_type: QueueType, key: &str, _value: &amqp_codec::FieldValue) -> bool {
     match (queue_type, key) {
         // Deduplication (a Lepus extension, as LavinMQ's) keeps its cache beside a classic queue's log only.
         (QueueType::Quorum | QueueType::Stream, "x-message-deduplication") => true,
-        // At-least-once dead-lettering (RabbitMQ's, with reject-publish) is not there: at most once is.
-        (QueueType::Quorum, "x-dead-letter-strategy") => value.as_text().as_deref() == Some("at-least-once"),
         _ => false,
     }
 }

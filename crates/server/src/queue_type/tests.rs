@@ -173,11 +173,15 @@ fn a_quorum_queue_checks_its_arguments_before_its_properties_and_names_its_type(
         refusal(quorum.check_declare(&declared, VHOST)),
         (406, "PRECONDITION_FAILED - invalid arg 'x-queue-mode' for queue 'q' in vhost '/' of queue type rabbit_quorum_queue".to_string())
     );
-    let mut declared = definition("q", &[("x-expires", FieldValue::I32(1000)), ("x-dead-letter-strategy", text("at-least-once"))]);
+    let strategy = [("x-dead-letter-exchange", text("dlx")), ("x-dead-letter-strategy", text("at-least-once"))];
+    let mut declared = definition("q", &strategy);
+    declared.queue_type = QueueType::Quorum;
+    assert_eq!(quorum.check_declare(&declared, VHOST), Ok(()), "at-least-once dead-lettering is honoured on quorum queues");
+    let mut declared = definition("q", &[("x-dead-letter-strategy", text("sometimes"))]);
     declared.queue_type = QueueType::Quorum;
     assert_eq!(
         refusal(quorum.check_declare(&declared, VHOST)),
-        (540, "NOT_IMPLEMENTED - queue argument 'x-dead-letter-strategy' is not supported by Lepus yet for quorum queues".to_string())
+        (406, "PRECONDITION_FAILED - invalid arg 'x-dead-letter-strategy' for queue 'q' in vhost '/': invalid_dlx_strategy".to_string())
     );
     let mut declared = definition("q", &[("x-expires", FieldValue::I32(1000))]);
     declared.queue_type = QueueType::Quorum;

@@ -14,11 +14,13 @@
 //!
 //! On a node alone every shard is a group of one: a commit is the node's own fdatasync.
 
+mod dead_letter_retry;
 pub mod envelope;
 mod queue;
 mod shard;
 pub mod tickets;
 
+pub use dead_letter_retry::DEAD_LETTER_RETRY_INTERVAL_MS_DEFAULT;
 pub use queue::QuorumQueue;
 pub use shard::ShardFigures;
 pub use tickets::{CommitSlot, ConfirmGate};
@@ -56,6 +58,9 @@ pub struct HostConfig {
     pub node_down_ticks: u64,
     /// The disk.
     pub file_system: SharedFileSystem,
+    /// How long a held (at-least-once) dead letter that was not settled waits before its leader
+    /// publishes it again.
+    pub dead_letter_retry_interval_ms: u64,
 }
 
 /// Shards a node runs by default: with three nodes, one leader each (docs/replication.md).
@@ -75,6 +80,7 @@ impl HostConfig {
             snapshot_entries_interval: 1024,
             node_down_ticks: 30,
             file_system: storage::file_system::real(),
+            dead_letter_retry_interval_ms: DEAD_LETTER_RETRY_INTERVAL_MS_DEFAULT,
         }
     }
 }

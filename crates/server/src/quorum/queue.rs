@@ -140,6 +140,9 @@ pub struct QuorumQueue {
     /// Held by whoever takes deliveries off the local consumers' `held` and sends them, so two
     /// threads (the shard's, a connection's) never send one consumer's deliveries out of order.
     dispatching: Mutex<()>,
+    /// Held dead letters this node published as the shard's leader and has not settled yet, by
+    /// position, with when they were published (published again after the retry interval).
+    dead_letters_in_flight: Mutex<HashMap<u64, u64>>,
 }
 
 impl std::fmt::Debug for QuorumQueue {
@@ -165,7 +168,20 @@ fn replicated_limits(limits: &QueueLimits) -> queue_core::Limits {
     if limits.overflow == Some(broker_core::vhost::Overflow::RejectPublishDeadLetter) {
         core.overflow = queue_core::Overflow::DropHead;
     }
+    core.dead_letter_at_least_once = core.dead_letters && limits.dead_letter_at_least_once;
     core
+}
+
+/// At least once needs reject-publish (a queue that drops its head to take a publish cannot
+/// keep what it drops): otherwise RabbitMQ falls back to at most once and logs it; so does this.
+fn log_strategy_fallback(limits: &queue_core::Limits, queue: &ShortStr, vhost: &str) {
+    if limits.dead_letter_at_least_once && !replication::state_machine::holds_dead_letters(limits) {
+        tracing::warn!(
+            "Falling back to dead-letter-strategy at-most-once for queue '{}' in vhost '{vhost}' because configured \
+             dead-letter-strategy at-least-once is incompatible with effective queue overflow behaviour drop-head",
+            queue
+        );
+    }
 }
 
 /// Milliseconds since the epoch.
@@ -180,8 +196,13 @@ impl QuorumQueue {
         let dead_letters = host.dead_letters().cloned();
         let host = host.self_reference();
         let limits = QueueLimits::new(&definition.arguments, None);
-        let dead_letter_source = Arc::new(DeadLetterSource { vhost: vhost.to_string(), queue: definition.name.clone(), log: None });
-        Arc::new_cyclic(|self_reference| QuorumQueue {
+        Arc::new_cyclic(|self_reference: &Weak<QuorumQueue>| QuorumQueue {
+            dead_letter_source: Arc::new(DeadLetterSource {
+                vhost: vhost.to_string(),
+                queue: definition.name.clone(),
+                log: None,
+                quorum: Some(self_reference.clone()),
+            }),
             definition,
             vhost: vhost.to_string(),
             name_key,
@@ -192,7 +213,6 @@ impl QuorumQueue {
             local: Mutex::new(Local::default()),
             limits: Mutex::new(limits),
             deleted: AtomicBool::new(false),
-            dead_letter_source,
             answered: tokio::sync::Notify::new(),
             self_reference: self_reference.clone(),
             head_expires_at_ms: AtomicU64::new(0),
@@ -200,6 +220,7 @@ impl QuorumQueue {
             expiry_deadline: Mutex::new(crate::dead_letter::ExpiryDeadline::default()),
             expiry: Mutex::new(expiry),
             dispatching: Mutex::new(()),
+            dead_letters_in_flight: Mutex::new(HashMap::new()),
         })
     }
 
@@ -222,6 +243,7 @@ impl QuorumQueue {
     /// Its declaration, as the shard's machine takes it.
     pub(crate) fn declaration(&self) -> QueueCommand {
         let limits = replicated_limits(&self.limits.lock());
+        log_strategy_fallback(&limits, &self.definition.name, &self.vhost);
         let single_active_consumer = crate::queue_runtime::single_active_consumer(&self.definition.arguments);
         QueueCommand::Declare { name: self.name_key.clone(), limits, single_active_consumer }
     }
@@ -686,7 +708,7 @@ impl QuorumQueue {
     ) {
         let Some(target) = self.limits.lock().dead_letter.clone() else { return };
         let Ok(message) = envelope::decode(body) else { return };
-        let letter = DeadLetter { position, logged: false, message, reason, target };
+        let letter = DeadLetter { position, logged: false, held: false, message, reason, target };
         let batch = DeadLetterBatch { source: self.dead_letter_source.clone(), letters: vec![letter], scope };
         if sender.try_send(batch).is_err() {
             tracing::warn!(queue = %self.name(), "the dead-letter worker is full; a quorum queue's dead letter is dropped");
@@ -758,6 +780,7 @@ impl QuorumQueue {
             *current = QueueLimits::new(&self.definition.arguments, policy.clone());
             replicated_limits(&current)
         };
+        log_strategy_fallback(&limits, &self.definition.name, &self.vhost);
         self.submit(QueueCommand::SetLimits { limits }, Waiter::Nothing);
         let idle = self.is_idle();
         let mut expiry = self.expiry.lock();
@@ -847,6 +870,8 @@ impl QuorumQueue {
         None
     }
 }
+
+mod held_dead_letters;
 
 /// How soon a quorum queue whose head expired looks again while no commit has removed it.
 pub const EXPIRE_INTERVAL_MS: u64 = 1000;

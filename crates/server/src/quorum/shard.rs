@@ -220,6 +220,8 @@ pub(crate) struct ShardWorker {
     /// The tick a membership change was last held back (its reason logged), to log it seldom.
     membership_held_at_tick: u64,
     stopping: bool,
+    /// When held (at-least-once) dead letters are published again.
+    dead_letter_retry: super::dead_letter_retry::DeadLetterRetry,
 }
 
 /// Opens shard `shard` of this node and makes its thread's state.
@@ -282,6 +284,7 @@ pub(crate) fn open(
         members_target,
         membership_held_at_tick: 0,
         stopping: false,
+        dead_letter_retry: super::dead_letter_retry::DeadLetterRetry::new(config.dead_letter_retry_interval_ms),
     };
     Ok((handle, worker))
 }
@@ -378,6 +381,8 @@ impl ShardWorker {
         self.spread_leadership();
         self.reconcile_membership();
         *self.handle.figures.members.lock() = (self.node.voters(), self.node.learners());
+        let leading = self.node.is_leader() && self.node.caught_up();
+        self.dead_letter_retry.tick(leading, self.node.machine(), &self.queues, self.dead_letters.as_ref());
     }
 
     /// Leaders spread over the nodes: shard `n`'s preferred leader is the `n`-th voter (in id

@@ -69,6 +69,7 @@ fn config(node: u64) -> HostConfig {
         snapshot_entries_interval: 64,
         node_down_ticks: 30,
         file_system: file_system.shared(),
+        dead_letter_retry_interval_ms: super::DEAD_LETTER_RETRY_INTERVAL_MS_DEFAULT,
     }
 }
 

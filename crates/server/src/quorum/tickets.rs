@@ -11,7 +11,7 @@
 use crate::queue_type::PendingConfirm;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use storage::syncer::{SharedLog, SharedStream, SyncCallback, Syncer};
 
 /// How a replicated enqueue ended.
@@ -28,8 +28,11 @@ pub enum SlotOutcome {
 #[derive(Debug, Default)]
 struct SlotState {
     outcome: Option<SlotOutcome>,
-    /// The gate to wake when the outcome is set.
-    gate: Option<Weak<ConfirmGate>>,
+    /// The gate to wake when the outcome is set. Held strongly: a gate made for one wait
+    /// (`ConfirmTickets::when_settled`: dead letters, delayed messages, the management API's
+    /// publish) has no other owner, and would be dropped with its callback before the commit.
+    /// Taken when the slot is filled (which the shard does for every slot, if only as failed).
+    gate: Option<Arc<ConfirmGate>>,
 }
 
 /// The commit one publish to one quorum queue waits for.
@@ -51,7 +54,7 @@ impl CommitSlot {
             return None;
         }
         state.outcome = Some(outcome);
-        state.gate.take().and_then(|gate| gate.upgrade())
+        state.gate.take()
     }
 
     /// The outcome, once set.
@@ -65,7 +68,7 @@ impl CommitSlot {
         if state.outcome.is_some() {
             return false;
         }
-        state.gate = Some(Arc::downgrade(gate));
+        state.gate = Some(gate.clone());
         true
     }
 }

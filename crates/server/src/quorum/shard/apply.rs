@@ -33,6 +33,9 @@ impl ShardWorker {
             self.time_commit(sequence);
             self.confirmed(sequence, result);
         }
+        // Held (at-least-once) dead letters this node publishes as leader, once the whole round is
+        // applied: a letter whose settle the same round applied (a log replayed) is not published.
+        let mut held_drops: Vec<(QueueId, u64, queue_core::DeadLetterReason, bytes::Bytes)> = Vec::new();
         for outcome in outcomes {
             match outcome {
                 Outcome::Committed { .. } => {}
@@ -40,6 +43,11 @@ impl ShardWorker {
                     if owner == self.proposer {
                         self.deliver(queue, consumer, position, redelivered, delivery_count, body);
                     }
+                }
+                Outcome::Dropped { queue, position, reason, body, held: true, .. } if self.node.is_leader() => {
+                    // Published below once caught up; while a restarted node replays its log, the
+                    // leader's scan publishes what is still held when the replay is done.
+                    held_drops.push((queue, position, reason, body));
                 }
                 Outcome::Dropped { queue, position, reason, body, .. } => {
                     // At most once, as RabbitMQ's quorum queues dead-letter by default: the node
@@ -63,8 +71,29 @@ impl ShardWorker {
                 }
             }
         }
+        self.publish_held_drops(held_drops);
         // After the outcomes: the release that retired the proposer cancelled its consumers above.
         self.renew_retired_proposer();
+    }
+
+    /// Hands the held dead letters of this round to the worker, those still held, per queue.
+    fn publish_held_drops(&mut self, held_drops: Vec<(QueueId, u64, queue_core::DeadLetterReason, bytes::Bytes)>) {
+        let Some(sender) = &self.dead_letters else { return };
+        if held_drops.is_empty() || !self.node.caught_up() {
+            return;
+        }
+        let mut held_drops = held_drops.into_iter().peekable();
+        while let Some((id, position, reason, body)) = held_drops.next() {
+            let mut letters = vec![(position, reason, body)];
+            while let Some(next) = held_drops.next_if(|next| next.0 == id) {
+                letters.push((next.1, next.2, next.3));
+            }
+            let (Some(queue), Some(held)) = (self.queue(id), self.node.machine().held_dead_letters(id)) else { continue };
+            letters.retain(|(position, _, _)| held.contains(*position));
+            if !letters.is_empty() {
+                queue.publish_new_held_dead_letters(letters, sender);
+            }
+        }
     }
 
     /// The timed batch is committed once its last command is (a proposer's commands are
