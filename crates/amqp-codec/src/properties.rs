@@ -169,7 +169,7 @@ fn table_has_entry_named(table: &[u8], names: &[&[u8]]) -> Option<bool> {
             b't' | b'b' | b'B' => 1,
             b's' | b'u' => 2,
             b'I' | b'i' | b'f' => 4,
-            b'l' | b'd' | b'T' => 8,
+            b'l' | b'L' | b'd' | b'T' => 8,
             b'D' => 5,
             b'V' => 0,
             b'S' | b'x' | b'A' | b'F' => 4 + long_field(table, offset)?.len(),
