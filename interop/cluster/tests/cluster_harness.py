@@ -4,6 +4,7 @@ failing test prints where."""
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,7 +15,34 @@ import requests
 LEPUS_BIN = os.environ.get("LEPUS_BIN", "target/release/lepus")
 
 
+_HANDED_OUT = set()
+
+
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def free_port():
+    """A port free now, below the kernel's ephemeral range: a port from bind(0) is an ephemeral
+    one, which an outgoing connection (a node dialling another, a client) may take before the node
+    that was given it binds it; CI saw a node fail with "Address already in use" that way."""
+    low = _ephemeral_low()
+    if low and low > 12000:
+        for _ in range(200):
+            port = random.randrange(10000, low)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
