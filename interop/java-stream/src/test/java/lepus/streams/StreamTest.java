@@ -302,6 +302,11 @@ class StreamTest {
       received.await(3);
       assertEquals(List.of(bodies("m", 7, 10)), received.bodies);
       assertEquals(offsets(7, 3), received.offsets);
+      // The consumer goes before its stream: deleting a stream under a named, tracking consumer
+      // makes RabbitMQ's stream client unregister it on its connection thread while env.close()
+      // unregisters it on this one, and the two took each other's locks (a deadlock seen against
+      // RabbitMQ 3.10.8 in a CI run: jstack showed both threads in ProducersCoordinator).
+      resumed.close();
       env.deleteStream(stream);
       env.close();
     }
