@@ -147,8 +147,8 @@ def test_unroutable_dead_letters_stay_in_the_source_and_count_toward_its_length(
 
 @pytest.mark.lepus_only
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("target_type", ["classic", "quorum"])
-def test_held_dead_letters_arrive_once_a_queue_is_bound_within_the_retry_interval(tmp_path, monkeypatch, target_type):
+def start_lepus_retrying_every_second(tmp_path, monkeypatch):
+    """A Lepus of the test's own that publishes held dead letters again every second."""
     from test_lifecycle import LepusBroker
 
     monkeypatch.setenv("LEPUS_DEAD_LETTER_RETRY_INTERVAL_MS", "1000")
@@ -156,6 +156,12 @@ def test_held_dead_letters_arrive_once_a_queue_is_bound_within_the_retry_interva
     data_dir.mkdir()
     broker = LepusBroker(os.environ["LEPUS_BIN"], data_dir, tmp_path)
     broker.start()
+    return broker
+
+
+@pytest.mark.parametrize("target_type", ["classic", "quorum"])
+def test_held_dead_letters_arrive_once_a_queue_is_bound_within_the_retry_interval(tmp_path, monkeypatch, target_type):
+    broker = start_lepus_retrying_every_second(tmp_path, monkeypatch)
     try:
         conn = broker.connect()
         channel = conn.channel()
@@ -234,13 +240,7 @@ def everything_in(channel, queue):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("target_type", ["classic", "quorum"])
 def test_kill_9_while_a_quorum_queue_dead_letters_at_least_once_loses_nothing(tmp_path, monkeypatch, target_type):
-    from test_lifecycle import LepusBroker
-
-    monkeypatch.setenv("LEPUS_DEAD_LETTER_RETRY_INTERVAL_MS", "1000")
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    broker = LepusBroker(os.environ["LEPUS_BIN"], data_dir, tmp_path)
-    broker.start()
+    broker = start_lepus_retrying_every_second(tmp_path, monkeypatch)
     confirmed = set()
     try:
         conn = broker.connect()
