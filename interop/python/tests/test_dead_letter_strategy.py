@@ -145,8 +145,6 @@ def test_unroutable_dead_letters_stay_in_the_source_and_count_toward_its_length(
     assert message_count(source, channel) == 1
 
 
-@pytest.mark.lepus_only
-@pytest.mark.timeout(120)
 def start_lepus_retrying_every_second(tmp_path, monkeypatch):
     """A Lepus of the test's own that publishes held dead letters again every second."""
     from test_lifecycle import LepusBroker
@@ -159,6 +157,8 @@ def start_lepus_retrying_every_second(tmp_path, monkeypatch):
     return broker
 
 
+@pytest.mark.lepus_only
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("target_type", ["classic", "quorum"])
 def test_held_dead_letters_arrive_once_a_queue_is_bound_within_the_retry_interval(tmp_path, monkeypatch, target_type):
     broker = start_lepus_retrying_every_second(tmp_path, monkeypatch)

@@ -243,7 +243,9 @@ impl Cluster {
             return Err(format!("node {name} is running: stop it first, or run `lepus ctl cluster leave` on it"));
         }
         if let Some(broker) = self.broker() {
-            broker.quorum.check_removal(member.id).map_err(|reason| format!("node {name} is not forgotten: {reason}"))?;
+            let members = self.members();
+            let connected = |id: u64| members.iter().any(|other| other.id == id && other.running);
+            broker.quorum.check_removal(member.id, connected).map_err(|reason| format!("node {name} is not forgotten: {reason}"))?;
         }
         self.change_membership(ConfChangeType::RemoveNode, member.id, None)
     }

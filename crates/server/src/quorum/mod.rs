@@ -302,12 +302,16 @@ impl QuorumHost {
     }
 
     /// Refuses to remove `node` from the shards when a shard's voters without it would not have
-    /// a running majority as this node sees them (itself and the peers heard from lately): its
-    /// leader would hold the change back, and the operator is told why now.
-    pub fn check_removal(&self, node: u64) -> Result<(), String> {
+    /// a running majority as this node sees them: itself, the peers heard from lately on a shard,
+    /// and the peers `connected` names (the cluster's links). Raft traffic alone is not enough:
+    /// two followers of a shard whose leader just died say nothing to each other until an
+    /// election. Its leader would hold the change back, and the operator is told why now.
+    pub fn check_removal(&self, node: u64, connected: impl Fn(u64) -> bool) -> Result<(), String> {
         let quiet_after = std::time::Duration::from_millis(self.config.tick_ms * self.config.node_down_ticks);
         let heard = self.heard.lock();
-        let running = |member: &u64| *member == self.config.node_id || heard.get(member).is_some_and(|at| at.elapsed() < quiet_after);
+        let running = |member: &u64| {
+            *member == self.config.node_id || connected(*member) || heard.get(member).is_some_and(|at| at.elapsed() < quiet_after)
+        };
         for (shard, handle) in self.shards.iter().enumerate() {
             let voters: Vec<u64> = handle.figures.members.lock().0.iter().copied().filter(|voter| *voter != node).collect();
             let live = voters.iter().filter(|voter| running(voter)).count();
