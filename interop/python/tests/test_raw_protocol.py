@@ -232,6 +232,35 @@ def test_server_sends_heartbeats_and_drops_silent_client(raw):
     assert 1.5 <= elapsed <= 6, "silent client dropped after about 2-3 heartbeat intervals"
 
 
+def test_server_heartbeats_a_heartbeating_client_every_half_interval(raw):
+    """A client that heartbeats every half interval (as amqp091-go and pika do) gets the server's
+    heartbeats about as often, never more than an interval apart, and stays open: RabbitMQ 3.10.8
+    sends one every T/2 (measured: every 1.0 s for T = 2 s). Lepus answers such a client's
+    heartbeat with its own from the same wakeup (connection/heartbeat.rs)."""
+    interval_s = 2
+    c = raw(heartbeat=interval_s, channel=1)
+    start = time.monotonic()
+    last_sent = start
+    received = []
+    while time.monotonic() - start < 4 * interval_s:
+        if time.monotonic() - last_sent >= interval_s / 2:
+            c.send(r.frame(r.FRAME_HEARTBEAT, 0, b""))
+            last_sent = time.monotonic()
+        try:
+            f = c.read_frame(0.05, skip_heartbeats=False)
+        except r.ConnectionClosedByPeer:
+            raise AssertionError(f"closed after {time.monotonic() - start:.2f} s while heartbeating")
+        except OSError:  # nothing within 50 ms
+            continue
+        assert f.type == r.FRAME_HEARTBEAT and f.channel == 0, f
+        received.append(time.monotonic() - start)
+    assert len(received) >= 5, received
+    gaps = [later - earlier for earlier, later in zip([0.0] + received, received)]
+    assert max(gaps) <= interval_s, gaps
+    # Still open and serving.
+    c.queue_declare(1, "", exclusive=True)
+
+
 # ---------------------------------------------------------------- frame errors (501)
 
 def test_bad_frame_end_octet_is_501_frame_error(raw):

@@ -7,6 +7,7 @@
 mod channel;
 mod channel_map;
 mod context;
+mod heartbeat;
 mod stream;
 mod writer;
 
@@ -26,7 +27,7 @@ use channel::Channel;
 use channel_map::ChannelMap;
 use context::Context;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -98,7 +99,9 @@ pub async fn serve<S: ClientStream>(broker: Arc<Broker>, stream: S, peer: Socket
     broker.register_connection(shared.clone());
     let frame_max = Arc::new(AtomicU32::new(broker.config.frame_bytes_max));
     let heartbeat_s = Arc::new(AtomicU32::new(0));
-    let writer_settings = WriterSettings { frame_max: frame_max.clone(), heartbeat_s: heartbeat_s.clone() };
+    let last_write_ns = Arc::new(AtomicU64::new(crate::metrics::latency::clock_ns()));
+    let writer_settings =
+        WriterSettings { frame_max: frame_max.clone(), heartbeat_s: heartbeat_s.clone(), last_write_ns: last_write_ns.clone() };
     let writer = tokio::spawn(run_writer(write_half, receiver, shared.clone(), writer_settings));
     let mut connection = Connection {
         context: Context::new(broker.clone(), shared.clone()),
@@ -110,6 +113,8 @@ pub async fn serve<S: ClientStream>(broker: Arc<Broker>, stream: S, peer: Socket
         channel_max: broker.config.channels_per_connection_max,
         frame_max,
         heartbeat_s,
+        last_write_ns,
+        read_timer: heartbeat::CoarseTimer::default(),
         authentication_failure_close: false,
         refused_login: None,
         channels_with_pending_syncs: Vec::new(),
@@ -165,6 +170,10 @@ struct Connection {
     channel_max: u16,
     frame_max: Arc<AtomicU32>,
     heartbeat_s: Arc<AtomicU32>,
+    /// When the writer last wrote (see `heartbeat.rs`: a read piggybacks a heartbeat on it).
+    last_write_ns: Arc<AtomicU64>,
+    /// The handshake's, the close's or the heartbeats' deadline for the next read.
+    read_timer: heartbeat::CoarseTimer,
     authentication_failure_close: bool,
     /// A refused login, answered after the throttle's delay (see `login_throttle.rs`).
     refused_login: Option<RefusedLogin>,
@@ -234,23 +243,23 @@ impl Connection {
             // Everything this read asked for is handled: its held replies share one fdatasync.
             self.release_held_replies();
             self.flush_pending_syncs();
-            let timeout = match self.phase {
-                Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => {
-                    handshake_deadline.saturating_duration_since(tokio::time::Instant::now())
-                }
-                Phase::Closing | Phase::AwaitClientEof | Phase::Draining => self.close_wait,
+            let deadline = match self.phase {
+                Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => Some(handshake_deadline),
+                Phase::Closing | Phase::AwaitClientEof | Phase::Draining => Some(tokio::time::Instant::now() + self.close_wait),
                 _ => match self.heartbeat_s.load(Ordering::Acquire) {
-                    0 => Duration::from_secs(u64::from(u32::MAX)),
-                    interval => Duration::from_secs(2 * u64::from(interval)),
+                    0 => None,
+                    interval => Some(heartbeat::missed_heartbeats_deadline(interval, self.context.read_at_ns)),
                 },
             };
+            self.read_timer.set(deadline);
             // Backpressure: stop reading while this connection's writer and syncs are behind.
             self.context.connection.wait_for_capacity().await;
             self.wait_out_resource_alarms().await;
             let broker = self.context.broker.clone();
             let alarm_raised = broker.disk_alarm_raised.notified();
             let read = tokio::select! {
-                read = tokio::time::timeout(timeout, self.reader.read_buf(&mut self.buffer)) => read,
+                read = self.reader.read_buf(&mut self.buffer) => Ok(read),
+                _ = self.read_timer.fired() => Err(()),
                 _ = self.context.connection.force_close.notified() => {
                     self.force_close();
                     continue;
@@ -270,6 +279,7 @@ impl Connection {
                 Ok(Ok(read)) => {
                     self.context.connection.traffic.count_read(read);
                     self.context.read_at_ns = crate::metrics::latency::clock_ns();
+                    self.piggyback_heartbeat();
                 }
                 Ok(Err(error)) => return Err(EndReason::Io(error)),
                 Err(_) => {
@@ -283,6 +293,18 @@ impl Connection {
             if self.buffer.capacity() - self.buffer.len() < 4096 {
                 self.buffer.reserve(READ_BUFFER_BYTES);
             }
+        }
+    }
+
+    /// Queues a heartbeat when the writer has been silent long enough, from the wakeup this read
+    /// already cost (see `heartbeat.rs`).
+    fn piggyback_heartbeat(&self) {
+        if self.phase != Phase::Open {
+            return;
+        }
+        let interval_s = self.heartbeat_s.load(Ordering::Relaxed);
+        if heartbeat::piggyback_due(interval_s, self.context.read_at_ns, self.last_write_ns.load(Ordering::Relaxed)) {
+            self.context.connection.send(Outbound::Frames(Bytes::from_static(heartbeat::HEARTBEAT_FRAME)));
         }
     }
 
@@ -693,10 +715,14 @@ impl Connection {
     }
 }
 
-/// The connection's consumer-timeout sampling clock (see `channel/consumer_timeout.rs`).
+/// The connection's consumer-timeout sampling clock (see `channel/consumer_timeout.rs`). Its ticks
+/// fall on multiples of the period (on the clock `heartbeat.rs` rounds to), so every connection's
+/// tick comes in the same runtime turn rather than 19,000 of them each waking a parked thread.
 fn consumer_timeout_tick(consumer_timeout_ms: u64) -> tokio::time::Interval {
     let period = channel::consumer_timeout_tick_interval(consumer_timeout_ms);
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
+    let first = heartbeat::aligned_deadline(crate::metrics::latency::clock_ns(), period_ns, period_ns);
+    let mut tick = tokio::time::interval_at(first, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick
 }

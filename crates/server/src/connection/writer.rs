@@ -1,6 +1,7 @@
 //! A connection's writer task: takes what channels and queues queued for the client, encodes it
 //! into one buffer and writes it with as few syscalls as the backlog allows.
 
+use super::heartbeat::HeartbeatClock;
 use crate::metrics::latency::DeliveryLatencies;
 use crate::shared::{ConnectionShared, Outbound, OUTBOUND_DELIVERIES_RESUME};
 use amqp_codec::{
@@ -9,9 +10,8 @@ use amqp_codec::{
 };
 use broker_core::Message;
 use bytes::BytesMut;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -26,6 +26,9 @@ pub struct WriterSettings {
     pub frame_max: Arc<AtomicU32>,
     /// Heartbeat interval, when negotiated, in seconds (0 = none).
     pub heartbeat_s: Arc<AtomicU32>,
+    /// When the writer last wrote ([`crate::metrics::latency::clock_ns`]): the reader piggybacks
+    /// a heartbeat on a read when this is old enough (see `heartbeat.rs`).
+    pub last_write_ns: Arc<AtomicU64>,
 }
 
 fn encode_content(buffer: &mut BytesMut, channel: u16, method: &Method, message: &Message, frame_max: u32) {
@@ -87,18 +90,17 @@ pub async fn run_writer<W: AsyncWrite + Unpin>(
     settings: WriterSettings,
 ) {
     let mut buffer = BytesMut::with_capacity(64 * 1024);
-    let mut heartbeat = HeartbeatClock::default();
+    let mut heartbeat = HeartbeatClock::new(settings.last_write_ns.clone());
     let mut latencies = DeliveryLatencies::default();
     loop {
         let first = tokio::select! {
             item = receiver.recv() => item,
-            _ = heartbeat.tick() => {
-                if heartbeat.silent_since_last_tick() {
-                    encode_heartbeat(&mut buffer);
-                    if socket.write_all(&buffer).await.is_err() { return; }
-                    connection.traffic.count_write(buffer.len());
-                    buffer.clear();
-                }
+            _ = heartbeat.silent_too_long() => {
+                encode_heartbeat(&mut buffer);
+                if socket.write_all(&buffer).await.is_err() { return; }
+                connection.traffic.count_write(buffer.len());
+                buffer.clear();
+                heartbeat.wrote(settings.heartbeat_s.load(Ordering::Acquire));
                 continue;
             }
         };
@@ -131,52 +133,6 @@ pub async fn run_writer<W: AsyncWrite + Unpin>(
     }
     // Whatever is still queued is dropped: the channels' cleanup requeues unacked deliveries.
     receiver.close();
-}
-
-/// When the writer sends a heartbeat: it looks every half heartbeat interval and sends one when
-/// nothing was written since it last looked, so the client never waits a whole interval in silence
-/// (RabbitMQ sends after half an interval of silence too). Until the interval is negotiated, and
-/// when the client turned heartbeats off, the clock does not run: an idle connection costs no
-/// wakeup but one every half interval (it used to tick every second, 19,000 wakeups a second for
-/// 19,000 idle connections).
-#[derive(Default)]
-struct HeartbeatClock {
-    /// The negotiated interval it runs for, in seconds (0 = not running).
-    interval_s: u32,
-    ticker: Option<tokio::time::Interval>,
-    wrote_since_tick: bool,
-}
-
-impl HeartbeatClock {
-    /// Something was written; `interval_s` is the negotiated interval now (tune-ok is read before
-    /// the writer writes connection.open-ok, so the clock starts with the connection's first reply).
-    fn wrote(&mut self, interval_s: u32) {
-        self.wrote_since_tick = true;
-        if interval_s != self.interval_s {
-            self.interval_s = interval_s;
-            self.ticker = (interval_s > 0).then(|| {
-                let period = Duration::from_millis(u64::from(interval_s) * 500);
-                let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                ticker
-            });
-        }
-    }
-
-    /// The next look; never, while the clock does not run.
-    async fn tick(&mut self) {
-        match self.ticker.as_mut() {
-            Some(ticker) => {
-                ticker.tick().await;
-            }
-            None => std::future::pending().await,
-        }
-    }
-
-    /// Whether nothing was written since the previous look (and so a heartbeat is due).
-    fn silent_since_last_tick(&mut self) -> bool {
-        !std::mem::replace(&mut self.wrote_since_tick, false)
-    }
 }
 
 fn wake_stalled_queues(connection: &ConnectionShared) {
