@@ -7,6 +7,7 @@
 #
 # Usage: bench/idle-queues.sh LEPUS_BIN LABEL [extra `lepus server` arguments, e.g. --sync interval]
 # Environment: QUEUES (10000), IDLE_S (60), SETTLE_S (10), PYTHON (a python with pika; python3),
+#              MANAGEMENT (1: serve the management API on a free port, so its chart sampler runs),
 #              RESULTS (bench/results/idle-queues),
 #              SAVE_DATA_DIR (copy the data directory there once the queues are declared),
 #              SEED_DATA_DIR (start from a copy of that data directory instead of declaring: the
@@ -27,7 +28,10 @@ if [[ -n ${SEED_DATA_DIR:-} ]]; then cp -a "$SEED_DATA_DIR/." "$DATA_DIR/"; fi
 # were measured): raise the limit (root may raise the hard one too).
 ulimit -Hn "${DESCRIPTORS_MAX:-65536}" 2>/dev/null || true
 ulimit -n "$(ulimit -Hn)"
-LEPUS_LOG=warn "$BIN" server --data-dir "$DATA_DIR" --amqp-port "$PORT" --bind 127.0.0.1 --http-port 0 --metrics-port 0 "$@" \
+# MANAGEMENT=1 serves the management API (and so runs its chart sampler) on a free port.
+HTTP_PORT=0
+if [[ ${MANAGEMENT:-0} == 1 ]]; then HTTP_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); fi
+LEPUS_LOG=warn "$BIN" server --data-dir "$DATA_DIR" --amqp-port "$PORT" --bind 127.0.0.1 --http-port "$HTTP_PORT" --metrics-port 0 "$@" \
   >"$RESULTS/$LABEL.server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true; rm -rf "$DATA_DIR"' EXIT

@@ -53,6 +53,10 @@ pub struct QueueRuntime {
     /// With x-message-deduplication, the cache of keys enqueued (see `dedup`), set once when the
     /// queue is made.
     deduplication: std::sync::OnceLock<Arc<crate::dedup::DedupCache>>,
+    /// Whether a command ran since the management sampler last read the queue's figures: an idle
+    /// queue is then skipped by the sampler (see `management/rates.rs`). Set after each command,
+    /// under the queue's lock, with a load first so a busy queue does not write the line each time.
+    changed_since_sample: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -284,6 +288,7 @@ impl QueueRuntime {
             deleted: AtomicBool::new(false),
             consumer_timeout_ms: AtomicU64::new(consumer_timeout_ms),
             deduplication: std::sync::OnceLock::new(),
+            changed_since_sample: AtomicBool::new(true),
         })
     }
 
@@ -541,7 +546,11 @@ impl QueueRuntime {
     /// The queue's counts and totals, for listings.
     pub fn snapshot(&self) -> QueueSnapshot {
         let mut inner = self.inner.lock();
-        self.run(&mut inner, || Command::Expire, perform::Context::default());
+        self.snapshot_locked(&mut inner)
+    }
+
+    fn snapshot_locked(&self, inner: &mut QueueInner) -> QueueSnapshot {
+        self.run(inner, || Command::Expire, perform::Context::default());
         let consumers = inner.consumers.iter().filter(|(_, consumer)| !consumer.cancelled.load(Ordering::Acquire)).count() as u32;
         let messages = inner.core.messages();
         QueueSnapshot {
@@ -550,7 +559,35 @@ impl QueueRuntime {
             unacked: messages.unacked_count() as u64,
             consumers,
             stats: inner.core.stats(),
-            single_active_consumer_tag: active_consumer(&inner).map(|consumer| consumer.tag.to_string_lossy()),
+            single_active_consumer_tag: active_consumer(inner).map(|consumer| consumer.tag.to_string_lossy()),
+        }
+    }
+
+    /// The figures the management sampler keeps (see `management/rates.rs`), or `None` when no
+    /// command ran since it last took them: an idle queue costs the sampler one atomic load. A
+    /// queue whose head can expire by its TTL is looked at every time (expiry runs when something
+    /// looks), so the samples show its messages expiring without anything else touching it.
+    pub fn sample_if_changed(&self) -> Option<QueueSnapshot> {
+        if !self.changed_since_sample.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut inner = self.inner.lock();
+        let snapshot = self.snapshot_locked(&mut inner);
+        // Under the lock every command sets the flag after this store, so none is missed.
+        let head_can_expire = inner.core.messages().head_expires_at_ms().is_some();
+        self.changed_since_sample.store(head_can_expire, Ordering::Release);
+        Some(snapshot)
+    }
+
+    /// Whether a command ran since the sampler last took the figures (no lock taken).
+    pub fn changed_since_sample(&self) -> bool {
+        self.changed_since_sample.load(Ordering::Acquire)
+    }
+
+    /// Notes that a command ran (see `changed_since_sample`).
+    pub(super) fn note_changed(&self) {
+        if !self.changed_since_sample.load(Ordering::Relaxed) {
+            self.changed_since_sample.store(true, Ordering::Release);
         }
     }
 

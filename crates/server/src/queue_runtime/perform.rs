@@ -81,6 +81,7 @@ impl QueueRuntime {
             }
         }
         inner.effects = effects;
+        self.note_changed();
         if !inner.dead_letters.is_empty() {
             self.hand_over_dead_letters(inner);
         }

@@ -490,6 +490,24 @@ impl Queue {
         }
     }
 
+    /// Its counts and totals when they may have changed since the management sampler last took
+    /// them (see `management/rates.rs`); `None` for a classic queue no command touched since.
+    /// Other queue types are sampled every time.
+    pub fn sample_if_changed(&self) -> Option<QueueSnapshot> {
+        match self {
+            Queue::Classic(queue) => queue.sample_if_changed(),
+            _ => Some(self.snapshot()),
+        }
+    }
+
+    /// Whether [`Queue::sample_if_changed`] may find something, without taking any lock.
+    pub fn changed_since_sample(&self) -> bool {
+        match self {
+            Queue::Classic(queue) => queue.changed_since_sample(),
+            _ => true,
+        }
+    }
+
     /// Where a replicated queue's replicas are (leader, members, online), for management.
     pub fn replicas(&self) -> Option<crate::quorum::ReplicaInfo> {
         match self {

@@ -565,3 +565,29 @@ fn stream_consumers_need_a_prefetch_and_acks_and_take_no_priority() {
     );
     assert_eq!(check(&none, 10, false, false), Ok(()));
 }
+
+/// The management sampler reads a classic queue only when a command ran since its last look
+/// (`management/rates.rs`): an idle queue costs it one atomic load, a changed one shows up in the
+/// next sample, and one whose head can expire by its TTL is looked at every time.
+#[test]
+fn the_sampler_reads_a_queue_only_after_a_change_or_while_its_head_can_expire() {
+    let data_dir = DataDir::new("sampled");
+    let syncer = Syncer::start(SyncPolicy::Always, None);
+    let expiry_timers = Arc::default();
+    let storage = classic_storage(&data_dir.0, &syncer, false, &expiry_timers);
+    let queue = storage.create(&definition("sampled", &[]), VHOST).expect("create");
+    assert!(queue.changed_since_sample(), "a new queue is sampled once");
+    assert_eq!(queue.sample_if_changed().map(|snapshot| snapshot.ready), Some(0));
+    assert!(!queue.changed_since_sample());
+    assert!(queue.sample_if_changed().is_none(), "idle: nothing to read");
+    let _ = queue.publish(message("one", false));
+    let snapshot = queue.sample_if_changed().expect("a publish is a change");
+    assert_eq!((snapshot.ready, snapshot.stats.published), (1, 1));
+    assert!(queue.sample_if_changed().is_none(), "idle again");
+    let expiring = storage.create(&definition("expiring", &[("x-message-ttl", FieldValue::I32(60_000))]), VHOST).expect("create");
+    assert!(expiring.sample_if_changed().is_some());
+    assert!(expiring.sample_if_changed().is_none(), "empty: nothing can expire");
+    let _ = expiring.publish(message("two", false));
+    assert_eq!(expiring.sample_if_changed().map(|snapshot| snapshot.ready), Some(1));
+    assert!(expiring.sample_if_changed().is_some(), "its head can expire: looked at every time");
+}
