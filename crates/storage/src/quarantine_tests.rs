@@ -2,44 +2,20 @@
 //! checks every record and quarantines what fails (see [`crate::quarantine`]).
 
 use crate::janitor;
+use crate::queue_log::tests::indexed_log;
 use crate::queue_log::{QueueLog, SyncDue};
 use crate::record::{RecordHeader, KIND_PUBLISH, RECORD_HEADER_BYTES, SEGMENT_HEADER_RECORD_BYTES};
 use crate::segment_index::INDEX_FILE_NAME;
 use crate::StorageError;
-use amqp_codec::{ContentHeader, ShortStr};
-use broker_core::Message;
-use bytes::Bytes;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+/// The segment size of [`indexed_log`]'s logs.
 const SEGMENT_BYTES: u64 = 2048;
-const MESSAGES: u64 = 240;
 
-fn message(position: u64) -> Message {
-    let body = Bytes::from(format!("{position:05}{}", "x".repeat(80)));
-    let header = ContentHeader { class_id: 60, body_size: body.len() as u64, property_flags: 0, properties_raw: Bytes::new() };
-    Message { exchange: ShortStr::from("x"), routing_key: ShortStr::from("k"), header, body, published_at_ns: 0 }
-}
-
-/// A log of [`MESSAGES`] persistent publishes over about a dozen small segments, every fifth
-/// settled, some delivered; returns its directory and the live positions.
+/// A log of a dozen summarised segments: its directory and live positions.
 fn summarised_log(name: &str) -> (PathBuf, Vec<u64>) {
-    let directory = std::env::temp_dir().join(format!("lepus-quarantine-{name}-{}", std::process::id())).join("q");
-    let _ = std::fs::remove_dir_all(&directory);
-    let (mut log, _) = QueueLog::open(&directory, SEGMENT_BYTES).expect("open");
-    for position in 0..MESSAGES {
-        log.append_publish(position, &message(position), true);
-        if position % 7 == 3 {
-            log.append_delivered(position);
-        }
-        if position % 5 == 0 {
-            log.append_settled(position);
-        }
-        log.write_pending(SyncDue::Now).expect("write");
-    }
-    drop(log);
-    janitor::wait_idle();
-    (directory, (0..MESSAGES).filter(|position| position % 5 != 0).collect())
+    indexed_log(&format!("quarantine-{name}"), 12)
 }
 
 fn segments(directory: &Path) -> Vec<PathBuf> {

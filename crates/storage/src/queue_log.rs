@@ -1935,7 +1935,7 @@ fn decode_publish(payload: Bytes) -> Option<Message> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use amqp_codec::BasicProperties;
     use std::fs::{File, OpenOptions};
@@ -2285,7 +2285,9 @@ mod tests {
 
     /// A log of `segments` sealed segments of 20 messages each, acked in part, stopped cleanly
     /// with its index written; returns its directory and the positions that must come back.
-    fn indexed_log(name: &str, segments: u64) -> (PathBuf, Vec<u64>) {
+    /// A log of `segments` small (2 KiB) segments of 20 persistent publishes each, every fifth
+    /// settled and some delivered, stopped with its index written; its directory and live positions.
+    pub(crate) fn indexed_log(name: &str, segments: u64) -> (PathBuf, Vec<u64>) {
         let directory = temporary_dir(name).join("q");
         let (mut log, _) = QueueLog::open(&directory, 2048).expect("open");
         let body = "x".repeat(80);

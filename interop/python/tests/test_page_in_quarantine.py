@@ -15,11 +15,11 @@ import pika
 import pytest
 
 from conftest import safe_close
+from test_corruption import MESSAGES, recovered_indexes
 from test_lifecycle import LepusBroker
 
 pytestmark = pytest.mark.lepus_only
 
-MESSAGES = 150
 BODY_BYTES = 400
 SEGMENT_BYTES = 4096
 # Where a segment's first record starts: the header record (length, crc, kind, term, position,
@@ -67,21 +67,6 @@ def message_count(broker, queue):
         safe_close(conn)
 
 
-def get_all(broker, queue):
-    conn = broker.connect()
-    try:
-        channel = conn.channel()
-        got = []
-        for _ in range(MESSAGES + 1):
-            method, _, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return got
-            got.append(int(body[1:5]))
-        pytest.fail("more messages than were published")
-    finally:
-        safe_close(conn)
-
-
 def test_a_flipped_bit_in_a_summarised_segment_is_quarantined_at_page_in(tmp_path):
     data_dir = tmp_path / "data"
     data_dir.mkdir()
@@ -117,7 +102,7 @@ def test_a_flipped_bit_in_a_summarised_segment_is_quarantined_at_page_in(tmp_pat
         assert message_count(broker, "quarantine") == MESSAGES, "the start read the segment (or lost count)"
         log = broker.log_tail(200000)
         assert "torn or corrupt" not in log, "the start read the summarised segment:\n" + log
-        got = get_all(broker, "quarantine")
+        got = recovered_indexes(broker, "quarantine")
         assert got == [i for i in range(MESSAGES) if i != position], "not every intact message, in order"
         assert message_count(broker, "quarantine") == 0, "the lost message still counted"
         log = broker.log_tail(200000)
