@@ -97,17 +97,18 @@ export METRICS_URL="http://127.0.0.1:$metrics_port/metrics"
 export STREAM_PORT="$stream_port" STREAM_URL="rabbitmq-stream://guest:guest@127.0.0.1:$stream_port/%2f"
 failed=0
 for suite in "$@"; do
-  echo "== interop/$suite against RabbitMQ $(dpkg-query -W -f='${Version}' rabbitmq-server 2>/dev/null || true)"
+  echo "== interop/$suite against RabbitMQ $(dpkg-query -W -f='${Version}' rabbitmq-server 2>/dev/null || true) (${SECONDS} s so far)"
   # LEPUS_BIN is not passed: the suites test the broker at AMQP_URL and skip what only Lepus has.
   # shellcheck disable=SC2086 # REFERENCE_SUITE_ARGS is split into words on purpose
   if ! env -u LEPUS_BIN AMQP_URL="$url" "interop/$suite/run.sh" ${REFERENCE_SUITE_ARGS:-}; then failed=$((failed + 1)); echo "interop/$suite against RabbitMQ FAILED"; fi
 done
 # Part of a suite (REFERENCE_SUITE_ARGS) is a developer's run: the perf test is not part of it.
 if [ -n "${REFERENCE_SUITE_ARGS:-}" ]; then [ "$failed" -eq 0 ]; exit; fi
-echo "== lepus perf against RabbitMQ"
+echo "== lepus perf against RabbitMQ (${SECONDS} s so far)"
 if ! LEPUS_PERF_RABBITMQ_URL="$url" cargo test --locked -p lepus-perf --test perf_broker -- rabbitmq --nocapture 2>&1 \
   | grep -E "test result|rabbitmq|RabbitMQ|FAILED|panicked"; then
   failed=$((failed + 1))
   echo "lepus perf against RabbitMQ FAILED"
 fi
+echo "rabbitmq-reference: done in ${SECONDS} s"
 [ "$failed" -eq 0 ]
