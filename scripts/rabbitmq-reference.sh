@@ -35,12 +35,32 @@ if ! command -v rabbitmq-server >/dev/null 2>&1; then
   fi
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-port=$(free_port)
-dist_port=$(free_port)
-http_port=$(free_port)
-metrics_port=$(free_port)
-stream_port=$(free_port)
+# Five distinct ports free now, from 5000-9999: below the kernel's ephemeral range (which any
+# outgoing connection on the machine may take: the management suite's restart, stop_app then
+# start_app, once found its HTTP port so taken, eaddrinuse) and below the 10000 and up that the
+# suites hand their own brokers.
+free_ports() {
+  python3 -c 'import random, socket
+chosen = []
+for _ in range(1000):
+    port = random.randrange(5000, 10000)
+    if port in chosen:
+        continue
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    chosen.append(port)
+    if len(chosen) == 5:
+        break
+print(" ".join(map(str, chosen)))'
+}
+read -r port dist_port http_port metrics_port stream_port < <(free_ports)
+if [ -z "$stream_port" ]; then
+  echo "rabbitmq-reference: FAILED: no five free ports in 5000-9999" >&2
+  exit 1
+fi
 base=$(mktemp -d /tmp/lepus-rabbitmq-reference-XXXXXX)
 node="lepus-reference-$$@localhost"
 log="$base/server.out"
