@@ -29,6 +29,7 @@ impl<M: Payload> QueueCore<M> {
             }
             Command::PagedIn { generation, messages } => self.paged_in(generation, messages, now_ms, effects),
             Command::PageInFailed { generation } => self.page_in_failed(generation),
+            Command::PagedInWithLoss { generation, messages, lost } => self.paged_in_with_loss(generation, messages, lost, now_ms, effects),
             Command::AddConsumer { consumer, priority, exclusive, prefetch, no_ack } => {
                 // RabbitMQ refuses an exclusive consumer on a single-active-consumer queue even
                 // when it has no consumer, with the same "in exclusive use".

@@ -123,6 +123,10 @@ pub enum Command<M> {
     /// The page-in `generation` asked for failed: forget the paged messages (they stay on disk
     /// until a restart). Discarded ([`Reply::Stale`]) like a stale [`Command::PagedIn`].
     PageInFailed { generation: u64 },
+    /// [`Command::PagedIn`] for a read that stepped over damaged records (quarantined: see
+    /// `storage::quarantine`): `lost` paged messages of the read's priority are gone with them
+    /// and leave the queue's counts (at most as many as it has paged).
+    PagedInWithLoss { generation: u64, messages: Vec<PagedMessage<M>>, lost: u64 },
     /// basic.consume.
     AddConsumer { consumer: ConsumerId, priority: i64, exclusive: bool, prefetch: u32, no_ack: bool },
     /// basic.cancel or the channel closing: removes the consumer. Its unacked messages stay

@@ -81,6 +81,24 @@ impl<M: Payload> QueueCore<M> {
         Reply::Ok
     }
 
+    /// Applies a read that lost `lost` paged messages to damage on disk: the messages read, then
+    /// the lost ones off the counts (the oldest first: dropped ones owed a settle, then paged).
+    pub(crate) fn paged_in_with_loss(
+        &mut self,
+        generation: u64,
+        messages: Vec<PagedMessage<M>>,
+        lost: u64,
+        now_ms: u64,
+        effects: &mut Vec<Effect<M>>,
+    ) -> Reply {
+        let priority = self.page_in.priority;
+        let reply = self.paged_in(generation, messages, now_ms, effects);
+        if reply == Reply::Ok {
+            self.messages.lose_paged(lost, priority);
+        }
+        reply
+    }
+
     /// A read failed: the paged messages are forgotten (they stay on disk until a restart).
     pub(crate) fn page_in_failed(&mut self, generation: u64) -> Reply {
         if !self.awaits_page_in(generation) {

@@ -269,3 +269,32 @@ fn a_message_the_queue_would_not_keep_goes_to_a_ready_consumer_or_is_dropped() {
         assert_eq!(queue.core.messages().ready_count(), 0);
     }
 }
+
+#[test]
+fn a_read_that_lost_messages_to_damage_takes_them_off_the_counts_and_the_rest_is_served() {
+    let mut queue = Queue::with_messages(10, Limits::NONE);
+    queue.consume(10);
+    queue.apply(Command::Dispatch);
+    let (messages_max, generation) = queue.page_in_asked().expect("a read asked for");
+    assert_eq!(queue.core.messages().paged_count(), 6);
+    // The read met a bad record holding its second message (position 5): it brings the others
+    // and says one is lost.
+    let mut messages = queue.read(messages_max, &[]);
+    assert!(messages.len() >= 3, "{} read", messages.len());
+    assert_eq!(messages.remove(1).position, 5);
+    let served: Vec<u64> = messages.iter().map(|message| message.position).collect();
+    let left_on_disk = queue.log.len() as u64;
+    assert_eq!(queue.apply(Command::PagedInWithLoss { generation, messages, lost: 1 }), Reply::Ok);
+    assert_eq!(queue.core.messages().paged_count(), left_on_disk, "the lost one left the count");
+    queue.apply(Command::Dispatch);
+    assert_eq!(queue.delivered().iter().map(|(position, _)| *position).collect::<Vec<_>>(), served);
+    // A loss larger than what is paged (damage past the recovered backlog is counted by the
+    // gap) takes at most what is paged.
+    let (_, generation) = queue.page_in_asked().expect("the next read");
+    assert_eq!(queue.apply(Command::PagedInWithLoss { generation, messages: Vec::new(), lost: u64::MAX }), Reply::Ok);
+    assert_eq!(queue.core.messages().paged_count(), 0);
+    let messages = queue.core.messages();
+    assert_eq!((messages.ready_count(), messages.unacked_count()), (0, 4 + served.len()), "the unacked ones stay, nothing else is counted");
+    // A stale result changes nothing.
+    assert_eq!(queue.apply(Command::PagedInWithLoss { generation, messages: Vec::new(), lost: 3 }), Reply::Stale);
+}

@@ -244,6 +244,24 @@ impl<M: Payload> QueueState<M> {
         true
     }
 
+    /// Takes up to `count` paged messages of `priority` off the counts, lost to damage on disk
+    /// before they were read: dropped ones first (they are the oldest), then paged ones. Returns
+    /// how many were taken.
+    pub fn lose_paged(&mut self, count: u64, priority: u8) -> u64 {
+        let dropped = count.min(self.paged_dropped_at(priority));
+        let paged = (count - dropped).min(self.paged_count_at(priority));
+        self.paged_dropped -= dropped;
+        self.paged -= paged;
+        if let Some(level) = self.levels.get_mut(usize::from(priority)) {
+            level.dropped -= dropped;
+            level.paged -= paged;
+        }
+        if self.paged + self.paged_dropped == 0 {
+            self.paged_bytes = 0;
+        }
+        dropped + paged
+    }
+
     /// Paged messages dropped at the head before they were read, whose records a page-in must
     /// still settle.
     pub fn paged_dropped_count(&self) -> u64 {

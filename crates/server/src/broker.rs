@@ -996,7 +996,9 @@ impl Broker {
     /// snapshot.
     pub(crate) fn await_definitions(&self, ticket: Option<DefinitionsTicket>) -> Result<(), AmqpError> {
         let Some(ticket) = ticket else { return Ok(()) };
-        self.definitions.wait(ticket).map_err(|error| {
+        // The fdatasync is waited for off the async runtime's hands (its other tasks move to
+        // another worker meanwhile): a declare must not stall every connection on its worker.
+        crate::quorum::block_outside_runtime(|| self.definitions.wait(ticket)).map_err(|error| {
             tracing::error!(%error, "saving definitions failed");
             AmqpError::internal(format!("could not store definitions: {error}"))
         })?;
@@ -1011,12 +1013,18 @@ impl Broker {
     /// alone would leave the message to a power cut that takes the definition (the next start
     /// removes the log as an orphan). Blocks on the definitions' fdatasync, as the declaring
     /// channel does, only in that moment; false when the definition could not be stored (the
-    /// publish is then nacked).
+    /// publish is then nacked). On a worker of the async runtime the wait is made with
+    /// `block_in_place`, so the worker's other tasks move elsewhere meanwhile.
     pub fn await_declared(&self, queues: &[Queue]) -> bool {
+        if !self.declares_in_flight.any() {
+            return true;
+        }
         for queue in queues {
             let Some(ticket) = self.declares_in_flight.ticket_of(queue) else { continue };
             // A failed commit's changes are folded into the next one, which stores them.
-            let stored = self.definitions.wait(ticket).or_else(|_| self.definitions.wait_for_everything_submitted());
+            let stored = crate::quorum::block_outside_runtime(|| {
+                self.definitions.wait(ticket).or_else(|_| self.definitions.wait_for_everything_submitted())
+            });
             if let Err(error) = stored {
                 tracing::error!(%error, queue = %queue.name(), "a publish waited for its new queue's definition, which could not be stored");
                 return false;

@@ -38,6 +38,9 @@ pub mod janitor;
 pub mod journal;
 #[cfg(any(test, feature = "test-support"))]
 pub mod memory_file_system;
+pub mod quarantine;
+#[cfg(test)]
+mod quarantine_tests;
 pub mod queue_log;
 pub mod range_set;
 pub mod record;

@@ -24,9 +24,9 @@
 //! entry is never given to another life of a file (the simulator found a restart that reused the
 //! name of a retired segment whose header a flipped byte had destroyed).
 //!
-//! What the index does not do: find damage. A segment recovered from its summary is not read, so
-//! a flipped bit in it is found when a consumer's page-in reads that record (reported with file
-//! and offset, as recovery would), not at the start.
+//! What the index does not do: find damage. A segment recovered from its summary is not read
+//! (only its file's length is checked), so a flipped bit in it is found when a queue's page-in
+//! reads that record, which quarantines it (see [`crate::quarantine`]), not at the start.
 //!
 //! Entry: `length u32 | crc32c u32 | payload`, the CRC over the payload seeded with
 //! [`INDEX_SEED`]; payload (big-endian) `first_position u64 | seed u32 | valid_bytes u64 |

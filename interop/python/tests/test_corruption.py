@@ -1,6 +1,7 @@
 """Damaged message logs (Lepus only): a flipped byte, a truncated segment and a missing segment
-file are detected at restart, reported in the log with the file (and offset), and the queue comes
-back with every message that is intact."""
+file are detected (a cut or a missing file at restart, a flipped byte in a summarised segment when
+a page-in reads it), reported in the log with the file (and offset), and the queue serves every
+message that is intact."""
 
 import os
 import signal
@@ -96,7 +97,11 @@ def test_damaged_segment_is_reported_and_the_rest_recovered(segmented_broker, da
     if damage == "remove":
         assert inside == []
     else:
-        # Everything before the damaged record survives.
-        assert inside == list(range(first, first + len(inside)))
+        # Everything outside the damaged records survives: what is missing is one run (a cut ends
+        # the segment's replay at start; a flipped bit in a summarised segment is quarantined by
+        # the page-in that reads it, which loses that record, or the rest of the segment when its
+        # length is what was hit).
+        missing = [i for i in range(first, end) if i not in inside]
+        assert missing == list(range(missing[0], missing[0] + len(missing))), missing
         log = broker.log_tail(20000)
         assert os.path.basename(path) in log and "offset" in log, log

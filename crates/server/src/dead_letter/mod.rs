@@ -227,7 +227,13 @@ fn run(broker: Weak<Broker>, receiver: DeadLetterReceiver) {
             return;
         };
         match received {
-            Ok(WorkerInput::Batch(batch)) => publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, &broker.delayed, batch),
+            Ok(WorkerInput::Batch(batch)) => publish_batch(
+                broker.vhost(&batch.source.vhost),
+                &broker.syncer,
+                &broker.delayed,
+                &|queues| broker.await_declared(queues),
+                batch,
+            ),
             Ok(WorkerInput::Wake) | Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
@@ -255,7 +261,13 @@ fn visit_due(broker: &Broker, deadlines: &ExpiryDeadlines) {
             DeadlineQueue::Quorum(queue) => queue.upgrade().and_then(|queue| queue.expire_due(key)),
         };
         if let Some(batch) = batch {
-            publish_batch(broker.vhost(&batch.source.vhost), &broker.syncer, &broker.delayed, batch);
+            publish_batch(
+                broker.vhost(&batch.source.vhost),
+                &broker.syncer,
+                &broker.delayed,
+                &|queues| broker.await_declared(queues),
+                batch,
+            );
         }
     }
 }
@@ -266,11 +278,14 @@ fn now_s() -> u64 {
 
 /// Routes and publishes a batch in its vhost's `topology` (none: the vhost is gone, the letters
 /// are dropped), then settles the logged letters in their source once the new queues hold them
-/// safely.
+/// safely. `await_declared` waits for the definitions of new queues among them
+/// ([`crate::broker::Broker::await_declared`]): a synced log alone is not safe while its queue's
+/// definition is not on disk, and a letter whose definition could not be stored stays in its source.
 fn publish_batch(
     topology: Option<VhostTopology>,
     syncer: &Syncer,
     delayed_store: &crate::delayed::DelayedMessages,
+    await_declared: &dyn Fn(&[Queue]) -> bool,
     batch: DeadLetterBatch,
 ) {
     let DeadLetterBatch { source, letters, scope } = batch;
@@ -333,6 +348,14 @@ fn publish_batch(
                 PublishOutcome::Dropped => published = true,
                 PublishOutcome::Rejected => refused = true,
             }
+        }
+        if published && dead_message.is_persistent() && !await_declared(&queues) {
+            // Kept in its source: a logged letter comes back after a restart, a held one is
+            // published again after the retry interval.
+            if letter.logged {
+                settled_positions.pop();
+            }
+            continue;
         }
         if letter.held && published && !refused {
             held_positions.push(letter.position);

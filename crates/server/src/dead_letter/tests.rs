@@ -111,7 +111,7 @@ fn the_source_is_settled_only_once_the_target_holds_the_dead_letter() {
     assert_eq!(batch.letters.len(), 1);
     assert!(batch.letters[0].logged);
     let before = end_of(&source);
-    publish_batch(Some(topology.clone()), &syncer, &delayed, batch);
+    publish_batch(Some(topology.clone()), &syncer, &delayed, &|_| true, batch);
     let deadline = Instant::now() + Duration::from_secs(10);
     while end_of(&source) == before {
         assert!(Instant::now() < deadline, "the source was never settled");
@@ -124,8 +124,23 @@ fn the_source_is_settled_only_once_the_target_holds_the_dead_letter() {
     let batch = next_batch();
     let before = end_of(&source);
     journal_file_system.fail(FaultOperation::Sync, libc::EIO, &journal_directory, u64::MAX);
-    publish_batch(Some(topology.clone()), &syncer, &delayed, batch);
+    publish_batch(Some(topology.clone()), &syncer, &delayed, &|_| true, batch);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(end_of(&source), before, "settled in the source although the target could not make it durable");
     journal_file_system.clear_faults();
+
+    // The target is a queue being declared whose definition could not be stored: its synced log
+    // alone is no safe home (a restart would remove it as an orphan), so the source keeps it.
+    publish_durably(&source, &syncer, persistent("third"));
+    let batch = next_batch();
+    let before = end_of(&source);
+    let asked = parking_lot::Mutex::new(Vec::new());
+    let definition_lost = |queues: &[Queue]| {
+        asked.lock().extend(queues.iter().map(|queue| queue.name().to_string()));
+        false
+    };
+    publish_batch(Some(topology.clone()), &syncer, &delayed, &definition_lost, batch);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(*asked.lock(), vec!["target".to_string()], "the target's definition was not waited for");
+    assert_eq!(end_of(&source), before, "settled in the source although the target's definition was not stored");
 }

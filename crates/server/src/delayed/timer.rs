@@ -89,6 +89,7 @@ impl DelayedMessages {
         let mut positions = Vec::with_capacity(due.len());
         let mut queues: Vec<Queue> = Vec::new();
         let mut reader = plan.reader();
+        let mut declared = true;
         for due in due {
             let (position, stored) = match reader.read_at(due.location()) {
                 Ok(read) => read,
@@ -100,13 +101,13 @@ impl DelayedMessages {
             positions.push(position);
             self.lateness.record(crate::queue_runtime::now_ms().saturating_sub(due.due_ms));
             match envelope::unwrap(stored) {
-                Some((envelope, message)) => self.route(broker, &envelope, message, &mut queues, &mut tickets),
+                Some((envelope, message)) => declared &= self.route(broker, &envelope, message, &mut queues, &mut tickets),
                 None => tracing::error!(position, "a delay-store record is not a delayed message; dropped"),
             }
         }
         let log = self.log.clone();
         let settle = move |durable: bool| {
-            if !durable {
+            if !durable || !declared {
                 tracing::warn!(count = positions.len(), "delayed messages were not made durable in their queues; kept in the store");
                 return;
             }
@@ -123,7 +124,9 @@ impl DelayedMessages {
     }
 
     /// Routes one due message from its delayed exchange with `x-delay` negated (none if its vhost
-    /// is gone), and publishes it into the queues it reaches.
+    /// is gone), and publishes it into the queues it reaches. False when a queue it reached is
+    /// being declared and its definition could not be stored ([`Broker::await_declared`]): a
+    /// synced log alone does not make the message safe then, so it stays in the store.
     fn route(
         &self,
         broker: &Broker,
@@ -131,9 +134,9 @@ impl DelayedMessages {
         message: Message,
         queues: &mut Vec<Queue>,
         tickets: &mut ConfirmTickets,
-    ) {
+    ) -> bool {
         let Some(topology) = broker.vhost(&envelope.vhost) else {
-            return;
+            return true;
         };
         let message = Arc::new(with_routed_delay(message, envelope.delay_ms));
         queues.clear();
@@ -159,6 +162,7 @@ impl DelayedMessages {
         for (route, durable) in delayed_again {
             tickets.add(self.delay(&envelope.vhost, &route, &message, durable));
         }
+        !message.is_persistent() || broker.await_declared(queues)
     }
 }
 

@@ -24,6 +24,7 @@ use queue_core::{Command, PagedMessage, Window};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+use storage::quarantine::Quarantined;
 use storage::queue_log::{QueueLog, Recovery, TailCursor};
 use storage::range_set::RangeSet;
 use storage::syncer::SharedLog;
@@ -65,7 +66,7 @@ impl Pager {
     /// The pager of a queue recovered with `recovery.live_count` messages on disk.
     pub fn recovered(log: &QueueLog, recovery: &Recovery, clean_shutdown: bool) -> Option<Pager> {
         (recovery.live_count > 0).then(|| Pager {
-            cursors: vec![Some(log.recovered_tail(recovery))],
+            cursors: vec![Some(log.recovered_tail(recovery).quarantining())],
             delivered: recovery.delivered.clone(),
             all_redelivered: !clean_shutdown,
         })
@@ -88,7 +89,9 @@ impl Pager {
         let cursors: Vec<Option<TailCursor>> = counts
             .iter()
             .enumerate()
-            .map(|(priority, count)| (*count > 0).then(|| log.recovered_tail(recovery).of_priority(priority as u8, max_priority)))
+            .map(|(priority, count)| {
+                (*count > 0).then(|| log.recovered_tail(recovery).of_priority(priority as u8, max_priority).quarantining())
+            })
             .collect();
         let pager = cursors.iter().any(Option::is_some).then(|| Pager {
             cursors,
@@ -119,7 +122,7 @@ impl Pager {
             return;
         };
         if slot.is_none() {
-            let cursor = TailCursor::new(location, position);
+            let cursor = TailCursor::new(location, position).quarantining();
             *slot = Some(match max_priority {
                 0 => cursor,
                 _ => cursor.of_priority(priority, max_priority),
@@ -164,6 +167,8 @@ pub const GET_PAGE_IN_ROUNDS_MAX: u32 = 30;
 /// handed back with the messages, so the queue's lock is not held while the disk is read.
 struct PageInRead {
     queue: Weak<QueueRuntime>,
+    /// For the log line of a quarantine.
+    queue_name: String,
     log: SharedLog,
     cursor: TailCursor,
     messages_max: usize,
@@ -172,8 +177,9 @@ struct PageInRead {
     priority: u8,
 }
 
-/// What a page-in read brought back: the cursor past what it read, and the messages.
-type PageInResult = Result<(TailCursor, Vec<(u64, Message)>), StorageError>;
+/// What a page-in read brought back: the cursor past what it read, the messages, and the bad
+/// ranges it stepped over (already set aside and reported).
+type PageInResult = Result<(TailCursor, Vec<(u64, Message)>, Vec<Quarantined>), StorageError>;
 
 impl PageInRead {
     fn run(self) {
@@ -191,7 +197,29 @@ impl PageInRead {
             let plan = self.log.lock().plan_tail_read(&self.cursor)?;
             let mut cursor = self.cursor.clone();
             match plan.read(&mut cursor, self.messages_max, self.bytes_max) {
-                Ok(messages) => return Ok((cursor, messages)),
+                Ok(messages) => {
+                    let quarantined = cursor.take_quarantined();
+                    if quarantined.is_empty() {
+                        return Ok((cursor, messages, quarantined));
+                    }
+                    if plan.overtaken_by(self.log.lock().segments_retired()) {
+                        // Not damage, maybe: a segment retired under the read was reused.
+                        if attempt < PAGE_IN_ATTEMPTS_MAX {
+                            tracing::debug!(attempt, "a segment was retired under a page-in that met bad records; reading again");
+                            attempt += 1;
+                            continue;
+                        }
+                        return Err(StorageError::Corrupt {
+                            path: quarantined[0].path.display().to_string(),
+                            detail: format!("bad records at offset {} while segments were retired", quarantined[0].offsets.start),
+                        });
+                    }
+                    let file_system = self.log.lock().file_system();
+                    for bad in &quarantined {
+                        bad.set_aside_and_report(&*file_system, &self.queue_name);
+                    }
+                    return Ok((cursor, messages, quarantined));
+                }
                 Err(error) if attempt < PAGE_IN_ATTEMPTS_MAX && plan.overtaken_by(self.log.lock().segments_retired()) => {
                     tracing::debug!(%error, attempt, "a segment was retired under a page-in; reading again");
                     attempt += 1;
@@ -208,6 +236,32 @@ impl PageInRead {
             }
         }
     }
+}
+
+/// A purge's read stepped over damage: reported, and the lost positions known exactly settled
+/// with the rest (the purge took them off the counts already).
+fn settle_lost(log: &mut QueueLog, cursor: &mut TailCursor, queue: &amqp_codec::ShortStr) {
+    for bad in cursor.take_quarantined() {
+        bad.set_aside_and_report(&*log.file_system(), &queue.to_string());
+        if bad.exact {
+            for (start, end) in bad.positions.ranges() {
+                (start..end).for_each(|position| log.append_settled(position));
+            }
+        }
+    }
+}
+
+/// The messages of a read as the core takes them, with their redelivered flags.
+fn paged_messages(pager: &Pager, batch: Vec<(u64, Message)>) -> Vec<PagedMessage<Arc<Message>>> {
+    batch
+        .into_iter()
+        .map(|(position, message)| PagedMessage {
+            position,
+            redelivered: pager.all_redelivered || pager.delivered.contains(position),
+            own_ttl_ms: super::own_ttl_ms(&message),
+            message: Arc::new(message),
+        })
+        .collect()
 }
 
 /// Runs `read` on tokio's blocking pool (bounded by its thread limit; at most one read per
@@ -235,6 +289,7 @@ impl QueueRuntime {
         };
         let read = PageInRead {
             queue: self.self_reference.clone(),
+            queue_name: self.name().to_string(),
             log: log.clone(),
             cursor: cursor.clone(),
             messages_max,
@@ -267,20 +322,19 @@ impl QueueRuntime {
     fn page_in_command(&self, inner: &mut QueueInner, generation: u64, priority: u8, result: PageInResult) -> Command<Arc<Message>> {
         let pager = inner.pager.as_mut();
         match (result, pager) {
-            (Ok((cursor, batch)), Some(pager)) if !batch.is_empty() => {
+            (Ok((cursor, batch, quarantined)), Some(pager)) if !quarantined.is_empty() => {
                 if let Some(slot) = pager.cursors.get_mut(usize::from(priority)) {
                     *slot = Some(cursor);
                 }
-                let messages = batch
-                    .into_iter()
-                    .map(|(position, message)| PagedMessage {
-                        position,
-                        redelivered: pager.all_redelivered || pager.delivered.contains(position),
-                        own_ttl_ms: super::own_ttl_ms(&message),
-                        message: Arc::new(message),
-                    })
-                    .collect();
-                Command::PagedIn { generation, messages }
+                let messages = paged_messages(pager, batch);
+                let lost = self.settle_quarantined(&quarantined);
+                Command::PagedInWithLoss { generation, messages, lost }
+            }
+            (Ok((cursor, batch, _)), Some(pager)) if !batch.is_empty() => {
+                if let Some(slot) = pager.cursors.get_mut(usize::from(priority)) {
+                    *slot = Some(cursor);
+                }
+                Command::PagedIn { generation, messages: paged_messages(pager, batch) }
             }
             (Ok(_), _) => {
                 // The count says more is paged than the log holds: a bug or a lost segment.
@@ -293,6 +347,23 @@ impl QueueRuntime {
                 Command::PageInFailed { generation }
             }
         }
+    }
+
+    /// Settles in the log the positions a page-in lost to damage, where they are known exactly
+    /// (recovered ones), so the next start agrees with the counts; returns how many were lost.
+    fn settle_quarantined(&self, quarantined: &[Quarantined]) -> u64 {
+        let Some(log) = self.log.as_ref() else { return 0 };
+        let mut log = log.lock();
+        let mut lost = 0u64;
+        for bad in quarantined {
+            lost = lost.saturating_add(bad.count());
+            if bad.exact {
+                for (start, end) in bad.positions.ranges() {
+                    (start..end).for_each(|position| log.append_settled(position));
+                }
+            }
+        }
+        lost
     }
 
     /// Waits (without blocking the thread) until the page-in under way has been applied, or
@@ -317,12 +388,16 @@ impl QueueRuntime {
             while left > 0 {
                 match log.read_tail(cursor, left.min(65_536) as usize, PAGE_IN_BATCH_BYTES_MAX) {
                     Ok(batch) if !batch.is_empty() => {
-                        left -= batch.len() as u64;
+                        left = left.saturating_sub(batch.len() as u64);
                         for (position, _) in batch {
                             log.append_settled(position);
                         }
+                        settle_lost(&mut log, cursor, self.name());
                     }
-                    Ok(_) => break,
+                    Ok(_) => {
+                        settle_lost(&mut log, cursor, self.name());
+                        break;
+                    }
                     Err(error) => {
                         tracing::error!(queue = %self.name(), %error, "reading paged messages to purge them failed");
                         break;

@@ -18,9 +18,17 @@ impl ShardWorker {
         let mut touched: Vec<QueueId> = Vec::new();
         for outcome in &outcomes {
             match outcome {
-                Outcome::Committed { queue, .. } | Outcome::Delivered { queue, .. } | Outcome::Dropped { queue, .. } => {
-                    note(&mut touched, *queue)
+                Outcome::Committed { queue, result, .. } => {
+                    note(&mut touched, *queue);
+                    // A basic.get on any node is a use of the queue (x-expires) on every node:
+                    // whichever node leads when the lease runs out must have seen it.
+                    if matches!(result, CommandResult::Got { .. } | CommandResult::Core(Reply::Empty)) {
+                        if let Some(queue) = self.queue(*queue) {
+                            queue.mark_used();
+                        }
+                    }
                 }
+                Outcome::Delivered { queue, .. } | Outcome::Dropped { queue, .. } => note(&mut touched, *queue),
                 Outcome::ConsumerRemoved { .. } => {}
             }
         }
