@@ -35,12 +35,32 @@ if ! command -v rabbitmq-server >/dev/null 2>&1; then
   fi
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-port=$(free_port)
-dist_port=$(free_port)
-http_port=$(free_port)
-metrics_port=$(free_port)
-stream_port=$(free_port)
+# Five distinct ports free now, from 5000-9999: below the kernel's ephemeral range (which any
+# outgoing connection on the machine may take: the management suite's restart, stop_app then
+# start_app, once found its HTTP port so taken, eaddrinuse) and below the 10000 and up that the
+# suites hand their own brokers.
+free_ports() {
+  python3 -c 'import random, socket
+chosen = []
+for _ in range(1000):
+    port = random.randrange(5000, 10000)
+    if port in chosen:
+        continue
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    chosen.append(port)
+    if len(chosen) == 5:
+        break
+print(" ".join(map(str, chosen)))'
+}
+read -r port dist_port http_port metrics_port stream_port < <(free_ports)
+if [ -z "$stream_port" ]; then
+  echo "rabbitmq-reference: FAILED: no five free ports in 5000-9999" >&2
+  exit 1
+fi
 base=$(mktemp -d /tmp/lepus-rabbitmq-reference-XXXXXX)
 node="lepus-reference-$$@localhost"
 log="$base/server.out"
@@ -97,17 +117,18 @@ export METRICS_URL="http://127.0.0.1:$metrics_port/metrics"
 export STREAM_PORT="$stream_port" STREAM_URL="rabbitmq-stream://guest:guest@127.0.0.1:$stream_port/%2f"
 failed=0
 for suite in "$@"; do
-  echo "== interop/$suite against RabbitMQ $(dpkg-query -W -f='${Version}' rabbitmq-server 2>/dev/null || true)"
+  echo "== interop/$suite against RabbitMQ $(dpkg-query -W -f='${Version}' rabbitmq-server 2>/dev/null || true) (${SECONDS} s so far)"
   # LEPUS_BIN is not passed: the suites test the broker at AMQP_URL and skip what only Lepus has.
   # shellcheck disable=SC2086 # REFERENCE_SUITE_ARGS is split into words on purpose
   if ! env -u LEPUS_BIN AMQP_URL="$url" "interop/$suite/run.sh" ${REFERENCE_SUITE_ARGS:-}; then failed=$((failed + 1)); echo "interop/$suite against RabbitMQ FAILED"; fi
 done
 # Part of a suite (REFERENCE_SUITE_ARGS) is a developer's run: the perf test is not part of it.
 if [ -n "${REFERENCE_SUITE_ARGS:-}" ]; then [ "$failed" -eq 0 ]; exit; fi
-echo "== lepus perf against RabbitMQ"
+echo "== lepus perf against RabbitMQ (${SECONDS} s so far)"
 if ! LEPUS_PERF_RABBITMQ_URL="$url" cargo test --locked -p lepus-perf --test perf_broker -- rabbitmq --nocapture 2>&1 \
   | grep -E "test result|rabbitmq|RabbitMQ|FAILED|panicked"; then
   failed=$((failed + 1))
   echo "lepus perf against RabbitMQ FAILED"
 fi
+echo "rabbitmq-reference: done in ${SECONDS} s"
 [ "$failed" -eq 0 ]

@@ -24,5 +24,9 @@ fi
 export AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}"
 echo "interop/java: testing against $(printf '%s' "$AMQP_URL" | sed -E 's#//([^:/@]*):[^@]*@#//\1:***@#')" >&2
 
+# scripts/test.sh runs the reference run against RabbitMQ beside the Lepus suites: two runs of this
+# suite would share target/, so the second waits for the first (the lock goes when mvn exits).
+exec 9>.run.lock
+flock 9
 # Surefire prints "Tests run: N, Failures: F, Errors: E, Skipped: S"; mvn exits non-zero on any failure.
 exec mvn -B --no-transfer-progress -Dstyle.color=never test "$@"

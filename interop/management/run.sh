@@ -29,6 +29,10 @@ PYTHON="${PYTHON:-python3}"
 VENV=.venv
 STAMP="$VENV/.requirements.installed"
 
+# scripts/test.sh runs this suite against Lepus and RabbitMQ at once: one makes the venv, the other
+# waits for it.
+exec 8>.install.lock
+flock 8
 # A fresh Debian has python3 without its venv module (package python3-venv): install it as root.
 if [ ! -x "$VENV/bin/python" ]; then
     if ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
@@ -46,5 +50,6 @@ if [ ! -f "$STAMP" ] || ! cmp -s requirements.txt "$STAMP"; then
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements.txt
     cp requirements.txt "$STAMP"
 fi
+exec 8>&-
 
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider --timeout=60 "$@"

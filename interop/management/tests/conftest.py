@@ -14,6 +14,7 @@ broker's /api/overview does not name Lepus as its product.
 
 import glob
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -34,8 +35,36 @@ STOP_TIMEOUT_S = 10
 HTTP_TIMEOUT_S = 10
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_HANDED_OUT = set()
+
+
 def free_port():
-    with socket.socket() as sock:
+    """A port free now, below the kernel's ephemeral range when it can: a port from bind(0) is an
+    ephemeral one, which any outgoing connection on the machine (another suite running beside this
+    one, a client) may take before the broker that was given it binds it; a run saw a broker fail
+    with "Address already in use" that way (the cluster suite's harness does the same)."""
+    low = _ephemeral_low()
+    if low and low > 12000:
+        for _ in range(200):
+            port = random.randrange(10000, low)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 

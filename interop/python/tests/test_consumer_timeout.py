@@ -1,6 +1,8 @@
 """consumer_timeout through pika. RabbitMQ 3.10.8 (measured with consumer_timeout = 2000 ms)
 closes the channel of a delivery left unacked too long with 406 and this text, and requeues its
-messages; it checks once a minute, so the close came 60 s after the delivery. Lepus does the same
+messages; it checks on every channel tick (channel_tick_interval, a minute by default, so the close
+came 60 s after the delivery; the test shortens the tick to a second, as RabbitMQ's own
+consumer_timeout tests do, and puts it back afterwards). Lepus does the same
 by default (checked every quarter of the timeout, at least every second), and with
 `consumer_timeout_mode = cancel` cancels only the consumer holding the delivery (Lepus-only).
 
@@ -23,12 +25,14 @@ TIMEOUT_TEXT = ("PRECONDITION_FAILED - delivery acknowledgement on channel 1 tim
                 "This timeout value can be configured, see consumers doc guide to learn more" % CONSUMER_TIMEOUT_MS)
 
 
-def rabbitmq_set_consumer_timeout(milliseconds):
+def rabbitmq_set_consumer_timeout(milliseconds, channel_tick_milliseconds):
+    """consumer_timeout, and how often a channel checks it (read when a channel opens)."""
     command = os.environ.get("RABBITMQCTL")
     if not command:
         pytest.fail("set RABBITMQCTL to reach the RabbitMQ node (the test sets its consumer_timeout)")
-    subprocess.run(shlex.split(command) + ["eval", "application:set_env(rabbit, consumer_timeout, %d)." % milliseconds],
-                   check=True, capture_output=True, timeout=60)
+    expression = ("application:set_env(rabbit, consumer_timeout, %d), application:set_env(rabbit, channel_tick_interval, %d)."
+                  % (milliseconds, channel_tick_milliseconds))
+    subprocess.run(shlex.split(command) + ["eval", expression], check=True, capture_output=True, timeout=60)
 
 
 def start_lepus(tmp_path, *flags):
@@ -58,11 +62,11 @@ def timeout_broker_url(tmp_path):
         finally:
             broker.stop(signal.SIGTERM)
     else:
-        rabbitmq_set_consumer_timeout(CONSUMER_TIMEOUT_MS)
+        rabbitmq_set_consumer_timeout(CONSUMER_TIMEOUT_MS, 1000)
         try:
             yield os.environ["AMQP_URL"]
         finally:
-            rabbitmq_set_consumer_timeout(1800000)
+            rabbitmq_set_consumer_timeout(1800000, 60000)
 
 
 @pytest.mark.timeout(150)
@@ -77,7 +81,7 @@ def test_an_unacked_delivery_closes_its_channel_with_406_and_is_requeued(timeout
         channel.basic_publish("", queue, b"slow")
         got = []
         channel.basic_consume(queue, lambda _channel, method, properties, body: got.append(time.monotonic()))
-        # RabbitMQ checks once a minute.
+        # RabbitMQ checks on every channel tick (a minute by default: the wait allows for it).
         wait_until(lambda: closed, timeout=100, conn=conn)
         assert got, "the message was never delivered"
         assert closed, "the channel was not closed within 100 s"
