@@ -59,10 +59,8 @@ log="$data_dir.log"
   --stream-port "$stream_port" --stream-advertised-host 127.0.0.1 >"$log" 2>&1 &
 broker_pid=$!
 reference_pid=""
-second_lane_pid=""
 cleanup() {
   if [ -n "$reference_pid" ]; then kill "$reference_pid" 2>/dev/null || true; wait "$reference_pid" 2>/dev/null || true; fi
-  if [ -n "$second_lane_pid" ]; then kill "$second_lane_pid" 2>/dev/null || true; wait "$second_lane_pid" 2>/dev/null || true; fi
   kill "$broker_pid" 2>/dev/null || true; wait "$broker_pid" 2>/dev/null || true; rm -rf "$data_dir"
 }
 trap cleanup EXIT
@@ -81,7 +79,7 @@ failed=0
 passed=0
 # The same suites against a real RabbitMQ: what they expect of Lepus is what RabbitMQ does. They
 # run beside the Lepus suites (their own RabbitMQ node, ports and temp directories; the suites
-# mostly wait on brokers, so this saves about six minutes), in the reverse order, so that the
+# mostly wait on brokers, so this saves about ten minutes), in the reverse order, so that the two
 # runs are rarely in one suite at once (a Maven suite waits for the other run's to end: their
 # run.sh take a lock); their output follows the Lepus suites'.
 reference_pid=""
@@ -96,47 +94,10 @@ if [ "${REFERENCE:-rabbitmq}" = rabbitmq ]; then
   scripts/rabbitmq-reference.sh $reference_suites >"$reference_log" 2>&1 &
   reference_pid=$!
 fi
-# The Lepus suites run in two lanes side by side (they use unique names: they always had to share
-# the broker with each other): the python suite, the longest, in this shell; every other suite, one
-# after another, in a second lane whose output follows. Each lane returns how many suites failed.
-run_suites() {
-  local lane_failed=0 suite
-  for suite in "$@"; do
-    echo "== interop/$suite (${SECONDS} s so far)"
-    if "interop/$suite/run.sh"; then echo "== interop/$suite passed (${SECONDS} s so far)"; else
-      lane_failed=$((lane_failed + 1))
-      echo "interop/$suite FAILED (${SECONDS} s so far)"
-    fi
-  done
-  return "$lane_failed"
-}
-first_lane=""
-second_lane=""
 for suite in $suites $stream_suites; do
-  case "$suite" in python) first_lane="$first_lane $suite" ;; *) second_lane="$second_lane $suite" ;; esac
+  echo "== interop/$suite (${SECONDS} s so far)"
+  if "interop/$suite/run.sh"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "interop/$suite FAILED"; fi
 done
-second_lane_pid=""
-if [ -n "$second_lane" ]; then
-  second_lane_log="$data_dir.second-lane.log"
-  echo "== second lane:$second_lane, beside the first (output: $second_lane_log, shown below)"
-  # shellcheck disable=SC2086 # one word per suite
-  run_suites $second_lane >"$second_lane_log" 2>&1 &
-  second_lane_pid=$!
-fi
-lane_status=0
-# shellcheck disable=SC2086 # one word per suite
-run_suites $first_lane || lane_status=$?
-failed=$((failed + lane_status))
-passed=$((passed + $(echo $first_lane | wc -w) - lane_status))
-if [ -n "$second_lane_pid" ]; then
-  echo "== second lane: waiting for it (${SECONDS} s so far)"
-  lane_status=0
-  wait "$second_lane_pid" || lane_status=$?
-  second_lane_pid=""
-  cat "$second_lane_log"
-  failed=$((failed + lane_status))
-  passed=$((passed + $(echo $second_lane | wc -w) - lane_status))
-fi
 if [ -n "$reference_pid" ]; then
   echo "== reference: RabbitMQ, waiting for it (${SECONDS} s so far)"
   reference_status=0
