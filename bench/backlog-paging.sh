@@ -24,26 +24,12 @@ broker_pid=""
 cleanup() { [[ -n $broker_pid ]] && kill "$broker_pid" 2>/dev/null; rm -rf "$data"; }
 trap cleanup EXIT
 
-# The port is bound before recovery, so a TCP connect succeeds at once: "accepting" is the broker's
-# answer (connection.start) to the protocol header, which comes once it recovered (as
-# bench/restart-backlog.sh measures it; before this, the restart figure was a TCP connect).
-wait_for_connection_start() {
-  python3 - "$port" <<'PY'
-import socket, sys, time
-while True:
-    try:
-        with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60) as s:
-            s.sendall(b"AMQP\x00\x00\x09\x01")
-            if s.recv(1):
-                break
-    except OSError:
-        time.sleep(0.005)
-PY
-}
+# "Accepting" is the answer to the protocol header (the port is bound before recovery).
+source "$(dirname "${BASH_SOURCE[0]}")/amqp-accepting.sh"
 start_broker() { # LOG
   "$lepus" server --data-dir "$data/data" --amqp-port $port --bind 127.0.0.1 --http-port 0 --metrics-port 0 --stream-port 0 >"$1" 2>&1 &
   broker_pid=$!
-  wait_for_connection_start
+  wait_for_connection_start "$port"
 }
 sample_rss() { # FILE: "seconds rss_kib data_mib" every second while the broker runs
   while kill -0 "$broker_pid" 2>/dev/null; do

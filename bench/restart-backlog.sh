@@ -29,25 +29,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The port is bound before recovery, so a TCP connect succeeds at once: wait for connection.start,
-# the broker's answer to the protocol header, which comes once it accepts (after recovery).
-wait_for_connection_start() {
-  python3 - "$port" <<'PY'
-import socket, sys, time
-while True:
-    try:
-        with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60) as s:
-            s.sendall(b"AMQP\x00\x00\x09\x01")
-            if s.recv(1):
-                break
-    except OSError:
-        time.sleep(0.005)
-PY
-}
+# "Accepting" is the answer to the protocol header (the port is bound before recovery).
+source "$(dirname "${BASH_SOURCE[0]}")/amqp-accepting.sh"
 start_broker() { # LOG
   "$LEPUS" server --data-dir "$data/data" --amqp-port "$port" --bind 127.0.0.1 --http-port 0 --metrics-port 0 --stream-port 0 >"$1" 2>&1 &
   broker_pid=$!
-  wait_for_connection_start
+  wait_for_connection_start "$port"
 }
 stop_broker() { kill -TERM "$broker_pid"; wait "$broker_pid" || true; broker_pid=""; }
 
