@@ -4,9 +4,8 @@ failing test prints where."""
 
 import json
 import os
-import random
+import sys
 import signal
-import socket
 import subprocess
 import time
 
@@ -15,37 +14,8 @@ import requests
 LEPUS_BIN = os.environ.get("LEPUS_BIN", "target/release/lepus")
 
 
-_HANDED_OUT = set()
-
-
-def _ephemeral_low():
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
-            return int(ports.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def free_port():
-    """A port free now, below the kernel's ephemeral range: a port from bind(0) is an ephemeral
-    one, which an outgoing connection (a node dialling another, a client) may take before the node
-    that was given it binds it; CI saw a node fail with "Address already in use" that way."""
-    low = _ephemeral_low()
-    if low and low > 12000:
-        for _ in range(200):
-            port = random.randrange(10000, low)
-            if port in _HANDED_OUT:
-                continue
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            _HANDED_OUT.add(port)
-            return port
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from free_ports import free_port  # noqa: E402  (interop/free_ports.py, shared by the suites)
 
 
 class Node:

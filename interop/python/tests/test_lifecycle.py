@@ -10,7 +10,7 @@ messages delivered but not acked before the stop come back redelivered=true.
 """
 
 import os
-import random
+import sys
 import signal
 import socket
 import subprocess
@@ -29,38 +29,8 @@ START_TIMEOUT = 10.0
 STOP_TIMEOUT = 15.0
 
 
-def _ephemeral_low():
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
-            return int(ports.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-_HANDED_OUT = set()
-
-
-def free_port():
-    """A port free now, below the kernel's ephemeral range when it can: a port from bind(0) is an
-    ephemeral one, which any outgoing connection on the machine (another suite running beside this
-    one, a client) may take before the broker that was given it binds it; a run saw a broker fail
-    with "Address already in use" that way (the cluster suite's harness does the same)."""
-    low = _ephemeral_low()
-    if low and low > 12000:
-        for _ in range(200):
-            port = random.randrange(10000, low)
-            if port in _HANDED_OUT:
-                continue
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            _HANDED_OUT.add(port)
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from free_ports import free_port  # noqa: E402  (interop/free_ports.py, shared by the suites)
 
 
 class LepusBroker:
