@@ -17,6 +17,7 @@ import pytest
 from conftest import safe_close
 from test_corruption import MESSAGES, recovered_indexes
 from test_lifecycle import LepusBroker
+from test_paging import message_count
 
 pytestmark = pytest.mark.lepus_only
 
@@ -57,14 +58,6 @@ def publish_records(path):
             found.append((offset, length, position))
         offset += 8 + length
     return found
-
-
-def message_count(broker, queue):
-    conn = broker.connect()
-    try:
-        return conn.channel().queue_declare(queue, passive=True).method.message_count
-    finally:
-        safe_close(conn)
 
 
 def test_a_flipped_bit_in_a_summarised_segment_is_quarantined_at_page_in(tmp_path):
