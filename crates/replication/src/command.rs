@@ -46,10 +46,16 @@ pub enum QueueCommand {
     /// not 0, else one the machine assigns (unique, never reused: a stale command of a deleted
     /// queue can never reach a new queue of the same name). `name` (when not empty) finds the
     /// queue again after a restart; a second declare of a name or id answers with the queue
-    /// that exists.
+    /// that exists, unless `incarnation` says which of the two came first.
     Declare {
         /// The queue's name as the server keys it (vhost and name), or empty.
         name: Bytes,
+        /// Which declaration of the name this is, in an order every node agrees on (a cluster's
+        /// metadata log index of it; 0: unordered, any queue of the name is this one). Every node
+        /// proposes a cluster's declaration, each when it applies it, so a slow node's declaration
+        /// of a queue deleted since can commit after the name was declared again: it must not be
+        /// answered with the later queue (that node's deletion would then delete it).
+        incarnation: u64,
         /// x-max-length, x-overflow, x-message-ttl, x-delivery-limit, dead-lettering.
         limits: Limits,
         /// x-single-active-consumer.
@@ -207,14 +213,18 @@ impl Batch {
     }
 }
 
+/// The command kind of a declaration with its incarnation (kind 0, without one, is still read).
+const DECLARE_WITH_INCARNATION: u8 = 16;
+
 fn encode_command(writer: &mut Writer, proposed: &ProposedCommand) {
     writer.u64(proposed.queue);
     writer.u64(proposed.proposer);
     writer.u64(proposed.sequence);
     match &proposed.command {
-        QueueCommand::Declare { name, limits, single_active_consumer } => {
-            writer.u8(0);
+        QueueCommand::Declare { name, incarnation, limits, single_active_consumer } => {
+            writer.u8(DECLARE_WITH_INCARNATION);
             writer.bytes(name);
+            writer.u64(*incarnation);
             encode_limits(writer, limits);
             writer.u8(u8::from(*single_active_consumer));
         }
@@ -282,8 +292,16 @@ fn decode_command(reader: &mut Reader) -> Result<ProposedCommand, DecodeError> {
     let proposer = reader.u64()?;
     let sequence = reader.u64()?;
     let command = match reader.u8()? {
+        // Logs written before declarations carried their incarnation: unordered.
         0 => QueueCommand::Declare {
             name: reader.bytes()?,
+            incarnation: 0,
+            limits: decode_limits(reader)?,
+            single_active_consumer: reader.bool("single active consumer")?,
+        },
+        DECLARE_WITH_INCARNATION => QueueCommand::Declare {
+            name: reader.bytes()?,
+            incarnation: reader.u64()?,
             limits: decode_limits(reader)?,
             single_active_consumer: reader.bool("single active consumer")?,
         },
@@ -324,6 +342,7 @@ mod tests {
                 sequence: 3,
                 command: QueueCommand::Declare {
                     name: Bytes::from_static(b"/\0q"),
+                    incarnation: 41,
                     limits: Limits {
                         max_length: Some(3),
                         delivery_limit: Some(2),

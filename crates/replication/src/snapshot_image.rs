@@ -8,8 +8,11 @@ use crate::state_machine::{dead_letters, ConsumerOwner, HeldDeadLetters, QueueSt
 use bytes::Bytes;
 use queue_core::{ConsumerImage, CoreImage, MessagesImage, QueueCore, QueueStats, QueuedMessage};
 
-/// Marks a snapshot image (and its format version): version 3 adds each queue's held dead letters.
-const IMAGE_MAGIC: u32 = u32::from_le_bytes(*b"LQS3");
+/// Marks a snapshot image (and its format version): version 4 adds each queue's incarnation.
+const IMAGE_MAGIC: u32 = u32::from_le_bytes(*b"LQS4");
+
+/// Version 3 (held dead letters, no incarnations), still read.
+const IMAGE_MAGIC_V3: u32 = u32::from_le_bytes(*b"LQS3");
 
 /// Version 2 (no held dead letters), still read.
 const IMAGE_MAGIC_V2: u32 = u32::from_le_bytes(*b"LQS2");
@@ -48,6 +51,7 @@ impl QueueStateMachine {
         for (queue, replicated) in &self.queues {
             writer.u64(*queue);
             writer.bytes(&replicated.name);
+            writer.u64(replicated.incarnation);
             encode_limits(&mut writer, &replicated.limits);
             encode_core(&mut writer, &replicated.core.image());
             encode_held(&mut writer, &replicated.held);
@@ -60,7 +64,7 @@ impl QueueStateMachine {
     pub fn decode_image(bytes: Bytes) -> Result<QueueStateMachine, DecodeError> {
         let mut reader = Reader::new(verify_checksum(&bytes, IMAGE_CHECKSUM_SEED)?);
         let magic = reader.u32()?;
-        if magic != IMAGE_MAGIC && magic != IMAGE_MAGIC_V2 {
+        if ![IMAGE_MAGIC, IMAGE_MAGIC_V3, IMAGE_MAGIC_V2].contains(&magic) {
             return Err(DecodeError::Invalid { field: "image magic", value: magic.into() });
         }
         let mut machine = QueueStateMachine::new();
@@ -85,13 +89,14 @@ impl QueueStateMachine {
         for _ in 0..count(&mut reader, "queue count")? {
             let queue = reader.u64()?;
             let name = reader.bytes()?;
+            let incarnation = if magic == IMAGE_MAGIC { reader.u64()? } else { 0 };
             let limits = decode_limits(&mut reader)?;
             let core = QueueCore::from_image(decode_core(&mut reader)?, None);
-            let held = if magic == IMAGE_MAGIC { decode_held(&mut reader)? } else { HeldDeadLetters::default() };
+            let held = if magic == IMAGE_MAGIC_V2 { HeldDeadLetters::default() } else { decode_held(&mut reader)? };
             if !name.is_empty() {
                 machine.names.insert(name.clone(), queue);
             }
-            machine.queues.insert(queue, ReplicatedQueue { core, limits, name, held });
+            machine.queues.insert(queue, ReplicatedQueue { core, limits, name, incarnation, held });
         }
         if !reader.is_at_end() {
             return Err(DecodeError::Invalid { field: "bytes after the image", value: 0 });

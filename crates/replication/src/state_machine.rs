@@ -47,6 +47,9 @@ pub enum CommandResult {
     },
     /// No queue has this id (deleted, or never declared): refused.
     NoSuchQueue,
+    /// A declaration of a name declared again since (a later incarnation exists): refused; the
+    /// queue it declared was deleted, and its proposer's commands for it name no queue.
+    Superseded,
     /// The proposer's sequence number is at or below the last one applied for it. Numbers are
     /// applied only in an unbroken run (see [`CommandResult::OutOfOrder`]), so this command was
     /// applied before: a retry. Not applied again; the proposer counts it as confirmed.
@@ -135,8 +138,18 @@ pub(crate) struct ReplicatedQueue {
     pub(crate) limits: Limits,
     /// The name it was declared with (empty: none), which finds it after a restart.
     pub(crate) name: Bytes,
+    /// Which declaration of the name made it (see [`QueueCommand::Declare`]; 0: unordered).
+    pub(crate) incarnation: u64,
     /// Dead letters kept until they are settled (at least once).
     pub(crate) held: HeldDeadLetters,
+}
+
+/// A declaration's fields (see [`QueueCommand::Declare`]).
+struct Declaration {
+    name: Bytes,
+    incarnation: u64,
+    limits: Limits,
+    single_active_consumer: bool,
 }
 
 /// Who owns a consumer.
@@ -207,9 +220,10 @@ impl QueueStateMachine {
         self.queues.get(&queue).map(|queue| &queue.held)
     }
 
-    /// The id of the queue declared with `name`.
-    pub fn queue_by_name(&self, name: &[u8]) -> Option<QueueId> {
-        self.names.get(name).copied()
+    /// The id of the queue declared with `name`, and its incarnation.
+    pub fn queue_by_name(&self, name: &[u8]) -> Option<(QueueId, u64)> {
+        let id = self.names.get(name).copied()?;
+        Some((id, self.queues.get(&id).map_or(0, |replicated| replicated.incarnation)))
     }
 
     /// The ids of the queues.
@@ -286,8 +300,9 @@ impl QueueStateMachine {
 
     fn apply_command(&mut self, context: Context, queue: QueueId, command: QueueCommand, outcomes: &mut Vec<Outcome>) -> CommandResult {
         let core_command = match command {
-            QueueCommand::Declare { name, limits, single_active_consumer } => {
-                return self.declare(queue, context.fresh_id, name, limits, single_active_consumer);
+            QueueCommand::Declare { name, incarnation, limits, single_active_consumer } => {
+                let declaration = Declaration { name, incarnation, limits, single_active_consumer };
+                return self.declare(queue, context.fresh_id, declaration, outcomes);
             }
             QueueCommand::Delete => return self.delete(queue, outcomes),
             QueueCommand::RegisterProposer { node } => {
@@ -345,14 +360,25 @@ impl QueueStateMachine {
         }
     }
 
-    fn declare(&mut self, queue: QueueId, fresh_id: QueueId, name: Bytes, limits: Limits, single_active_consumer: bool) -> CommandResult {
-        if let Some(existing) = self.names.get(&name).filter(|_| !name.is_empty()) {
-            return CommandResult::Declared { queue: *existing };
+    /// Creates a queue, or answers with the one of its name. Of two incarnations of a name, the
+    /// later wins: an earlier one still here was deleted before the later was declared (its
+    /// deletion not committed yet), and an earlier declaration arriving late is refused.
+    fn declare(&mut self, queue: QueueId, fresh_id: QueueId, declaration: Declaration, outcomes: &mut Vec<Outcome>) -> CommandResult {
+        let Declaration { name, incarnation, limits, single_active_consumer } = declaration;
+        if let Some(existing) = self.names.get(&name).copied().filter(|_| !name.is_empty()) {
+            let existing_incarnation = self.queues.get(&existing).map_or(0, |replicated| replicated.incarnation);
+            if incarnation == 0 || existing_incarnation == 0 || incarnation == existing_incarnation {
+                return CommandResult::Declared { queue: existing };
+            }
+            if incarnation < existing_incarnation {
+                return CommandResult::Superseded;
+            }
+            self.delete(existing, outcomes);
         }
         let id = if queue != 0 { queue } else { fresh_id };
         if let std::collections::btree_map::Entry::Vacant(slot) = self.queues.entry(id) {
             let core = QueueCore::new(QueueState::default(), core_limits(limits), None).with_single_active_consumer(single_active_consumer);
-            slot.insert(ReplicatedQueue { core, limits, name: name.clone(), held: HeldDeadLetters::default() });
+            slot.insert(ReplicatedQueue { core, limits, name: name.clone(), incarnation, held: HeldDeadLetters::default() });
             if !name.is_empty() {
                 self.names.insert(name, id);
             }

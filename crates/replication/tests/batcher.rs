@@ -8,7 +8,7 @@ use replication::state_machine::{CommandResult, QueueStateMachine};
 
 /// A declaration without a name or limits.
 fn declare() -> QueueCommand {
-    QueueCommand::Declare { name: bytes::Bytes::new(), limits: queue_core::Limits::NONE, single_active_consumer: false }
+    QueueCommand::Declare { name: bytes::Bytes::new(), incarnation: 0, limits: queue_core::Limits::NONE, single_active_consumer: false }
 }
 
 fn enqueue(bytes: usize) -> QueueCommand {

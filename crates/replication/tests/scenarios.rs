@@ -11,7 +11,7 @@ use support::{Cluster, CONSUMER, QUEUE};
 
 /// A declaration without a name or limits.
 fn declaration() -> QueueCommand {
-    QueueCommand::Declare { name: bytes::Bytes::new(), limits: queue_core::Limits::NONE, single_active_consumer: false }
+    QueueCommand::Declare { name: bytes::Bytes::new(), incarnation: 0, limits: queue_core::Limits::NONE, single_active_consumer: false }
 }
 
 fn run(cluster: &mut Cluster, ticks: u64) {

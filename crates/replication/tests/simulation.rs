@@ -20,7 +20,7 @@ use support::{Cluster, CONSUMER, QUEUE};
 
 /// A declaration without a name or limits.
 fn declare() -> QueueCommand {
-    QueueCommand::Declare { name: bytes::Bytes::new(), limits: queue_core::Limits::NONE, single_active_consumer: false }
+    QueueCommand::Declare { name: bytes::Bytes::new(), incarnation: 0, limits: queue_core::Limits::NONE, single_active_consumer: false }
 }
 
 /// Declares the queue and attaches the consumer, once a leader exists.

@@ -7,7 +7,7 @@ use replication::state_machine::{CommandResult, Outcome, QueueStateMachine};
 
 /// A declaration without a name or limits.
 fn declare() -> QueueCommand {
-    QueueCommand::Declare { name: bytes::Bytes::new(), limits: queue_core::Limits::NONE, single_active_consumer: false }
+    QueueCommand::Declare { name: bytes::Bytes::new(), incarnation: 0, limits: queue_core::Limits::NONE, single_active_consumer: false }
 }
 
 /// A batch of commands that are not deduplicated (sequence 0).
@@ -174,6 +174,7 @@ fn a_named_queue_gets_a_fresh_id_and_is_found_by_its_name() {
         sequence: 0,
         command: QueueCommand::Declare {
             name: Bytes::from_static(name.as_bytes()),
+            incarnation: 0,
             limits: queue_core::Limits::NONE,
             single_active_consumer: false,
         },
@@ -200,8 +201,59 @@ fn a_named_queue_gets_a_fresh_id_and_is_found_by_its_name() {
     };
     assert_ne!(again, first, "a queue declared again after a delete never gets the old id");
     let restored = QueueStateMachine::decode_image(Bytes::from(machine.encode_image())).expect("decodes");
-    assert_eq!(restored.queue_by_name(b"a"), Some(again));
-    assert_eq!(restored.queue_by_name(b"b"), Some(ids[1]));
+    assert_eq!(restored.queue_by_name(b"a"), Some((again, 0)));
+    assert_eq!(restored.queue_by_name(b"b"), Some((ids[1], 0)));
+}
+
+/// Every node of a cluster proposes each declaration and deletion it applies, so a slow node's
+/// declaration of a queue deleted since can commit after the name was declared again. Its
+/// incarnation (the metadata log's order) keeps it off the later queue, whose messages its
+/// deletion would otherwise take; a later incarnation replaces an earlier one still there.
+#[test]
+fn a_late_declaration_of_an_earlier_incarnation_never_answers_with_the_later_queue() {
+    let declare = |proposer: u64, incarnation: u64| ProposedCommand {
+        queue: 0,
+        proposer,
+        sequence: 0,
+        command: QueueCommand::Declare {
+            name: Bytes::from_static(b"/\0reborn"),
+            incarnation,
+            limits: queue_core::Limits::NONE,
+            single_active_consumer: false,
+        },
+    };
+    let declared = |outcomes: &[Outcome]| match results(outcomes).last() {
+        Some(CommandResult::Declared { queue }) => *queue,
+        other => panic!("{other:?}"),
+    };
+    let mut machine = QueueStateMachine::new();
+    let mut outcomes = Vec::new();
+    machine.apply(1, Batch { now_ms: 1, commands: vec![declare(2, 10)] }, &mut outcomes);
+    let first = declared(&outcomes);
+    let delete = |queue: u64| ProposedCommand { queue, proposer: 2, sequence: 0, command: QueueCommand::Delete };
+    machine.apply(2, Batch { now_ms: 1, commands: vec![delete(first), declare(2, 20)] }, &mut outcomes);
+    let second = declared(&outcomes);
+    let enqueue = ProposedCommand { queue: second, proposer: 2, sequence: 0, command: enqueue("kept", None) };
+    machine.apply(3, Batch { now_ms: 1, commands: vec![enqueue] }, &mut outcomes);
+
+    // The slow node's declaration of incarnation 10, then its own copy of incarnation 20.
+    outcomes.clear();
+    machine.apply(4, Batch { now_ms: 1, commands: vec![declare(1, 10), declare(1, 20)] }, &mut outcomes);
+    assert_eq!(results(&outcomes), vec![CommandResult::Superseded, CommandResult::Declared { queue: second }]);
+    assert_eq!(machine.queue(second).map(|core| core.messages().ready_count()), Some(1));
+
+    // Incarnation 30 declared while 20's deletion is not committed yet: 30 replaces it.
+    outcomes.clear();
+    machine.apply(5, Batch { now_ms: 1, commands: vec![declare(1, 30), delete(second)] }, &mut outcomes);
+    let third = match &results(&outcomes)[..] {
+        [CommandResult::Declared { queue }, CommandResult::NoSuchQueue] => *queue,
+        other => panic!("{other:?}"),
+    };
+    assert_ne!(third, second);
+    assert!(machine.queue(second).is_none());
+    assert_eq!(machine.queue(third).map(|core| core.messages().ready_count()), Some(0));
+    let restored = QueueStateMachine::decode_image(Bytes::from(machine.encode_image())).expect("decodes");
+    assert_eq!(restored.queue_by_name(b"/\0reborn"), Some((third, 30)));
 }
 
 /// basic.get hands the message to its proposer, which holds it; a reject drops it (the dead-letter
@@ -283,7 +335,8 @@ fn dropped(outcomes: &[Outcome]) -> Vec<(u64, bool)> {
 
 #[test]
 fn at_least_once_dead_letters_stay_until_settled_count_toward_the_limit_and_survive_a_snapshot() {
-    let declare = QueueCommand::Declare { name: Bytes::new(), limits: at_least_once(2, true), single_active_consumer: false };
+    let declare =
+        QueueCommand::Declare { name: Bytes::new(), incarnation: 0, limits: at_least_once(2, true), single_active_consumer: false };
     let mut machine = QueueStateMachine::new();
     let mut outcomes = Vec::new();
     let get = QueueCommand::Get { no_ack: false };
@@ -313,7 +366,8 @@ fn at_least_once_dead_letters_stay_until_settled_count_toward_the_limit_and_surv
 
 #[test]
 fn without_at_least_once_drops_are_not_held_and_a_strategy_change_releases_the_held_ones() {
-    let declare = QueueCommand::Declare { name: Bytes::new(), limits: at_least_once(10, false), single_active_consumer: false };
+    let declare =
+        QueueCommand::Declare { name: Bytes::new(), incarnation: 0, limits: at_least_once(10, false), single_active_consumer: false };
     let mut machine = QueueStateMachine::new();
     let mut outcomes = Vec::new();
     let get = QueueCommand::Get { no_ack: false };

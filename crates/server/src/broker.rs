@@ -415,7 +415,7 @@ impl Broker {
                 queue_type: record.queue_type,
             };
             let (queue, messages) = match definition.queue_type {
-                QueueType::Quorum => (quorum.recover(&definition, &record.vhost), 0),
+                QueueType::Quorum => (quorum.recover(&definition, &record.vhost, 0), 0),
                 QueueType::Stream => {
                     self.stream_storage().recover(&definition, &record.vhost).map_err(|error| RecoveryError::Stream(error.to_string()))?
                 }
@@ -1140,7 +1140,7 @@ impl Broker {
                 crate::queue_type::check_server_named(definition.queue_type, server_named)?;
                 capabilities(definition.queue_type).check_declare(definition, vhost_name)?;
                 if definition.queue_type == QueueType::Quorum {
-                    return Ok(quorum.create(definition, vhost_name));
+                    return Ok(quorum.create(definition, vhost_name, 0));
                 }
                 if definition.queue_type == QueueType::Stream {
                     return self.stream_storage().create(definition, vhost_name).map_err(|error| {

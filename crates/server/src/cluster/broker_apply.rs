@@ -357,7 +357,7 @@ impl Broker {
             let (entry, created) = vhost.declare_queue(definition, false, declaration.server_named, connection_id, |definition| {
                 capabilities(definition.queue_type).check_declare(definition, vhost_name)?;
                 if definition.queue_type == QueueType::Quorum {
-                    return self.quorum_queue_of_cluster(definition, vhost_name, replaying);
+                    return self.quorum_queue_of_cluster(definition, vhost_name, replaying, index);
                 }
                 if definition.queue_type == QueueType::Stream {
                     return Err(AmqpError::not_implemented("stream queues are not replicated in a cluster yet"));
@@ -384,10 +384,20 @@ impl Broker {
     /// A quorum queue, on every node alike: a live declaration is proposed to its shard by every
     /// node (the machine declares by name once, the others get the same id); one replayed from
     /// the metadata log at start is found by name once the shard applied its log (so is one a
-    /// node that joined finds committed before its join).
-    fn quorum_queue_of_cluster(&self, definition: &QueueDefinition, vhost_name: &str, replaying: bool) -> Result<Queue, AmqpError> {
+    /// node that joined finds committed before its join). The declaration's log index is its
+    /// incarnation, the same on every node.
+    fn quorum_queue_of_cluster(
+        &self,
+        definition: &QueueDefinition,
+        vhost_name: &str,
+        replaying: bool,
+        index: u64,
+    ) -> Result<Queue, AmqpError> {
         let quorum = self.quorum_storage();
-        Ok(if replaying { quorum.recover(definition, vhost_name) } else { quorum.create(definition, vhost_name) })
+        Ok(match replaying {
+            true => quorum.recover(definition, vhost_name, index),
+            false => quorum.create(definition, vhost_name, index),
+        })
     }
 
     /// A quorum queue whose deletion is replayed from the metadata log: its shard deleted it

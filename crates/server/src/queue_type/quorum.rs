@@ -23,16 +23,17 @@ pub struct QuorumStorage<'a> {
 
 impl QuorumStorage<'_> {
     /// Makes a newly declared quorum queue; its declaration is replicated (commands sent before
-    /// it is committed follow it in the log).
-    pub fn create(&self, definition: &QueueDefinition, vhost: &str) -> Queue {
-        let queue = QuorumQueue::declare(definition.clone(), vhost, self.host, self.expiry_clock(definition, vhost));
+    /// it is committed follow it in the log). `incarnation` orders the declarations of a name
+    /// (a cluster's metadata log index; 0 on a single node, whose one proposer orders them).
+    pub fn create(&self, definition: &QueueDefinition, vhost: &str, incarnation: u64) -> Queue {
+        let queue = QuorumQueue::declare(definition.clone(), vhost, self.host, self.expiry_clock(definition, vhost), incarnation);
         queue.start_expiry_clock(false);
         Queue::Quorum(queue)
     }
 
     /// A quorum queue of the definitions: its messages are in its shard's log and snapshot.
-    pub fn recover(&self, definition: &QueueDefinition, vhost: &str) -> Queue {
-        let queue = QuorumQueue::recover(definition.clone(), vhost, self.host, self.expiry_clock(definition, vhost));
+    pub fn recover(&self, definition: &QueueDefinition, vhost: &str, incarnation: u64) -> Queue {
+        let queue = QuorumQueue::recover(definition.clone(), vhost, self.host, self.expiry_clock(definition, vhost), incarnation);
         queue.start_expiry_clock(true);
         Queue::Quorum(queue)
     }

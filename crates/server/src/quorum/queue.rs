@@ -109,6 +109,10 @@ pub(crate) struct Dispatched {
     pub requeue: Vec<u64>,
 }
 
+/// The id of a queue whose declaration was superseded: no machine's (ids are assigned from the
+/// entry index up, far below it).
+pub(crate) const SUPERSEDED_QUEUE_ID: QueueId = u64::MAX;
+
 /// A quorum queue on this node.
 pub struct QuorumQueue {
     /// Fixed properties.
@@ -119,8 +123,12 @@ pub struct QuorumQueue {
     name_key: Bytes,
     shard: Arc<ShardHandle>,
     host: Weak<super::QuorumHost>,
-    /// The machine's id for it (0 until its declaration is committed or found).
+    /// The machine's id for it (0 until its declaration is committed or found;
+    /// [`SUPERSEDED_QUEUE_ID`] when its declaration came after a later one of its name).
     id: AtomicU64,
+    /// Which declaration of its name it is: in a cluster, the metadata log index of its
+    /// declaration (0: unordered, a single node's).
+    incarnation: u64,
     figures: Figures,
     local: Mutex<Local>,
     limits: Mutex<QueueLimits>,
@@ -190,7 +198,7 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 impl QuorumQueue {
-    fn new(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost, expiry: ExpiryClock) -> Arc<QuorumQueue> {
+    fn new(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost, expiry: ExpiryClock, incarnation: u64) -> Arc<QuorumQueue> {
         let name_key = name_key(vhost, &definition.name);
         let shard = host.shard_for(&name_key).clone();
         let dead_letters = host.dead_letters().cloned();
@@ -209,6 +217,7 @@ impl QuorumQueue {
             shard,
             host,
             id: AtomicU64::new(0),
+            incarnation,
             figures: Figures::default(),
             local: Mutex::new(Local::default()),
             limits: Mutex::new(limits),
@@ -226,16 +235,28 @@ impl QuorumQueue {
 
     /// A newly declared queue: its declaration is proposed now; commands sent before it is
     /// committed wait for it in the shard (one proposer's commands are applied in order).
-    pub fn declare(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost, expiry: ExpiryClock) -> Arc<QuorumQueue> {
-        let queue = QuorumQueue::new(definition, vhost, host, expiry);
+    pub fn declare(
+        definition: QueueDefinition,
+        vhost: &str,
+        host: &super::QuorumHost,
+        expiry: ExpiryClock,
+        incarnation: u64,
+    ) -> Arc<QuorumQueue> {
+        let queue = QuorumQueue::new(definition, vhost, host, expiry, incarnation);
         queue.submit(queue.declaration(), Waiter::Nothing);
         queue
     }
 
     /// A queue found in the definitions at start: the shard finds it by name once its log is
     /// applied (declaring it afresh if the shard lost it).
-    pub fn recover(definition: QueueDefinition, vhost: &str, host: &super::QuorumHost, expiry: ExpiryClock) -> Arc<QuorumQueue> {
-        let queue = QuorumQueue::new(definition, vhost, host, expiry);
+    pub fn recover(
+        definition: QueueDefinition,
+        vhost: &str,
+        host: &super::QuorumHost,
+        expiry: ExpiryClock,
+        incarnation: u64,
+    ) -> Arc<QuorumQueue> {
+        let queue = QuorumQueue::new(definition, vhost, host, expiry, incarnation);
         queue.shard.send(ShardInput::Recovered(queue.clone()));
         queue
     }
@@ -245,7 +266,12 @@ impl QuorumQueue {
         let limits = replicated_limits(&self.limits.lock());
         log_strategy_fallback(&limits, &self.definition.name, &self.vhost);
         let single_active_consumer = crate::queue_runtime::single_active_consumer(&self.definition.arguments);
-        QueueCommand::Declare { name: self.name_key.clone(), limits, single_active_consumer }
+        QueueCommand::Declare { name: self.name_key.clone(), incarnation: self.incarnation, limits, single_active_consumer }
+    }
+
+    /// Whether the machine's queue of its name, of incarnation `incarnation`, is this one.
+    pub(crate) fn is_incarnation(&self, incarnation: u64) -> bool {
+        self.incarnation == 0 || incarnation == 0 || self.incarnation == incarnation
     }
 
     /// The key its shard knows it by.
@@ -265,6 +291,12 @@ impl QuorumQueue {
 
     pub(crate) fn set_id(&self, id: QueueId) {
         self.id.store(id, Ordering::Release);
+    }
+
+    /// Its declaration came after a later one of its name (the cluster deleted it meanwhile):
+    /// what it is sent from now on names no queue, and is answered as a deleted queue's is.
+    pub(crate) fn mark_superseded(&self) {
+        self.id.store(SUPERSEDED_QUEUE_ID, Ordering::Release);
     }
 
     /// Whether this node leads the queue's shard.

@@ -136,12 +136,21 @@ impl ShardWorker {
             return;
         }
         let Some(Proposed { queue, waiter, .. }) = self.proposed.pop_front() else { return };
-        if let CommandResult::Declared { queue: id } = result {
-            queue.set_id(id);
-            self.queues.insert(id, Arc::downgrade(&queue));
-            if let Some(core) = self.node.machine().queue(id) {
-                queue.update_figures(core);
+        match result {
+            CommandResult::Declared { queue: id } => {
+                queue.set_id(id);
+                self.queues.insert(id, Arc::downgrade(&queue));
+                if let Some(core) = self.node.machine().queue(id) {
+                    queue.update_figures(core);
+                }
             }
+            CommandResult::Superseded => {
+                // This node applied the declaration late: the name was deleted and declared again
+                // since. Its commands parked for the id (the deletion) now name no queue.
+                tracing::debug!(shard = self.shard, queue = %queue.name(), "a quorum queue's declaration was superseded by a later one");
+                queue.mark_superseded();
+            }
+            _ => {}
         }
         match waiter {
             Waiter::Nothing => {}

@@ -119,8 +119,8 @@ impl ShardWorker {
                     // A cluster's replayed declaration whose deletion was replayed too.
                     continue;
                 }
-                match self.node.machine().queue_by_name(queue.name_key()) {
-                    Some(id) => {
+                match self.node.machine().queue_by_name(queue.name_key()).filter(|(_, incarnation)| queue.is_incarnation(*incarnation)) {
+                    Some((id, _)) => {
                         queue.set_id(id);
                         self.queues.insert(id, Arc::downgrade(&queue));
                         if let Some(core) = self.node.machine().queue(id) {
@@ -128,6 +128,8 @@ impl ShardWorker {
                         }
                     }
                     None => {
+                        // Or the shard holds an earlier incarnation of the name, whose deletion did
+                        // not commit: the declaration replaces it.
                         tracing::warn!(queue = %queue.name(), "a quorum queue of the definitions is not in its shard; declared again, empty");
                         let command = queue.declaration();
                         self.admit(Submission { queue, command, waiter: Waiter::Nothing });
