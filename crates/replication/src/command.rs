@@ -130,6 +130,10 @@ pub enum QueueCommand {
         /// The node's Raft id.
         node: u64,
     },
+    /// A use of the queue (a redeclare of a queue with x-expires): changes nothing; every replica
+    /// that applies it renews the queue's lease, so the node leading it when the lease runs out
+    /// saw the use wherever it was made.
+    Touch,
     /// The dead letter the queue keeps at `position` is held by every queue it was dead-lettered
     /// to: the queue forgets it (at-least-once dead-lettering).
     SettleDeadLetter {
@@ -279,6 +283,7 @@ fn encode_command(writer: &mut Writer, proposed: &ProposedCommand) {
             writer.u8(15);
             writer.u64(*position);
         }
+        QueueCommand::Touch => writer.u8(17),
         QueueCommand::ReleaseNode { node, keep } => {
             writer.u8(13);
             writer.u64(*node);
@@ -324,6 +329,7 @@ fn decode_command(reader: &mut Reader) -> Result<ProposedCommand, DecodeError> {
         13 => QueueCommand::ReleaseNode { node: reader.u64()?, keep: reader.u64()? },
         14 => QueueCommand::RequeueToTail { position: reader.u64()? },
         15 => QueueCommand::SettleDeadLetter { position: reader.u64()? },
+        17 => QueueCommand::Touch,
         kind => return Err(DecodeError::Invalid { field: "command kind", value: kind.into() }),
     };
     Ok(ProposedCommand { queue, proposer, sequence, command })
@@ -378,6 +384,7 @@ mod tests {
             ProposedCommand { queue: 1, proposer: 2, sequence: 10, command: QueueCommand::Expire },
             ProposedCommand { queue: 1, proposer: 2, sequence: 13, command: QueueCommand::RequeueToTail { position: 3 } },
             ProposedCommand { queue: 1, proposer: 2, sequence: 14, command: QueueCommand::SettleDeadLetter { position: 5 } },
+            ProposedCommand { queue: 1, proposer: 2, sequence: 15, command: QueueCommand::Touch },
             ProposedCommand { queue: 0, proposer: 2, sequence: 11, command: QueueCommand::RegisterProposer { node: 3 } },
             ProposedCommand { queue: 0, proposer: 2, sequence: 12, command: QueueCommand::ReleaseNode { node: 3, keep: 2 } },
         ];

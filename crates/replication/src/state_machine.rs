@@ -31,6 +31,8 @@ pub enum CommandResult {
     },
     /// The queue was removed.
     Deleted,
+    /// The queue was used ([`QueueCommand::Touch`]).
+    Touched,
     /// basic.get found this message; unless it was `no_ack`, the proposer holds it until it
     /// settles, requeues or rejects it at `position`.
     Got {
@@ -305,6 +307,12 @@ impl QueueStateMachine {
                 return self.declare(queue, context.fresh_id, declaration, outcomes);
             }
             QueueCommand::Delete => return self.delete(queue, outcomes),
+            QueueCommand::Touch => {
+                return match self.queues.contains_key(&queue) {
+                    true => CommandResult::Touched,
+                    false => CommandResult::NoSuchQueue,
+                };
+            }
             QueueCommand::RegisterProposer { node } => {
                 self.proposers.insert(context.proposer, node);
                 return CommandResult::Core(Reply::Ok);

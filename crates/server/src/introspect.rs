@@ -45,6 +45,8 @@ pub struct QueueInfo {
     pub policy: Option<std::sync::Arc<crate::policy::Policy>>,
     /// A quorum queue's leader, members and online members.
     pub replicas: Option<crate::quorum::ReplicaInfo>,
+    /// A quorum queue's dead letters held until their targets have them (at least once).
+    pub held_dead_letters: Option<crate::quorum::HeldDeadLetterFigures>,
     /// The node holding it, when another node of the cluster does.
     pub home: Option<String>,
 }
@@ -156,6 +158,7 @@ impl Broker {
                     snapshot: queue.snapshot(),
                     policy: queue.policy(),
                     replicas: queue.replicas(),
+                    held_dead_letters: queue.held_dead_letters(),
                     home: queue.home_node().map(str::to_string),
                 });
             }

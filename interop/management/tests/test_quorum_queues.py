@@ -62,3 +62,36 @@ def assert_raft_metrics(lepus):
         assert metrics[("lepus_raft_leader", labels)] == 1
         assert metrics[("lepus_raft_commit_index", labels)] >= 1
         assert metrics[("lepus_raft_applied_index", labels)] == metrics[("lepus_raft_commit_index", labels)]
+
+
+def test_held_dead_letters_show_as_messages_dlx(lepus, names):
+    """At-least-once dead letters that route nowhere stay in their quorum queue: RabbitMQ 3.10.8
+    counts them as `messages_dlx`, their bodies' bytes as `message_bytes_dlx`, and in `messages`,
+    but not among the ready or unacknowledged messages (measured)."""
+    queue, exchange = names("quorum-dlx"), names("dlx-nowhere")
+    conn = lepus.connect()
+    try:
+        ch = conn.channel()
+        ch.exchange_declare(exchange, "fanout", durable=True)
+        ch.queue_declare(queue, durable=True, arguments={
+            "x-queue-type": "quorum", "x-dead-letter-exchange": exchange,
+            "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"})
+        ch.confirm_delivery()
+        for body in (b"abc", b"defgh", b"kept"):
+            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+        for _ in range(2):
+            method, _, _ = ch.basic_get(queue)
+            ch.basic_reject(method.delivery_tag, requeue=False)
+
+        def held():
+            info = lepus.get("/queues/%2F/" + q(queue)).json()
+            return info if info.get("messages_dlx") == 2 and info.get("messages") == 3 else None
+
+        info = wait_for(held, timeout=20)
+        last = lepus.get("/queues/%2F/" + q(queue)).json()
+        assert info, " ".join("%s=%s" % (key, value) for key, value in sorted(last.items()) if "messages" in key or "bytes" in key)
+        assert (info["messages_ready"], info["messages_unacknowledged"], info["message_bytes_dlx"]) == (1, 0, 8), info
+        ch.queue_delete(queue)
+        ch.exchange_delete(exchange)
+    finally:
+        conn.close()

@@ -212,7 +212,7 @@ pub fn queue_json(queue: &QueueInfo, figures: &Figures<'_, { queue_field::COUNT 
         stream_queue_fields(&mut value, queue, node);
     }
     if let Some(replicas) = &queue.replicas {
-        add_replica_fields(&mut value, replicas);
+        add_replica_fields(&mut value, replicas, queue.held_dead_letters.unwrap_or_default());
     }
     value
 }
@@ -276,17 +276,20 @@ fn queue_json_of_any_type(queue: &QueueInfo, figures: &Figures<'_, { queue_field
 }
 
 /// A quorum queue's fields as RabbitMQ 3.10.8 shows them (measured): its leader as `node`,
-/// `leader`, `members` and `online`, `single_active_consumer_ctag`, the dead-letter counts, and
-/// none of a classic queue's paging or exclusive-consumer fields.
-pub fn add_replica_fields(answer: &mut Value, replicas: &crate::quorum::ReplicaInfo) {
+/// `leader`, `members` and `online`, `single_active_consumer_ctag`, the dead letters it holds
+/// (`messages_dlx`, `message_bytes_dlx`, and counted in `messages`, as RabbitMQ 3.10.8 counts
+/// them, measured), and none of a classic queue's paging or exclusive-consumer fields.
+pub fn add_replica_fields(answer: &mut Value, replicas: &crate::quorum::ReplicaInfo, held: crate::quorum::HeldDeadLetterFigures) {
     let Some(object) = answer.as_object_mut() else { return };
-    let messages = object.get("messages").cloned().unwrap_or(json!(0));
+    let messages = object.get("messages").and_then(Value::as_u64).unwrap_or(0);
+    object.insert("messages".to_string(), json!(messages + held.count));
     let single_active = object.remove("single_active_consumer_tag").unwrap_or(Value::Null);
     object.remove("exclusive_consumer_tag");
     object.remove("messages_paged_out");
     object.insert("single_active_consumer_ctag".to_string(), single_active);
-    object.insert("messages_ram".to_string(), messages);
-    object.insert("messages_dlx".to_string(), json!(0));
+    object.insert("messages_ram".to_string(), json!(messages));
+    object.insert("messages_dlx".to_string(), json!(held.count));
+    object.insert("message_bytes_dlx".to_string(), json!(held.body_bytes));
     if let Some(leader) = &replicas.leader {
         object.insert("node".to_string(), json!(leader));
     }

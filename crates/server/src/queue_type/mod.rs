@@ -409,7 +409,7 @@ impl Queue {
     pub fn mark_used(&self) {
         match self {
             Queue::Classic(queue) => queue.mark_used(),
-            Queue::Quorum(queue) => queue.mark_used(),
+            Queue::Quorum(queue) => queue.redeclared(),
             Queue::Stream(_) => {}
             Queue::Remote(_) => {}
         }
@@ -505,6 +505,14 @@ impl Queue {
         match self {
             Queue::Classic(queue) => queue.changed_since_sample(),
             _ => true,
+        }
+    }
+
+    /// A quorum queue's held dead letters, for management.
+    pub fn held_dead_letters(&self) -> Option<crate::quorum::HeldDeadLetterFigures> {
+        match self {
+            Queue::Quorum(queue) => Some(queue.held_dead_letters()),
+            _ => None,
         }
     }
 

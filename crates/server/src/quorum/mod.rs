@@ -101,6 +101,15 @@ pub enum HostError {
     Thread(std::io::Error),
 }
 
+/// A quorum queue's held dead letters, as management shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeldDeadLetterFigures {
+    /// How many (RabbitMQ's `messages_dlx`).
+    pub count: u64,
+    /// Their bodies' bytes (RabbitMQ's `message_bytes_dlx`).
+    pub body_bytes: u64,
+}
+
 /// Where a quorum queue's replicas are, as management shows them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicaInfo {

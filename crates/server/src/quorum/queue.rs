@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use queue_core::{DeadLetterReason, Reply};
 use replication::command::{QueueCommand, QueueId};
 use replication::state_machine::CommandResult;
+use replication::state_machine::HeldDeadLetters;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -89,6 +90,8 @@ struct Figures {
     delivered: AtomicU64,
     acked: AtomicU64,
     requeued: AtomicU64,
+    dead_letters_held: AtomicU64,
+    dead_letter_bytes_held: AtomicU64,
 }
 
 /// What became of a delivery the plan made to one of this node's consumers.
@@ -112,6 +115,9 @@ pub(crate) struct Dispatched {
 /// The id of a queue whose declaration was superseded: no machine's (ids are assigned from the
 /// entry index up, far below it).
 pub(crate) const SUPERSEDED_QUEUE_ID: QueueId = u64::MAX;
+
+/// A redeclare proposes a `Touch` at most once per this fraction of the queue's x-expires.
+const TOUCHES_PER_LEASE: u64 = 10;
 
 /// A quorum queue on this node.
 pub struct QuorumQueue {
@@ -145,6 +151,8 @@ pub struct QuorumQueue {
     /// x-expires: the last use, and when the queue is deleted unused. A use is a consumer
     /// anywhere in the cluster (the replicated count), or a basic.get or redeclare on this node.
     expiry: Mutex<ExpiryClock>,
+    /// When this node last proposed a `Touch` (a redeclare), in ms since the epoch.
+    touched_at_ms: AtomicU64,
     /// Held by whoever takes deliveries off the local consumers' `held` and sends them, so two
     /// threads (the shard's, a connection's) never send one consumer's deliveries out of order.
     dispatching: Mutex<()>,
@@ -228,6 +236,7 @@ impl QuorumQueue {
             dead_letters,
             expiry_deadline: Mutex::new(crate::dead_letter::ExpiryDeadline::default()),
             expiry: Mutex::new(expiry),
+            touched_at_ms: AtomicU64::new(0),
             dispatching: Mutex::new(()),
             dead_letters_in_flight: Mutex::new(HashMap::new()),
         })
@@ -653,10 +662,12 @@ impl QuorumQueue {
     }
 
     /// Publishes the figures of the queue's core after a commit.
-    pub(crate) fn update_figures(&self, core: &queue_core::QueueCore<replication::command::Body>) {
+    pub(crate) fn update_figures(&self, core: &queue_core::QueueCore<replication::command::Body>, held: Option<&HeldDeadLetters>) {
         let messages = core.messages();
         let stats = core.stats();
         let figures = &self.figures;
+        figures.dead_letters_held.store(held.map_or(0, |held| held.len() as u64), Ordering::Relaxed);
+        figures.dead_letter_bytes_held.store(held.map_or(0, HeldDeadLetters::payload_bytes), Ordering::Relaxed);
         figures.ready.store(messages.ready_count() as u64, Ordering::Relaxed);
         figures.unacked.store(messages.unacked_count() as u64, Ordering::Relaxed);
         let consumers = core.consumer_ids().count() as u64;
@@ -692,7 +703,24 @@ impl QuorumQueue {
         }
     }
 
-    /// A redeclare (also passive) renews the x-expires lease.
+    /// queue.declare of the queue on this node (also passive): renews the x-expires lease here at
+    /// once, and on every replica through the log (a `Touch`), so whichever node leads the queue
+    /// when the lease runs out saw the use. At most one touch per [`TOUCHES_PER_LEASE`]th of the
+    /// lease: a client redeclaring in a loop costs the log little and the lease at most that much.
+    pub fn redeclared(&self) {
+        self.mark_used();
+        let Some(expires_ms) = self.expiry.lock().expires_ms() else { return };
+        let now = now_ms();
+        let last = self.touched_at_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < (expires_ms / TOUCHES_PER_LEASE).max(1) {
+            return;
+        }
+        if self.touched_at_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            self.submit(QueueCommand::Touch, Waiter::Nothing);
+        }
+    }
+
+    /// A use of the queue, on this node: a redeclare here, or a committed use from any node.
     pub fn mark_used(&self) {
         let idle = self.is_idle();
         self.expiry.lock().used(now_ms(), idle);
@@ -849,6 +877,14 @@ impl QuorumQueue {
             consumers: figures.consumers.load(Ordering::Relaxed).min(u64::from(u32::MAX)) as u32,
             stats,
             single_active_consumer_tag: None,
+        }
+    }
+
+    /// Its dead letters held until their targets have them, for management.
+    pub fn held_dead_letters(&self) -> super::HeldDeadLetterFigures {
+        super::HeldDeadLetterFigures {
+            count: self.figures.dead_letters_held.load(Ordering::Relaxed),
+            body_bytes: self.figures.dead_letter_bytes_held.load(Ordering::Relaxed),
         }
     }
 

@@ -20,9 +20,9 @@ impl ShardWorker {
             match outcome {
                 Outcome::Committed { queue, result, .. } => {
                     note(&mut touched, *queue);
-                    // A basic.get on any node is a use of the queue (x-expires) on every node:
-                    // whichever node leads when the lease runs out must have seen it.
-                    if matches!(result, CommandResult::Got { .. } | CommandResult::Core(Reply::Empty)) {
+                    // A basic.get or a redeclare on any node is a use of the queue (x-expires)
+                    // on every node: whichever node leads when the lease runs out must have seen it.
+                    if matches!(result, CommandResult::Got { .. } | CommandResult::Core(Reply::Empty) | CommandResult::Touched) {
                         if let Some(queue) = self.queue(*queue) {
                             queue.mark_used();
                         }
@@ -34,7 +34,7 @@ impl ShardWorker {
         }
         for id in touched {
             let (Some(queue), Some(core)) = (self.queue(id), self.node.machine().queue(id)) else { continue };
-            queue.update_figures(core);
+            queue.update_figures(core, self.node.machine().held_dead_letters(id));
         }
         for (sequence, result) in self.batcher.confirm(&outcomes) {
             self.progress_at_tick = self.ticks;
@@ -141,7 +141,7 @@ impl ShardWorker {
                 queue.set_id(id);
                 self.queues.insert(id, Arc::downgrade(&queue));
                 if let Some(core) = self.node.machine().queue(id) {
-                    queue.update_figures(core);
+                    queue.update_figures(core, self.node.machine().held_dead_letters(id));
                 }
             }
             CommandResult::Superseded => {

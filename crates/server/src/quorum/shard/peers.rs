@@ -124,7 +124,7 @@ impl ShardWorker {
                         queue.set_id(id);
                         self.queues.insert(id, Arc::downgrade(&queue));
                         if let Some(core) = self.node.machine().queue(id) {
-                            queue.update_figures(core);
+                            queue.update_figures(core, self.node.machine().held_dead_letters(id));
                         }
                     }
                     None => {
