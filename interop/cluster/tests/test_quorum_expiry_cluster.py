@@ -35,52 +35,40 @@ def test_an_unused_quorum_queue_expires_on_every_node_and_a_consumer_elsewhere_h
 
 
 def test_basic_gets_through_nodes_that_do_not_lead_the_queue_hold_it(cluster):
-    first = cluster.nodes[0]
-    connection = pika.BlockingConnection(pika.URLParameters(first.url()))
-    connection.channel().queue_declare("quorum.got", durable=True,
-                                       arguments={"x-queue-type": "quorum", "x-expires": EXPIRES_MS})
-    connection.close()
-    leader = eventually(lambda: first.get("/queues/%2F/quorum.got").json().get("leader"), what="the queue's leader")
-    others = [node for node in cluster.nodes if node.name != leader]
-    channels = [pika.BlockingConnection(pika.URLParameters(node.url())).channel() for node in others]
-    # A basic.get (empty: a use all the same) through each node that does not lead, every third
-    # of the expiry, for three expiries: the leading node must count them, or it deletes the queue.
-    until = time.monotonic() + 3 * EXPIRES_MS / 1000.0
-    while time.monotonic() < until:
-        for channel in channels:
-            method, _, _ = channel.basic_get("quorum.got", auto_ack=True)
-            assert method is None
-        time.sleep(EXPIRES_MS / 3000.0)
-    for node in cluster.nodes:
-        assert node.get("/queues/%2F/quorum.got").ok, f"deleted on {node.name} although it was used through the other nodes"
-    for channel in channels:
-        channel.connection.close()
-    for node in cluster.nodes:
-        eventually(lambda node=node: node.get("/queues/%2F/quorum.got").status_code == 404, timeout=20,
-                   what=f"the unused queue gone on {node.name}")
+    def empty_get(channel, name):
+        method, _, _ = channel.basic_get(name, auto_ack=True)
+        assert method is None
+
+    # A basic.get (empty: a use all the same).
+    assert_uses_through_other_nodes_hold_it(cluster, "quorum.got", empty_get)
 
 
 def test_redeclares_through_nodes_that_do_not_lead_the_queue_hold_it(cluster):
+    # A passive redeclare (a use, as RabbitMQ's "redeclaring renews the lease"; passive, so a
+    # deleted queue is not declared afresh): a declare-ok each time.
+    assert_uses_through_other_nodes_hold_it(cluster, "quorum.redeclared",
+                                            lambda channel, name: channel.queue_declare(name, passive=True))
+
+
+def assert_uses_through_other_nodes_hold_it(cluster, name, use):
+    """`use` of the queue through each node that does not lead it, every third of the expiry, for
+    three expiries: the leading node must count them, or it deletes the queue. Unused, it goes."""
     first = cluster.nodes[0]
     connection = pika.BlockingConnection(pika.URLParameters(first.url()))
-    connection.channel().queue_declare("quorum.redeclared", durable=True,
-                                       arguments={"x-queue-type": "quorum", "x-expires": EXPIRES_MS})
+    connection.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "quorum", "x-expires": EXPIRES_MS})
     connection.close()
-    leader = eventually(lambda: first.get("/queues/%2F/quorum.redeclared").json().get("leader"), what="the queue's leader")
+    leader = eventually(lambda: first.get("/queues/%2F/" + name).json().get("leader"), what="the queue's leader")
     others = [node for node in cluster.nodes if node.name != leader]
     channels = [pika.BlockingConnection(pika.URLParameters(node.url())).channel() for node in others]
-    # A passive redeclare (a use, as RabbitMQ's "redeclaring renews the lease"; passive, so a
-    # deleted queue is not declared afresh) through each node that does not lead, every third of
-    # the expiry, for three expiries: a declare-ok each time, and the queue stays on every node.
     until = time.monotonic() + 3 * EXPIRES_MS / 1000.0
     while time.monotonic() < until:
         for channel in channels:
-            channel.queue_declare("quorum.redeclared", passive=True)
+            use(channel, name)
         time.sleep(EXPIRES_MS / 3000.0)
     for node in cluster.nodes:
-        assert node.get("/queues/%2F/quorum.redeclared").ok, f"deleted on {node.name} although it was redeclared through the other nodes"
+        assert node.get("/queues/%2F/" + name).ok, f"deleted on {node.name} although it was used through the other nodes"
     for channel in channels:
         channel.connection.close()
     for node in cluster.nodes:
-        eventually(lambda node=node: node.get("/queues/%2F/quorum.redeclared").status_code == 404, timeout=20,
+        eventually(lambda node=node: node.get("/queues/%2F/" + name).status_code == 404, timeout=20,
                    what=f"the unused queue gone on {node.name}")
