@@ -496,6 +496,7 @@ impl Queue {
     pub fn sample_if_changed(&self) -> Option<QueueSnapshot> {
         match self {
             Queue::Classic(queue) => queue.sample_if_changed(),
+            Queue::Quorum(queue) => queue.sample_if_changed(),
             _ => Some(self.snapshot()),
         }
     }
@@ -504,6 +505,7 @@ impl Queue {
     pub fn changed_since_sample(&self) -> bool {
         match self {
             Queue::Classic(queue) => queue.changed_since_sample(),
+            Queue::Quorum(queue) => queue.changed_since_sample(),
             _ => true,
         }
     }

@@ -92,6 +92,8 @@ struct Figures {
     requeued: AtomicU64,
     dead_letters_held: AtomicU64,
     dead_letter_bytes_held: AtomicU64,
+    /// Whether a commit changed them since the management sampler last read them.
+    changed_since_sample: AtomicBool,
 }
 
 /// What became of a delivery the plan made to one of this node's consumers.
@@ -226,7 +228,8 @@ impl QuorumQueue {
             host,
             id: AtomicU64::new(0),
             incarnation,
-            figures: Figures::default(),
+            // Sampled once when made, as every queue is (the sampler counts on it).
+            figures: Figures { changed_since_sample: AtomicBool::new(true), ..Figures::default() },
             local: Mutex::new(Local::default()),
             limits: Mutex::new(limits),
             deleted: AtomicBool::new(false),
@@ -677,6 +680,9 @@ impl QuorumQueue {
         figures.delivered.store(stats.delivered, Ordering::Relaxed);
         figures.acked.store(stats.acked, Ordering::Relaxed);
         figures.requeued.store(stats.requeued, Ordering::Relaxed);
+        // After the figures: a sampler that clears the flag before reading them reads these, or
+        // finds the flag set again next time.
+        figures.changed_since_sample.store(true, Ordering::Release);
         let head_expires_at_ms = messages.head_expires_at_ms();
         self.head_expires_at_ms.store(head_expires_at_ms.unwrap_or(0), Ordering::Relaxed);
         self.tell_expiry_deadline(head_expires_at_ms);
@@ -878,6 +884,17 @@ impl QuorumQueue {
             stats,
             single_active_consumer_tag: None,
         }
+    }
+
+    /// The figures the management sampler keeps, or `None` when no commit changed them since it
+    /// last took them: an idle quorum queue costs the sampler one atomic load, as a classic one.
+    pub fn sample_if_changed(&self) -> Option<QueueSnapshot> {
+        self.figures.changed_since_sample.swap(false, Ordering::AcqRel).then(|| self.snapshot())
+    }
+
+    /// Whether [`QuorumQueue::sample_if_changed`] would read the figures (no lock taken).
+    pub fn changed_since_sample(&self) -> bool {
+        self.figures.changed_since_sample.load(Ordering::Acquire)
     }
 
     /// Its dead letters held until their targets have them, for management.

@@ -484,3 +484,23 @@ fn a_slow_node_s_copy_of_a_deleted_incarnation_never_takes_the_queue_declared_ag
     let bodies: Vec<String> = deliveries(&handle, &mut receiver, 3).into_iter().map(|(body, _, _)| body).collect();
     assert_eq!(bodies, vec!["kept0", "kept1", "kept2"]);
 }
+
+/// The management sampler reads a quorum queue's figures only when a commit changed them, on
+/// every node alike (an idle queue costs it one atomic load).
+#[test]
+fn an_idle_quorum_queue_is_not_sampled_again_until_a_commit_changes_it() {
+    let cluster = Cluster::start();
+    let queues = queue_on_every_node(&cluster, 1, "sampled");
+    publish_confirmed(&queues[&1], (0..3).map(|number| format!("s{number}")));
+    for queue in queues.values() {
+        wait_for("the publishes sampled", || queue.sample_if_changed().filter(|snapshot| snapshot.ready == 3).map(|_| ()));
+        // The commit that set the figures read may set the flag just after they were read.
+        std::thread::sleep(Duration::from_millis(50));
+        let _ = queue.sample_if_changed();
+        assert!(queue.sample_if_changed().is_none(), "sampled again with nothing committed");
+    }
+    publish_confirmed(&queues[&2], std::iter::once("s3".to_string()));
+    for queue in queues.values() {
+        wait_for("the next publish sampled", || queue.sample_if_changed().filter(|snapshot| snapshot.ready == 4).map(|_| ()));
+    }
+}
