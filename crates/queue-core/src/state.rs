@@ -113,6 +113,8 @@ pub struct QueueState<M> {
     /// limit may let a recovered queue grow past it once).
     paged_bytes: u64,
     unacked: PositionMap<Unacked<M>>,
+    /// Body bytes of the unacked messages.
+    unacked_bytes: u64,
     /// x-max-priority (0: a plain queue, whatever the messages say).
     max_priority: u8,
     /// With priorities, the paged and dropped counts of each priority (index = priority); empty
@@ -142,6 +144,7 @@ impl<M: Payload> QueueState<M> {
             paged_dropped: 0,
             paged_bytes: 0,
             unacked: PositionMap::default(),
+            unacked_bytes: 0,
             max_priority: 0,
             levels: Vec::new(),
         }
@@ -337,14 +340,32 @@ impl<M: Payload> QueueState<M> {
     pub fn pop_for(&mut self, track: bool, consumer: Option<ConsumerId>) -> Option<(u64, QueuedMessage<M>)> {
         let (position, queued) = self.take_first_ready()?;
         if track {
-            self.unacked.insert(position, Unacked { queued: queued.clone(), consumer });
+            self.track_unacked(position, Unacked { queued: queued.clone(), consumer });
         }
         Some((position, queued))
     }
 
+    /// Adds a delivered message to the unacked set.
+    fn track_unacked(&mut self, position: u64, unacked: Unacked<M>) {
+        self.unacked_bytes += unacked.queued.message.size_bytes();
+        self.unacked.insert(position, unacked);
+    }
+
+    /// Takes a message off the unacked set.
+    fn untrack_unacked(&mut self, position: u64) -> Option<Unacked<M>> {
+        let unacked = self.unacked.remove(&position)?;
+        self.unacked_bytes -= unacked.queued.message.size_bytes();
+        Some(unacked)
+    }
+
+    /// Body bytes of the unacked messages.
+    pub fn unacked_bytes(&self) -> u64 {
+        self.unacked_bytes
+    }
+
     /// Puts back a message that was popped but never reached its consumer, unchanged.
     pub fn unpop(&mut self, position: u64, queued: QueuedMessage<M>) -> Option<ConsumerId> {
-        let holder = self.unacked.remove(&position).and_then(|unacked| unacked.consumer);
+        let holder = self.untrack_unacked(position).and_then(|unacked| unacked.consumer);
         self.insert_ready(position, queued);
         holder
     }
@@ -356,7 +377,7 @@ impl<M: Payload> QueueState<M> {
 
     /// [`QueueState::settle`], also saying which consumer held it.
     pub fn settle_held(&mut self, position: u64) -> Option<(QueuedMessage<M>, Option<ConsumerId>)> {
-        self.unacked.remove(&position).map(|unacked| (unacked.queued, unacked.consumer))
+        self.untrack_unacked(position).map(|unacked| (unacked.queued, unacked.consumer))
     }
 
     /// Puts an unacked message back at its position, marked redelivered.
@@ -368,7 +389,7 @@ impl<M: Payload> QueueState<M> {
     /// came back more often than `delivery_limit` allows (x-delivery-limit: a limit of 1
     /// delivers a message twice) is not put back but handed back: `Some((holder, Some(it)))`.
     pub fn requeue_held(&mut self, position: u64, delivery_limit: Option<u32>) -> Option<(Option<ConsumerId>, Option<QueuedMessage<M>>)> {
-        let Unacked { mut queued, consumer } = self.unacked.remove(&position)?;
+        let Unacked { mut queued, consumer } = self.untrack_unacked(position)?;
         queued.redelivered = true;
         queued.delivery_count = queued.delivery_count.saturating_add(1);
         if delivery_limit.is_some_and(|limit| queued.delivery_count > limit) {
@@ -382,7 +403,7 @@ impl<M: Payload> QueueState<M> {
     /// position (RabbitMQ's quorum queues put a nacked or rejected message at the back); returns
     /// the new position and the consumer that held it.
     pub fn requeue_to_tail(&mut self, position: u64) -> Option<(u64, Option<ConsumerId>)> {
-        let Unacked { mut queued, consumer } = self.unacked.remove(&position)?;
+        let Unacked { mut queued, consumer } = self.untrack_unacked(position)?;
         queued.redelivered = true;
         queued.delivery_count = queued.delivery_count.saturating_add(1);
         let new_position = self.next_position;

@@ -615,6 +615,7 @@ proptest! {
             let unacked_model = whereabouts.values().filter(|state| **state == Whereabouts::Unacked).count();
             prop_assert_eq!(queue.core.messages().ready_count(), ready);
             prop_assert_eq!(queue.core.messages().unacked_count(), unacked_model);
+            prop_assert_eq!(queue.core.messages().unacked_bytes(), 16 * unacked_model as u64, "unacked body bytes");
             prop_assert_eq!(queue.core.messages().ready_positions().collect::<Vec<_>>(), ready_positions.iter().copied().collect::<Vec<_>>());
             let expected_active = consumers.first().map(|(consumer, _, _)| *consumer).filter(|_| single_active_consumer);
             prop_assert_eq!(queue.core.single_active_consumer(), expected_active, "the active consumer is not the earliest subscribed");

@@ -60,6 +60,35 @@ def test_queue_counts_follow_amqp(lepus, names):
     assert lepus.get("/queues/%2F/" + q(queue)).status_code == 404
 
 
+def test_message_bytes_count_ready_and_unacknowledged_bodies(lepus, names):
+    """`message_bytes` (body bytes, as RabbitMQ 3.10.8 counts them: not headers or properties),
+    split into ready and unacknowledged, on a classic and a quorum queue."""
+    conn = lepus.connect()
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for arguments in ({}, {"x-queue-type": "quorum"}):
+            queue = names("bytes")
+            ch.queue_declare(queue, durable=True, arguments=arguments)
+            for body in (b"abc", b"defgh", b"ijkl"):
+                ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2, headers={"h": "x" * 50}))
+            method, _, body = ch.basic_get(queue, auto_ack=False)
+            assert body == b"abc"
+
+            def counted():
+                info = lepus.get("/queues/%2F/" + q(queue)).json()
+                return info if info.get("messages_unacknowledged") == 1 and info.get("message_bytes") == 12 else None
+
+            info = wait_for(counted)
+            last = lepus.get("/queues/%2F/" + q(queue)).json()
+            assert info, (arguments, {key: value for key, value in last.items() if key.startswith("message")})
+            assert (info["message_bytes_ready"], info["message_bytes_unacknowledged"]) == (9, 3), info
+            ch.basic_ack(method.delivery_tag)
+            ch.queue_delete(queue)
+    finally:
+        conn.close()
+
+
 def assert_lepus_metrics(lepus, queue):
     """Lepus's own Prometheus metrics for the queue of test_queue_counts_follow_amqp (RabbitMQ's
     rabbitmq_prometheus plugin names them differently and is not enabled on the reference node)."""

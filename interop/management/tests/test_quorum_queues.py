@@ -66,8 +66,8 @@ def assert_raft_metrics(lepus):
 
 def test_held_dead_letters_show_as_messages_dlx(lepus, names):
     """At-least-once dead letters that route nowhere stay in their quorum queue: RabbitMQ 3.10.8
-    counts them as `messages_dlx`, their bodies' bytes as `message_bytes_dlx`, and in `messages`,
-    but not among the ready or unacknowledged messages (measured)."""
+    counts them as `messages_dlx`, their bodies' bytes as `message_bytes_dlx`, and in `messages`
+    and `message_bytes`, but not among the ready or unacknowledged messages (measured)."""
     queue, exchange = names("quorum-dlx"), names("dlx-nowhere")
     conn = lepus.connect()
     try:
@@ -91,6 +91,7 @@ def test_held_dead_letters_show_as_messages_dlx(lepus, names):
         last = lepus.get("/queues/%2F/" + q(queue)).json()
         assert info, " ".join("%s=%s" % (key, value) for key, value in sorted(last.items()) if "messages" in key or "bytes" in key)
         assert (info["messages_ready"], info["messages_unacknowledged"], info["message_bytes_dlx"]) == (1, 0, 8), info
+        assert (info["message_bytes"], info["message_bytes_ready"], info["message_bytes_unacknowledged"]) == (12, 4, 0), info
         ch.queue_delete(queue)
         ch.exchange_delete(exchange)
     finally:

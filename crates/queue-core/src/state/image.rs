@@ -35,7 +35,7 @@ impl<M: Payload> QueueState<M> {
             state.insert_ready(position, queued);
         }
         for (position, queued, consumer) in image.unacked {
-            state.unacked.insert(position, Unacked { queued, consumer });
+            state.track_unacked(position, Unacked { queued, consumer });
         }
         state
     }

@@ -222,7 +222,17 @@ pub fn queue_json(queue: &QueueInfo, figures: &Figures<'_, { queue_field::COUNT 
 /// messages are the offsets it holds (RabbitMQ counts no unacked messages for a stream).
 fn stream_queue_fields(value: &mut Value, queue: &QueueInfo, node: &str) {
     let Some(fields) = value.as_object_mut() else { return };
-    for key in ["exclusive_consumer_tag", "single_active_consumer_tag", "consumer_utilisation", "messages_paged_out", "messages_ram"] {
+    for key in [
+        "exclusive_consumer_tag",
+        "single_active_consumer_tag",
+        "consumer_utilisation",
+        "messages_paged_out",
+        "messages_ram",
+        // A stream's bytes are its segments', not counted here.
+        "message_bytes",
+        "message_bytes_ready",
+        "message_bytes_unacknowledged",
+    ] {
         fields.remove(key);
     }
     fields.insert("members".to_string(), json!([node]));
@@ -260,6 +270,9 @@ fn queue_json_of_any_type(queue: &QueueInfo, figures: &Figures<'_, { queue_field
         "messages_ready_details": figures.field(lengths, queue_field::READY),
         "messages_unacknowledged": snapshot.unacked,
         "messages_unacknowledged_details": figures.field(lengths, queue_field::UNACKED),
+        "message_bytes": snapshot.ready_bytes + snapshot.unacked_bytes,
+        "message_bytes_ready": snapshot.ready_bytes,
+        "message_bytes_unacknowledged": snapshot.unacked_bytes,
         "messages_paged_out": snapshot.paged,
         "messages_ram": messages - snapshot.paged.min(messages),
         "message_stats": {
@@ -277,12 +290,14 @@ fn queue_json_of_any_type(queue: &QueueInfo, figures: &Figures<'_, { queue_field
 
 /// A quorum queue's fields as RabbitMQ 3.10.8 shows them (measured): its leader as `node`,
 /// `leader`, `members` and `online`, `single_active_consumer_ctag`, the dead letters it holds
-/// (`messages_dlx`, `message_bytes_dlx`, and counted in `messages`, as RabbitMQ 3.10.8 counts
-/// them, measured), and none of a classic queue's paging or exclusive-consumer fields.
+/// (`messages_dlx`, `message_bytes_dlx`, and counted in `messages` and `message_bytes`, as
+/// RabbitMQ 3.10.8 counts them, measured), and none of a classic queue's paging or exclusive-consumer fields.
 pub fn add_replica_fields(answer: &mut Value, replicas: &crate::quorum::ReplicaInfo, held: crate::quorum::HeldDeadLetterFigures) {
     let Some(object) = answer.as_object_mut() else { return };
     let messages = object.get("messages").and_then(Value::as_u64).unwrap_or(0);
     object.insert("messages".to_string(), json!(messages + held.count));
+    let message_bytes = object.get("message_bytes").and_then(Value::as_u64).unwrap_or(0);
+    object.insert("message_bytes".to_string(), json!(message_bytes + held.body_bytes));
     let single_active = object.remove("single_active_consumer_tag").unwrap_or(Value::Null);
     object.remove("exclusive_consumer_tag");
     object.remove("messages_paged_out");

@@ -203,6 +203,10 @@ pub struct QueueSnapshot {
     pub paged: u64,
     /// Delivered and not settled.
     pub unacked: u64,
+    /// Body bytes of the ready messages (paged ones recovered from disk count 0 until read).
+    pub ready_bytes: u64,
+    /// Body bytes of the unacked messages.
+    pub unacked_bytes: u64,
     /// Active consumers.
     pub consumers: u32,
     /// Totals.
@@ -557,6 +561,8 @@ impl QueueRuntime {
             ready: messages.ready_count() as u64,
             paged: messages.paged_count(),
             unacked: messages.unacked_count() as u64,
+            ready_bytes: messages.ready_bytes(),
+            unacked_bytes: messages.unacked_bytes(),
             consumers,
             stats: inner.core.stats(),
             single_active_consumer_tag: active_consumer(inner).map(|consumer| consumer.tag.to_string_lossy()),

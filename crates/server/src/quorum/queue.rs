@@ -90,6 +90,8 @@ struct Figures {
     delivered: AtomicU64,
     acked: AtomicU64,
     requeued: AtomicU64,
+    ready_bytes: AtomicU64,
+    unacked_bytes: AtomicU64,
     dead_letters_held: AtomicU64,
     dead_letter_bytes_held: AtomicU64,
     /// Whether a commit changed them since the management sampler last read them.
@@ -673,6 +675,8 @@ impl QuorumQueue {
         figures.dead_letter_bytes_held.store(held.map_or(0, HeldDeadLetters::payload_bytes), Ordering::Relaxed);
         figures.ready.store(messages.ready_count() as u64, Ordering::Relaxed);
         figures.unacked.store(messages.unacked_count() as u64, Ordering::Relaxed);
+        figures.ready_bytes.store(messages.ready_bytes(), Ordering::Relaxed);
+        figures.unacked_bytes.store(messages.unacked_bytes(), Ordering::Relaxed);
         let consumers = core.consumer_ids().count() as u64;
         let consumers_before = figures.consumers.swap(consumers, Ordering::Relaxed);
         self.consumers_changed(consumers_before, consumers);
@@ -880,6 +884,8 @@ impl QuorumQueue {
             ready: figures.ready.load(Ordering::Relaxed),
             paged: 0,
             unacked: figures.unacked.load(Ordering::Relaxed),
+            ready_bytes: figures.ready_bytes.load(Ordering::Relaxed),
+            unacked_bytes: figures.unacked_bytes.load(Ordering::Relaxed),
             consumers: figures.consumers.load(Ordering::Relaxed).min(u64::from(u32::MAX)) as u32,
             stats,
             single_active_consumer_tag: None,

@@ -207,6 +207,9 @@ impl StreamQueue {
             ready: self.message_count(),
             paged: 0,
             unacked,
+            // Not shown for streams (their listing drops the byte fields).
+            ready_bytes: 0,
+            unacked_bytes: 0,
             consumers: consumers.len() as u32,
             stats,
             single_active_consumer_tag: None,
