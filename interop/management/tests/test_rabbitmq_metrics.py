@@ -302,6 +302,38 @@ def test_detailed_metrics_give_only_the_families_and_vhosts_asked_for(fresh_lepu
         broker.delete("/vhosts/" + other_vhost)
 
 
+def test_queue_metrics_give_each_queues_body_bytes(fresh_lepus, names):
+    """`queue_metrics` carries a queue's ready, unacknowledged and total body bytes (RabbitMQ's
+    rabbitmq_queue_messages_ready_bytes, _unacked_bytes and _bytes)."""
+    broker = fresh_lepus
+    if broker.metrics_port is None:
+        pytest.skip("the broker's metrics endpoint is unknown (set METRICS_URL)")
+    queue = names("bytes")
+    connection = broker.connect()
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue, durable=True)
+        for body in (b"abc", b"defgh", b"ijkl"):
+            channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+        method, _, _ = channel.basic_get(queue, auto_ack=False)
+
+        def byte_gauges():
+            samples = broker.metrics("/detailed", params=[("family", "queue_metrics"), ("vhost", "/")])
+            mine = {name: value for (name, labels), value in samples.items() if dict(labels).get("queue") == queue}
+            found = {suffix: mine.get("rabbitmq_detailed_queue_messages" + suffix) for suffix in ("_bytes", "_ready_bytes", "_unacked_bytes")}
+            return found if found == {"_bytes": 12, "_ready_bytes": 9, "_unacked_bytes": 3} else None
+
+        found = wait_for(byte_gauges, timeout=15)
+        assert found, sorted((name, value) for (name, labels), value in
+                             broker.metrics("/detailed", params=[("family", "queue_metrics"), ("vhost", "/")]).items()
+                             if dict(labels).get("queue") == queue)
+        channel.basic_ack(method.delivery_tag)
+        channel.queue_delete(queue)
+    finally:
+        connection.close()
+
+
 @pytest.mark.lepus_only("Lepus's own confirm latency histogram")
 def test_confirm_latency_histogram_counts_every_synced_confirm(fresh_lepus, names):
     broker = fresh_lepus

@@ -177,6 +177,7 @@ fn queue_families(registry: &mut Registry, scrape: &Scrape, shape: &Shape) {
     }
     let (mut ready, mut unacked, mut messages) = (ObjectGauge::new(), ObjectGauge::new(), ObjectGauge::new());
     let (mut consumers, mut paged) = (ObjectGauge::new(), ObjectGauge::new());
+    let (mut ready_bytes, mut unacked_bytes, mut message_bytes) = (ObjectGauge::new(), ObjectGauge::new(), ObjectGauge::new());
     for queue in scrape.queues.iter().filter(|queue| shape.wants_vhost(&queue.vhost)) {
         let labels: Labels = vec![("vhost", queue.vhost.clone()), ("queue", queue.name.clone())];
         let snapshot = &queue.snapshot;
@@ -185,6 +186,9 @@ fn queue_families(registry: &mut Registry, scrape: &Scrape, shape: &Shape) {
         messages.add(shape, &labels, snapshot.ready + snapshot.unacked);
         consumers.add(shape, &labels, u64::from(snapshot.consumers));
         paged.add(shape, &labels, snapshot.paged);
+        ready_bytes.add(shape, &labels, snapshot.ready_bytes);
+        unacked_bytes.add(shape, &labels, snapshot.unacked_bytes);
+        message_bytes.add(shape, &labels, snapshot.ready_bytes + snapshot.unacked_bytes);
     }
     if coarse {
         ready.register(registry, shape, "queue_messages_ready", "Messages ready to be delivered to consumers");
@@ -196,6 +200,9 @@ fn queue_families(registry: &mut Registry, scrape: &Scrape, shape: &Shape) {
     }
     if detail {
         paged.register(registry, shape, "queue_messages_paged_out", "Messages paged out to disk");
+        ready_bytes.register(registry, shape, "queue_messages_ready_bytes", "Size in bytes of ready messages");
+        unacked_bytes.register(registry, shape, "queue_messages_unacked_bytes", "Size in bytes of all unacknowledged messages");
+        message_bytes.register(registry, shape, "queue_messages_bytes", "Size in bytes of ready and unacknowledged messages");
     }
 }
 
