@@ -230,6 +230,18 @@ class RunningBroker(Broker):
 WAIT_S = 15
 
 
+def publish_twelve_body_bytes_and_hold_three(channel, queue):
+    """Publishes bodies of 3, 5 and 4 bytes (with a 50-byte header, which byte counts leave out)
+    with confirms, and fetches the first unacked: 9 body bytes ready, 3 unacked. Returns the
+    fetched message's delivery tag."""
+    channel.confirm_delivery()
+    for body in (b"abc", b"defgh", b"ijkl"):
+        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2, headers={"h": "x" * 50}))
+    method, _, body = channel.basic_get(queue, auto_ack=False)
+    assert body == b"abc"
+    return method.delivery_tag
+
+
 def wait_for(predicate, timeout=WAIT_S):
     """predicate()'s first true value, or its last value after `timeout` seconds. RabbitMQ's API
     shows some fields (consumers, policy, messages, channels) only once its statistics have been

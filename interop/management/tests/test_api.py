@@ -7,7 +7,7 @@ import pika
 import pytest
 import requests
 
-from conftest import WAIT_S, wait_for
+from conftest import WAIT_S, publish_twelve_body_bytes_and_hold_three, wait_for
 
 
 def q(text):
@@ -66,14 +66,10 @@ def test_message_bytes_count_ready_and_unacknowledged_bodies(lepus, names):
     conn = lepus.connect()
     try:
         ch = conn.channel()
-        ch.confirm_delivery()
         for arguments in ({}, {"x-queue-type": "quorum"}):
             queue = names("bytes")
             ch.queue_declare(queue, durable=True, arguments=arguments)
-            for body in (b"abc", b"defgh", b"ijkl"):
-                ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2, headers={"h": "x" * 50}))
-            method, _, body = ch.basic_get(queue, auto_ack=False)
-            assert body == b"abc"
+            delivery_tag = publish_twelve_body_bytes_and_hold_three(ch, queue)
 
             def counted():
                 info = lepus.get("/queues/%2F/" + q(queue)).json()
@@ -83,7 +79,7 @@ def test_message_bytes_count_ready_and_unacknowledged_bodies(lepus, names):
             last = lepus.get("/queues/%2F/" + q(queue)).json()
             assert info, (arguments, {key: value for key, value in last.items() if key.startswith("message")})
             assert (info["message_bytes_ready"], info["message_bytes_unacknowledged"]) == (9, 3), info
-            ch.basic_ack(method.delivery_tag)
+            ch.basic_ack(delivery_tag)
             ch.queue_delete(queue)
     finally:
         conn.close()

@@ -13,7 +13,7 @@ import time
 import pika
 import pytest
 
-from conftest import wait_for
+from conftest import publish_twelve_body_bytes_and_hold_three, wait_for
 
 # The RabbitMQ-Overview dashboard's metric names (the list is kept here, not the dashboard file).
 DASHBOARD_METRICS = [
@@ -312,11 +312,8 @@ def test_queue_metrics_give_each_queues_body_bytes(fresh_lepus, names):
     connection = broker.connect()
     try:
         channel = connection.channel()
-        channel.confirm_delivery()
         channel.queue_declare(queue, durable=True)
-        for body in (b"abc", b"defgh", b"ijkl"):
-            channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
-        method, _, _ = channel.basic_get(queue, auto_ack=False)
+        delivery_tag = publish_twelve_body_bytes_and_hold_three(channel, queue)
 
         def byte_gauges():
             samples = broker.metrics("/detailed", params=[("family", "queue_metrics"), ("vhost", "/")])
@@ -328,7 +325,7 @@ def test_queue_metrics_give_each_queues_body_bytes(fresh_lepus, names):
         assert found, sorted((name, value) for (name, labels), value in
                              broker.metrics("/detailed", params=[("family", "queue_metrics"), ("vhost", "/")]).items()
                              if dict(labels).get("queue") == queue)
-        channel.basic_ack(method.delivery_tag)
+        channel.basic_ack(delivery_tag)
         channel.queue_delete(queue)
     finally:
         connection.close()

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use queue_core::{DeadLetterReason, Reply};
 use replication::command::{QueueCommand, QueueId};
 use replication::state_machine::CommandResult;
-use replication::state_machine::HeldDeadLetters;
+use replication::state_machine::{HeldDeadLetters, QueueStateMachine};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -666,8 +666,10 @@ impl QuorumQueue {
         self.local.lock().consumers.remove(&consumer).map(|entry| entry.handle)
     }
 
-    /// Publishes the figures of the queue's core after a commit.
-    pub(crate) fn update_figures(&self, core: &queue_core::QueueCore<replication::command::Body>, held: Option<&HeldDeadLetters>) {
+    /// Publishes the figures of its queue `id` in `machine` after a commit (none if it is gone).
+    pub(crate) fn update_figures(&self, machine: &QueueStateMachine, id: QueueId) {
+        let Some(core) = machine.queue(id) else { return };
+        let held = machine.held_dead_letters(id);
         let messages = core.messages();
         let stats = core.stats();
         let figures = &self.figures;

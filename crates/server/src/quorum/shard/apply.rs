@@ -33,8 +33,9 @@ impl ShardWorker {
             }
         }
         for id in touched {
-            let (Some(queue), Some(core)) = (self.queue(id), self.node.machine().queue(id)) else { continue };
-            queue.update_figures(core, self.node.machine().held_dead_letters(id));
+            if let Some(queue) = self.queue(id) {
+                queue.update_figures(self.node.machine(), id);
+            }
         }
         for (sequence, result) in self.batcher.confirm(&outcomes) {
             self.progress_at_tick = self.ticks;
@@ -116,6 +117,13 @@ impl ShardWorker {
         }
     }
 
+    /// This node's `queue` is the machine's queue `id`: found by its commands' outcomes from now on.
+    pub(super) fn bind(&mut self, queue: &Arc<QuorumQueue>, id: QueueId) {
+        queue.set_id(id);
+        self.queues.insert(id, Arc::downgrade(queue));
+        queue.update_figures(self.node.machine(), id);
+    }
+
     /// This node's queue with machine id `id`, if it has one.
     pub(super) fn queue(&self, id: QueueId) -> Option<Arc<QuorumQueue>> {
         self.queues.get(&id).and_then(|queue| queue.upgrade())
@@ -137,13 +145,7 @@ impl ShardWorker {
         }
         let Some(Proposed { queue, waiter, .. }) = self.proposed.pop_front() else { return };
         match result {
-            CommandResult::Declared { queue: id } => {
-                queue.set_id(id);
-                self.queues.insert(id, Arc::downgrade(&queue));
-                if let Some(core) = self.node.machine().queue(id) {
-                    queue.update_figures(core, self.node.machine().held_dead_letters(id));
-                }
-            }
+            CommandResult::Declared { queue: id } => self.bind(&queue, id),
             CommandResult::Superseded => {
                 // This node applied the declaration late: the name was deleted and declared again
                 // since. Its commands parked for the id (the deletion) now name no queue.

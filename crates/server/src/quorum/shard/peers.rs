@@ -6,7 +6,6 @@ use super::{Proposed, ShardWorker, Submission, Waiter, BATCH_BYTES_MAX, UNCONFIR
 use replication::batcher::Batcher;
 use replication::command::QueueCommand;
 use replication::Message;
-use std::sync::Arc;
 
 impl ShardWorker {
     /// A Raft message from a peer: stepped once it passed the node's checks (raft-rs panics on
@@ -120,13 +119,7 @@ impl ShardWorker {
                     continue;
                 }
                 match self.node.machine().queue_by_name(queue.name_key()).filter(|(_, incarnation)| queue.is_incarnation(*incarnation)) {
-                    Some((id, _)) => {
-                        queue.set_id(id);
-                        self.queues.insert(id, Arc::downgrade(&queue));
-                        if let Some(core) = self.node.machine().queue(id) {
-                            queue.update_figures(core, self.node.machine().held_dead_letters(id));
-                        }
-                    }
+                    Some((id, _)) => self.bind(&queue, id),
                     None => {
                         // Or the shard holds an earlier incarnation of the name, whose deletion did
                         // not commit: the declaration replaces it.
