@@ -448,7 +448,12 @@ test('policies: add one, see it on the matching queue, edit it, refuse bad defin
   await shot('policies-refused');
 
   // Edit fills the form from the row; a new priority and definition are saved.
-  await page.click(`button[data-edit-policy="/ ${policy}"]`);
+  // The list re-renders its rows on every refresh: a click that lands while the row is replaced
+  // is lost (CI saw the form still holding the refused name), so click until the form is filled.
+  await waitFor('Edit to fill the form from the row', async () => {
+    await page.click(`button[data-edit-policy="/ ${policy}"]`);
+    return (await page.inputValue('#policy-form [name=name]')) === policy;
+  });
   assert.equal(await page.inputValue('#policy-form [name=name]'), policy);
   assert.deepEqual(JSON.parse(await page.inputValue('#policy-form [name=definition]')), saved.definition);
   await page.fill('#policy-form [name=priority]', '7');
