@@ -1,11 +1,18 @@
-//! Quarantine: damage a page-in finds in a segment that recovery did not read.
+//! Quarantine: damage with intact records after it, stepped over instead of ending a read.
+//!
+//! Recovery, reading a segment, steps over damage to the next record that checks
+//! ([`find_next_record`]), copies the bad bytes aside, reports them, and writes a quarantined
+//! record's header over them ([`crate::record::KIND_QUARANTINED`]) so later reads step over them
+//! as over any record that is not a publish. A page-in does the same in segments recovery did not
+//! read, without writing:
 //!
 //! A start trusts a sealed segment's summary in the index without reading the segment (so a
 //! 10 GB backlog starts in the time it takes to read its newest segment and the index, issue 17
 //! item 6), so a flipped bit in such a segment is found when a queue's page-in reads the record,
 //! which checks every record's checksum. A quarantining cursor ([`crate::queue_log::TailCursor::quarantining`])
-//! then steps over the bad bytes instead of failing the read: over the one bad record when its
-//! length still leads to a record that checks, else over the rest of the segment. The positions
+//! then steps over the bad bytes instead of failing the read, to the next record that checks
+//! (where the bad record's length leads, else the first offset where one does), else over the
+//! rest of the segment. The positions
 //! the bad range held are those between the last publish read before it and the first read after
 //! it (a segment's publishes are in position order), of which the ones the queue still counted
 //! (recovery's live positions) are lost. The queue drops them from its counts and settles them in
@@ -15,7 +22,7 @@
 
 use crate::file_system::{FileSystem, OpenMode, StorageFile};
 use crate::range_set::RangeSet;
-use crate::record::{RecordHeader, LENGTH_AND_CHECKSUM_BYTES, RECORD_HEADER_BYTES};
+use crate::record::{self, RecordHeader, LENGTH_AND_CHECKSUM_BYTES, RECORD_HEADER_BYTES};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -67,7 +74,7 @@ impl Quarantined {
         tracing::error!(
             queue, file = %self.path.display(), offset = self.offsets.start, resumed_at = self.offsets.end, reason = %self.reason,
             lost = self.count(), first_lost, last_lost, positions = %positions.join(","), set_aside = %set_aside,
-            "damaged records in a segment recovery did not read: quarantined, the rest of the queue is served"
+            "damaged records quarantined (set aside and stepped over): the intact records around them are served"
         );
         copied.ok().map(|()| copy)
     }
@@ -87,33 +94,85 @@ fn copy_range(file_system: &dyn FileSystem, from: &Path, to: &Path, offsets: Ran
 }
 
 /// Where reading resumes after a record at `offset` failed: right after it when its `header`'s
-/// length is plausible and leads to the segment's valid end or to a record that checks with
-/// `seed`, else at `valid_bytes` (the rest of the segment is set aside).
-pub(crate) fn resume_after(file: Option<&dyn StorageFile>, seed: u32, offset: u64, header: Option<&RecordHeader>, valid_bytes: u64) -> u64 {
-    let (Some(file), Some(header)) = (file, header) else { return valid_bytes };
-    if header.payload_bytes().is_none() {
-        return valid_bytes;
+/// length leads to the segment's valid end or to a record that checks with `seed`, else at the
+/// next intact record [`find_next_record`] finds before `valid_bytes` (a damaged length loses one
+/// record, not the rest of the segment), else at `valid_bytes`. `positions` are those the
+/// segment's records may carry.
+pub(crate) fn resume_after(
+    file: &dyn StorageFile,
+    seed: u32,
+    offset: u64,
+    header: Option<&RecordHeader>,
+    valid_bytes: u64,
+    positions: Range<u64>,
+) -> u64 {
+    if let Some(next) = header.filter(|header| header.payload_bytes().is_some()).map(|header| offset.saturating_add(header.record_bytes()))
+    {
+        if next == valid_bytes || record_checks_at(file, seed, next, valid_bytes) {
+            return next;
+        }
     }
-    let next = offset.saturating_add(header.record_bytes());
-    if next >= valid_bytes {
-        return valid_bytes;
-    }
+    let plausible = |header: &RecordHeader| record::could_follow_in_segment(header, &positions);
+    find_next_record(file, seed, offset.saturating_add(1), valid_bytes, plausible).unwrap_or(valid_bytes)
+}
+
+/// Whether a whole record that checks with `seed` starts at `offset` and ends by `end`.
+fn record_checks_at(file: &dyn StorageFile, seed: u32, offset: u64, end: u64) -> bool {
     let mut head = [0u8; RECORD_HEADER_BYTES];
-    if next + RECORD_HEADER_BYTES as u64 > valid_bytes || file.read_exact_at(&mut head, next).is_err() {
-        return valid_bytes;
+    if offset.saturating_add(RECORD_HEADER_BYTES as u64) > end || file.read_exact_at(&mut head, offset).is_err() {
+        return false;
     }
-    let Some(next_header) = RecordHeader::decode(&head) else { return valid_bytes };
-    if next_header.payload_bytes().is_none() || next + next_header.record_bytes() > valid_bytes {
-        return valid_bytes;
+    let Some(header) = RecordHeader::decode(&head) else { return false };
+    if header.payload_bytes().is_none() || offset.saturating_add(header.record_bytes()) > end {
+        return false;
     }
-    let mut covered = vec![0u8; next_header.length];
-    if file.read_exact_at(&mut covered, next + LENGTH_AND_CHECKSUM_BYTES as u64).is_err() {
-        return valid_bytes;
+    let mut covered = vec![0u8; header.length];
+    file.read_exact_at(&mut covered, offset + LENGTH_AND_CHECKSUM_BYTES as u64).is_ok() && header.checksum_matches(seed, &covered)
+}
+
+/// Bytes read at a time while looking for the next intact record after damage.
+const RESYNC_CHUNK_BYTES: usize = 256 * 1024;
+
+/// The offset of the first intact record at or after `from` that ends by `end` (or the file's
+/// end, if shorter): a record whose header `plausible` accepts (its kind and position could be
+/// this segment's) and whose checksum holds under the segment's `seed`, which no record of
+/// another life or file carries. Every offset is tried, so a damaged length costs one read of
+/// the rest of the segment instead of its records; a checksum is computed only for headers
+/// `plausible` accepts. `None` when no record checks or the file cannot be read.
+pub(crate) fn find_next_record(
+    file: &dyn StorageFile,
+    seed: u32,
+    from: u64,
+    end: u64,
+    plausible: impl Fn(&RecordHeader) -> bool,
+) -> Option<u64> {
+    let end = end.min(file.len().ok()?);
+    let mut chunk_start = from;
+    let mut chunk = Vec::new();
+    while chunk_start.saturating_add(RECORD_HEADER_BYTES as u64) <= end {
+        let chunk_bytes = usize::try_from(end - chunk_start).unwrap_or(usize::MAX).min(RESYNC_CHUNK_BYTES);
+        chunk.resize(chunk_bytes, 0);
+        file.read_exact_at(&mut chunk, chunk_start).ok()?;
+        for at in 0..=chunk_bytes - RECORD_HEADER_BYTES {
+            let Some(header) = RecordHeader::decode(&chunk[at..]) else { break };
+            let offset = chunk_start + at as u64;
+            if header.payload_bytes().is_none() || offset.saturating_add(header.record_bytes()) > end || !plausible(&header) {
+                continue;
+            }
+            let covered_at = at + LENGTH_AND_CHECKSUM_BYTES;
+            let checks = match chunk.get(covered_at..covered_at + header.length) {
+                Some(covered) => header.checksum_matches(seed, covered),
+                None => record_checks_at(file, seed, offset, end),
+            };
+            if checks {
+                return Some(offset);
+            }
+        }
+        // The next chunk overlaps this one by a header's bytes less one, so a header across
+        // the boundary is tried too.
+        chunk_start += (chunk_bytes - RECORD_HEADER_BYTES + 1) as u64;
     }
-    match next_header.checksum_matches(seed, &covered) {
-        true => next,
-        false => valid_bytes,
-    }
+    None
 }
 
 /// A quarantining cursor's state: the bad ranges found, the one whose lost positions are not

@@ -70,15 +70,18 @@ fn a_damaged_summarised_segment_is_not_read_at_start_and_its_bad_records_are_qua
     assert!(files.len() >= 10, "{} segments", files.len());
     assert!(std::fs::metadata(directory.join(INDEX_FILE_NAME)).is_ok_and(|meta| meta.len() > 0), "no index");
     // A flipped body byte in one record of segment 3 (the next record still checks: only that
-    // record is lost) and a flipped length in segment 6 (the rest of that segment is lost).
+    // record is lost) and a flipped length in segment 6 (the length leads nowhere: reading
+    // resumes at the next record that checks, so only that record is lost too).
     let in_three = publishes(&files[3]);
     let (body_offset, body_position) = *in_three.iter().find(|(_, position)| position % 5 != 0).expect("a live publish");
     let next_offset = in_three.iter().find(|(offset, _)| *offset > body_offset).expect("a later publish").0;
     flip_byte(&files[3], next_offset - 1);
     let in_six = publishes(&files[6]);
-    let (length_offset, length_position) = in_six[1];
+    // A live publish with another after it in the segment.
+    let victim = (1..in_six.len() - 1).find(|index| !in_six[*index].1.is_multiple_of(5)).expect("a live publish");
+    let (length_offset, length_position) = in_six[victim];
     flip_byte(&files[6], length_offset + 1);
-    let six_end = publishes(&files[7])[0].1;
+    let after_length_position = in_six[victim + 1].1;
 
     let (mut log, recovery) = QueueLog::open(&directory, SEGMENT_BYTES).expect("reopen");
     assert!(recovery.truncated.is_empty() && recovery.unsealed.is_empty(), "a start that read the damage: {recovery:?}");
@@ -90,7 +93,8 @@ fn a_damaged_summarised_segment_is_not_read_at_start_and_its_bad_records_are_qua
 
     let mut cursor = log.recovered_tail(&recovery).quarantining();
     let got = read_all(&mut log, &mut cursor).expect("a quarantining read steps over damage");
-    let lost_in_six: Vec<u64> = live.iter().copied().filter(|p| (length_position..six_end).contains(p)).collect();
+    let lost_in_six: Vec<u64> = live.iter().copied().filter(|p| (length_position..after_length_position).contains(p)).collect();
+    assert_eq!(lost_in_six, vec![length_position], "the record whose length was hit is live");
     let expected: Vec<u64> = live.iter().copied().filter(|p| *p != body_position && !lost_in_six.contains(p)).collect();
     assert_eq!(got, expected, "every intact record served, in order");
     let quarantined = cursor.take_quarantined();

@@ -23,8 +23,10 @@
 //! segment's valid length in memory, an older segment's seal records it, and recovery finds the
 //! end of the newest segment by scanning to the first zero length (every write is followed by
 //! zeros). Bytes a recycled file holds from its previous life fail their checksum in the new one
-//! and are never replayed. A torn or corrupt record, an older segment without its seal, or a term
-//! lower than its predecessor's ends that segment's replay and is reported with file and offset.
+//! and are never replayed. A torn or corrupt record with an intact record of the segment after it
+//! is quarantined (see crate::quarantine) and replay goes on after it; one with none after it, an
+//! older segment without its seal, or a term lower than its predecessor's ends that segment's
+//! replay and is reported with file and offset.
 
 use crate::file_cache::{FileCache, FileHandle};
 use crate::file_system::{FileSystem, OpenMode, SequentialReader, SharedFileSystem, StorageFile};
@@ -32,7 +34,7 @@ use crate::janitor::{self, SharedSpares, SparePool, PREPARING_SUFFIX, SPARE_SUFF
 use crate::quarantine::{self, QuarantineWatch, Quarantined, QUARANTINED_SUFFIX};
 use crate::range_set::RangeSet;
 use crate::record::{
-    self, RecordHeader, SegmentIdentity, HEADER_SEED, KIND_DELIVERED, KIND_PUBLISH, KIND_PUBLISH_TRANSIENT, KIND_SEALED,
+    self, RecordHeader, SegmentIdentity, HEADER_SEED, KIND_DELIVERED, KIND_PUBLISH, KIND_PUBLISH_TRANSIENT, KIND_QUARANTINED, KIND_SEALED,
     KIND_SEGMENT_HEADER, KIND_SETTLED, LENGTH_AND_CHECKSUM_BYTES, RECORD_FIXED_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_RECORD_BYTES,
     TERMINATOR_BYTES,
 };
@@ -91,6 +93,10 @@ pub struct Recovery {
     /// Older segments that end cleanly but without their seal: the write holding the seal never
     /// reached the disk (a crash or power cut right after the segment rolled).
     pub unsealed: Vec<UnsealedSegment>,
+    /// Damage in segments recovery read that it stepped over to the intact records after it:
+    /// set aside, reported, and made a quarantined record on disk so every later read walks
+    /// past it (see [`crate::quarantine`]).
+    pub quarantined: Vec<Quarantined>,
     /// Recovery wrote seals it did not sync ([`QueueLog::open_without_syncing_seals`]): the
     /// caller syncs the file system before the log is used.
     pub seals_unsynced: bool,
@@ -318,7 +324,7 @@ impl TailRead {
                 let detail = format!("the file ends before its valid records do ({error}) at offset {}", cursor.at.offset);
                 match error.kind() {
                     std::io::ErrorKind::UnexpectedEof => {
-                        self.step_over(cursor, index, None, None, detail)?;
+                        self.step_over(cursor, index, None, detail)?;
                         continue 'segments;
                     }
                     _ => return Err(StorageError::io(&path, error)),
@@ -331,13 +337,13 @@ impl TailRead {
                 let Some(header) = RecordHeader::decode(&chunk[consumed..]) else {
                     if consumed == 0 {
                         let detail = format!("record header runs past the valid end at offset {offset}");
-                        self.step_over(cursor, index, None, None, detail)?;
+                        self.step_over(cursor, index, None, detail)?;
                         continue 'segments;
                     }
                     break;
                 };
                 if header.payload_bytes().is_none() || offset + header.record_bytes() > valid_bytes {
-                    self.step_over(cursor, index, None, None, format!("bad record length at offset {offset}"))?;
+                    self.step_over(cursor, index, None, format!("bad record length at offset {offset}"))?;
                     continue 'segments;
                 }
                 let record_bytes = header.record_bytes() as usize;
@@ -350,7 +356,7 @@ impl TailRead {
                         if error.kind() != std::io::ErrorKind::UnexpectedEof {
                             return Err(StorageError::io(&path, error));
                         }
-                        self.step_over(cursor, index, None, None, format!("the file ends inside the record at offset {offset}"))?;
+                        self.step_over(cursor, index, None, format!("the file ends inside the record at offset {offset}"))?;
                         continue 'segments;
                     }
                     Bytes::from(whole)
@@ -360,7 +366,7 @@ impl TailRead {
                 // The segment header, at offset 0, is checksummed without the identity it announces.
                 let record_seed = if offset == 0 { HEADER_SEED } else { seed };
                 if !header.checksum_matches(record_seed, &covered) {
-                    self.step_over(cursor, index, Some(&*file), Some(&header), format!("checksum mismatch at offset {offset}"))?;
+                    self.step_over(cursor, index, Some(&header), format!("checksum mismatch at offset {offset}"))?;
                     continue 'segments;
                 }
                 let location = cursor.at;
@@ -402,23 +408,21 @@ impl TailRead {
 
     /// Damage at the cursor in segment `index` (`detail` says what and where): an error, unless
     /// the cursor is quarantining. Then the bad range is noted with the positions it may have
-    /// held, and the cursor moves past it: past the bad record when `header`'s length leads to a
-    /// record that checks in `file`, else to the segment's valid end.
-    fn step_over(
-        &self,
-        cursor: &mut TailCursor,
-        index: usize,
-        file: Option<&dyn StorageFile>,
-        header: Option<&RecordHeader>,
-        detail: String,
-    ) -> Result<(), StorageError> {
+    /// held, and the cursor moves past it: to the next intact record (see
+    /// [`quarantine::resume_after`]), else to the segment's valid end.
+    fn step_over(&self, cursor: &mut TailCursor, index: usize, header: Option<&RecordHeader>, detail: String) -> Result<(), StorageError> {
         let segment = &self.segments[index];
         let Some(watch) = cursor.quarantine.as_mut() else {
             return Err(StorageError::Corrupt { path: segment.path.display().to_string(), detail });
         };
         let offset = cursor.at.offset;
-        let resume = quarantine::resume_after(file, segment.seed, offset, header, segment.valid_bytes);
         let segment_end = self.segments.get(index + 1).map_or(u64::MAX, |next| next.first_position);
+        let file = self
+            .cache
+            .with_a_descriptor(|| self.cache.file_system().open(&segment.path, OpenMode::Read))
+            .map_err(|error| StorageError::io(&segment.path, error))?;
+        let positions = segment.first_position..segment_end;
+        let resume = quarantine::resume_after(&*file, segment.seed, offset, header, segment.valid_bytes, positions);
         let (recovered, floor, location) = (&cursor.recovered, cursor.floor, cursor.at);
         let candidates = |from: u64| match recovered {
             Some((live, end)) if location < *end => {
@@ -929,6 +933,48 @@ struct SealAt {
     term: u64,
 }
 
+/// The segment a scan stepped over damage in.
+struct SkippedIn<'a> {
+    path: &'a Path,
+    first_position: u64,
+    seed: u32,
+    next_first_position: u64,
+}
+
+/// Sets `skipped` aside (a copy of its bytes), reports it, and writes a quarantined record's
+/// header over its first bytes, synced, so the segment reads as intact records around one that
+/// every reader steps over. The positions it names are those its publishes may have had.
+fn quarantine_skipped(
+    file_system: &dyn FileSystem,
+    directory: &Path,
+    segment: &SkippedIn,
+    skipped: &SkippedDamage,
+) -> Result<Quarantined, StorageError> {
+    let io = |error: std::io::Error| StorageError::io(segment.path, error);
+    let lost_to = skipped.lost_to.unwrap_or(segment.next_first_position).max(skipped.lost_from);
+    let mut positions = RangeSet::new();
+    positions.insert_range(skipped.lost_from, lost_to);
+    let bad = Quarantined {
+        path: segment.path.to_path_buf(),
+        segment: segment.first_position,
+        offsets: skipped.offsets.clone(),
+        reason: skipped.reason.clone(),
+        positions,
+        exact: false,
+    };
+    let queue = directory.file_name().unwrap_or_default().to_string_lossy();
+    bad.set_aside_and_report(file_system, &queue);
+    let file = open_segment_file(file_system, segment.path)?;
+    let mut damaged = vec![0u8; usize::try_from(skipped.offsets.end - skipped.offsets.start).unwrap_or(0)];
+    file.read_exact_at(&mut damaged, skipped.offsets.start).map_err(io)?;
+    let header = record::quarantined_header(segment.seed, skipped.term, skipped.lost_from, &damaged).ok_or_else(|| {
+        StorageError::Corrupt { path: segment.path.display().to_string(), detail: "damage too short to quarantine".to_string() }
+    })?;
+    file.write_all_at(&header, skipped.offsets.start).map_err(io)?;
+    file.sync_data().map_err(io)?;
+    Ok(bad)
+}
+
 /// Describes an older segment that ends cleanly without its seal: what was lost is the write
 /// that held the seal, and the publishes in it are the positions between the segment's last
 /// valid publish and the next segment's first position (each segment is named after it).
@@ -1033,6 +1079,12 @@ impl QueueLog {
         let mut to_index = Vec::new();
         for (index, (first_position, path, scan)) in scans.into_iter().enumerate() {
             let is_last = index + 1 == count;
+            if let (Some(identity), false) = (scan.identity, scan.skipped.is_empty()) {
+                let segment = SkippedIn { path: &path, first_position, seed: identity.seed(), next_first_position: next_names[index] };
+                for skipped in &scan.skipped {
+                    recovery.quarantined.push(quarantine_skipped(&*file_system, directory, &segment, skipped)?);
+                }
+            }
             if let Some((offset, reason)) = &scan.damage {
                 tracing::error!(file = %path.display(), offset, %reason, "torn or corrupt record: the segment's replay ends here, records after it are lost");
                 recovery.truncated.push((path.clone(), *offset));
@@ -1701,6 +1753,23 @@ struct SegmentScan {
     summary: SummaryBuilder,
     /// Set when the segment was not read: its summary in the index said what it does.
     indexed_seed: Option<u32>,
+    /// Damage the scan stepped over to an intact record after it, oldest first.
+    skipped: Vec<SkippedDamage>,
+}
+
+/// Bad bytes a scan stepped over because an intact record follows them: recovery sets them
+/// aside and makes them one quarantined record (see [`record::KIND_QUARANTINED`]).
+#[derive(Debug)]
+struct SkippedDamage {
+    /// From the first bad record to the intact one after it.
+    offsets: std::ops::Range<u64>,
+    reason: String,
+    /// The log's term before the damage: the quarantined record's.
+    term: u64,
+    /// The positions its publishes may have had: after the last publish read before it...
+    lost_from: u64,
+    /// ...up to the first publish read after it (`None`: up to the next segment's first).
+    lost_to: Option<u64>,
 }
 
 enum Scanned {
@@ -1764,6 +1833,7 @@ fn scan_segment(path: &Path, file: &dyn StorageFile, first_position: u64, replay
         header_term: replayed.last_term,
         summary: SummaryBuilder::default(),
         indexed_seed: None,
+        skipped: Vec::new(),
     };
     let nonce = match read_record(&mut reader, HEADER_SEED, 0, file_bytes).map_err(io)? {
         Scanned::End => return Ok(scan),
@@ -1807,8 +1877,23 @@ fn scan_segment(path: &Path, file: &dyn StorageFile, first_position: u64, replay
         let (header, covered) = match read_record(&mut reader, seed, offset, file_bytes).map_err(io)? {
             Scanned::End => break,
             Scanned::Damaged(reason) => {
-                scan.damage = Some((offset, reason));
-                break;
+                // Intact records after the damage are served, not cut off with it.
+                let term = replayed.last_term;
+                let positions = first_position..u64::MAX;
+                let plausible = |header: &RecordHeader| header.term >= term && record::could_follow_in_segment(header, &positions);
+                match quarantine::find_next_record(file, seed, offset + 1, file_bytes, plausible) {
+                    Some(resume) if resume - offset >= RECORD_HEADER_BYTES as u64 => {
+                        let lost_from = scan.last_publish_position.map_or(first_position, |position| position.saturating_add(1));
+                        scan.skipped.push(SkippedDamage { offsets: offset..resume, reason, term, lost_from, lost_to: None });
+                        reader = BufReader::with_capacity(buffer_bytes, SequentialReader::new(file, resume));
+                        scan.end = resume;
+                        continue;
+                    }
+                    _ => {
+                        scan.damage = Some((offset, reason));
+                        break;
+                    }
+                }
             }
             Scanned::Record(header, covered) => (header, covered),
         };
@@ -1827,6 +1912,9 @@ fn scan_segment(path: &Path, file: &dyn StorageFile, first_position: u64, replay
                 }
                 replayed.next_position = replayed.next_position.max(position.saturating_add(1));
                 scan.last_publish_position = scan.last_publish_position.max(Some(position));
+                if let Some(skipped) = scan.skipped.last_mut().filter(|skipped| skipped.lost_to.is_none()) {
+                    skipped.lost_to = Some(position.max(skipped.lost_from));
+                }
                 scan.summary.publish(position, header.kind == KIND_PUBLISH);
                 if header.kind == KIND_PUBLISH {
                     replayed.live.insert(position);
@@ -1853,6 +1941,7 @@ fn scan_segment(path: &Path, file: &dyn StorageFile, first_position: u64, replay
                 scan.end = offset + header.record_bytes();
                 break;
             }
+            KIND_QUARANTINED => {}
             other => {
                 scan.damage = Some((offset, format!("unexpected record kind {other}")));
                 break;
@@ -1888,6 +1977,7 @@ fn replay_indexed(entry: &SegmentSummary, replayed: &mut Replayed) -> SegmentSca
         header_term: entry.segment.header_term,
         summary: SummaryBuilder::default(),
         indexed_seed: Some(entry.segment.seed),
+        skipped: Vec::new(),
     }
 }
 
@@ -2274,13 +2364,24 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_flipped_byte_in_the_valid_part_of_a_recycled_segment_is_reported_with_file_and_offset() {
+    fn a_flipped_byte_in_the_valid_part_of_a_recycled_segment_is_quarantined_and_the_records_after_it_served() {
         let (directory, path, small, _) = recycled_log("recycled-flip");
         // The last byte of the first small record's body.
         flip_byte(&path, small[1].offset - 1);
         let (mut log, recovery) = QueueLog::open(&directory, 4096).expect("reopen");
-        assert_eq!(recovery.truncated, vec![(path, small[0].offset)]);
-        assert_eq!(positions(&mut log, &recovery), vec![3, 4, 5]);
+        assert!(recovery.truncated.is_empty(), "{:?}", recovery.truncated);
+        let quarantined: Vec<_> = recovery.quarantined.iter().map(|bad| (bad.path.clone(), bad.offsets.clone())).collect();
+        assert_eq!(quarantined, vec![(path.clone(), small[0].offset..small[1].offset)]);
+        assert_eq!(recovery.quarantined[0].positions.ranges().collect::<Vec<_>>(), vec![(6, 7)]);
+        // Position 7 follows the damage and is served; the old life's records after the new end
+        // (positions 1 and 2) are not.
+        assert_eq!(positions(&mut log, &recovery), vec![3, 4, 5, 7]);
+        drop(log);
+        janitor::wait_idle();
+        // The damage was made a quarantined record: the next start reads past it and reports nothing.
+        let (mut log, recovery) = QueueLog::open(&directory, 4096).expect("reopen again");
+        assert!(recovery.truncated.is_empty() && recovery.unsealed.is_empty() && recovery.quarantined.is_empty(), "{recovery:?}");
+        assert_eq!(positions(&mut log, &recovery), vec![3, 4, 5, 7]);
     }
 
     /// A log of `segments` sealed segments of 20 messages each, acked in part, stopped cleanly
@@ -2708,9 +2809,15 @@ pub(crate) mod tests {
 
         #[derive(Debug, Clone)]
         enum Kind {
-            Publish { body: Bytes, persistent: bool },
+            Publish {
+                body: Bytes,
+                persistent: bool,
+            },
             Delivered,
             Settled,
+            /// A damaged record recovery stepped over and made a quarantined record: its bytes
+            /// are still a record of the segment, and say nothing.
+            Quarantined,
         }
 
         /// A record the test appended: where it went, in which life of the log (a restart starts
@@ -2755,6 +2862,7 @@ pub(crate) mod tests {
                         Kind::Settled => {
                             live.remove(&record.position);
                         }
+                        Kind::Quarantined => {}
                     }
                 }
                 live
@@ -2786,6 +2894,27 @@ pub(crate) mod tests {
                         DAMAGE_LOST_TOTAL.fetch_add(1, Ordering::Relaxed);
                     }
                 }
+            }
+
+            /// Damage at byte `at` of `segment`, whose record starts at `start`: recovery steps
+            /// over that record to the next intact one (only it is lost, and it stays in the
+            /// file as a quarantined record) when one follows it, a record the test appended or
+            /// the seal at `seal_at`; else, or when the segment header is hit or the record's
+            /// length now reads zero (a normal end), replay ends there. Returns whether it was
+            /// stepped over.
+            fn lose_damaged(&mut self, segment: u64, at: u64, start: u64, seal_at: Option<u64>, zero_length: bool) -> bool {
+                let intact = |record: &&mut ModelRecord| record.segment == segment && !record.lost;
+                let followed =
+                    self.records.iter_mut().filter(intact).any(|record| record.offset > start) || seal_at.is_some_and(|seal| seal > start);
+                if start < SEGMENT_HEADER_RECORD_BYTES || zero_length || !followed {
+                    self.lose_in_segment_from(segment, at);
+                    return false;
+                }
+                for record in self.records.iter_mut().filter(intact).filter(|record| record.offset == start) {
+                    record.kind = Kind::Quarantined;
+                    DAMAGE_LOST_TOTAL.fetch_add(1, Ordering::Relaxed);
+                }
+                true
             }
 
             /// Where the record holding byte `at` of `segment` starts: the header, a record the
@@ -2820,6 +2949,8 @@ pub(crate) mod tests {
             Exactly(PathBuf, u64),
             /// This, or nothing (a newest segment cut at a record boundary looks like its end).
             AtMost(PathBuf, u64),
+            /// Damage stepped over: this segment's record at this offset quarantined.
+            Quarantined(PathBuf, u64),
         }
 
         /// Reopens the log and checks recovery against the model: exactly the persistent records
@@ -2838,9 +2969,17 @@ pub(crate) mod tests {
                 live.iter().map(|(position, (body, _, delivered))| (*position, body.clone(), *delivered)).collect();
             // A flipped length byte that reads zero ends a segment as cleanly as a lost seal.
             let ends = reported_ends(&recovery);
+            let quarantined: Vec<(PathBuf, u64)> = recovery.quarantined.iter().map(|bad| (bad.path.clone(), bad.offsets.start)).collect();
+            if !matches!(reported, Reported::Quarantined(..)) {
+                prop_assert!(quarantined.is_empty(), "damage stepped over that was not there: {:?}", quarantined);
+            }
             match reported {
                 Reported::Nothing => {
                     prop_assert!(ends.is_empty(), "a normal end reported as damage: {:?}", ends)
+                }
+                Reported::Quarantined(path, offset) => {
+                    prop_assert!(ends.is_empty(), "damage with intact records after it ended the replay: {:?}", ends);
+                    prop_assert_eq!(&quarantined, &vec![(path, offset)]);
                 }
                 Reported::Exactly(path, offset) => prop_assert_eq!(&ends, &vec![(path, offset)]),
                 Reported::AtMost(path, offset) => {
@@ -2942,8 +3081,12 @@ pub(crate) mod tests {
                     let at = offset % data_end;
                     flip_byte(&path, at);
                     let start = model.record_start(segment, at, seal_at);
-                    model.lose_in_segment_from(segment, at);
-                    Reported::Exactly(path, start)
+                    let mut length = [0u8; 4];
+                    std::fs::File::open(&path).expect("open").read_exact_at(&mut length, start).expect("read");
+                    match model.lose_damaged(segment, at, start, seal_at, length == [0u8; 4]) {
+                        true => Reported::Quarantined(path, start),
+                        false => Reported::Exactly(path, start),
+                    }
                 }
                 _ => Reported::Nothing,
             }

@@ -32,6 +32,42 @@ pub(crate) const KIND_SEALED: u8 = 4;
 pub(crate) const KIND_PUBLISH_TRANSIENT: u8 = 5;
 /// The first record of every segment: payload `format_version u8 | nonce u64`.
 pub(crate) const KIND_SEGMENT_HEADER: u8 = 6;
+/// Damaged bytes recovery stepped over, made into one record so every later reader walks past
+/// them: its header is written over the first bytes of the damage, its payload is the rest of
+/// the damage as found (a copy is set aside, see crate::quarantine). Its position means nothing.
+pub(crate) const KIND_QUARANTINED: u8 = 7;
+
+/// Whether `header` could be a record after the header of the segment whose publishes have
+/// positions in `positions` (from its first position up to the next segment's): what a search
+/// for the next intact record after damage may land on. Deliveries and settles may name any
+/// earlier position; a seal names the next segment's first.
+pub(crate) fn could_follow_in_segment(header: &RecordHeader, positions: &std::ops::Range<u64>) -> bool {
+    match header.kind {
+        KIND_PUBLISH | KIND_PUBLISH_TRANSIENT => positions.contains(&header.position),
+        KIND_DELIVERED | KIND_SETTLED => header.position < positions.end,
+        KIND_SEALED => header.position >= positions.start,
+        KIND_QUARANTINED => true,
+        _ => false,
+    }
+}
+
+/// The header of a [`KIND_QUARANTINED`] record covering `damaged` (the bad bytes from its start
+/// up to the next intact record, at least [`RECORD_HEADER_BYTES`] of them): the bytes to write
+/// over the start of the damage, whose checksum covers the rest of it as it is on disk.
+pub(crate) fn quarantined_header(seed: u32, term: u64, position: u64, damaged: &[u8]) -> Option<[u8; RECORD_HEADER_BYTES]> {
+    let kept = damaged.get(RECORD_HEADER_BYTES..)?;
+    let length = u32::try_from(RECORD_FIXED_BYTES + kept.len()).ok()?;
+    let mut fixed = [0u8; RECORD_FIXED_BYTES];
+    fixed[0] = KIND_QUARANTINED;
+    fixed[1..9].copy_from_slice(&term.to_be_bytes());
+    fixed[9..].copy_from_slice(&position.to_be_bytes());
+    let checksum = crc32c::crc32c_append(crc32c::crc32c_append(seed, &fixed), kept);
+    let mut header = [0u8; RECORD_HEADER_BYTES];
+    header[..4].copy_from_slice(&length.to_be_bytes());
+    header[4..8].copy_from_slice(&checksum.to_be_bytes());
+    header[LENGTH_AND_CHECKSUM_BYTES..].copy_from_slice(&fixed);
+    Some(header)
+}
 
 /// The segment format version, in every segment header. Version 1 (no term, no segment header, no
 /// identity in the checksum) is not readable any more. Data directory format 3
