@@ -476,6 +476,8 @@ fn listener_purpose(protocol: &str) -> &'static str {
         "http" => "HTTP API",
         "https" => "HTTP API over TLS (HTTPS)",
         "http/prometheus" => "Prometheus exporter API over HTTP",
+        "stream" => "stream replication and client protocol",
+        "clustering" => "inter-node and CLI tool communication",
         _ => "AMQP 0-9-1",
     }
 }

@@ -37,9 +37,11 @@ test('logging in shows the overview with totals, node, both alarms and every lis
   await page.waitForSelector('[data-fact="memory_alarm"]');
   assert.match(await page.textContent('[data-fact="memory_alarm"]'), /not raised/);
   const overview = (await api('GET', '/overview')).body;
-  // This broker serves AMQP and the HTTP API, metrics off: both listed, with their ports.
-  assert.deepEqual(overview.listeners.map((l) => [l.protocol, l.port]), [['amqp', broker.amqpPort], ['http', broker.httpPort]]);
+  // This broker serves AMQP, the HTTP API and the stream protocol, metrics off: each listed, with its port.
+  assert.deepEqual(overview.listeners.map((l) => [l.protocol, l.port]),
+    [['amqp', broker.amqpPort], ['http', broker.httpPort], ['stream', broker.streamPort]]);
   assert.match(await page.textContent('[data-listener="http"]'), new RegExp(`:${broker.httpPort}$`));
+  assert.match(await page.textContent('[data-listener="stream"]'), new RegExp(`:${broker.streamPort}$`));
   assert.equal((await page.textContent('[data-fact="name"]')).trim(), overview.node);
   assert.equal((await page.textContent('[data-stat="exchanges"]')).trim(), String(overview.object_totals.exchanges));
   // The cluster view: every node /api/nodes lists, with whether it runs (this node alone here).
@@ -365,7 +367,9 @@ test('vhosts: create one, see its messages, delete it with its queues', async ()
   const created = await waitFor('the API to see the vhost', () => apiGet(`/vhosts/${vhost}`));
   assert.equal(created.description, 'made by the console test');
   assert.deepEqual(created.tags, ['test', 'console']);
-  assert.ok(await apiGet(`/permissions/${vhost}/guest`), 'the creating administrator gets a permission');
+  // The permission is granted after the vhost is created, before the PUT answers (as RabbitMQ's
+  // handler does it): the API can show the vhost a moment before it.
+  assert.ok(await waitFor('the permission', () => apiGet(`/permissions/${vhost}/guest`)), 'the creating administrator gets a permission');
   await waitFor('the list to show the vhost', async () =>
     (await cell('vhosts', vhost, 'description')) === 'made by the console test');
 

@@ -118,11 +118,12 @@ export function useBrokerAndBrowser() {
     assert.ok(binary, 'LEPUS_BIN must be set (run.sh skips without it)');
     fs.mkdirSync(SCREENSHOTS, {recursive: true});
     const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'lepus-console-'));
-    const [amqpPort, httpPort] = [await freePort(), await freePort()];
+    const [amqpPort, httpPort, streamPort] = [await freePort(), await freePort(), await freePort()];
     const log = fs.openSync(path.join(dataDir, '..', `${path.basename(dataDir)}.log`), 'w');
     const child = spawn(binary, ['server', '--data-dir', path.join(dataDir, 'data'), '--amqp-port', String(amqpPort),
-      '--http-port', String(httpPort), '--metrics-port', '0', '--bind', '127.0.0.1'], {stdio: ['ignore', log, log]});
-    broker = {process: child, amqpPort, httpPort, dataDir};
+      '--http-port', String(httpPort), '--metrics-port', '0', '--stream-port', String(streamPort), '--bind', '127.0.0.1'],
+    {stdio: ['ignore', log, log]});
+    broker = {process: child, amqpPort, httpPort, streamPort, dataDir};
     await waitFor('the broker to serve its HTTP API', async () => {
       if (child.exitCode !== null) throw new Error(`lepus exited with ${child.exitCode}`);
       return (await api('GET', '/overview')).status === 200;

@@ -205,6 +205,15 @@ test('the exchange page adds and removes a binding and publishes through it', as
   await page.click('#exchange-publish-form button[type=submit]');
   await page.waitForSelector('#exchange-publish-form .form-error:not([hidden])');
   assert.match(await page.textContent('#exchange-publish-form .form-error'), /not routed/);
+  // The page counts what came in (two publishes) and went out (one routed), with their rates.
+  await waitFor('the messages counted in and out', async () =>
+    (await factText('publish_in')).startsWith('2 (') && (await factText('publish_out')).startsWith('1 ('));
+  assert.match(await factText('publish_in'), /^2 \([\d.,]+\/s\)$/);
+  await open('#/exchanges');
+  await waitFor('the exchange row', async () => /\/s$/.test(await cell('exchanges', exchange, 'rate_in') || ''));
+  assert.match(await cell('exchanges', exchange, 'rate_out'), /^[\d.,]+\/s$/);
+  await open(`#/exchanges/%2F/${exchange}`);
+  await page.waitForSelector('[data-fact="publish_in"]');
   await shot('exchange-page');
 
   // Unbind: the API lists no binding, and a publish no longer reaches the queue.
@@ -232,6 +241,8 @@ test('connection and channel pages show what the API answers, linked from the li
   await waitFor('the connection row', async () => (await cell('connections', expected.name, 'protocol')) === expected.protocol);
   assert.equal(expected.protocol, 'AMQP 0-9-1');
   assert.equal(await cell('connections', expected.name, 'tls'), 'no');
+  assert.match(await cell('connections', expected.name, 'from_client'), /^[\d.,]+ (B|KiB|MiB)\/s$/);
+  assert.match(await cell('connections', expected.name, 'to_client'), /^[\d.,]+ (B|KiB|MiB)\/s$/);
   assert.equal(expected.ssl, false);
   await page.click(`table[data-table="connections"] tr[data-row="${expected.name}"] td[data-col="name"] a`);
   await page.waitForSelector('[data-fact="protocol"]');
@@ -242,6 +253,10 @@ test('connection and channel pages show what the API answers, linked from the li
   assert.equal(await factText('user'), detail.user);
   assert.equal(await factText('peer'), `${detail.peer_host}:${detail.peer_port}`);
   assert.equal(await factText('frame_max'), detail.frame_max.toLocaleString('en-US'));
+  // Bytes received from the client (its handshake at least) and sent to it, with their rates.
+  assert.ok(detail.recv_oct > 0 && detail.send_oct > 0, JSON.stringify(detail));
+  assert.match(await factText('recv_oct'), /^[\d.,]+ (B|KiB) \([\d.,]+ (B|KiB)\/s\)$/);
+  assert.match(await factText('send_oct'), /^[\d.,]+ (B|KiB) \([\d.,]+ (B|KiB)\/s\)$/);
   assert.equal(await factText('client'), [detail.client_properties.product, detail.client_properties.version].filter(Boolean).join(' ') || '–');
   const channels = (await api('GET', `/connections/${encodeURIComponent(expected.name)}/channels`)).body;
   assert.equal(channels.length, 1);

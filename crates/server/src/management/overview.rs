@@ -128,7 +128,8 @@ fn churn_rates(node: &Figures<'_, { node_field::COUNT }>, current: &[u64; node_f
 }
 
 /// Every listener, as RabbitMQ names them: `amqp`, `amqp/ssl` with TLS, `http` (this API),
-/// `https` with TLS, and `http/prometheus` (metrics); a port set to 0 is not listened on.
+/// `https` with TLS, `http/prometheus` (metrics), `stream` (the stream protocol) and `clustering`
+/// (the links between cluster nodes); a port set to 0 is not listened on.
 fn listeners(api: &Api, address: SocketAddr) -> Value {
     let listener =
         |protocol: &str, port: u16| json!({"node": api.node, "protocol": protocol, "ip_address": address.ip().to_string(), "port": port});
@@ -140,6 +141,8 @@ fn listeners(api: &Api, address: SocketAddr) -> Value {
         ("http", config.http_port, true),
         ("https", config.https_port, tls),
         ("http/prometheus", config.metrics_port, true),
+        ("stream", config.stream_port, true),
+        ("clustering", config.cluster.cluster_port, true),
     ];
     let listeners =
         candidates.into_iter().filter(|(_, port, served)| *served && *port != 0).map(|(protocol, port, _)| listener(protocol, port));

@@ -43,6 +43,17 @@ function fmtRate(details) {
   return rate.toLocaleString('en-US', {maximumFractionDigits: 1}) + '/s';
 }
 
+// A byte rate from RabbitMQ's `*_oct_details`.
+function fmtByteRate(details) {
+  const rate = details && typeof details.rate === 'number' ? details.rate : 0;
+  return fmtBytes(rate) + '/s';
+}
+
+// A counted figure with its rate, as the detail pages show `message_stats`: "12 (0.4/s)".
+function fmtCountAndRate(count, details) {
+  return `${fmtNumber(count || 0)} (${fmtRate(details)})`;
+}
+
 function fmtBytes(bytes) {
   if (typeof bytes !== 'number') return '–';
   const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
@@ -781,6 +792,8 @@ function exchangesView() {
     {id: 'vhost', title: 'Vhost', cell: (e) => e.vhost},
     {id: 'type', title: 'Type', cell: (e) => e.type},
     {id: 'features', title: 'Features', cell: (e) => flags(e)},
+    {id: 'rate_in', title: 'Message rate in', num: true, cell: (e) => fmtRate((e.message_stats || {}).publish_in_details)},
+    {id: 'rate_out', title: 'Message rate out', num: true, cell: (e) => fmtRate((e.message_stats || {}).publish_out_details)},
   ], 'No exchanges.');
   const form = h('form', {id: 'declare-exchange', class: 'inline-form', onsubmit: declareExchange},
     h('label', {}, 'Vhost ', vhostSelect()),
@@ -825,6 +838,8 @@ function connectionsView() {
     {id: 'client', title: 'Client', cell: (c) => [(c.client_properties || {}).product, (c.client_properties || {}).version].filter(Boolean).join(' ') || '–'},
     {id: 'state', title: 'State', cell: (c) => h('span', {class: 'badge ' + (c.state === 'running' ? 'ok' : 'alarm')}, c.state)},
     {id: 'channels', title: 'Channels', num: true, cell: (c) => fmtNumber(c.channels)},
+    {id: 'from_client', title: 'From client', num: true, cell: (c) => fmtByteRate(c.recv_oct_details)},
+    {id: 'to_client', title: 'To client', num: true, cell: (c) => fmtByteRate(c.send_oct_details)},
     {id: 'heartbeat', title: 'Heartbeat', num: true, cell: (c) => (c.timeout ? `${c.timeout}s` : 'off')},
     {id: 'connected_at', title: 'Connected at', cell: (c) => fmtTime(c.connected_at)},
     {id: 'close', title: '', cell: (c) => h('button', {type: 'button', class: 'danger small', 'data-close': c.name, onclick: () => closeConnection(c.name)}, 'Close')},

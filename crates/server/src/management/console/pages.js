@@ -118,7 +118,9 @@ function exchangeView(vhost, name) {
         ...fact('Auto-delete', yesNo(exchange.auto_delete), 'auto_delete'),
         ...fact('Internal', yesNo(exchange.internal), 'internal'),
         ...fact('Arguments', JSON.stringify(exchange.arguments || {}), 'arguments'),
-        ...fact('Policy', exchange.policy || 'none', 'policy'));
+        ...fact('Policy', exchange.policy || 'none', 'policy'),
+        ...fact('Messages in', fmtCountAndRate((exchange.message_stats || {}).publish_in, (exchange.message_stats || {}).publish_in_details), 'publish_in'),
+        ...fact('Messages out', fmtCountAndRate((exchange.message_stats || {}).publish_out, (exchange.message_stats || {}).publish_out_details), 'publish_out'));
       const list = await api('GET', path + '/bindings/source');
       bindings.update(list, (b) => `${b.destination_type} ${b.destination} ${b.properties_key}`);
     },
@@ -214,6 +216,8 @@ function connectionView(name) {
         ...fact('Heartbeat', connection.timeout ? `${connection.timeout}s` : 'off', 'timeout'),
         ...fact('Frame max', fmtNumber(connection.frame_max), 'frame_max'),
         ...fact('Channels', fmtNumber(connection.channels), 'channels'),
+        ...fact('From client', `${fmtBytes(connection.recv_oct)} (${fmtByteRate(connection.recv_oct_details)})`, 'recv_oct'),
+        ...fact('To client', `${fmtBytes(connection.send_oct)} (${fmtByteRate(connection.send_oct_details)})`, 'send_oct'),
         ...fact('Connected at', fmtTime(connection.connected_at), 'connected_at'));
       channels.update(await api('GET', path + '/channels'), (c) => c.name);
     },
