@@ -36,6 +36,15 @@ BASIC_PUBLISH = (60, 40)
 BASIC_GET = (60, 70)
 BASIC_GET_OK = (60, 71)
 BASIC_GET_EMPTY = (60, 72)
+BASIC_QOS = (60, 10)
+BASIC_QOS_OK = (60, 11)
+BASIC_CONSUME = (60, 20)
+BASIC_CONSUME_OK = (60, 21)
+BASIC_DELIVER = (60, 60)
+BASIC_ACK = (60, 80)
+BASIC_NACK = (60, 120)
+CONFIRM_SELECT = (85, 10)
+CONFIRM_SELECT_OK = (85, 11)
 
 
 class ConnectionClosedByPeer(Exception):
@@ -273,10 +282,15 @@ class RawClient:
         assert f.channel == channel
         return channel
 
-    def queue_declare(self, channel, name, exclusive=False, auto_delete=True):
-        args = short(0) + shortstr(name) + bits(False, False, exclusive, auto_delete, False) + table({})
+    def queue_declare(self, channel, name, exclusive=False, auto_delete=True, arguments=None):
+        args = short(0) + shortstr(name) + bits(False, False, exclusive, auto_delete, False) + table(arguments)
         self.send(method_frame(channel, QUEUE_DECLARE, args))
         return self.expect_method(QUEUE_DECLARE_OK)
+
+    def declared_queue_name(self, channel, **kwargs):
+        """queue.declare with a server-chosen name (amq.gen-...); returns the name."""
+        ok = self.queue_declare(channel, "", **kwargs)
+        return ok.payload[5:5 + ok.payload[4]].decode()
 
     def publish_args(self, exchange, routing_key, mandatory=False, immediate=False):
         return short(0) + shortstr(exchange) + shortstr(routing_key) + bits(mandatory, immediate)
@@ -293,3 +307,18 @@ class RawClient:
 
     def send_close_ok(self):
         self.send(method_frame(0, CONNECTION_CLOSE_OK))
+
+
+def assert_connection_close(client, code, text_prefix, class_method=None):
+    """Expect connection.close(code) on channel 0; reply close-ok; the socket then closes.
+
+    Returns the reply text."""
+    f, (got_code, text, cid, mid) = client.expect_close()
+    assert f.channel == 0 and f.method == CONNECTION_CLOSE, f
+    assert got_code == code, (got_code, text)
+    assert text.startswith(text_prefix), text
+    if class_method is not None:
+        assert (cid, mid) == class_method, (cid, mid, text)
+    client.send_close_ok()
+    assert client.is_closed_by_peer(5), "socket must close after close-ok"
+    return text

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import rawamqp as r
+from rawamqp import assert_connection_close
 from conftest import connect, safe_close, unique
 
 BAD_HEADERS = [
@@ -38,19 +39,6 @@ def raw(amqp_url):
     yield make
     for c in clients:
         c.close()
-
-
-def assert_connection_close(client, code, text_prefix, class_method=None):
-    """Expect connection.close(code) on channel 0; reply close-ok; socket then closes."""
-    f, (got_code, text, cid, mid) = client.expect_close()
-    assert f.channel == 0 and f.method == r.CONNECTION_CLOSE, f
-    assert got_code == code, (got_code, text)
-    assert text.startswith(text_prefix), text
-    if class_method is not None:
-        assert (cid, mid) == class_method, (cid, mid, text)
-    client.send_close_ok()
-    assert client.is_closed_by_peer(5), "socket must close after close-ok"
-    return text
 
 
 # ---------------------------------------------------------------- sanity: the encoder works
