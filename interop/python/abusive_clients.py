@@ -35,7 +35,7 @@ LATE_MARGIN_S = 20
 FRAME_WAIT_S = 30
 # RabbitMQ 3.10.8 closes a connection whose socket writes made no progress for 15 s (its log says
 # `{writer,send_failed,{error,timeout}}`), without connection.close: its answer to a client that
-# stops reading for longer than that. Lepus keeps such a connection (docs/reliability.md).
+# stops reading for longer than that. Lepus does the same (connection/writer.rs).
 RABBITMQ_SEND_TIMEOUT_S = 15
 
 

@@ -10,11 +10,13 @@ connections; scripts/protocol-abuse.sh is the full form (10,000), with the laten
 """
 
 import os
+import socket
 import time
 
 import pytest
 
 import abusive_clients as abuse
+import rawamqp as r
 from conftest import connect, safe_close
 from test_lifecycle import LepusBroker
 
@@ -75,6 +77,42 @@ def test_a_slow_consumer_without_prefetch_gets_every_message_in_order_once_it_re
     assert not (slow.closed_by_broker or slow.filler.closed_by_broker)
 
 
+def test_a_consumer_that_stops_reading_is_closed_after_the_send_timeout_and_its_messages_requeued(amqp_url):
+    """RabbitMQ closes a connection whose socket took no bytes for its send timeout (15 s), without
+    connection.close, and requeues what its consumers held; so does Lepus."""
+    messages, body = 3000, b"x" * 4096  # 12 MB: more than the socket buffers hold
+    owner = connect(amqp_url)
+    try:
+        channel = owner.channel()
+        # Not exclusive: the stuck client consumes it from its own connection.
+        queue = "abuse-stuck-%d-%d" % (os.getpid(), time.monotonic_ns())
+        channel.queue_declare(queue, arguments={"x-expires": 600_000})
+        channel.confirm_delivery()
+        for _ in range(messages):
+            channel.basic_publish("", queue, body)
+        stuck = abuse.raw_client(amqp_url)
+        stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        stuck.send(r.method_frame(1, r.BASIC_CONSUME, r.short(0) + r.shortstr(queue) + r.shortstr("stuck")
+                                        + r.bits(False, False, False, False) + r.table({})))
+        # Not read from here on: the broker's writes to it stall once the socket buffers fill.
+        stuck.expect_method(r.BASIC_CONSUME_OK)
+        assert channel.queue_declare(queue, passive=True).method.consumer_count == 1
+        deadline = time.monotonic() + abuse.RABBITMQ_SEND_TIMEOUT_S + abuse.LATE_MARGIN_S + 10
+        while True:
+            declared = channel.queue_declare(queue, passive=True).method
+            if declared.consumer_count == 0 and declared.message_count == messages:
+                break
+            assert time.monotonic() < deadline, "still held: %d ready, %d consumers" % (declared.message_count, declared.consumer_count)
+            owner.sleep(0.5)
+        assert stuck.is_closed_by_peer(abuse.FRAME_WAIT_S), "the stuck connection was not closed"
+        stuck.close()
+        method, _, received = channel.basic_get(queue, auto_ack=True)
+        assert received == body and method.redelivered, "the first message, delivered to the stuck consumer, comes back redelivered"
+        channel.queue_delete(queue)
+    finally:
+        safe_close(owner)
+
+
 class WatermarkedBroker(LepusBroker):
     """A private broker with the short form's memory watermark and no stream listener (whose
     default port another broker may hold)."""
@@ -103,8 +141,9 @@ def test_abuse_under_load_leaves_the_broker_up_under_its_watermark_and_the_well_
         assert report["rss_kib_peak"] * 1024 < MEMORY_HIGH_WATERMARK_BYTES, report
         assert report["quiet_ms"]["round_trips"] > 0 and report["abused_ms"]["round_trips"] > 0, report
         assert "resource alarm raised" not in broker.log_tail(1_000_000)
-        # Whether the slow consumer and the flood, stuck longer than RabbitMQ's 15 s send timeout
-        # or not, were closed is reported, not asserted (Lepus keeps them; docs/reliability.md).
+        # Whether the slow consumer and the flood were stuck past the 15 s send timeout, and so
+        # closed, depends on the machine's pace: reported, not asserted (the send timeout has its
+        # own test above).
         print({key: value for key, value in report.items() if key.endswith("closed_by_broker")})
     finally:
         broker.kill()

@@ -201,6 +201,8 @@ enum EndReason {
     HandshakeTimeout,
     #[error("closed")]
     Closed,
+    #[error("the writer is gone: the socket failed or took no bytes for the send timeout")]
+    WriterGone,
 }
 
 impl Connection {
@@ -254,12 +256,17 @@ impl Connection {
             self.read_timer.set(deadline);
             // Backpressure: stop reading while this connection's writer and syncs are behind.
             self.context.connection.wait_for_capacity().await;
+            if self.context.connection.outbound.is_closed() {
+                // Nothing more can reach the client: reading on would take its publishes unbounded.
+                return Err(EndReason::WriterGone);
+            }
             self.wait_out_resource_alarms().await;
             let broker = self.context.broker.clone();
             let alarm_raised = broker.disk_alarm_raised.notified();
             let read = tokio::select! {
                 read = self.reader.read_buf(&mut self.buffer) => Ok(read),
                 _ = self.read_timer.fired() => Err(()),
+                _ = self.context.connection.outbound.closed() => return Err(EndReason::WriterGone),
                 _ = self.context.connection.force_close.notified() => {
                     self.force_close();
                     continue;
