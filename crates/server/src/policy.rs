@@ -8,6 +8,7 @@
 //! `dead-letter-strategy` (quorum queues), `delivery-limit`,
 //! and for stream queues `max-age` and `stream-max-segment-size-bytes`)
 //! and the exchange setting `alternate-exchange` (an exchange's own argument wins over it).
+//! `queue-mode` and `queue-version` are taken and met as they are (see below).
 //! Settings RabbitMQ knows and Lepus does not implement are refused with a message that says so,
 //! never accepted and ignored; unknown settings are refused as RabbitMQ refuses them.
 
@@ -31,7 +32,6 @@ const NOT_IMPLEMENTED_KEYS: &[&str] = &[
     "max-in-memory-length",
     "queue-leader-locator",
     "queue-master-locator",
-    "queue-version",
 ];
 
 /// The keys an operator policy may set (RabbitMQ 3.10.8's): limits only, each merged with the
@@ -363,6 +363,14 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
                 Some("default") | Some("lazy") => {}
                 _ => return Err(PolicyError::BadValue(key.clone(), "must be default or lazy")),
             },
+            // RabbitMQ 3.10's classic queue storage versions differ in their files and memory use,
+            // not in what a client sees; Lepus has one storage, which keeps bodies on disk as
+            // version 2 does, so either value is met (as `x-queue-version` already is).
+            "queue-version" => {
+                if !matches!(value.as_u64(), Some(1) | Some(2)) {
+                    return Err(PolicyError::Invalid(rabbit_value(value), "queue-version value"));
+                }
+            }
             known if NOT_IMPLEMENTED_KEYS.contains(&known) => not_implemented.push(key.clone()),
             _ => unrecognised.push(key.clone()),
         }
@@ -429,7 +437,12 @@ mod tests {
     fn unknown_and_unimplemented_settings_are_refused_loudly() {
         let refused = |value: Value| Policy::new("/", "p", ".*", "queues", 0, definition(value)).err();
         assert_eq!(refused(json!({"colour": "blue"})), Some(PolicyError::Unrecognised(vec!["colour".to_string()])));
-        assert_eq!(refused(json!({"queue-version": 2})), Some(PolicyError::NotImplemented(vec!["queue-version".to_string()])));
+        assert_eq!(
+            refused(json!({"queue-leader-locator": "balanced"})),
+            Some(PolicyError::NotImplemented(vec!["queue-leader-locator".to_string()]))
+        );
+        assert_eq!(refused(json!({"queue-version": 2})), None, "met by the one storage");
+        assert_eq!(refused(json!({"queue-version": 3})), Some(PolicyError::Invalid("3".to_string(), "queue-version value")));
         assert_eq!(
             refused(json!({"dead-letter-strategy": "sometimes"})),
             Some(PolicyError::Invalid("<<\"sometimes\">>".to_string(), "dead letter strategy"))
