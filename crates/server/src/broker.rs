@@ -111,6 +111,8 @@ pub struct Broker {
     pub churn: crate::metrics::counters::ChurnCounters,
     /// The message counters of closed channels (see `metrics::counters::RetiredTotals`).
     pub retired_channels: crate::metrics::counters::RetiredTotals,
+    /// The RabbitMQ Stream protocol's message, refusal, publisher and subscription counters.
+    pub stream_protocol: crate::metrics::counters::StreamProtocolCounters,
     /// Where queues hand their dead letters over (see `dead_letter`).
     dead_letters: crate::dead_letter::DeadLetterSender,
     /// Channels consuming `amq.rabbitmq.reply-to`, by token (see `direct_reply.rs`).
@@ -238,6 +240,7 @@ impl Broker {
             connections: Mutex::new(HashMap::new()),
             churn: Default::default(),
             retired_channels: Default::default(),
+            stream_protocol: Default::default(),
             disk_alarm: std::sync::atomic::AtomicBool::new(false),
             memory_alarm: std::sync::atomic::AtomicBool::new(false),
             disk_alarm_cleared: tokio::sync::Notify::new(),

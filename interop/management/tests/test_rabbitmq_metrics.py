@@ -6,14 +6,22 @@ detailed endpoints with their labels and filters.
 Against RabbitMQ these run on the reference node with its rabbitmq_prometheus plugin
 (scripts/rabbitmq-reference.sh exports METRICS_URL): what Lepus must answer is what RabbitMQ answers.
 The RabbitMQ-Quorum-Queues-Raft dashboard's Raft families (ra_metrics) are answered for a quorum queue
-under load too; Lepus's queues share Raft groups (shards), so a queue's figures are its shard's."""
+under load too; Lepus's queues share Raft groups (shards), so a queue's figures are its shard's.
+The RabbitMQ-Stream dashboard's `protocol="stream"` families are answered for load and refusals
+driven through the RabbitMQ Stream protocol with rstream, RabbitMQ's Python stream client."""
 
+import asyncio
+import os
 import time
 
 import pika
 import pytest
+from rstream import Consumer, Producer, exceptions as stream_errors
+from rstream.client import Addr, ClientPool
+from rstream.constants import OffsetType
+from rstream.schema import OffsetSpec
 
-from conftest import publish_twelve_body_bytes_and_hold_three, wait_for
+from conftest import WAIT_S, Lepus, free_port, lepus_binary, publish_twelve_body_bytes_and_hold_three, wait_for
 
 # The RabbitMQ-Overview dashboard's metric names (the list is kept here, not the dashboard file).
 DASHBOARD_METRICS = [
@@ -191,12 +199,18 @@ def test_every_overview_dashboard_metric_answers_with_data(fresh_lepus, names):
         samples = broker.metrics()
         identity = [labels for (name, labels) in samples if name == "rabbitmq_identity_info"]
         assert {key for key, _ in identity[0]} == {"rabbitmq_node", "rabbitmq_cluster", "rabbitmq_cluster_permanent_id"}
+        # One sample per protocol (amqp091, stream), in no particular order.
         received = [labels for (name, labels) in samples if name == "rabbitmq_global_messages_received_total"]
-        assert ("protocol", "amqp091") in received[0]
+        assert any(("protocol", "amqp091") in labels for labels in received), received
         delivered = [labels for (name, labels) in samples if name == "rabbitmq_global_messages_acknowledged_total"]
-        assert ("queue_type", "rabbit_classic_queue") in delivered[0]
+        assert any({("protocol", "amqp091"), ("queue_type", "rabbit_classic_queue")} <= labels for labels in delivered), delivered
     finally:
         connection.close()
+
+
+def amqp_publishers(broker):
+    """rabbitmq_global_publishers{protocol="amqp091"}: the open channels that have published."""
+    return broker.metrics()[("rabbitmq_global_publishers", frozenset({("protocol", "amqp091")}))]
 
 
 def test_counters_count_exactly(fresh_lepus, names):
@@ -217,7 +231,11 @@ def test_counters_count_exactly(fresh_lepus, names):
         for _ in range(7):
             method, _, _ = channel.basic_get(queue, auto_ack=False)
             channel.basic_ack(method.delivery_tag)
+        # A channel that has published is a publisher until it closes; one that has not is none.
+        connection.channel()
+        assert amqp_publishers(broker) == 1
         channel.close()
+        assert amqp_publishers(broker) == 0
     finally:
         connection.close()
     expected = {
@@ -230,8 +248,8 @@ def test_counters_count_exactly(fresh_lepus, names):
         "rabbitmq_global_messages_acknowledged_total": 7,
         "rabbitmq_queues_declared_total": 1,
         "rabbitmq_queues_created_total": 1,
-        "rabbitmq_channels_opened_total": 1,
-        "rabbitmq_channels_closed_total": 1,
+        "rabbitmq_channels_opened_total": 2,
+        "rabbitmq_channels_closed_total": 2,
     }
 
     def moved():
@@ -473,3 +491,149 @@ def test_every_quorum_queues_raft_dashboard_metric_answers_with_data(fresh_lepus
     assert len(raft_samples_of(detailed, queue, "rabbitmq_detailed_raft_")) == len(RAFT_DASHBOARD_METRICS), detailed
     with broker.connect() as connection:
         connection.channel().queue_delete(queue)
+
+
+# The RabbitMQ-Stream dashboard's names, each queried with protocol="stream". The refusal counters
+# are RabbitMQ 3.10.8's (rabbitmq_stream's rabbit_stream_metrics.hrl), one per response code from
+# 0x02 to 0x12.
+STREAM_ERRORS = [
+    "stream_does_not_exist", "subscription_id_already_exists", "subscription_id_does_not_exist",
+    "stream_already_exists", "stream_not_available", "sasl_mechanism_not_supported", "authentication_failure",
+    "sasl_error", "sasl_challenge", "sasl_authentication_failure_loopback", "vhost_access_failure",
+    "unknown_frame", "frame_too_large", "internal_error", "access_refused", "precondition_failed",
+    "publisher_does_not_exist",
+]
+STREAM_DASHBOARD_METRICS = [
+    "rabbitmq_global_publishers",
+    "rabbitmq_global_consumers",
+    "rabbitmq_global_messages_received_total",
+    "rabbitmq_global_messages_confirmed_total",
+    "rabbitmq_global_messages_delivered_total",
+] + ["rabbitmq_global_stream_error_%s_total" % name for name in STREAM_ERRORS]
+
+# Published one at a time, each confirmed before the next.
+STREAM_MESSAGES = 12
+# What `stream_load` moves and by how much: its publishes, their confirms and their deliveries, and
+# the refusals it provokes (two commands on a stream that does not exist, a create of one that does,
+# an unsubscribe and a publisher deletion of ids never used). The other refusal counters stay where
+# they were: RabbitMQ keeps them, and this load gives it no cause to count one.
+STREAM_MOVED = {
+    "rabbitmq_global_messages_received_total": STREAM_MESSAGES,
+    "rabbitmq_global_messages_confirmed_total": STREAM_MESSAGES,
+    "rabbitmq_global_messages_delivered_total": STREAM_MESSAGES,
+    "rabbitmq_global_stream_error_stream_does_not_exist_total": 2,
+    "rabbitmq_global_stream_error_stream_already_exists_total": 1,
+    "rabbitmq_global_stream_error_subscription_id_does_not_exist_total": 1,
+    "rabbitmq_global_stream_error_publisher_does_not_exist_total": 1,
+}
+STREAM_CREDENTIALS = {"username": "guest", "password": "guest"}
+
+
+@pytest.fixture
+def stream_broker(tmp_path_factory, shared_running_broker):
+    """A fresh broker and its RabbitMQ Stream port: a Lepus started with one (the suite's other
+    brokers run without, as scripts/test.sh sets LEPUS_STREAM_PORT=0), or the reference node's
+    rabbitmq_stream listener (STREAM_PORT, exported by scripts/rabbitmq-reference.sh)."""
+    if shared_running_broker is not None:
+        if not os.environ.get("STREAM_PORT"):
+            pytest.skip("the broker's stream port is unknown (set STREAM_PORT)")
+        shared_running_broker.reset()
+        yield shared_running_broker, int(os.environ["STREAM_PORT"])
+        return
+    port = free_port()
+    broker = Lepus(lepus_binary(), tmp_path_factory.mktemp("lepus-stream") / "data",
+                   ["--stream-port", str(port), "--stream-advertised-host", "127.0.0.1"])
+    yield broker, port
+    broker.stop()
+
+
+def stream_samples(broker):
+    """{name: value} of the /metrics samples labelled protocol="stream", summed over other labels."""
+    values = {}
+    for (name, labels), value in broker.metrics().items():
+        if ("protocol", "stream") in labels:
+            values[name] = values.get(name, 0) + value
+    return values
+
+
+async def stream_load(host, port, stream, while_open):
+    """Creates `stream`, publishes STREAM_MESSAGES to it (each confirmed), reads them back through a
+    subscription from the first offset, provokes the refusals STREAM_MOVED counts on a connection of
+    its own, declares a second publisher and subscription (from the next offset: nothing delivered)
+    on a third connection that closes without deleting them, and returns what `while_open()`
+    returns, called while the two publishers and subscriptions are open. Everything is closed and
+    the stream deleted before it returns."""
+    received = []
+    producer = Producer(host, port, **STREAM_CREDENTIALS)
+    consumer = Consumer(host, port, **STREAM_CREDENTIALS)
+    pool = ClientPool(host, port, vhost="/", frame_max=1024 * 1024, heartbeat=60, load_balancer_mode=False,
+                      max_retries=1, **STREAM_CREDENTIALS)
+    refusals = await pool.new(connection_name="metrics-refusals", addr=Addr(host, port))
+    holder = await pool.new(connection_name="metrics-holder", addr=Addr(host, port))
+    try:
+        await producer.start()
+        await producer.create_stream(stream)
+        for index in range(STREAM_MESSAGES):
+            await producer.send_wait(stream, b"stream message %d" % index)
+        await consumer.start()
+        await consumer.subscribe(stream, lambda message, context: received.append(message))
+        deadline = time.monotonic() + WAIT_S
+        while len(received) < STREAM_MESSAGES and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(received) == STREAM_MESSAGES, received
+        missing = stream + "-missing"
+        with pytest.raises(stream_errors.StreamDoesNotExist):
+            await refusals.subscribe(missing, subscription_id=1)
+        with pytest.raises(stream_errors.StreamDoesNotExist):
+            await refusals.declare_publisher(missing, None, publisher_id=1)
+        with pytest.raises(stream_errors.StreamAlreadyExists):
+            await refusals.create_stream(stream)
+        with pytest.raises(stream_errors.SubscriptionIDDoesNotExist):
+            await refusals.unsubscribe(7)
+        with pytest.raises(stream_errors.PublisherDoesNotExist):
+            await refusals.delete_publisher(7)
+        await holder.declare_publisher(stream, None, publisher_id=1)
+        await holder.subscribe(stream, subscription_id=1, offset_spec=OffsetSpec(OffsetType.NEXT))
+        # The scrape blocks the event loop for a moment, which the client's heartbeats tolerate.
+        return while_open()
+    finally:
+        # Its publisher and subscription leave the gauges with the connection.
+        await holder.close()
+        await consumer.close()
+        await producer.close()
+        # Deleted from a connection without publishers or subscriptions: nobody is told the
+        # stream is gone, so no stream_not_available is counted.
+        await refusals.delete_stream(stream)
+        await refusals.close()
+
+
+def test_every_stream_dashboard_metric_answers_with_data(stream_broker, names):
+    """The RabbitMQ-Stream dashboard: every family answers with protocol="stream" under load through
+    the stream protocol; publishes, confirms, deliveries and the refusals the client provoked move
+    it (exactly on a Lepus no other client uses), and the publisher and subscription gauges count
+    what is open, back where they were once the connections closed, whether or not the client
+    deleted its publisher and subscription first."""
+    broker, port = stream_broker
+    if broker.metrics_port is None:
+        pytest.skip("the broker's metrics endpoint is unknown (set METRICS_URL)")
+    before = stream_samples(broker)
+    missing = [name for name in STREAM_DASHBOARD_METRICS if name not in before]
+    assert not missing, ("families without a protocol=\"stream\" sample", missing)
+    while_open = asyncio.run(stream_load(broker.host, port, names("prom-stream"), lambda: stream_samples(broker)))
+    for gauge in ("rabbitmq_global_publishers", "rabbitmq_global_consumers"):
+        assert while_open[gauge] - before[gauge] >= 2, (gauge, before[gauge], while_open[gauge])
+
+    def moved():
+        after = stream_samples(broker)
+        return {name: after.get(name, 0) - before.get(name, 0) for name in STREAM_DASHBOARD_METRICS}
+
+    def counted():
+        changes = moved()
+        return changes if all(changes[name] >= value for name, value in STREAM_MOVED.items()) else None
+
+    # A closed connection's publishers and subscriptions leave the gauges once its task has gone.
+    assert wait_for(counted), moved()
+    if broker.is_lepus:
+        expected = {name: STREAM_MOVED.get(name, 0) for name in STREAM_DASHBOARD_METRICS}
+        assert (while_open["rabbitmq_global_publishers"], while_open["rabbitmq_global_consumers"]) == (2, 2), while_open
+        assert wait_for(lambda: moved() == expected), (moved(), expected)

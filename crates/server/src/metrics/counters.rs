@@ -6,7 +6,7 @@
 //! delivery counts under the channel's ledger lock, which the delivery takes anyway.
 
 use broker_core::exchange::ExchangeStats;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Adds one to a counter that a single task writes (the channel's reader): a load and a store,
@@ -232,6 +232,108 @@ impl ChurnCounters {
     }
 }
 
+/// The refusals RabbitMQ 3.10.8's stream plugin counts, in its order, with its help texts
+/// (`rabbit_stream_metrics.hrl`): the response codes 0x02 to 0x12, so a code's counter is at index
+/// `code - 2`. Each is written as `rabbitmq_global_stream_error_<name>_total{protocol="stream"}`.
+pub const STREAM_ERRORS: [(&str, &str); 17] = [
+    ("stream_does_not_exist", "Total number of commands rejected with stream does not exist error"),
+    ("subscription_id_already_exists", "Total number of commands failed with subscription id already exists"),
+    ("subscription_id_does_not_exist", "Total number of commands failed with subscription id does not exist"),
+    ("stream_already_exists", "Total number of commands failed with stream already exists"),
+    ("stream_not_available", "Total number of commands failed with stream not available"),
+    ("sasl_mechanism_not_supported", "Total number of commands failed with sasl mechanism not supported"),
+    ("authentication_failure", "Total number of commands failed with authentication failure"),
+    ("sasl_error", "Total number of commands failed with sasl error"),
+    ("sasl_challenge", "Total number of commands failed with sasl challenge"),
+    ("sasl_authentication_failure_loopback", "Total number of commands failed with sasl authentication failure loopback"),
+    ("vhost_access_failure", "Total number of commands failed with vhost access failure"),
+    ("unknown_frame", "Total number of commands failed with unknown frame"),
+    ("frame_too_large", "Total number of commands failed with frame too large"),
+    ("internal_error", "Total number of commands failed with internal error"),
+    ("access_refused", "Total number of commands failed with access refused"),
+    ("precondition_failed", "Total number of commands failed with precondition failed"),
+    ("publisher_does_not_exist", "Total number of commands failed with publisher does not exist"),
+];
+
+/// The wire value of the first response code in [`STREAM_ERRORS`] (STREAM_DOES_NOT_EXIST).
+const STREAM_ERROR_FIRST_CODE: u16 = 0x02;
+
+/// The RabbitMQ Stream protocol's node-wide counters, RabbitMQ's `rabbit_global_counters` with
+/// `protocol="stream"`. Message counts reach them from each connection's
+/// [`PendingStreamCounts`] once per pass of its socket loop, not per message; refusals and the
+/// two gauges change on commands that are rare next to messages and are added to directly.
+#[derive(Debug, Default)]
+pub struct StreamProtocolCounters {
+    /// Messages in publish frames of declared publishers (messages_received, and
+    /// messages_received_confirm: every stream publish expects a confirm).
+    pub received: AtomicU64,
+    /// Publishing ids confirmed to publishers (messages_confirmed).
+    pub confirmed: AtomicU64,
+    /// Entries of the chunks sent to subscriptions (messages_delivered).
+    pub delivered: AtomicU64,
+    /// Publishers declared and not yet deleted, on open connections.
+    pub publishers: AtomicI64,
+    /// Subscriptions open, on open connections.
+    pub consumers: AtomicI64,
+    /// Commands refused, by response code (see [`STREAM_ERRORS`]).
+    errors: [AtomicU64; STREAM_ERRORS.len()],
+}
+
+impl StreamProtocolCounters {
+    /// Counts one command answered with the response code `code` (its wire value); codes that
+    /// RabbitMQ keeps no counter for (OK, NO_OFFSET, unknown values) are not counted.
+    pub fn count_error(&self, code: u16) {
+        if let Some(counter) = code.checked_sub(STREAM_ERROR_FIRST_CODE).and_then(|index| self.errors.get(usize::from(index))) {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Each refusal counter with its name and help text, in [`STREAM_ERRORS`] order.
+    pub fn errors(&self) -> impl Iterator<Item = (&'static str, &'static str, u64)> + '_ {
+        STREAM_ERRORS.into_iter().zip(&self.errors).map(|((name, help), counter)| (name, help, counter.load(Ordering::Relaxed)))
+    }
+}
+
+/// One stream connection's message counts and open publishers and subscriptions not yet added to
+/// the node's [`StreamProtocolCounters`]: plain integers its socket task owns, added in one step
+/// per pass of the task's loop (a few atomic adds per socket read or delivery batch, none per
+/// message) and when the connection ends.
+#[derive(Debug, Default)]
+pub struct PendingStreamCounts {
+    /// Messages received, not yet added.
+    pub received: u64,
+    /// Publishing ids confirmed, not yet added.
+    pub confirmed: u64,
+    /// Chunk entries delivered, not yet added.
+    pub delivered: u64,
+    /// The connection's publishers as last added to the node's gauge.
+    publishers_added: usize,
+    /// The connection's subscriptions as last added to the node's gauge.
+    consumers_added: usize,
+}
+
+impl PendingStreamCounts {
+    /// Adds the counts to `node`, and the change in the connection's `publishers` and
+    /// `consumers` since the last flush to its gauges (a closing connection flushes with zeros).
+    pub fn flush(&mut self, node: &StreamProtocolCounters, publishers: usize, consumers: usize) {
+        for (pending, total) in
+            [(&mut self.received, &node.received), (&mut self.confirmed, &node.confirmed), (&mut self.delivered, &node.delivered)]
+        {
+            if *pending > 0 {
+                total.fetch_add(std::mem::take(pending), Ordering::Relaxed);
+            }
+        }
+        for (now, added, gauge) in
+            [(publishers, &mut self.publishers_added, &node.publishers), (consumers, &mut self.consumers_added, &node.consumers)]
+        {
+            if now != *added {
+                gauge.fetch_add(now as i64 - *added as i64, Ordering::Relaxed);
+                *added = now;
+            }
+        }
+    }
+}
+
 /// The counters of channels already closed, so that the broker's totals never go back when a
 /// channel closes. A closing channel adds its counters here and leaves its connection's list of
 /// open channels under this lock, and a scrape reads this and the open channels under it too:
@@ -321,5 +423,23 @@ mod tests {
             }
         });
         assert_eq!((before.routed, after.routed), (1, 1));
+    }
+
+    #[test]
+    fn stream_refusals_are_counted_by_response_code_and_gauges_follow_the_connection() {
+        let node = StreamProtocolCounters::default();
+        for code in [0x01, 0x02, 0x02, 0x12, 0x13, 0x99] {
+            node.count_error(code);
+        }
+        let errors: Vec<(&str, u64)> = node.errors().filter(|(_, _, value)| *value > 0).map(|(name, _, value)| (name, value)).collect();
+        assert_eq!(errors, [("stream_does_not_exist", 2), ("publisher_does_not_exist", 1)]);
+        let mut pending = PendingStreamCounts { received: 5, confirmed: 4, delivered: 3, ..Default::default() };
+        pending.flush(&node, 2, 1);
+        pending.flush(&node, 1, 3);
+        let read = |counter: &AtomicI64| counter.load(Ordering::Relaxed);
+        assert_eq!((read(&node.publishers), read(&node.consumers)), (1, 3));
+        assert_eq!(node.received.load(Ordering::Relaxed), 5, "flushed once");
+        pending.flush(&node, 0, 0);
+        assert_eq!((read(&node.publishers), read(&node.consumers)), (0, 0));
     }
 }

@@ -438,72 +438,137 @@ pub fn message_totals(broker: &Broker) -> MessageTotals {
     })
 }
 
-/// RabbitMQ's `rabbitmq_global_*` counters, labelled as its AMQP 0-9-1 classic queues label them.
+/// Open AMQP channels that have published: RabbitMQ's `rabbitmq_global_publishers{protocol="amqp091"}`,
+/// a channel counted from its first basic.publish until it closes (`maybe_increase_global_publishers`
+/// in rabbit_channel.erl). RabbitMQ 3.10.8 takes the wrong channels off when they close (a channel
+/// that never published, so its gauge drifts below zero); 3.12.0 corrected that, and this is the
+/// corrected figure.
+fn amqp_publishing_channels(broker: &Broker) -> u64 {
+    let mut publishing = 0;
+    for connection in broker.list_connections() {
+        for channel in connection.session.open_channels.values().filter_map(|channel| channel.upgrade()) {
+            publishing += u64::from(channel.publish_counters.received.load(Ordering::Relaxed) > 0);
+        }
+    }
+    publishing
+}
+
+/// RabbitMQ's `rabbitmq_global_*` counters, one sample per protocol as `rabbit_global_counters`
+/// keeps them: AMQP 0-9-1 (its deliveries labelled as classic queues'), and the RabbitMQ Stream
+/// protocol (`rabbit_stream.erl` starts `protocol="stream"` and `protocol="stream",
+/// queue_type="rabbit_stream_queue"`), with the stream plugin's refusal counters.
 fn global_counters(registry: &mut Registry, broker: &Broker) {
     let totals = message_totals(broker);
-    let protocol: Labels = vec![("protocol", "amqp091".to_string())];
-    let by_queue_type: Labels = vec![("protocol", "amqp091".to_string()), ("queue_type", "rabbit_classic_queue".to_string())];
+    let stream = &broker.stream_protocol;
+    let stream_received = stream.received.load(Ordering::Relaxed);
+    let label = |protocol: &str| -> Labels { vec![("protocol", protocol.to_string())] };
+    let label_queue_type =
+        |protocol: &str, queue_type: &str| -> Labels { vec![("protocol", protocol.to_string()), ("queue_type", queue_type.to_string())] };
+    let (amqp, on_stream) = (label("amqp091"), label("stream"));
+    let (amqp_classic, stream_queue) =
+        (label_queue_type("amqp091", "rabbit_classic_queue"), label_queue_type("stream", "rabbit_stream_queue"));
     let deliveries = totals.deliveries;
+    // Each family: its AMQP 0-9-1 sample and its stream-protocol one. The stream protocol neither
+    // routes (a publisher writes to one stream), nor gets, redelivers or acknowledges: RabbitMQ
+    // keeps those counters for it and they stay at 0, as here.
     let families = [
-        ("messages_received", "Total number of messages received from publishers", &protocol, totals.received),
+        ("messages_received", "Total number of messages received from publishers", (&amqp, totals.received), (&on_stream, stream_received)),
         (
             "messages_received_confirm",
             "Total number of messages received from publishers expecting confirmations",
-            &protocol,
-            totals.received_confirm,
+            (&amqp, totals.received_confirm),
+            (&on_stream, stream_received),
         ),
-        ("messages_routed", "Total number of messages routed to queues or streams", &protocol, totals.routed),
+        ("messages_routed", "Total number of messages routed to queues or streams", (&amqp, totals.routed), (&on_stream, 0)),
         (
             "messages_unroutable_dropped",
             "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
-            &protocol,
-            totals.unroutable_dropped,
+            (&amqp, totals.unroutable_dropped),
+            (&on_stream, 0),
         ),
         (
             "messages_unroutable_returned",
             "Total number of messages published as mandatory into an exchange and returned to the publisher as unroutable",
-            &protocol,
-            totals.unroutable_returned,
+            (&amqp, totals.unroutable_returned),
+            (&on_stream, 0),
         ),
-        ("messages_confirmed", "Total number of messages confirmed to publishers", &protocol, totals.confirmed),
-        ("messages_delivered", "Total number of messages delivered to consumers", &by_queue_type, totals.delivered()),
+        (
+            "messages_confirmed",
+            "Total number of messages confirmed to publishers",
+            (&amqp, totals.confirmed),
+            (&on_stream, stream.confirmed.load(Ordering::Relaxed)),
+        ),
+        (
+            "messages_delivered",
+            "Total number of messages delivered to consumers",
+            (&amqp_classic, totals.delivered()),
+            (&stream_queue, stream.delivered.load(Ordering::Relaxed)),
+        ),
         (
             "messages_delivered_consume_manual_ack",
             "Total number of messages delivered to consumers using basic.consume with manual acknowledgment",
-            &by_queue_type,
-            deliveries.consume_manual_ack,
+            (&amqp_classic, deliveries.consume_manual_ack),
+            (&stream_queue, 0),
         ),
         (
             "messages_delivered_consume_auto_ack",
             "Total number of messages delivered to consumers using basic.consume with automatic acknowledgment",
-            &by_queue_type,
-            deliveries.consume_auto_ack,
+            (&amqp_classic, deliveries.consume_auto_ack),
+            (&stream_queue, 0),
         ),
         (
             "messages_delivered_get_manual_ack",
             "Total number of messages delivered to consumers using basic.get with manual acknowledgment",
-            &by_queue_type,
-            deliveries.get_manual_ack,
+            (&amqp_classic, deliveries.get_manual_ack),
+            (&stream_queue, 0),
         ),
         (
             "messages_delivered_get_auto_ack",
             "Total number of messages delivered to consumers using basic.get with automatic acknowledgment",
-            &by_queue_type,
-            deliveries.get_auto_ack,
+            (&amqp_classic, deliveries.get_auto_ack),
+            (&stream_queue, 0),
         ),
-        ("messages_get_empty", "Total number of times basic.get operations fetched no message", &by_queue_type, totals.get_empty),
-        ("messages_redelivered", "Total number of messages redelivered to consumers", &by_queue_type, deliveries.redelivered),
-        ("messages_acknowledged", "Total number of messages acknowledged by consumers", &by_queue_type, deliveries.acknowledged),
+        (
+            "messages_get_empty",
+            "Total number of times basic.get operations fetched no message",
+            (&amqp_classic, totals.get_empty),
+            (&stream_queue, 0),
+        ),
+        (
+            "messages_redelivered",
+            "Total number of messages redelivered to consumers",
+            (&amqp_classic, deliveries.redelivered),
+            (&stream_queue, 0),
+        ),
+        (
+            "messages_acknowledged",
+            "Total number of messages acknowledged by consumers",
+            (&amqp_classic, deliveries.acknowledged),
+            (&stream_queue, 0),
+        ),
     ];
-    for (name, help, labels, value) in families {
+    for (name, help, (amqp_labels, amqp_value), (stream_labels, stream_value)) in families {
         let family = Family::<Labels, Counter>::default();
-        family.get_or_create(labels).inc_by(value);
+        family.get_or_create(amqp_labels).inc_by(amqp_value);
+        family.get_or_create(stream_labels).inc_by(stream_value);
         registry.register(format!("rabbitmq_global_{name}"), help, family);
     }
-    let consumers = Family::<Labels, Gauge>::default();
     let consumer_total: u64 = broker.list_queues().iter().map(|queue| u64::from(queue.snapshot.consumers)).sum();
-    consumers.get_or_create(&protocol).set(as_i64(consumer_total));
-    registry.register("rabbitmq_global_consumers", "Current number of consumers", consumers);
+    let gauges = [
+        ("publishers", "Current number of publishers", amqp_publishing_channels(broker), stream.publishers.load(Ordering::Relaxed)),
+        ("consumers", "Current number of consumers", consumer_total, stream.consumers.load(Ordering::Relaxed)),
+    ];
+    for (name, help, amqp_value, stream_value) in gauges {
+        let family = Family::<Labels, Gauge>::default();
+        family.get_or_create(&amqp).set(as_i64(amqp_value));
+        family.get_or_create(&on_stream).set(stream_value);
+        registry.register(format!("rabbitmq_global_{name}"), help, family);
+    }
+    for (name, help, value) in stream.errors() {
+        let family = Family::<Labels, Counter>::default();
+        family.get_or_create(&on_stream).inc_by(value);
+        registry.register(format!("rabbitmq_global_stream_error_{name}"), help, family);
+    }
 }
 
 fn alarms(registry: &mut Registry, broker: &Broker) {

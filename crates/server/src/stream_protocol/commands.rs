@@ -35,7 +35,9 @@ pub struct Confirmed {
 const NO_LEADER: u16 = 0xffff;
 
 impl Session {
-    fn respond(&mut self, command_key: u16, correlation_id: u32, code: ResponseCode) -> Flow {
+    /// Answers a command with `code`, counting it when it is a refusal.
+    pub(super) fn respond(&mut self, command_key: u16, correlation_id: u32, code: ResponseCode) -> Flow {
+        self.count_refusal(code);
         self.send(&ServerCommand::Response { key: command_key, correlation_id, code });
         Flow::Continue
     }
@@ -72,6 +74,11 @@ impl Session {
     }
 
     pub(super) fn publish(&mut self, publisher_id: u8, messages: PublishedMessages) -> Flow {
+        // RabbitMQ counts a declared publisher's messages as received before its permission check
+        // (`increase_messages_received`), and an unknown publisher's not at all.
+        if self.publishers.contains_key(&publisher_id) {
+            self.counts.received += u64::from(messages.message_count);
+        }
         let refusal = match self.publishers.get(&publisher_id) {
             None => Some(ResponseCode::PublisherDoesNotExist),
             Some(publisher) if !self.permitted(Access::Write, &publisher.stream) => Some(ResponseCode::AccessRefused),
@@ -79,6 +86,7 @@ impl Session {
             Some(_) => None,
         };
         if let Some(code) = refusal {
+            self.count_refusal(code);
             let errors = messages.iter().map(|published| PublishingError { publishing_id: published.publishing_id, code }).collect();
             self.send(&ServerCommand::PublishError { publisher_id, errors });
             return Flow::Continue;
@@ -146,7 +154,9 @@ impl Session {
         }
         if confirmed.durable {
             stream_codec::encode_publish_confirm(&mut self.outbox, confirmed.publisher_id, &confirmed.publishing_ids);
+            self.counts.confirmed += confirmed.publishing_ids.len() as u64;
         } else {
+            self.count_refusal(ResponseCode::InternalError);
             let errors = confirmed
                 .publishing_ids
                 .iter()
@@ -165,6 +175,7 @@ impl Session {
                 Some(entry) => (ResponseCode::Ok, entry.stream.publisher_sequence(reference.as_bytes()).unwrap_or(0)),
             }
         };
+        self.count_refusal(code);
         self.send(&ServerCommand::QueryPublisherSequenceResponse { correlation_id, code, sequence });
         Flow::Continue
     }
@@ -228,6 +239,7 @@ impl Session {
         let subscriptions_before = self.subscriptions.len();
         self.subscriptions.retain(|_, subscription| &subscription.stream != stream);
         if self.publishers.len() != publishers_before || self.subscriptions.len() != subscriptions_before {
+            self.count_refusal(ResponseCode::StreamNotAvailable);
             self.send(&ServerCommand::MetadataUpdate { code: ResponseCode::StreamNotAvailable, stream: stream.clone() });
         }
     }
@@ -261,6 +273,7 @@ impl Session {
                 },
             }
         };
+        self.count_refusal(code);
         self.send(&ServerCommand::QueryOffsetResponse { correlation_id, code, offset });
         Flow::Continue
     }

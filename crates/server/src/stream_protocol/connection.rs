@@ -59,6 +59,8 @@ pub async fn serve(node: Arc<Node>, socket: TcpStream, peer: SocketAddr) {
             }
             last_sent = Instant::now();
         }
+        // Once per pass: what the frames read, the chunks sent and the confirms of this pass counted.
+        session.flush_counts();
         if more {
             tokio::task::yield_now().await;
             continue;

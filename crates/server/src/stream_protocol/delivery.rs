@@ -66,8 +66,7 @@ impl Session {
                 },
             }
         };
-        self.send(&ServerCommand::Response { key: key::SUBSCRIBE, correlation_id, code });
-        Flow::Continue
+        self.respond(key::SUBSCRIBE, correlation_id, code)
     }
 
     pub(super) fn credit(&mut self, subscription_id: u8, credit: u16) -> Flow {
@@ -75,6 +74,7 @@ impl Session {
             Some(subscription) => subscription.credit = (subscription.credit + u32::from(credit)).min(CREDIT_MAX),
             None => {
                 // The one answer a credit gets, without a correlation id.
+                self.count_refusal(ResponseCode::SubscriptionIdDoesNotExist);
                 self.send(&ServerCommand::CreditResponse { code: ResponseCode::SubscriptionIdDoesNotExist, subscription_id });
             }
         }
@@ -86,8 +86,7 @@ impl Session {
             Some(_) => ResponseCode::Ok,
             None => ResponseCode::SubscriptionIdDoesNotExist,
         };
-        self.send(&ServerCommand::Response { key: key::UNSUBSCRIBE, correlation_id, code });
-        Flow::Continue
+        self.respond(key::UNSUBSCRIBE, correlation_id, code)
     }
 
     /// Sends committed chunks to the subscriptions that have credit, until the outbox holds
@@ -117,6 +116,8 @@ impl Session {
                         self.outbox.extend_from_slice(&header_bytes);
                         self.outbox.extend_from_slice(&self.chunk_buffer);
                         subscription.credit -= 1;
+                        // RabbitMQ counts a chunk's entries (a sub-entry batch is one), as sent.
+                        self.counts.delivered += u64::from(header.entries);
                     }
                     Ok(None) => break,
                     Err(error) => {

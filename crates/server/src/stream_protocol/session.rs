@@ -13,6 +13,7 @@ use super::commands::{Confirmed, Publisher};
 use super::delivery::Subscription;
 use super::Node;
 use crate::auth::{Access, LoginError};
+use crate::metrics::counters::PendingStreamCounts;
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -78,6 +79,8 @@ pub struct Session {
     pub(super) scratch: Vec<u8>,
     /// A chunk's data on its way to a subscriber.
     pub(super) chunk_buffer: Vec<u8>,
+    /// Messages received, confirmed and delivered since the last [`Session::flush_counts`].
+    pub(super) counts: PendingStreamCounts,
 }
 
 /// The most messages a connection has published and not yet had confirmed before it stops
@@ -109,7 +112,21 @@ impl Session {
             unconfirmed: 0,
             scratch: Vec::new(),
             chunk_buffer: Vec::new(),
+            counts: PendingStreamCounts::default(),
         }
+    }
+
+    /// Adds the connection's message counts and its publishers and subscriptions to the node's
+    /// `protocol="stream"` counters (the socket task calls this once per pass of its loop).
+    pub fn flush_counts(&mut self) {
+        self.counts.flush(&self.node.broker.stream_protocol, self.publishers.len(), self.subscriptions.len());
+    }
+
+    /// Counts a command answered with `code` as RabbitMQ's reader does once a connection is open
+    /// (`rabbit_global_counters:increase_protocol_counter(stream, ...)`): each refusal once per
+    /// command, whatever the number of messages it carried; OK and NO_OFFSET are not counted.
+    pub(super) fn count_refusal(&self, code: ResponseCode) {
+        self.node.broker.stream_protocol.count_error(code.as_u16());
     }
 
     /// Where the connection is.
@@ -139,6 +156,7 @@ impl Session {
                     _ => "unknown frame",
                 };
                 tracing::warn!(peer = %self.peer, %error, "stream connection: {reason}, sending close");
+                self.count_refusal(error.response_code());
                 self.send(&ServerCommand::Close { correlation_id: 1, code: error.response_code(), reason: Text::from(reason) });
                 self.phase = Phase::CloseSent;
                 Flow::Continue
@@ -227,6 +245,9 @@ impl Session {
                 self.phase = Phase::Tuning;
                 Flow::Continue
             }
+            // Not counted: RabbitMQ's reader (3.10.8 to 3.13) bumps none of the handshake's
+            // refusal counters (authentication, SASL, vhost access), so they stay at 0 there and
+            // here, and a dashboard reads the same on both.
             Err(error) => {
                 tracing::warn!(peer = %self.peer, %error, "stream connection: authentication failed");
                 let code = match error {
@@ -303,11 +324,14 @@ impl Session {
             Create { correlation_id, stream, arguments } => self.create(correlation_id, &stream, &arguments),
             Delete { correlation_id, stream } => self.delete(correlation_id, &stream),
             Metadata { correlation_id, streams } => self.metadata(correlation_id, streams),
+            // No super streams: every route and partitions query names one that does not exist.
             Route { correlation_id, .. } => {
+                self.count_refusal(ResponseCode::StreamDoesNotExist);
                 self.send(&ServerCommand::RouteResponse { correlation_id, code: ResponseCode::StreamDoesNotExist, streams: Vec::new() });
                 Flow::Continue
             }
             Partitions { correlation_id, .. } => {
+                self.count_refusal(ResponseCode::StreamDoesNotExist);
                 self.send(&ServerCommand::PartitionsResponse {
                     correlation_id,
                     code: ResponseCode::StreamDoesNotExist,
@@ -319,6 +343,7 @@ impl Session {
             // them as unknown frames.
             other => {
                 tracing::warn!(peer = %self.peer, key = other.key(), "stream connection: unexpected command, sending close");
+                self.count_refusal(ResponseCode::UnknownFrame);
                 self.send(&ServerCommand::Close {
                     correlation_id: 1,
                     code: ResponseCode::UnknownFrame,
@@ -328,5 +353,13 @@ impl Session {
                 Flow::Continue
             }
         }
+    }
+}
+
+impl Drop for Session {
+    /// A connection that ends takes its publishers and subscriptions out of the node's gauges and
+    /// hands over the counts of its last pass, whichever way it ended.
+    fn drop(&mut self) {
+        self.counts.flush(&self.node.broker.stream_protocol, 0, 0);
     }
 }
