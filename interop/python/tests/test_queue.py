@@ -132,6 +132,27 @@ def test_declare_with_invalid_argument_type_is_406(channel):
     assert "x-max-length" in ei.value.reply_text
 
 
+@pytest.mark.parametrize("arguments", [
+    {"x-max-age": "7D"},
+    {"x-stream-max-segment-size-bytes": 1000},
+    {"x-initial-cluster-size": 1},
+    {"x-quorum-initial-group-size": 3},
+    {"x-dead-letter-strategy": "at-least-once"},
+    {"x-max-in-memory-length": 10},
+    {"x-queue-leader-locator": "client-local"},
+    # The classic arguments' values are checked first: this one is valid, the other type's key refused.
+    {"x-max-length": 5, "x-max-age": "7D"},
+])
+def test_another_queue_types_argument_on_a_classic_queue_is_406_naming_the_type(connection, arguments):
+    channel = connection.channel()
+    name = unique("classic-with-other-type-argument")
+    with pytest.raises(ChannelClosedByBroker) as ei:
+        channel.queue_declare(name, arguments=arguments)
+    key = [key for key in arguments if key != "x-max-length"][0]
+    assert (ei.value.reply_code, ei.value.reply_text) == (
+        406, "PRECONDITION_FAILED - invalid arg '%s' for queue '%s' in vhost '/' of queue type rabbit_classic_queue" % (key, name))
+
+
 def test_declare_reserved_amq_prefix_is_403(channel):
     with pytest.raises(ChannelClosedByBroker) as ei:
         channel.queue_declare("amq." + unique("q"))

@@ -161,6 +161,32 @@ pub const RABBITMQ_QUEUE_ARGUMENTS: &[&str] = &[
     "x-delivery-limit",
 ];
 
+/// The declaration arguments RabbitMQ 3.10.8's classic queues take (`rabbit_classic_queue`'s
+/// `queue_arguments`); any other of [`RABBITMQ_QUEUE_ARGUMENTS`] on a classic queue is another
+/// type's, refused with 406 "... of queue type rabbit_classic_queue" (but `x-delivery-limit`,
+/// which Lepus's classic queues take as an extension).
+const RABBITMQ_CLASSIC_QUEUE_ARGUMENTS: &[&str] = &[
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-version",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-queue-master-locator",
+];
+
+/// Whether `key` is an argument of another queue type than classic (one Lepus's classic queues do
+/// not take as an extension, in `accepted`).
+fn is_other_types_argument(key: &str, accepted: &[&str]) -> bool {
+    RABBITMQ_QUEUE_ARGUMENTS.contains(&key) && !RABBITMQ_CLASSIC_QUEUE_ARGUMENTS.contains(&key) && !accepted.contains(&key)
+}
+
 /// Arguments a type takes that Lepus does not implement for it yet: refused with 540.
 fn not_implemented_for(queue_type: QueueType, key: &str, _value: &amqp_codec::FieldValue) -> bool {
     match (queue_type, key) {
@@ -256,6 +282,11 @@ impl QueueTypeCapabilities {
         self.check_properties(definition, vhost)?;
         for (key, value) in definition.arguments.iter() {
             let key_text = key.to_string_lossy();
+            if is_other_types_argument(&key_text, self.accepted_arguments) {
+                // Its value is not checked; its key is refused after the others' values, as
+                // RabbitMQ orders the two checks.
+                continue;
+            }
             check_queue_argument(&key_text, value, &definition.name, vhost)?;
             if key_text == "x-dead-letter-routing-key" {
                 check_dead_letter_routing_key(&definition.arguments, &definition.name, vhost)?;
@@ -264,6 +295,14 @@ impl QueueTypeCapabilities {
             if GATED_QUEUE_ARGUMENTS.contains(&key_text) && !self.accepted_arguments.contains(&key_text) {
                 return Err(AmqpError::not_implemented(format!("queue argument '{key_text}' is not supported by Lepus yet")));
             }
+        }
+        let keys = definition.arguments.iter().map(|(key, _)| key.to_string_lossy());
+        if let Some(key) = keys.into_iter().find(|key| is_other_types_argument(key, self.accepted_arguments)) {
+            return Err(AmqpError::precondition(format!(
+                "invalid arg '{key}' for {} of queue type {}",
+                describe_queue(&definition.name, vhost),
+                type_module(self.queue_type)
+            )));
         }
         Ok(())
     }

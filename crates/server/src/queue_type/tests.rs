@@ -67,12 +67,23 @@ fn classic_queues_take_every_property_and_their_implemented_arguments() {
 }
 
 #[test]
-fn classic_queues_refuse_arguments_lepus_does_not_implement_with_540_and_bad_values_with_406() {
+fn classic_queues_refuse_other_types_arguments_and_bad_values_with_406() {
     let classic = capabilities(QueueType::Classic);
-    let declared = definition("q", &[("x-max-age", FieldValue::I32(1))]);
+    // Another type's argument, as RabbitMQ 3.10.8 refuses it on a classic queue (its value unchecked).
+    for key in ["x-max-age", "x-quorum-initial-group-size", "x-dead-letter-strategy", "x-max-in-memory-length", "x-queue-leader-locator"] {
+        let declared = definition("q", &[(key, FieldValue::I32(1))]);
+        assert_eq!(
+            refusal(classic.check_declare(&declared, VHOST)),
+            (406, format!("PRECONDITION_FAILED - invalid arg '{key}' for queue 'q' in vhost '/' of queue type rabbit_classic_queue"))
+        );
+    }
+    // x-delivery-limit is Lepus's extension on classic queues, not another type's.
+    assert_eq!(classic.check_declare(&definition("q", &[("x-delivery-limit", FieldValue::I32(3))]), VHOST), Ok(()));
+    // The values of the classic arguments are checked before the other types' keys, as RabbitMQ does.
+    let later = definition("q", &[("x-max-age", text("1D")), ("x-max-length", FieldValue::I32(-1))]);
     assert_eq!(
-        refusal(classic.check_declare(&declared, VHOST)),
-        (540, "NOT_IMPLEMENTED - queue argument 'x-max-age' is not supported by Lepus yet".to_string())
+        refusal(classic.check_declare(&later, VHOST)),
+        (406, "PRECONDITION_FAILED - invalid arg 'x-max-length' for queue 'q' in vhost '/': {value_negative,-1}".to_string())
     );
     let negative = definition("q", &[("x-max-length", FieldValue::I32(-1))]);
     assert_eq!(
