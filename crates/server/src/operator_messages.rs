@@ -43,9 +43,7 @@ impl Broker {
             topology.route(&message.exchange, &message.routing_key, &mut properties, &mut queues, &mut delayed);
             // Counted as a channel's publish is (RabbitMQ's API publishes on a channel too).
             if let Some(exchange) = topology.exchange(&message.exchange) {
-                let mut counts = crate::metrics::counters::PendingExchangeCounts::default();
-                counts.count(&exchange.stats.0, queues.len());
-                counts.flush();
+                exchange.stats.0.add(1, queues.len() as u64);
             }
             for route in delayed {
                 let durable = topology.exchange(&route.exchange).is_some_and(|exchange| exchange.durable);

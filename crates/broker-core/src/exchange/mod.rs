@@ -95,6 +95,15 @@ pub struct ExchangeStats {
     pub published_out: AtomicU64,
 }
 
+impl ExchangeStats {
+    /// Counts `published_in` messages published to the exchange and `published_out` queue
+    /// deliveries they were routed to.
+    pub fn add(&self, published_in: u64, published_out: u64) {
+        self.published_in.fetch_add(published_in, std::sync::atomic::Ordering::Relaxed);
+        self.published_out.fetch_add(published_out, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// An exchange's [`ExchangeStats`], shared by its clones. Not part of the exchange's identity:
 /// exchanges compare equal whatever they counted.
 #[derive(Debug, Clone, Default)]

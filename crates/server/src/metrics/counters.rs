@@ -145,8 +145,7 @@ impl PendingExchangeCounts {
     /// Adds the counts to the exchange's stats.
     pub fn flush(&mut self) {
         if let (Some(stats), true) = (&self.stats, self.is_pending()) {
-            stats.published_in.fetch_add(self.published_in, Ordering::Relaxed);
-            stats.published_out.fetch_add(self.published_out, Ordering::Relaxed);
+            stats.add(self.published_in, self.published_out);
         }
         self.published_in = 0;
         self.published_out = 0;

@@ -161,30 +161,12 @@ pub const RABBITMQ_QUEUE_ARGUMENTS: &[&str] = &[
     "x-delivery-limit",
 ];
 
-/// The declaration arguments RabbitMQ 3.10.8's classic queues take (`rabbit_classic_queue`'s
-/// `queue_arguments`); any other of [`RABBITMQ_QUEUE_ARGUMENTS`] on a classic queue is another
-/// type's, refused with 406 "... of queue type rabbit_classic_queue" (but `x-delivery-limit`,
-/// which Lepus's classic queues take as an extension).
-const RABBITMQ_CLASSIC_QUEUE_ARGUMENTS: &[&str] = &[
-    "x-expires",
-    "x-message-ttl",
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-max-length",
-    "x-max-length-bytes",
-    "x-max-priority",
-    "x-overflow",
-    "x-queue-mode",
-    "x-queue-version",
-    "x-single-active-consumer",
-    "x-queue-type",
-    "x-queue-master-locator",
-];
-
-/// Whether `key` is an argument of another queue type than classic (one Lepus's classic queues do
-/// not take as an extension, in `accepted`).
-fn is_other_types_argument(key: &str, accepted: &[&str]) -> bool {
-    RABBITMQ_QUEUE_ARGUMENTS.contains(&key) && !RABBITMQ_CLASSIC_QUEUE_ARGUMENTS.contains(&key) && !accepted.contains(&key)
+/// Whether `key` is an argument only other queue types take: one the quorum or stream type takes
+/// and classic queues do not (`classic_accepted`, with Lepus's `x-delivery-limit`). RabbitMQ 3.10.8
+/// refuses such an argument on a classic queue with 406 "... of queue type rabbit_classic_queue"
+/// (its invalid arguments are every type's arguments less the type's own).
+fn is_other_types_argument(key: &str, classic_accepted: &[&str]) -> bool {
+    [QUORUM.accepted_arguments, STREAM.accepted_arguments].iter().any(|taken| taken.contains(&key)) && !classic_accepted.contains(&key)
 }
 
 /// Arguments a type takes that Lepus does not implement for it yet: refused with 540.
