@@ -46,14 +46,19 @@ def publish_confirmed(channel, routing_key, bodies, properties=None, exchange=""
 
 def read(connection, queue, offset=None, count=None, prefetch=100, timeout=RECEIVE_TIMEOUT, quiet=0.5):
     """Consumes (with acks) from `offset` until `count` deliveries, or until nothing comes for
-    `quiet` seconds when count is None; returns [(method, properties, body)] and cancels."""
+    `quiet` seconds when count is None; returns [(method, properties, body)] and cancels.
+
+    With a count, the prefetch is the count and nothing is acked, so no delivery can be in flight
+    when the consumer is cancelled: pika rejects a delivery that arrives during the cancel, and a
+    reject on a stream is a connection error (540) on both brokers."""
     channel = connection.channel()
-    channel.basic_qos(prefetch_count=prefetch)
+    channel.basic_qos(prefetch_count=prefetch if count is None else count)
     got = []
 
     def on_message(ch, method, properties, body):
         got.append((method, properties, body))
-        ch.basic_ack(method.delivery_tag)
+        if count is None:
+            ch.basic_ack(method.delivery_tag)
 
     arguments = {} if offset is None else {"x-stream-offset": offset}
     tag = channel.basic_consume(queue, on_message, arguments=arguments)
