@@ -119,11 +119,22 @@ impl<M: Payload> QueueCore<M> {
             }
             Command::Purge => self.purge(effects),
             Command::Expire => {
-                self.expire_head(now_ms, effects);
+                // Expiring the window empty brings the paged messages behind it in (those that
+                // expired on disk go at once), as RabbitMQ's expiry reads its head from disk;
+                // without a consumer nothing else would ask.
+                if self.expire_head(now_ms, effects) {
+                    effects.extend(self.page_in_request());
+                }
                 Reply::Ok
             }
             Command::SetLimits(limits) => {
                 self.limits = limits;
+                // A recovered queue (everything paged) with a TTL reads its head, so what expired
+                // while it was down goes now and its count is right, as RabbitMQ's start drops
+                // expired messages; a queue without one reads nothing until a consumer asks.
+                if limits.message_ttl_ms.is_some() && self.messages.head_is_paged() {
+                    effects.extend(self.page_in_request());
+                }
                 match limits.overflow {
                     Overflow::DropHead => self.drop_head_while_over(0, effects),
                     Overflow::RejectPublish => Reply::Ok,
@@ -176,7 +187,7 @@ impl<M: Payload> QueueCore<M> {
             let logged = persistent && self.window.is_some();
             let position = self.messages.push_expiring(message, expires_at_ms, logged);
             if logged {
-                effects.push(Effect::LogAppend { position, persistent, paged: false });
+                effects.push(Effect::LogAppend { position, persistent, paged: false, expires_at_ms });
             }
             self.deliver(Some(index), effects);
             return Reply::Ok;
@@ -185,12 +196,12 @@ impl<M: Payload> QueueCore<M> {
         let priority = self.messages.priority_of(&message);
         if self.should_page(priority) {
             let position = self.messages.push_paged(size_bytes, priority);
-            effects.push(Effect::LogAppend { position, persistent, paged: true });
+            effects.push(Effect::LogAppend { position, persistent, paged: true, expires_at_ms });
         } else {
             let logged = persistent && self.window.is_some();
             let position = self.messages.push_expiring(message, expires_at_ms, logged);
             if logged {
-                effects.push(Effect::LogAppend { position, persistent, paged: false });
+                effects.push(Effect::LogAppend { position, persistent, paged: false, expires_at_ms });
             }
         }
         if drop_after_enqueue {
@@ -208,7 +219,7 @@ impl<M: Payload> QueueCore<M> {
         let position = self.messages.skip_position();
         if logged {
             self.stats.published += 1;
-            effects.push(Effect::LogAppend { position, persistent, paged: false });
+            effects.push(Effect::LogAppend { position, persistent, paged: false, expires_at_ms: None });
         }
         effects.push(Effect::Drop { position, message, reason, logged });
         if logged {
@@ -313,10 +324,14 @@ impl<M: Payload> QueueCore<M> {
     }
 
     /// Drops expired messages at the head.
-    fn expire_head(&mut self, now_ms: u64, effects: &mut Vec<Effect<M>>) {
+    /// Drops the expired messages at the head; whether there were any.
+    fn expire_head(&mut self, now_ms: u64, effects: &mut Vec<Effect<M>>) -> bool {
+        let mut expired_any = false;
         while let Some((position, expired)) = self.messages.pop_expired_head(now_ms) {
             effects.push(Effect::Drop { position, message: expired.message, reason: DeadLetterReason::Expired, logged: expired.logged });
+            expired_any = true;
         }
+        expired_any
     }
 
     fn dispatch<G: FnMut(ConsumerRef) -> bool>(

@@ -169,7 +169,9 @@ pub enum Effect<M> {
     /// with [`Command::Undeliver`].
     Deliver { consumer: Option<ConsumerRef>, position: u64, queued: QueuedMessage<M>, no_ack: bool },
     /// Append the message just enqueued to the log; `paged` means it exists only there.
-    LogAppend { position: u64, persistent: bool, paged: bool },
+    /// `expires_at_ms` is its expiry, fixed now, for the record to keep: a page-in or a restart
+    /// reads it back with it ([`PagedExpiry::Fixed`]).
+    LogAppend { position: u64, persistent: bool, paged: bool, expires_at_ms: Option<u64> },
     /// Record in the log that the message left the queue.
     LogSettle { position: u64 },
     /// Record in the log that the message was handed out (a restart marks it redelivered).
@@ -227,8 +229,19 @@ pub struct PagedMessage<M> {
     pub message: M,
     /// Whether it was handed out before (a delivered marker, or a crash).
     pub redelivered: bool,
-    /// Its expiration property, in milliseconds.
-    pub own_ttl_ms: Option<u64>,
+    /// When it expires.
+    pub expiry: PagedExpiry,
+}
+
+/// When a paged message expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PagedExpiry {
+    /// As fixed when it was enqueued (milliseconds since the epoch; none: it never expires), as
+    /// RabbitMQ fixes it: the time it spent on disk counts.
+    Fixed(Option<u64>),
+    /// Not known (its record was written by a build that kept no expiry): counted from the read,
+    /// from its expiration property (`own_ttl_ms`) and the queue's TTL.
+    FromRead { own_ttl_ms: Option<u64> },
 }
 
 /// The page-in the queue waits for, if any.

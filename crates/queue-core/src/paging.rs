@@ -10,7 +10,7 @@
 //! with the window full (up to one batch past it, then one message per read), or a backlog of low
 //! priorities in memory would hold the high ones on disk.
 
-use crate::{DeadLetterReason, Effect, PagedMessage, Payload, QueueCore, Reply};
+use crate::{DeadLetterReason, Effect, PagedExpiry, PagedMessage, Payload, QueueCore, Reply};
 
 impl<M: Payload> QueueCore<M> {
     /// A page-in read, when none is out and either the window has fallen below both low
@@ -62,7 +62,7 @@ impl<M: Payload> QueueCore<M> {
         }
         self.page_in.in_flight = false;
         let priority = self.page_in.priority;
-        for PagedMessage { position, message, redelivered, own_ttl_ms } in messages {
+        for PagedMessage { position, message, redelivered, expiry } in messages {
             if self.messages.settle_dropped_paged(message.size_bytes(), priority) {
                 // Logged: the caller settles its record (once dead-lettered, when it is).
                 effects.push(Effect::Drop { position, message, reason: DeadLetterReason::MaxLength, logged: true });
@@ -72,7 +72,10 @@ impl<M: Payload> QueueCore<M> {
                 // More than was paged: the reader went past the queue's tail. Keep the count right.
                 break;
             }
-            let expires_at_ms = self.expiry(own_ttl_ms, now_ms);
+            let expires_at_ms = match expiry {
+                PagedExpiry::Fixed(expires_at_ms) => expires_at_ms,
+                PagedExpiry::FromRead { own_ttl_ms } => self.expiry(own_ttl_ms, now_ms),
+            };
             self.messages.page_in(position, message, redelivered, expires_at_ms, priority);
         }
         if self.messages.paged_dropped_count() > 0 {

@@ -25,15 +25,22 @@ const WINDOW: Window = Window {
 struct Queue {
     core: QueueCore<TestMessage>,
     effects: Vec<Effect<TestMessage>>,
-    /// What the log holds past the window: positions of paged messages not read yet.
-    log: std::collections::VecDeque<u64>,
+    /// What the log holds past the window: positions of paged messages not read yet, with the
+    /// expiry each record keeps.
+    log: std::collections::VecDeque<(u64, Option<u64>)>,
+    /// The clock commands are applied at.
+    now_ms: u64,
 }
 
 impl Queue {
     /// A queue that took `count` messages: the first four in memory, the rest paged.
     fn with_messages(count: u64, limits: Limits) -> Queue {
-        let mut queue =
-            Queue { core: QueueCore::new(QueueState::new(0), limits, Some(WINDOW)), effects: Vec::new(), log: Default::default() };
+        let mut queue = Queue {
+            core: QueueCore::new(QueueState::new(0), limits, Some(WINDOW)),
+            effects: Vec::new(),
+            log: Default::default(),
+            now_ms: 0,
+        };
         for _ in 0..count {
             queue.publish();
         }
@@ -42,14 +49,18 @@ impl Queue {
 
     fn apply(&mut self, command: Command<TestMessage>) -> Reply {
         self.effects.clear();
-        self.core.apply(command, 0, &mut |_| true, &mut self.effects)
+        self.core.apply(command, self.now_ms, &mut |_| true, &mut self.effects)
     }
 
     fn publish(&mut self) -> Reply {
         let position = self.core.messages().next_position();
         let reply = self.apply(Command::Enqueue { message: TestMessage(position), persistent: true, own_ttl_ms: None });
-        if self.effects.iter().any(|effect| matches!(effect, Effect::LogAppend { paged: true, .. })) {
-            self.log.push_back(position);
+        let paged = self.effects.iter().find_map(|effect| match effect {
+            Effect::LogAppend { paged: true, expires_at_ms, .. } => Some(*expires_at_ms),
+            _ => None,
+        });
+        if let Some(expires_at_ms) = paged {
+            self.log.push_back((position, expires_at_ms));
         }
         reply
     }
@@ -67,11 +78,11 @@ impl Queue {
         let count = messages_max.min(self.log.len());
         self.log
             .drain(..count)
-            .map(|position| PagedMessage {
+            .map(|(position, expires_at_ms)| PagedMessage {
                 position,
                 message: TestMessage(position),
                 redelivered: redelivered.contains(&position),
-                own_ttl_ms: None,
+                expiry: PagedExpiry::Fixed(expires_at_ms),
             })
             .collect()
     }
@@ -87,10 +98,14 @@ impl Queue {
     }
 
     fn dropped(&self) -> Vec<u64> {
+        self.dropped_for(DeadLetterReason::MaxLength)
+    }
+
+    fn dropped_for(&self, wanted: DeadLetterReason) -> Vec<u64> {
         self.effects
             .iter()
             .filter_map(|effect| match effect {
-                Effect::Drop { message, reason: DeadLetterReason::MaxLength, .. } => Some(message.0),
+                Effect::Drop { message, reason, .. } if *reason == wanted => Some(message.0),
                 _ => None,
             })
             .collect()
@@ -167,7 +182,8 @@ fn basic_get_on_an_all_paged_queue_waits_for_the_read_and_gets_the_oldest() {
     let mut queue = Queue {
         core: QueueCore::new(QueueState::with_paged(100, 5), Limits::NONE, Some(WINDOW)),
         effects: Vec::new(),
-        log: (95..100).collect(),
+        log: (95..100).map(|position| (position, None)).collect(),
+        now_ms: 0,
     };
     assert_eq!(queue.apply(Command::Get { no_ack: false }), Reply::PageInFirst);
     let (messages_max, generation) = queue.page_in_asked().expect("the get asks for a read");
@@ -186,21 +202,45 @@ fn a_recovered_queue_pages_in_only_when_asked_or_over_a_limit() {
     let mut queue = Queue {
         core: QueueCore::new(QueueState::with_paged(100, 5), Limits::NONE, Some(WINDOW)),
         effects: Vec::new(),
-        log: (95..100).collect(),
+        log: (95..100).map(|position| (position, None)).collect(),
+        now_ms: 0,
     };
     queue.apply(Command::SetLimits(Limits::NONE));
     assert_eq!(queue.page_in_asked(), None, "no limit, no consumer: nothing read");
-    queue.apply(Command::SetLimits(Limits { message_ttl_ms: Some(60_000), ..Limits::NONE }));
-    assert_eq!(queue.page_in_asked(), None, "a TTL alone reads nothing either");
     queue.apply(Command::SetLimits(Limits { max_length: Some(2), overflow: Overflow::DropHead, ..Limits::NONE }));
     assert!(queue.page_in_asked().is_some(), "over x-max-length: the head is read to be dropped");
+}
+
+/// A recovered queue with a TTL reads its head at start: messages that expired while the broker
+/// was down are dropped as the read brings them (RabbitMQ's start drops them too), and the rest
+/// keep the expiry their records fixed at publish.
+#[test]
+fn a_recovered_queue_with_a_ttl_reads_its_head_and_drops_what_expired_meanwhile() {
+    let mut queue = Queue {
+        core: QueueCore::new(QueueState::with_paged(100, 4), Limits::NONE, Some(WINDOW)),
+        effects: Vec::new(),
+        log: [(96, Some(1_000)), (97, Some(1_000)), (98, Some(5_000)), (99, Some(5_000))].into(),
+        now_ms: 2_000,
+    };
+    queue.apply(Command::SetLimits(Limits { message_ttl_ms: Some(60_000), ..Limits::NONE }));
+    let (messages_max, generation) = queue.page_in_asked().expect("a TTL reads the head");
+    let messages = queue.read(messages_max, &[]);
+    queue.apply(Command::PagedIn { generation, messages });
+    queue.apply(Command::Expire);
+    assert_eq!(queue.dropped_for(DeadLetterReason::Expired), vec![96, 97]);
+    assert_eq!(queue.core.messages().ready_count(), 2);
+    assert_eq!(queue.core.messages().head_expires_at_ms(), Some(5_000), "the expiry fixed at publish, not the queue's TTL from now");
 }
 
 #[test]
 fn drop_head_during_a_read_drops_the_oldest_paged_when_they_are_read() {
     let limits = Limits { max_length: Some(3), overflow: Overflow::DropHead, ..Limits::NONE };
-    let mut queue =
-        Queue { core: QueueCore::new(QueueState::with_paged(100, 3), limits, Some(WINDOW)), effects: Vec::new(), log: (97..100).collect() };
+    let mut queue = Queue {
+        core: QueueCore::new(QueueState::with_paged(100, 3), limits, Some(WINDOW)),
+        effects: Vec::new(),
+        log: (97..100).map(|position| (position, None)).collect(),
+        now_ms: 0,
+    };
     assert_eq!(queue.apply(Command::Get { no_ack: false }), Reply::PageInFirst);
     let (messages_max, generation) = queue.page_in_asked().expect("a read asked for");
     // Two publishes past the limit drop the two oldest, which only the log holds.
@@ -297,4 +337,43 @@ fn a_read_that_lost_messages_to_damage_takes_them_off_the_counts_and_the_rest_is
     assert_eq!((messages.ready_count(), messages.unacked_count()), (0, 4 + served.len()), "the unacked ones stay, nothing else is counted");
     // A stale result changes nothing.
     assert_eq!(queue.apply(Command::PagedInWithLoss { generation, messages: Vec::new(), lost: 3 }), Reply::Stale);
+}
+
+/// RabbitMQ fixes a message's expiry when it is enqueued: a paged message's record keeps it, so
+/// the time it spent on disk counts, and one that expired there is dropped as the read brings it,
+/// never delivered (before records kept it, the TTL counted again from the read).
+#[test]
+fn a_paged_message_expires_from_its_publish_not_from_its_page_in() {
+    let mut queue = Queue::with_messages(10, Limits { message_ttl_ms: Some(1_000), ..Limits::NONE });
+    assert_eq!(queue.log.iter().map(|(_, expires_at_ms)| *expires_at_ms).collect::<Vec<_>>(), vec![Some(1_000); 6]);
+    queue.now_ms = 1_500;
+    queue.apply(Command::Expire);
+    assert_eq!(queue.dropped_for(DeadLetterReason::Expired), vec![0, 1, 2, 3]);
+    let (messages_max, generation) = queue.page_in_asked().expect("the emptied window asks for a read");
+    queue.consume(10);
+    let messages = queue.read(messages_max, &[]);
+    assert_eq!(queue.apply(Command::PagedIn { generation, messages }), Reply::Ok);
+    queue.apply(Command::Dispatch);
+    assert!(queue.delivered().is_empty(), "expired on disk, delivered after its TTL: {:?}", queue.delivered());
+    assert_eq!(queue.dropped_for(DeadLetterReason::Expired), vec![4, 5, 6, 7]);
+}
+
+/// A record of an older build keeps no expiry: its TTL counts from the read, the only time left.
+#[test]
+fn a_paged_message_without_a_recorded_expiry_counts_its_ttl_from_the_read() {
+    let mut queue = Queue::with_messages(6, Limits { message_ttl_ms: Some(1_000), ..Limits::NONE });
+    queue.now_ms = 1_500;
+    queue.apply(Command::Expire);
+    let (_, generation) = queue.page_in_asked().expect("a read");
+    let unrecorded = |position| PagedMessage {
+        position,
+        message: TestMessage(position),
+        redelivered: false,
+        expiry: PagedExpiry::FromRead { own_ttl_ms: Some(200) },
+    };
+    queue.apply(Command::PagedIn { generation, messages: vec![unrecorded(4), unrecorded(5)] });
+    assert_eq!(queue.core.messages().head_expires_at_ms(), Some(1_700), "its own TTL, shorter than the queue's, from the read");
+    queue.now_ms = 1_700;
+    queue.apply(Command::Expire);
+    assert_eq!(queue.dropped_for(DeadLetterReason::Expired), vec![4, 5]);
 }

@@ -78,7 +78,7 @@ impl Queue {
         let count = messages_max.min(log.len());
         let messages = log
             .drain(..count)
-            .map(|message| PagedMessage { position: message.id, message, redelivered: false, own_ttl_ms: None })
+            .map(|message| PagedMessage { position: message.id, message, redelivered: false, expiry: PagedExpiry::Fixed(None) })
             .collect();
         self.apply(Command::PagedIn { generation, messages });
         true

@@ -347,8 +347,9 @@ fn paging_asks_for_page_in_before_dispatch() {
     );
     assert_eq!(core.apply(Command::Dispatch, 0, &mut |_| true, &mut effects), Reply::Ok);
     let [Effect::NeedPageIn { messages_max: 3, generation, .. }] = effects[..] else { panic!("one page-in asked: {effects:?}") };
-    let messages =
-        (7..10).map(|position| PagedMessage { position, message: TestMessage(position), redelivered: false, own_ttl_ms: None }).collect();
+    let messages = (7..10)
+        .map(|position| PagedMessage { position, message: TestMessage(position), redelivered: false, expiry: PagedExpiry::Fixed(None) })
+        .collect();
     assert_eq!(core.apply(Command::PagedIn { generation, messages }, 0, &mut |_| true, &mut effects), Reply::Ok);
     effects.clear();
     assert_eq!(core.apply(Command::Dispatch, 0, &mut |_| true, &mut effects), Reply::Ok);

@@ -46,11 +46,15 @@ pub enum Sabotage {
     /// synced, without waiting for the queue's definition (the broker's order before the
     /// simulator's in-flight declares showed the confirmed message lost with its queue).
     ConfirmBeforeDefinition,
+    /// A page-in that counts a paged message's TTL again from the read, not from its publish
+    /// (the broker before its publish records kept the expiry): a message that spent its TTL on
+    /// disk is delivered.
+    ExpiryFromPageIn,
 }
 
 impl Sabotage {
     /// Every deliberate bug.
-    pub const ALL: [Sabotage; 8] = [
+    pub const ALL: [Sabotage; 9] = [
         Sabotage::ConfirmBeforeSync,
         Sabotage::SkipJournalReplay,
         Sabotage::ForgetSettleRecords,
@@ -59,6 +63,7 @@ impl Sabotage {
         Sabotage::KeepOrphanedLogs,
         Sabotage::ReuseWithoutCheckpoint,
         Sabotage::ConfirmBeforeDefinition,
+        Sabotage::ExpiryFromPageIn,
     ];
 
     /// How far ahead of the clock the queue core is told the time when it expires messages.
@@ -82,6 +87,7 @@ impl Sabotage {
             Sabotage::KeepOrphanedLogs => "keep-orphaned-logs",
             Sabotage::ReuseWithoutCheckpoint => "reuse-without-checkpoint",
             Sabotage::ConfirmBeforeDefinition => "confirm-before-definition",
+            Sabotage::ExpiryFromPageIn => "expiry-from-page-in",
         }
     }
 

@@ -7,7 +7,7 @@ use crate::ledger::{violation, Ledger, Settlement, Violation};
 use crate::message::{parse_body, MessageId, Simulated};
 use crate::Sabotage;
 use parking_lot::Mutex;
-use queue_core::{Command, ConsumerId, Effect, Limits, PagedMessage, QueueCore, QueueState, Reply, Window};
+use queue_core::{Command, ConsumerId, Effect, Limits, PagedExpiry, PagedMessage, QueueCore, QueueState, Reply, Window};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +18,7 @@ use storage::journal::{replay_in, Journal};
 use storage::memory_file_system::MemoryFileSystem;
 use storage::queue_log::{is_past_every_segment, QueueLog, RecordLocation, TailCursor};
 use storage::range_set::RangeSet;
+use storage::record::RecordedExpiry;
 use storage::syncer::{Confirm, ConfirmSink, SharedLog, SteppedSyncer, SyncPolicy};
 use storage::StorageError;
 
@@ -501,8 +502,8 @@ impl Queue {
         }
         for effect in effects {
             match effect {
-                Effect::LogAppend { position, persistent: true, paged } => {
-                    let location: RecordLocation = self.log.lock().append_publish(position, &message.message, true);
+                Effect::LogAppend { position, persistent: true, paged, expires_at_ms } => {
+                    let location: RecordLocation = self.log.lock().append_publish(position, &message.message, true, expires_at_ms);
                     if paged && self.pager.is_none() {
                         self.pager =
                             Some(Pager { cursor: TailCursor::new(location, position), delivered: RangeSet::new(), all_redelivered: false });
@@ -616,6 +617,13 @@ impl Queue {
                     if self.consumers.len() == 1 && !queued.redelivered {
                         ledger.first_delivery_in_order(self.index, id)?;
                     }
+                    let published_at_ms = ledger.get(id).map_or(0, |publish| publish.published_at_ms);
+                    if let Some(ttl_ms) = queued.message.ttl_ms.filter(|ttl_ms| now_ms >= published_at_ms + ttl_ms) {
+                        violation!(
+                            "queue {}: {id:x} delivered at {now_ms} ms, published at {published_at_ms} ms with a TTL of {ttl_ms} ms",
+                            self.index
+                        );
+                    }
                     let Some(holder) = self.consumers.iter_mut().find(|held| held.id == consumer.id) else {
                         violation!("queue {}: delivered to unknown consumer {}", self.index, consumer.id)
                     };
@@ -666,21 +674,30 @@ impl Queue {
         sabotage: Sabotage,
     ) -> Result<(), Halt> {
         let Some(pager) = self.pager.as_mut() else { violation!("queue {}: paged messages without a pager", self.index) };
-        let batch = self.log.lock().read_tail(&mut pager.cursor, messages_max, bytes_max as usize);
+        let batch = {
+            let mut log = self.log.lock();
+            log.plan_tail_read(&pager.cursor).and_then(|plan| plan.read_with_expiries(&mut pager.cursor, messages_max, bytes_max as usize))
+        };
         let batch = match batch {
             Ok(batch) if !batch.is_empty() => batch,
             Ok(_) => violation!("queue {}: {} paged messages missing from the log", self.index, self.core.messages().paged_count()),
             Err(error) => return Err(storage_failure(&self.file_system, "reading paged messages", error)),
         };
         let mut messages = Vec::with_capacity(batch.len());
-        for (position, message) in batch {
+        for (position, message, recorded) in batch {
             let Some((id, ttl_ms)) = parse_body(&message.body) else { violation!("queue {}: paged in a body never published", self.index) };
             if self.live.get(&position) != Some(&id) {
                 violation!("queue {}: paged in {id:x} at position {position}, which holds {:x?}", self.index, self.live.get(&position));
             }
             let redelivered = pager.all_redelivered || pager.delivered.contains(position);
             let simulated = Simulated { id, ttl_ms, message: Arc::new(message) };
-            messages.push(PagedMessage { position, message: simulated, redelivered, own_ttl_ms: ttl_ms });
+            let expiry = match recorded {
+                _ if sabotage == Sabotage::ExpiryFromPageIn => PagedExpiry::FromRead { own_ttl_ms: ttl_ms },
+                RecordedExpiry::Never => PagedExpiry::Fixed(None),
+                RecordedExpiry::AtMs(expires_at_ms) => PagedExpiry::Fixed(Some(expires_at_ms)),
+                RecordedExpiry::Unrecorded => violation!("queue {}: {id:x} read back without the expiry its record keeps", self.index),
+            };
+            messages.push(PagedMessage { position, message: simulated, redelivered, expiry });
         }
         let mut effects = Vec::new();
         self.core.apply(Command::PagedIn { generation, messages }, now_ms, &mut |_| false, &mut effects);

@@ -122,26 +122,27 @@ fn the_seeds_cut_the_power_at_every_durability_boundary() {
     assert!(missing.is_empty(), "no power cut at {missing:?}; hit: {hits:?}");
 }
 
-/// Each deliberate bug is caught by one of the first ten seeds.
+/// Each deliberate bug is caught by one of the first twenty seeds.
 #[test]
 fn every_deliberate_bug_is_caught() {
     for sabotage in Sabotage::ALL {
         let config = Config { sabotage, ..Config::default() };
         // The first seed that catches it ends the search.
-        let caught = (0..10).any(|seed| run(seed, &config).is_err());
-        assert!(caught, "{} was never caught by seeds 0-9", sabotage.name());
+        let caught = (0..20).any(|seed| run(seed, &config).is_err());
+        assert!(caught, "{} was never caught by seeds 0-19", sabotage.name());
     }
 }
 
 /// A publish into a queue whose declare is in flight (another channel's), confirmed once the
 /// queue's log is synced but before the queue's definition is durable, as the broker did: a
 /// power cut inside the definitions write loses the queue, the start removes its log as an
-/// orphan, and the confirmed message is gone. Seed 2 finds it (32 of seeds 0-299 do).
+/// orphan, and the confirmed message is gone. Seed 10 finds it (40 of seeds 0-299 do; which ones
+/// moves with the records' sizes, which decide where segments roll and power cuts fall).
 #[test]
 fn a_confirm_before_the_queues_definition_is_durable_is_caught() {
     let config = Config { sabotage: Sabotage::ConfirmBeforeDefinition, ..Config::default() };
-    let failure = run(2, &config).expect_err("seed 2 catches the confirm before the definition");
+    let failure = run(10, &config).expect_err("seed 10 catches the confirm before the definition");
     assert!(failure.to_string().contains("whose declare never reached the disk"), "{failure}");
-    let report = run(2, &Config::default()).expect("seed 2 passes with the confirm after the definition");
-    assert!(report.publishes_during_declare > 0, "seed 2 published into no queue whose declare was in flight");
+    let report = run(10, &Config::default()).expect("seed 10 passes with the confirm after the definition");
+    assert!(report.publishes_during_declare > 0, "seed 10 published into no queue whose declare was in flight");
 }

@@ -153,7 +153,7 @@ impl Node {
         let position = self.next[queue];
         self.next[queue] += 1;
         let delivery_tag = tag(self.run, queue, position);
-        self.logs[queue].lock().append_publish(position, &message(delivery_tag), true);
+        self.logs[queue].lock().append_publish(position, &message(delivery_tag), true, None);
         let sink: Arc<dyn ConfirmSink> = ledger.clone();
         self.syncer.confirm(vec![self.logs[queue].clone()], vec![Confirm { sink, delivery_tag, accepted: true }]);
         delivery_tag
@@ -163,7 +163,7 @@ impl Node {
     fn append_unconfirmed(&mut self, queue: usize) -> u64 {
         let position = self.next[queue];
         self.next[queue] += 1;
-        self.logs[queue].lock().append_publish(position, &message(tag(self.run, queue, position)), true);
+        self.logs[queue].lock().append_publish(position, &message(tag(self.run, queue, position)), true, None);
         position
     }
 

@@ -87,7 +87,7 @@ pub fn segment_damage(input: &[u8]) {
     {
         let (mut log, _) = QueueLog::open_with_cache(directory, SEGMENT_BYTES, cache.clone()).expect("open an empty log in memory");
         for position in 0..count {
-            log.append_publish(position, &message(position), true);
+            log.append_publish(position, &message(position), true, None);
         }
         let written = log.write_pending(SyncDue::Now).expect("write in memory");
         written.sync_now.iter().for_each(|file| file.sync().expect("sync in memory"));

@@ -29,6 +29,8 @@ pub mod definitions_log;
 pub mod definitions_state;
 pub mod entropy;
 #[cfg(test)]
+mod expiry_tests;
+#[cfg(test)]
 mod fault_tests;
 pub mod file_cache;
 pub mod file_system;
@@ -52,7 +54,7 @@ pub mod syncer;
 /// definitions as a snapshot and a change log; format 3 recorded each queue's type in one file
 /// rewritten on every change; format 2 had queues without a type (all classic). Formats 3 and 2
 /// are upgraded to 4 at start. Segments have their own version ([`record::SEGMENT_FORMAT_VERSION`]),
-/// unchanged by formats 3 and 4.
+/// unchanged by formats 3 and 4; segments of version 2 and 3 are both read.
 pub const STORAGE_FORMAT_VERSION: u32 = 4;
 
 /// A storage failure, with the file it concerns.
@@ -69,8 +71,10 @@ pub enum StorageError {
     /// A file written in a storage format this build does not read.
     #[error(
         "{path}: storage format {found} is not supported: this build reads data directories of format {supported} (with \
-         segments of format {segments}) and upgrades format 2 and format 3 at start; start with an empty data directory",
+         segments of format {oldest_segments} to {segments}) and upgrades format 2 and format 3 at start; start with an \
+         empty data directory",
         supported = STORAGE_FORMAT_VERSION,
+        oldest_segments = crate::record::SEGMENT_FORMAT_VERSION_OLDEST_READ,
         segments = crate::record::SEGMENT_FORMAT_VERSION
     )]
     UnsupportedFormat {

@@ -4,7 +4,7 @@
 use crate::janitor;
 use crate::queue_log::tests::indexed_log;
 use crate::queue_log::{QueueLog, SyncDue};
-use crate::record::{RecordHeader, KIND_PUBLISH, RECORD_HEADER_BYTES, SEGMENT_HEADER_RECORD_BYTES};
+use crate::record::{RecordHeader, RECORD_HEADER_BYTES, SEGMENT_HEADER_RECORD_BYTES};
 use crate::segment_index::INDEX_FILE_NAME;
 use crate::StorageError;
 use std::os::unix::fs::FileExt;
@@ -37,7 +37,7 @@ fn publishes(path: &Path) -> Vec<(u64, u64)> {
         if header.length == 0 {
             break;
         }
-        if header.kind == KIND_PUBLISH {
+        if crate::record::is_persistent_publish(header.kind) {
             found.push((offset as u64, header.position));
         }
         offset += header.record_bytes() as usize;

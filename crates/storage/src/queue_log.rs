@@ -34,9 +34,9 @@ use crate::janitor::{self, SharedSpares, SparePool, PREPARING_SUFFIX, SPARE_SUFF
 use crate::quarantine::{self, QuarantineWatch, Quarantined, QUARANTINED_SUFFIX};
 use crate::range_set::RangeSet;
 use crate::record::{
-    self, RecordHeader, SegmentIdentity, HEADER_SEED, KIND_DELIVERED, KIND_PUBLISH, KIND_PUBLISH_TRANSIENT, KIND_QUARANTINED, KIND_SEALED,
-    KIND_SEGMENT_HEADER, KIND_SETTLED, LENGTH_AND_CHECKSUM_BYTES, RECORD_FIXED_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_RECORD_BYTES,
-    TERMINATOR_BYTES,
+    self, RecordHeader, RecordedExpiry, SegmentIdentity, HEADER_SEED, KIND_DELIVERED, KIND_PUBLISH_FLAGGED, KIND_PUBLISH_TRANSIENT_FLAGGED,
+    KIND_QUARANTINED, KIND_SEALED, KIND_SEGMENT_HEADER, KIND_SETTLED, LENGTH_AND_CHECKSUM_BYTES, RECORD_FIXED_BYTES, RECORD_HEADER_BYTES,
+    SEGMENT_HEADER_RECORD_BYTES, TERMINATOR_BYTES,
 };
 use crate::segment_index::{self, SealedSegment, SegmentSummary, SummaryBuilder, INDEX_FILE_NAME, INDEX_STALE_ENTRIES_MIN};
 use crate::syncer::DirtyMark;
@@ -53,7 +53,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use crate::janitor::RECYCLED_SEGMENTS_MAX;
-pub use crate::record::{CURRENT_TERM, RECORD_BYTES_MAX, SEGMENT_FORMAT_VERSION};
+pub use crate::record::{CURRENT_TERM, RECORD_BYTES_MAX, SEGMENT_FORMAT_VERSION, SEGMENT_FORMAT_VERSION_OLDEST_READ};
 
 /// How much one tail read takes from a segment at a time.
 const TAIL_READ_CHUNK_BYTES: usize = 1 << 20;
@@ -221,13 +221,25 @@ impl TailRead {
     /// is retired meanwhile fails to open or fails its checksums (its next life has another seed),
     /// which [`TailRead::overtaken_by`] tells apart from damage.
     pub fn read(&self, cursor: &mut TailCursor, records_max: usize, bytes_max: usize) -> Result<Vec<(u64, Message)>, StorageError> {
+        let read = self.read_with_expiries(cursor, records_max, bytes_max)?;
+        Ok(read.into_iter().map(|(position, message, _)| (position, message)).collect())
+    }
+
+    /// [`TailRead::read`], each message with the expiry its record keeps: what a queue's page-in
+    /// reads, so a message's time to live counts from its publish, not from the read.
+    pub fn read_with_expiries(
+        &self,
+        cursor: &mut TailCursor,
+        records_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<(u64, Message, RecordedExpiry)>, StorageError> {
         let mut out = Vec::new();
-        self.walk(cursor, records_max, bytes_max, |position, payload, location, path| {
+        self.walk(cursor, records_max, bytes_max, |position, expiry, payload, location, path| {
             let message = decode_publish(payload).ok_or_else(|| StorageError::Corrupt {
                 path: path.display().to_string(),
                 detail: format!("publish record does not parse at offset {}", location.offset),
             })?;
-            out.push((position, message));
+            out.push((position, message, expiry));
             Ok(())
         })?;
         Ok(out)
@@ -243,7 +255,7 @@ impl TailRead {
         bytes_max: usize,
     ) -> Result<Vec<(u64, RecordLocation, Message)>, StorageError> {
         let mut out = Vec::new();
-        self.walk(cursor, records_max, bytes_max, |position, payload, location, path| {
+        self.walk(cursor, records_max, bytes_max, |position, _, payload, location, path| {
             let message = decode_publish(payload).ok_or_else(|| StorageError::Corrupt {
                 path: path.display().to_string(),
                 detail: format!("publish record does not parse at offset {}", location.offset),
@@ -270,7 +282,7 @@ impl TailRead {
     /// many messages each priority has on disk, with one scan and no bodies in memory.
     pub fn count_priorities(&self, cursor: &mut TailCursor, max_priority: u8) -> Result<Vec<u64>, StorageError> {
         let mut counts = vec![0u64; usize::from(max_priority) + 1];
-        self.walk(cursor, usize::MAX, usize::MAX, |_, payload, location, path| {
+        self.walk(cursor, usize::MAX, usize::MAX, |_, _, payload, location, path| {
             let priority = publish_priority(&payload, max_priority).ok_or_else(|| StorageError::Corrupt {
                 path: path.display().to_string(),
                 detail: format!("publish record does not parse at offset {}", location.offset),
@@ -282,7 +294,7 @@ impl TailRead {
     }
 
     /// Walks the records `cursor` yields (see [`TailRead::read`]), handing each one's position,
-    /// payload and location to `visit`, up to `records_max` of them and about `bytes_max` bytes.
+    /// expiry, message bytes and location to `visit`, up to `records_max` of them and about `bytes_max` bytes.
     /// A torn or corrupt record fails the walk, unless the cursor is quarantining: then it is
     /// stepped over ([`TailRead::step_over`]) and the walk goes on.
     fn walk(
@@ -290,7 +302,7 @@ impl TailRead {
         cursor: &mut TailCursor,
         records_max: usize,
         bytes_max: usize,
-        mut visit: impl FnMut(u64, Bytes, RecordLocation, &Path) -> Result<(), StorageError>,
+        mut visit: impl FnMut(u64, RecordedExpiry, Bytes, RecordLocation, &Path) -> Result<(), StorageError>,
     ) -> Result<(), StorageError> {
         let mut records_read = 0usize;
         let mut bytes_read = 0usize;
@@ -372,7 +384,7 @@ impl TailRead {
                 let location = cursor.at;
                 consumed += record_bytes;
                 cursor.at.offset += record_bytes as u64;
-                if header.kind != KIND_PUBLISH && header.kind != KIND_PUBLISH_TRANSIENT {
+                if !record::is_publish(header.kind) {
                     continue;
                 }
                 let position = header.position;
@@ -380,20 +392,25 @@ impl TailRead {
                     watch.saw_publish(location.segment, position);
                 }
                 let wanted = match &cursor.recovered {
-                    Some((live, end)) if location < *end => header.kind == KIND_PUBLISH && live.contains(position),
+                    Some((live, end)) if location < *end => record::is_persistent_publish(header.kind) && live.contains(position),
                     _ => position >= cursor.floor,
                 };
                 if !wanted {
                     continue;
                 }
-                let payload = covered.slice(RECORD_FIXED_BYTES..);
+                // The checksum held, so a prefix that does not parse was written so.
+                let (expiry, payload) =
+                    record::split_publish(header.kind, covered.slice(RECORD_FIXED_BYTES..)).ok_or_else(|| StorageError::Corrupt {
+                        path: path.display().to_string(),
+                        detail: format!("publish flags do not parse at offset {offset}"),
+                    })?;
                 if let Some((priority, max_priority)) = cursor.priority {
                     // One that does not parse is visited, so the read reports it.
                     if publish_priority(&payload, max_priority).is_some_and(|found| found != priority) {
                         continue;
                     }
                 }
-                visit(position, payload, location, &path)?;
+                visit(position, expiry, payload, location, &path)?;
                 bytes_read += header.length;
                 records_read += 1;
             }
@@ -497,10 +514,11 @@ impl RecordReader<'_> {
         if !header.checksum_matches(segment.seed, &covered) {
             return Err(corrupt(format!("checksum mismatch at offset {}", at.offset)));
         }
-        if header.kind != KIND_PUBLISH && header.kind != KIND_PUBLISH_TRANSIENT {
+        if !record::is_publish(header.kind) {
             return Err(corrupt(format!("the record at offset {} is not a publish", at.offset)));
         }
-        let message = decode_publish(covered.slice(RECORD_FIXED_BYTES..))
+        let message = record::split_publish(header.kind, covered.slice(RECORD_FIXED_BYTES..))
+            .and_then(|(_, payload)| decode_publish(payload))
             .ok_or_else(|| corrupt(format!("publish record does not parse at offset {}", at.offset)))?;
         Ok((header.position, message))
     }
@@ -1259,8 +1277,9 @@ impl QueueLog {
 
     /// Buffers a publish record, starting a new segment first when the active one is full, and
     /// returns where the record starts. `persistent` records survive a restart; the others are
-    /// only there to be read back while the queue pages.
-    pub fn append_publish(&mut self, position: u64, message: &Message, persistent: bool) -> RecordLocation {
+    /// only there to be read back while the queue pages. `expires_at_ms` (milliseconds since the
+    /// Unix epoch) is the message's expiry as its queue fixed it at enqueue.
+    pub fn append_publish(&mut self, position: u64, message: &Message, persistent: bool, expires_at_ms: Option<u64>) -> RecordLocation {
         if !self.deleted {
             let filled = self.active_bytes + self.pending.len() as u64;
             // A segment is named after its first position: one that has not taken a publish past
@@ -1278,16 +1297,10 @@ impl QueueLog {
         if self.deleted {
             return location;
         }
-        let kind = if persistent { KIND_PUBLISH } else { KIND_PUBLISH_TRANSIENT };
+        let kind = if persistent { KIND_PUBLISH_FLAGGED } else { KIND_PUBLISH_TRANSIENT_FLAGGED };
         self.append(kind, position, |buffer| {
-            buffer.put_u8(message.exchange.len() as u8);
-            buffer.put_slice(message.exchange.as_bytes());
-            buffer.put_u8(message.routing_key.len() as u8);
-            buffer.put_slice(message.routing_key.as_bytes());
-            buffer.put_u16(message.header.property_flags);
-            buffer.put_u32(message.header.properties_raw.len() as u32);
-            buffer.put_slice(&message.header.properties_raw);
-            buffer.put_slice(&message.body);
+            record::put_publish_prefix(buffer, expires_at_ms);
+            put_message(buffer, message);
         });
         self.summary.publish(position, persistent);
         let active = self.segments.last_mut().expect("a log always has an active segment");
@@ -1851,7 +1864,7 @@ fn scan_segment(path: &Path, file: &dyn StorageFile, first_position: u64, replay
                 scan.damage = Some((0, "segment header of the wrong size".to_string()));
                 return Ok(scan);
             };
-            if version != SEGMENT_FORMAT_VERSION {
+            if !(SEGMENT_FORMAT_VERSION_OLDEST_READ..=SEGMENT_FORMAT_VERSION).contains(&version) {
                 return Err(StorageError::UnsupportedFormat { path: path.display().to_string(), found: u32::from(version) });
             }
             scan.header_position = Some(header.position);
@@ -1903,10 +1916,11 @@ fn scan_segment(path: &Path, file: &dyn StorageFile, first_position: u64, replay
         }
         let position = header.position;
         match header.kind {
-            KIND_PUBLISH | KIND_PUBLISH_TRANSIENT => {
+            kind if record::is_publish(kind) => {
                 // Check the payload parses now, so a bad record ends replay here rather than
                 // being found later.
-                if decode_publish(Bytes::from(covered).slice(RECORD_FIXED_BYTES..)).is_none() {
+                let payload = Bytes::from(covered).slice(RECORD_FIXED_BYTES..);
+                if record::split_publish(kind, payload).and_then(|(_, message)| decode_publish(message)).is_none() {
                     scan.damage = Some((offset, "publish record does not parse".to_string()));
                     break;
                 }
@@ -1915,8 +1929,8 @@ fn scan_segment(path: &Path, file: &dyn StorageFile, first_position: u64, replay
                 if let Some(skipped) = scan.skipped.last_mut().filter(|skipped| skipped.lost_to.is_none()) {
                     skipped.lost_to = Some(position.max(skipped.lost_from));
                 }
-                scan.summary.publish(position, header.kind == KIND_PUBLISH);
-                if header.kind == KIND_PUBLISH {
+                scan.summary.publish(position, record::is_persistent_publish(kind));
+                if record::is_persistent_publish(kind) {
                     replayed.live.insert(position);
                 }
             }
@@ -2013,6 +2027,19 @@ fn read_full(reader: &mut impl Read, buffer: &mut [u8]) -> std::io::Result<usize
     Ok(filled)
 }
 
+/// Appends a message as a publish record carries it (after a format 3 record's flags), the
+/// layout [`decode_publish`] reads.
+pub(crate) fn put_message(buffer: &mut BytesMut, message: &Message) {
+    buffer.put_u8(message.exchange.len() as u8);
+    buffer.put_slice(message.exchange.as_bytes());
+    buffer.put_u8(message.routing_key.len() as u8);
+    buffer.put_slice(message.routing_key.as_bytes());
+    buffer.put_u16(message.header.property_flags);
+    buffer.put_u32(message.header.properties_raw.len() as u32);
+    buffer.put_slice(&message.header.properties_raw);
+    buffer.put_slice(&message.body);
+}
+
 fn decode_publish(payload: Bytes) -> Option<Message> {
     let mut reader = Reader::new(payload);
     let exchange = reader.read_short_str().ok()?;
@@ -2031,7 +2058,7 @@ pub(crate) mod tests {
     use std::fs::{File, OpenOptions};
     use std::os::unix::fs::{FileExt, MetadataExt};
 
-    fn message(body: &str) -> Message {
+    pub(crate) fn message(body: &str) -> Message {
         let properties = BasicProperties { delivery_mode: Some(2), ..Default::default() };
         Message {
             exchange: ShortStr::from("x"),
@@ -2059,7 +2086,7 @@ pub(crate) mod tests {
         recovery.truncated.iter().cloned().chain(unsealed).collect()
     }
 
-    fn temporary_dir(name: &str) -> PathBuf {
+    pub(crate) fn temporary_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("lepus-log-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -2101,9 +2128,9 @@ pub(crate) mod tests {
         let path = temporary_dir("priorities").join("q");
         let (mut log, _) = QueueLog::open(&path, SEGMENT_BYTES_MAX_DEFAULT).expect("open");
         let priorities = [Some(1), None, Some(9), Some(1), Some(0), Some(2)];
-        let first = log.append_publish(0, &prioritised("m0", priorities[0]), true);
+        let first = log.append_publish(0, &prioritised("m0", priorities[0]), true, None);
         for (position, priority) in priorities.iter().enumerate().skip(1) {
-            log.append_publish(position as u64, &prioritised(&format!("m{position}"), *priority), true);
+            log.append_publish(position as u64, &prioritised(&format!("m{position}"), *priority), true, None);
         }
         log.append_settled(3);
         log.write_pending(SyncDue::Now).expect("write");
@@ -2134,7 +2161,7 @@ pub(crate) mod tests {
         let (mut log, recovery) = QueueLog::open(&path, SEGMENT_BYTES_MAX_DEFAULT).expect("open");
         assert_eq!(recovery.live_count, 0);
         for position in 0..3 {
-            log.append_publish(position, &message(&format!("m{position}")), true);
+            log.append_publish(position, &message(&format!("m{position}")), true, None);
         }
         log.append_delivered(1);
         log.append_settled(0);
@@ -2152,8 +2179,8 @@ pub(crate) mod tests {
     fn torn_tail_and_flipped_byte_are_reported_and_sealed_where_replay_ended() {
         let directory = temporary_dir("torn").join("q");
         let (mut log, _) = QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect("open");
-        log.append_publish(0, &message("keep"), true);
-        let torn = log.append_publish(1, &message("torn"), true);
+        log.append_publish(0, &message("keep"), true, None);
+        let torn = log.append_publish(1, &message("torn"), true, None);
         log.write_pending(SyncDue::Now).expect("write");
         let end = log.end_location();
         drop(log);
@@ -2170,7 +2197,7 @@ pub(crate) mod tests {
         assert!(recovery.truncated.is_empty(), "{:?}", recovery.truncated);
         // Half a record header at the newest segment's end is reported too.
         let kept_position = recovery.next_position;
-        let kept = log.append_publish(kept_position, &message("kept"), true);
+        let kept = log.append_publish(kept_position, &message("kept"), true, None);
         log.write_pending(SyncDue::Now).expect("write");
         let end = log.end_location();
         drop(log);
@@ -2187,7 +2214,7 @@ pub(crate) mod tests {
         // Tiny segments: every publish starts a new one.
         let (mut log, _) = QueueLog::open(&directory, 1).expect("open");
         for position in 0..4 {
-            log.append_publish(position, &message(&format!("m{position}")), true);
+            log.append_publish(position, &message(&format!("m{position}")), true, None);
             log.write_pending(SyncDue::Now).expect("write");
             janitor::wait_idle();
         }
@@ -2202,8 +2229,8 @@ pub(crate) mod tests {
         assert_eq!(log.recycled_segment_count(), 3);
         janitor::wait_idle();
         assert_eq!(spare_files(&directory).len(), RECYCLED_SEGMENTS_MAX);
-        log.append_publish(4, &message("m4"), true);
-        log.append_publish(5, &message("m5"), true);
+        log.append_publish(4, &message("m4"), true, None);
+        log.append_publish(5, &message("m5"), true, None);
         log.write_pending(SyncDue::Now).expect("write");
         drop(log);
         let (mut log, recovery) = QueueLog::open(&directory, 1).expect("reopen");
@@ -2222,12 +2249,12 @@ pub(crate) mod tests {
         let directory = temporary_dir("tail").join("q");
         let (mut log, _) = QueueLog::open(&directory, 200).expect("open");
         // Position 0 stays in memory (not paged); 1.. are paged, one of them transient.
-        log.append_publish(0, &message("in memory"), true);
-        let start = log.append_publish(1, &message("p1"), true);
+        log.append_publish(0, &message("in memory"), true, None);
+        let start = log.append_publish(1, &message("p1"), true, None);
         log.append_delivered(0);
-        log.append_publish(2, &message("p2"), false);
+        log.append_publish(2, &message("p2"), false, None);
         for position in 3..40 {
-            log.append_publish(position, &message(&format!("p{position}")), true);
+            log.append_publish(position, &message(&format!("p{position}")), true, None);
         }
         assert!(log.segment_count() > 3, "small segments roll over");
         let mut cursor = TailCursor::new(start, 1);
@@ -2252,15 +2279,15 @@ pub(crate) mod tests {
     fn a_tail_read_planned_under_the_lock_reads_without_it_and_knows_when_a_segment_was_retired_under_it() {
         let directory = temporary_dir("tail-plan").join("q");
         let (mut log, _) = QueueLog::open(&directory, 200).expect("open");
-        let start = log.append_publish(0, &message("p0"), true);
+        let start = log.append_publish(0, &message("p0"), true, None);
         for position in 1..20 {
-            log.append_publish(position, &message(&format!("p{position}")), true);
+            log.append_publish(position, &message(&format!("p{position}")), true, None);
         }
         assert!(log.segment_count() > 2, "small segments roll over");
         let cursor = TailCursor::new(start, 0);
         let plan = log.plan_tail_read(&cursor).expect("plan");
         // Appended after the plan: left for the next read.
-        log.append_publish(20, &message("p20"), true);
+        log.append_publish(20, &message("p20"), true, None);
         let mut read_cursor = cursor.clone();
         let read = plan.read(&mut read_cursor, usize::MAX, usize::MAX).expect("read");
         assert_eq!(read.iter().map(|(position, _)| *position).collect::<Vec<_>>(), (0..20).collect::<Vec<_>>());
@@ -2285,13 +2312,13 @@ pub(crate) mod tests {
         let big = "b".repeat(1500);
         let (mut log, _) = QueueLog::open(&directory, 4096).expect("open");
         for position in 0..3 {
-            log.append_publish(position, &message(&format!("{position}{big}")), true);
+            log.append_publish(position, &message(&format!("{position}{big}")), true, None);
         }
         log.write_pending(SyncDue::Now).expect("write");
         janitor::wait_idle();
         let first_inode = std::fs::metadata(segment_path(&directory, 0)).expect("meta").ino();
         for position in 3..6 {
-            log.append_publish(position, &message(&format!("{position}{big}")), true);
+            log.append_publish(position, &message(&format!("{position}{big}")), true, None);
         }
         // Segment 3 asked for a spare: let it arrive before segment 0 joins the pool.
         janitor::wait_idle();
@@ -2301,7 +2328,7 @@ pub(crate) mod tests {
         }
         assert_eq!(log.recycled_segment_count(), 1);
         assert_eq!(log.segment_count(), 1);
-        let small = [log.append_publish(6, &message("s6"), true), log.append_publish(7, &message("s7"), true)];
+        let small = [log.append_publish(6, &message("s6"), true, None), log.append_publish(7, &message("s7"), true, None)];
         assert_eq!(small[0].segment, 6, "segment 3 was full");
         log.write_pending(SyncDue::Now).expect("write");
         let end = log.end_location();
@@ -2333,19 +2360,19 @@ pub(crate) mod tests {
         let body = "o".repeat(1000);
         let (mut log, _) = QueueLog::open(&directory, 2000).expect("open");
         let old: Vec<RecordLocation> =
-            (0..2).map(|position| log.append_publish(position, &message(&format!("{position}{body}")), true)).collect();
+            (0..2).map(|position| log.append_publish(position, &message(&format!("{position}{body}")), true, None)).collect();
         log.write_pending(SyncDue::Now).expect("write");
         let old_bytes = std::fs::read(segment_path(&directory, 0)).expect("read");
         janitor::wait_idle();
-        assert_eq!(log.append_publish(2, &message(&format!("2{body}")), true).segment, 2);
-        log.append_publish(3, &message(&format!("3{body}")), true);
+        assert_eq!(log.append_publish(2, &message(&format!("2{body}")), true, None).segment, 2);
+        log.append_publish(3, &message(&format!("3{body}")), true, None);
         janitor::wait_idle();
         log.append_settled(0);
         log.append_settled(1);
         assert_eq!(log.recycled_segment_count(), 1);
         // The next segment reuses segment 0's file; its first record has the size of the old ones,
         // so the old second record starts exactly where the new data ends.
-        let new = log.append_publish(4, &message(&format!("4{body}")), true);
+        let new = log.append_publish(4, &message(&format!("4{body}")), true, None);
         assert_eq!(new.segment, 4);
         assert_eq!(new.offset, old[0].offset);
         log.write_pending(SyncDue::Now).expect("write");
@@ -2393,7 +2420,7 @@ pub(crate) mod tests {
         let (mut log, _) = QueueLog::open(&directory, 2048).expect("open");
         let body = "x".repeat(80);
         for position in 0..segments * 20 {
-            log.append_publish(position, &message(&format!("{position}{body}")), true);
+            log.append_publish(position, &message(&format!("{position}{body}")), true, None);
             if position % 7 == 3 {
                 log.append_delivered(position);
             }
@@ -2462,10 +2489,10 @@ pub(crate) mod tests {
         let (mut log, _) = QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect("open");
         assert_eq!(log.term(), CURRENT_TERM);
         log.term = 5;
-        log.append_publish(0, &message("m0"), true);
+        log.append_publish(0, &message("m0"), true, None);
         log.term = 3;
-        let lower = log.append_publish(1, &message("m1"), true);
-        log.append_publish(2, &message("m2"), true);
+        let lower = log.append_publish(1, &message("m1"), true, None);
+        log.append_publish(2, &message("m2"), true, None);
         log.write_pending(SyncDue::Now).expect("write");
         drop(log);
         let (mut log, recovery) = QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect("reopen");
@@ -2480,7 +2507,7 @@ pub(crate) mod tests {
         let directory = temporary_dir("truncated").join("q");
         let (mut log, _) = QueueLog::open(&directory, 300).expect("open");
         for position in 0..12 {
-            log.append_publish(position, &message(&format!("m{position}:{}", "x".repeat(100))), true);
+            log.append_publish(position, &message(&format!("m{position}:{}", "x".repeat(100))), true, None);
         }
         log.write_pending(SyncDue::Now).expect("write");
         assert!(log.segment_count() >= 4);
@@ -2514,7 +2541,7 @@ pub(crate) mod tests {
     fn segments_of_another_format_version_are_refused() {
         let directory = temporary_dir("version").join("q");
         let (mut log, _) = QueueLog::open(&directory, SEGMENT_BYTES_MAX_DEFAULT).expect("open");
-        let location = log.append_publish(0, &message("m0"), true);
+        let location = log.append_publish(0, &message("m0"), true, None);
         log.write_pending(SyncDue::Now).expect("write");
         drop(log);
         let path = segment_path(&directory, location.segment);
@@ -2531,7 +2558,7 @@ pub(crate) mod tests {
         let mut record = BytesMut::new();
         record.put_u32(0);
         record.put_u32(0);
-        record.put_u8(KIND_PUBLISH);
+        record.put_u8(record::KIND_PUBLISH);
         record.put_u64(0);
         record.put_slice(b"\x01x\x01k\x00\x00\x00\x00\x00\x00body");
         let length = record.len() as u32 - 8;
@@ -2552,7 +2579,7 @@ pub(crate) mod tests {
         {
             let (mut log, _) = QueueLog::open(&directory, 1 << 20).expect("open");
             for position in 0..10u64 {
-                log.append_publish(position, &message(&format!("m{position}")), true);
+                log.append_publish(position, &message(&format!("m{position}")), true, None);
             }
             log.write_pending(SyncDue::Now).expect("write");
         }
@@ -2585,7 +2612,7 @@ pub(crate) mod tests {
         let (mut log, _) = QueueLog::open(&directory, 256).expect("open");
         log.use_journal();
         for position in 0..20u64 {
-            log.append_publish(position, &message(&format!("m{position}")), true);
+            log.append_publish(position, &message(&format!("m{position}")), true, None);
             if position % 3 == 0 {
                 log.append_settled(position);
             }
@@ -2644,7 +2671,7 @@ pub(crate) mod tests {
         let mut checkpoint_files = Vec::new();
         for round in 0..rounds {
             for log in &mut logs {
-                log.append_publish(round, &message(&format!("message {round} of a log among many")), true);
+                log.append_publish(round, &message(&format!("message {round} of a log among many")), true, None);
                 let written = log.write_pending(SyncDue::Now).expect("write");
                 // (Directories whose entries changed come with it either way.)
                 assert!(journaled || !written.sync_now.is_empty(), "an unjournaled log syncs its segment with each batch");
@@ -2695,11 +2722,11 @@ pub(crate) mod tests {
         let cache = FileCache::new(1);
         let (mut log, _) = QueueLog::open_with_cache(&root.join("q"), 128, cache.clone()).expect("open");
         log.use_journal();
-        log.append_publish(0, &message(&"f".repeat(200)), true);
+        log.append_publish(0, &message(&"f".repeat(200)), true, None);
         log.write_pending(SyncDue::Now).expect("write");
         let files = log.take_checkpoint_files();
         assert_eq!(files.len(), 1);
-        log.append_publish(1, &message("second, in a new segment"), true);
+        log.append_publish(1, &message("second, in a new segment"), true, None);
         log.append_settled(0);
         log.write_pending(SyncDue::Now).expect("write");
         assert!(!files[0].path().exists(), "the first segment was retired");
@@ -2720,7 +2747,7 @@ pub(crate) mod tests {
         let big = "b".repeat(1500);
         let (mut log, _) = QueueLog::open(&directory, 4096).expect("open");
         for position in 0..3 {
-            log.append_publish(position, &message(&format!("{position}{big}")), true);
+            log.append_publish(position, &message(&format!("{position}{big}")), true, None);
             // The first write makes the log's directory, where the spare is prepared.
             log.write_pending(SyncDue::Now).expect("write");
         }
@@ -2731,7 +2758,7 @@ pub(crate) mod tests {
         assert_eq!(bytes.len(), 4096);
         assert!(bytes.iter().all(|byte| *byte == 0));
         let spare_inode = std::fs::metadata(&spares[0]).expect("meta").ino();
-        let location = log.append_publish(3, &message("s3"), true);
+        let location = log.append_publish(3, &message("s3"), true, None);
         assert_eq!(location.segment, 3);
         assert_eq!(std::fs::metadata(segment_path(&directory, 3)).expect("meta").ino(), spare_inode);
         assert!(spare_files(&directory).is_empty());
@@ -2748,7 +2775,7 @@ pub(crate) mod tests {
         let directory = parent.join("q");
         let (mut log, _) = QueueLog::open(&directory, 4096).expect("open");
         for position in 0..3 {
-            log.append_publish(position, &message(&"d".repeat(1500)), true);
+            log.append_publish(position, &message(&"d".repeat(1500)), true, None);
         }
         // A spare is being prepared while the log is deleted.
         log.delete().expect("delete");
@@ -3004,7 +3031,7 @@ pub(crate) mod tests {
                     // and records of two lives of a file rarely align.
                     let body = format!("{next}:{}", "x".repeat(body_bytes));
                     let active = log.end_location().segment;
-                    let at = log.append_publish(*next, &message(&body), persistent);
+                    let at = log.append_publish(*next, &message(&body), persistent, None);
                     if at.segment != active {
                         // Starting a segment wrote (and sealed) everything before it.
                         model.written = model.records.len();

@@ -15,7 +15,7 @@
 //! and the nonce. A zero `length` is not a record: it ends a segment's replay normally (every
 //! write is followed by zeros, and fresh segment files are filled with zeros).
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 /// A persistent message: exchange, routing key, property flags, properties, body.
 pub(crate) const KIND_PUBLISH: u8 = 1;
@@ -32,6 +32,16 @@ pub(crate) const KIND_SEALED: u8 = 4;
 pub(crate) const KIND_PUBLISH_TRANSIENT: u8 = 5;
 /// The first record of every segment: payload `format_version u8 | nonce u64`.
 pub(crate) const KIND_SEGMENT_HEADER: u8 = 6;
+/// A persistent message written by segment format 3: `flags u8 | [expires_at_ms u64] | message`,
+/// the message laid out as in [`KIND_PUBLISH`]. With [`PUBLISH_FLAG_EXPIRES`] the expiry follows
+/// the flags: fixed when the message was enqueued (RabbitMQ's rule), so a message read back by a
+/// page-in or a restart keeps its time to live counted from its publish.
+pub(crate) const KIND_PUBLISH_FLAGGED: u8 = 8;
+/// A transient message of format 3, laid out as [`KIND_PUBLISH_FLAGGED`] (see
+/// [`KIND_PUBLISH_TRANSIENT`]).
+pub(crate) const KIND_PUBLISH_TRANSIENT_FLAGGED: u8 = 9;
+/// In a flagged publish's flags: an expiry (`u64`, milliseconds since the Unix epoch) follows.
+pub(crate) const PUBLISH_FLAG_EXPIRES: u8 = 1;
 /// Damaged bytes recovery stepped over, made into one record so every later reader walks past
 /// them: its header is written over the first bytes of the damage, its payload is the rest of
 /// the damage as found (a copy is set aside, see crate::quarantine). Its position means nothing.
@@ -43,11 +53,56 @@ pub(crate) const KIND_QUARANTINED: u8 = 7;
 /// earlier position; a seal names the next segment's first.
 pub(crate) fn could_follow_in_segment(header: &RecordHeader, positions: &std::ops::Range<u64>) -> bool {
     match header.kind {
-        KIND_PUBLISH | KIND_PUBLISH_TRANSIENT => positions.contains(&header.position),
+        kind if is_publish(kind) => positions.contains(&header.position),
         KIND_DELIVERED | KIND_SETTLED => header.position < positions.end,
         KIND_SEALED => header.position >= positions.start,
         KIND_QUARANTINED => true,
         _ => false,
+    }
+}
+
+/// Whether records of `kind` carry a message.
+pub(crate) fn is_publish(kind: u8) -> bool {
+    matches!(kind, KIND_PUBLISH | KIND_PUBLISH_TRANSIENT | KIND_PUBLISH_FLAGGED | KIND_PUBLISH_TRANSIENT_FLAGGED)
+}
+
+/// Whether records of `kind` carry a message that survives a restart.
+pub(crate) fn is_persistent_publish(kind: u8) -> bool {
+    matches!(kind, KIND_PUBLISH | KIND_PUBLISH_FLAGGED)
+}
+
+/// When a logged message expires, as its record tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordedExpiry {
+    /// It had no expiry when it was enqueued, so it never expires.
+    Never,
+    /// It expires at this time, in milliseconds since the Unix epoch.
+    AtMs(u64),
+    /// Its record was written by segment format 2, which kept no expiry: the reader computes one.
+    Unrecorded,
+}
+
+/// Appends a format 3 publish's flags and expiry: what comes before the message.
+pub(crate) fn put_publish_prefix(buffer: &mut BytesMut, expires_at_ms: Option<u64>) {
+    match expires_at_ms {
+        Some(expires_at_ms) => {
+            buffer.put_u8(PUBLISH_FLAG_EXPIRES);
+            buffer.put_u64(expires_at_ms);
+        }
+        None => buffer.put_u8(0),
+    }
+}
+
+/// Splits the payload of a publish record of `kind` into its expiry and its message bytes;
+/// `None` when the prefix does not parse (unknown flags, a short payload).
+pub(crate) fn split_publish(kind: u8, payload: Bytes) -> Option<(RecordedExpiry, Bytes)> {
+    if matches!(kind, KIND_PUBLISH | KIND_PUBLISH_TRANSIENT) {
+        return Some((RecordedExpiry::Unrecorded, payload));
+    }
+    match *payload.first()? {
+        0 => Some((RecordedExpiry::Never, payload.slice(1..))),
+        PUBLISH_FLAG_EXPIRES => Some((RecordedExpiry::AtMs(u64_at(&payload, 1)?), payload.slice(9..))),
+        _ => None,
     }
 }
 
@@ -69,11 +124,14 @@ pub(crate) fn quarantined_header(seed: u32, term: u64, position: u64, damaged: &
     Some(header)
 }
 
-/// The segment format version, in every segment header. Version 1 (no term, no segment header, no
+/// The segment format version, in every segment header. Version 3 writes publishes as
+/// [`KIND_PUBLISH_FLAGGED`] (with their expiry); version 2's publishes (without) are still read,
+/// so a data directory of an older build starts. Version 1 (no term, no segment header, no
 /// identity in the checksum) is not readable any more. Data directory format 3
-/// ([`crate::STORAGE_FORMAT_VERSION`]) changed the definitions file only: its segments are still
-/// written, and read, as version 2.
-pub const SEGMENT_FORMAT_VERSION: u8 = 2;
+/// ([`crate::STORAGE_FORMAT_VERSION`]) changed the definitions file only.
+pub const SEGMENT_FORMAT_VERSION: u8 = 3;
+/// The oldest segment format version this build reads.
+pub const SEGMENT_FORMAT_VERSION_OLDEST_READ: u8 = 2;
 /// The term every record is written with until replication elects leaders. Terms never decrease
 /// along a log; recovery treats a decrease as corruption.
 pub const CURRENT_TERM: u64 = 1;

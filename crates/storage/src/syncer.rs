@@ -1026,7 +1026,7 @@ mod tests {
         {
             let (mut log, _) = QueueLog::open(&directory, 4096).expect("open");
             for position in 0..200u64 {
-                log.append_publish(position, &message(position), true);
+                log.append_publish(position, &message(position), true, None);
             }
             log.write_pending(crate::queue_log::SyncDue::Now).expect("write");
         }
@@ -1310,7 +1310,7 @@ mod sync_order_tests {
 
     /// Publishes `position` to `log` and asks the syncer to confirm it, as a channel does.
     fn publish_and_confirm(syncer: &Syncer, log: &SharedLog, sink: &Arc<dyn ConfirmSink>, position: u64) {
-        log.lock().append_publish(position, &message(position), true);
+        log.lock().append_publish(position, &message(position), true, None);
         let confirm = Confirm { sink: sink.clone(), delivery_tag: position, accepted: true };
         syncer.confirm(vec![log.clone()], vec![confirm]);
     }
@@ -1451,7 +1451,7 @@ mod sync_order_tests {
         };
         let segment = log_directory.join(format!("{:020}.seg", 0));
 
-        log.lock().append_publish(0, &message(0), true);
+        log.lock().append_publish(0, &message(0), true, None);
         syncer.sync(vec![log.clone()], Some(callback(1)));
         assert!(wait_for_confirm(&recorder, 1), "a working sync is durable");
         let events = recorder.take_events();
@@ -1460,7 +1460,7 @@ mod sync_order_tests {
         assert!(synced_under(before_confirm, &log_directory, true), "{events:#?}");
 
         recorder.fail(Failing::Under(segment.clone()));
-        log.lock().append_publish(1, &message(1), true);
+        log.lock().append_publish(1, &message(1), true, None);
         syncer.sync(vec![log.clone()], Some(callback(2)));
         assert!(!wait_for_confirm(&recorder, 2), "a failed segment sync must report not durable");
         let events = recorder.take_events();

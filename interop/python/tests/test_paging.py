@@ -4,11 +4,12 @@ gauge shows the messages held on disk only, and its resident memory stays bounde
 not by the backlog (an all-in-memory queue would give the same order and completeness)."""
 
 import signal
+import time
 
 import pika
 import pytest
 
-from conftest import safe_close
+from conftest import safe_close, wait_until
 from durability_support import start_broker
 
 pytestmark = pytest.mark.lepus_only
@@ -127,3 +128,34 @@ def test_purging_a_paged_backlog_settles_it_on_disk(paging_broker):
     paging_broker.stop(signal.SIGTERM)
     paging_broker.start()
     assert message_count(paging_broker, "paged-purge") == 0
+
+
+def test_a_message_ttl_counts_through_a_restart_from_the_publish(tmp_path):
+    """A restart does not restart the clock of a message's TTL: the expiry its record keeps was
+    fixed at publish (RabbitMQ's rule). Messages whose TTL ran out while the broker was down are
+    gone when it is back, before any consumer asks (RabbitMQ's start drops them too); one with
+    time left expires when its TTL from the publish runs out, not a TTL after the start."""
+    broker = start_broker(tmp_path)
+    try:
+        conn = broker.connect()
+        channel = conn.channel()
+        channel.queue_declare("ttl-restart", durable=True, arguments={"x-message-ttl": 6000})
+        channel.confirm_delivery()
+        for index in range(50):
+            channel.basic_publish("", "ttl-restart", b"short%02d" % index,
+                                  pika.BasicProperties(delivery_mode=2, expiration="2000"))
+        channel.basic_publish("", "ttl-restart", b"long", pika.BasicProperties(delivery_mode=2))
+        published = time.monotonic()
+        safe_close(conn)
+        broker.stop(signal.SIGTERM)
+        time.sleep(max(0.0, published + 3 - time.monotonic()))
+        broker.start()
+        assert wait_until(lambda: message_count(broker, "ttl-restart") == 1, timeout=2, interval=0.1), (
+            "%d messages after the restart: the 50 expired while it was down" % message_count(broker, "ttl-restart"))
+        assert time.monotonic() - published < 6, "the test was too slow to see the long one before its TTL"
+        # Counted from the restart the long one would stay until 9 s after its publish.
+        assert wait_until(lambda: message_count(broker, "ttl-restart") == 0, timeout=published + 7.5 - time.monotonic(),
+                          interval=0.1), "the message outlived its TTL from the publish"
+        assert time.monotonic() - published >= 5.5, "expired before its TTL"
+    finally:
+        broker.kill()

@@ -1,5 +1,7 @@
 """queue.declare / bind / unbind / purge / delete."""
 
+import time
+
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
@@ -350,6 +352,27 @@ def test_max_length_argument_drops_head(channel):
         channel.basic_publish("", q, str(i).encode())
     assert wait_for_count(q, 2, channel) == 2
     assert [b for _, _, b in get_all(channel, q)] == [b"3", b"4"]
+
+
+def test_a_backlog_past_memory_expires_its_ttl_from_the_publish(channel, cleanup):
+    """10,000 persistent messages: past Lepus's 8,192 in memory per queue, the rest paged to disk.
+    Every message's TTL counts from its publish, the paged ones' too (RabbitMQ fixes the expiry
+    at enqueue): all are gone by the TTL after the last publish, with no consumer to ask for the
+    paged ones (Lepus counted a paged message's TTL again from its read, 8 s here, or never
+    without a consumer)."""
+    ttl_seconds, backlog = 4, 10000
+    q = cleanup.queue(unique("ttl-backlog"))
+    channel.queue_declare(q, durable=True, arguments={"x-message-ttl": ttl_seconds * 1000})
+    for index in range(backlog):
+        channel.basic_publish("", q, b"m%05d" % index, pika.BasicProperties(delivery_mode=2))
+    # A confirmed publish after the backlog: everything before it was enqueued.
+    channel.confirm_delivery()
+    channel.basic_publish("", q, b"end", pika.BasicProperties(delivery_mode=2))
+    published = time.monotonic()
+    assert channel.queue_declare(q, passive=True).method.message_count > backlog // 2, "expired before its TTL"
+    # 1.5 s of slack for the reads and the expiry (RabbitMQ: about 0.1 s).
+    assert wait_for_count(q, 0, channel, timeout=ttl_seconds + 1.5) == 0, "messages outlived their TTL"
+    assert time.monotonic() - published >= ttl_seconds - 0.5, "expired before its TTL"
 
 
 def test_message_ttl_argument_expires_messages(channel):

@@ -207,7 +207,7 @@ impl DedupCache {
         let position = state.next_position;
         state.next_position += 1;
         if let Some(log) = &self.log {
-            log.lock().append_publish(position, &record(&key, expires_at_ms), true);
+            log.lock().append_publish(position, &record(&key, expires_at_ms), true, None);
         }
         state.order.push_back((position, key.clone()));
         state.entries.insert(key, Entry { position, expires_at_ms });

@@ -181,7 +181,7 @@ impl DelayedMessages {
         let mut state = self.state.lock();
         let position = state.next_position;
         state.next_position += 1;
-        let location = self.log.lock().append_publish(position, &stored, persistent);
+        let location = self.log.lock().append_publish(position, &stored, persistent, None);
         let sooner = state.index.peek().is_none_or(|Reverse(first)| due_ms < first.due_ms);
         state.index.push(Reverse(Due { due_ms, segment: location.segment, offset: location.offset }));
         drop(state);

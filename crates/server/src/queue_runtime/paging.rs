@@ -20,13 +20,14 @@
 
 use super::{perform, QueueInner, QueueRuntime};
 use broker_core::Message;
-use queue_core::{Command, PagedMessage, Window};
+use queue_core::{Command, PagedExpiry, PagedMessage, Window};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use storage::quarantine::Quarantined;
 use storage::queue_log::{QueueLog, Recovery, TailCursor};
 use storage::range_set::RangeSet;
+use storage::record::RecordedExpiry;
 use storage::syncer::SharedLog;
 use storage::StorageError;
 
@@ -179,7 +180,7 @@ struct PageInRead {
 
 /// What a page-in read brought back: the cursor past what it read, the messages, and the bad
 /// ranges it stepped over (already set aside and reported).
-type PageInResult = Result<(TailCursor, Vec<(u64, Message)>, Vec<Quarantined>), StorageError>;
+type PageInResult = Result<(TailCursor, Vec<(u64, Message, RecordedExpiry)>, Vec<Quarantined>), StorageError>;
 
 impl PageInRead {
     fn run(self) {
@@ -196,7 +197,7 @@ impl PageInRead {
         loop {
             let plan = self.log.lock().plan_tail_read(&self.cursor)?;
             let mut cursor = self.cursor.clone();
-            match plan.read(&mut cursor, self.messages_max, self.bytes_max) {
+            match plan.read_with_expiries(&mut cursor, self.messages_max, self.bytes_max) {
                 Ok(messages) => {
                     let quarantined = cursor.take_quarantined();
                     if quarantined.is_empty() {
@@ -251,14 +252,18 @@ fn settle_lost(log: &mut QueueLog, cursor: &mut TailCursor, queue: &amqp_codec::
     }
 }
 
-/// The messages of a read as the core takes them, with their redelivered flags.
-fn paged_messages(pager: &Pager, batch: Vec<(u64, Message)>) -> Vec<PagedMessage<Arc<Message>>> {
+/// The messages of a read as the core takes them, with their redelivered flags and expiries.
+fn paged_messages(pager: &Pager, batch: Vec<(u64, Message, RecordedExpiry)>) -> Vec<PagedMessage<Arc<Message>>> {
     batch
         .into_iter()
-        .map(|(position, message)| PagedMessage {
+        .map(|(position, message, expiry)| PagedMessage {
             position,
             redelivered: pager.all_redelivered || pager.delivered.contains(position),
-            own_ttl_ms: super::own_ttl_ms(&message),
+            expiry: match expiry {
+                RecordedExpiry::Never => PagedExpiry::Fixed(None),
+                RecordedExpiry::AtMs(expires_at_ms) => PagedExpiry::Fixed(Some(expires_at_ms)),
+                RecordedExpiry::Unrecorded => PagedExpiry::FromRead { own_ttl_ms: super::own_ttl_ms(&message) },
+            },
             message: Arc::new(message),
         })
         .collect()

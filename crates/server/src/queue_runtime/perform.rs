@@ -155,10 +155,10 @@ impl QueueRuntime {
                     }
                     outcome.got = Some((delivery_tag, queued.redelivered, queued.message));
                 }
-                Effect::LogAppend { position, persistent, paged } => {
+                Effect::LogAppend { position, persistent, paged, expires_at_ms } => {
                     let message = context.message.expect("only an enqueue appends");
                     let log = self.log.as_ref().expect("only queues with a log append");
-                    let location = log.lock().append_publish(position, message, persistent);
+                    let location = log.lock().append_publish(position, message, persistent, expires_at_ms);
                     if paged {
                         let messages = inner.core.messages();
                         let (priority, max_priority) = (messages.priority_of(message), messages.max_priority());
