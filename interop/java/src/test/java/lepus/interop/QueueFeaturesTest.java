@@ -26,8 +26,9 @@ import org.junit.jupiter.api.Test;
 
 /**
  * The queue features RabbitMQ applications declare (issue 12) through the RabbitMQ Java client:
- * dead-lettering with x-death, TTL, max-length and overflow, single active consumer, priorities,
- * direct reply-to and the consistent-hash exchange pass against RabbitMQ 3.10.8 and Lepus alike.
+ * dead-lettering with x-death, TTL, x-expires, max-length and max-length-bytes with each overflow
+ * mode, single active consumer, priorities, direct reply-to and the consistent-hash exchange (by
+ * routing key and by hash-header) pass against RabbitMQ 3.10.8 and Lepus alike.
  * Lepus only, each saying why: x-delivery-limit on classic queues and x-consumer-timeout (RabbitMQ
  * 3.10.8 refuses the first and ignores the second), the delayed-message exchange (a plugin the
  * reference node does not have), message deduplication (beyond RabbitMQ).
@@ -206,6 +207,178 @@ class QueueFeaturesTest extends BrokerTest {
         assertEquals(400, lightBodies.size() + heavyBodies.size());
         assertEquals(400, all.size(), "each message exactly once");
         assertTrue(heavyBodies.size() > lightBodies.size(), "weight 3 takes more than weight 1: " + heavyBodies.size() + " vs " + lightBodies.size());
+    }
+
+    /**
+     * Whether a queue exists, by a passive queue.declare on a channel of its own. RabbitMQ counts
+     * the passive declare as a use (it renews an x-expires lease), so a test asks once, at the end
+     * of its wait. A missing queue is RabbitMQ's 404 with its text.
+     */
+    private boolean queueExists(String q) throws Exception {
+        Channel probe = conn.createChannel();
+        try {
+            probe.queueDeclarePassive(q);
+            probe.close();
+            return true;
+        } catch (IOException e) {
+            Broker.assertChannelError(404, "NOT_FOUND - no queue '" + q + "' in vhost '/'", probe, e);
+            return false;
+        }
+    }
+
+    @Test
+    void xExpiresDeletesAQueueUnusedForThatLongButNotOneWithAConsumerOrPolled() throws Exception {
+        // 1 s leases; the waits are 2.5 s, so a broker late by up to 1.5 s still passes.
+        String unused = declare("expires-unused", args("x-expires", 1000));
+        String consumed = declare("expires-consumed", args("x-expires", 1000));
+        String polled = declare("expires-polled", args("x-expires", 1000));
+        Channel consumer = conn.createChannel();
+        String tag = new Broker.Inbox().consume(consumer, consumed, true);
+        long deadline = System.currentTimeMillis() + 2_500;
+        while (System.currentTimeMillis() < deadline) {
+            assertNull(ch.basicGet(polled, true), "basic.get on the empty queue renews its lease");
+            Thread.sleep(200);
+        }
+        assertFalse(queueExists(unused), "the queue nobody used for 2.5 s outlived its x-expires of 1 s");
+        assertTrue(queueExists(consumed), "a queue with a consumer expired");
+        assertTrue(queueExists(polled), "a queue polled with basic.get every 200 ms expired");
+        // The lease starts when the last consumer goes.
+        consumer.basicCancel(tag);
+        Thread.sleep(2_500);
+        assertFalse(queueExists(consumed), "the queue outlived its x-expires after its consumer cancelled");
+    }
+
+    @Test
+    void maxLengthBytesDropsTheHeadUntilTheBodiesFit() throws Exception {
+        String q = declare("maxbytes-drop", args("x-max-length-bytes", 10));
+        Channel confirms = conn.createChannel();
+        confirms.confirmSelect();
+        // Only bodies count: 100 bytes of headers on each message change nothing.
+        AMQP.BasicProperties padded = headers(args("padding", "h".repeat(100)));
+        for (String body : new String[] {"aaaa", "bbbb", "cccc", "dd"}) {
+            confirms.basicPublish("", q, padded, Broker.bytes(body));
+        }
+        assertTrue(confirms.waitForConfirms(Broker.TIMEOUT_MS), "drop-head acks every publish");
+        assertEquals(List.of("bbbb", "cccc", "dd"), drain(q), "10 bytes of bodies are kept, the oldest dropped");
+    }
+
+    @Test
+    void maxLengthBytesWithRejectPublishNacksThePublishThatWouldNotFit() throws Exception {
+        String q = declare("maxbytes-reject", args("x-max-length-bytes", 10, "x-overflow", "reject-publish"));
+        Channel confirms = conn.createChannel();
+        confirms.confirmSelect();
+        // 4 + 6 bytes fill the queue exactly (at the limit is allowed); one byte more is refused,
+        // an empty body still fits: bytes decide, not the message count.
+        String[] bodies = {"aaaa", "bbbbbb", "c", ""};
+        boolean[] want = {true, true, false, true};
+        for (int i = 0; i < bodies.length; i++) {
+            confirms.basicPublish("", q, null, Broker.bytes(bodies[i]));
+            assertEquals(want[i], confirms.waitForConfirms(Broker.TIMEOUT_MS), "confirm of '" + bodies[i] + "' (true: basic.ack)");
+        }
+        assertEquals(List.of("aaaa", "bbbbbb", ""), drain(q));
+    }
+
+    @Test
+    void rejectPublishDlxNacksThePublishAndDeadLettersIt() throws Exception {
+        String target = declare("reject-dlx-target", null);
+        String q = declare("reject-dlx", args("x-max-length", 1, "x-overflow", "reject-publish-dlx",
+                "x-dead-letter-exchange", "", "x-dead-letter-routing-key", target));
+        Channel confirms = conn.createChannel();
+        confirms.confirmSelect();
+        confirms.basicPublish("", q, null, Broker.bytes("kept"));
+        assertTrue(confirms.waitForConfirms(Broker.TIMEOUT_MS), "the first publish fits");
+        confirms.basicPublish("", q, null, Broker.bytes("overflow"));
+        assertFalse(confirms.waitForConfirms(Broker.TIMEOUT_MS), "the publish past the limit is nacked");
+        GetResponse dead = Broker.getWithin(ch, target, true);
+        assertEquals("overflow", Broker.body(dead));
+        @SuppressWarnings("unchecked")
+        List<Map<String, Object>> deaths = (List<Map<String, Object>>) dead.getProps().getHeaders().get("x-death");
+        assertEquals(1, deaths.size());
+        assertEquals("maxlen", deaths.get(0).get("reason").toString());
+        assertEquals(q, deaths.get(0).get("queue").toString());
+        assertEquals("maxlen", dead.getProps().getHeaders().get("x-first-death-reason").toString());
+        assertEquals(List.of("kept"), drain(q), "the refused message is not in the queue");
+        assertEquals(List.of(), drain(target), "dead-lettered once");
+    }
+
+    @Test
+    void theConsistentHashExchangeWithHashHeaderKeepsEachValueOnOneQueueAndSpreadsByWeight() throws Exception {
+        String x = exchangeName("hash-header");
+        ch.exchangeDeclare(x, "x-consistent-hash", false, false, args("hash-header", "shard"));
+        String light = declare("hash-header-light", null);
+        String heavy = declare("hash-header-heavy", null);
+        ch.queueBind(light, x, "1");
+        ch.queueBind(heavy, x, "3");
+        Channel confirms = conn.createChannel();
+        confirms.confirmSelect();
+        int values = 200;
+        for (int round = 0; round < 3; round++) {
+            for (int v = 0; v < values; v++) {
+                // A routing key of its own for every message: only the header may decide.
+                confirms.basicPublish(x, "rk-" + round + "-" + v, headers(args("shard", "v-" + v)), Broker.bytes("v-" + v));
+            }
+        }
+        confirms.waitForConfirmsOrDie(Broker.TIMEOUT_MS);
+        List<String> lightBodies = drain(light);
+        List<String> heavyBodies = drain(heavy);
+        assertEquals(3 * values, lightBodies.size() + heavyBodies.size(), "every message routed once");
+        Set<String> lightValues = new HashSet<>(lightBodies);
+        Set<String> heavyValues = new HashSet<>(heavyBodies);
+        Set<String> both = new HashSet<>(lightValues);
+        both.retainAll(heavyValues);
+        assertEquals(Set.of(), both, "values that reached both queues");
+        assertEquals(values, lightValues.size() + heavyValues.size());
+        assertEquals(3 * lightValues.size(), lightBodies.size(), "each value's three messages together");
+        // Weights 1 and 3: a quarter and three quarters of the values, expected 50 and 150.
+        assertTrue(heavyValues.size() >= 2 * lightValues.size() && !lightValues.isEmpty(),
+                "weight 3 vs weight 1: " + heavyValues.size() + " vs " + lightValues.size() + " values");
+    }
+
+    @Test
+    void aSingleActiveConsumerHandsOverInRegistrationOrderWhenItsChannelClosesOrItCancels() throws Exception {
+        String q = declare("sac-order", args("x-single-active-consumer", true));
+        // Registered A, B, C, D on channels 2, 4, 5, 3: a broker choosing the next by the lowest
+        // channel number (D) or the highest (C), rather than by registration (B), fails.
+        Channel channelA = conn.createChannel(2);
+        Channel channelD = conn.createChannel(3);
+        Channel channelB = conn.createChannel(4);
+        Channel channelC = conn.createChannel(5);
+        Broker.Inbox a = new Broker.Inbox();
+        Broker.Inbox b = new Broker.Inbox();
+        Broker.Inbox c = new Broker.Inbox();
+        Broker.Inbox d = new Broker.Inbox();
+        a.consume(channelA, q, false);
+        String tagB = b.consume(channelB, q, false);
+        c.consume(channelC, q, false);
+        d.consume(channelD, q, false);
+        publishConfirmed(q, "m1", "m2");
+        Delivery m1 = a.next();
+        assertEquals("m1", Broker.body(m1));
+        assertFalse(m1.getEnvelope().isRedeliver());
+        assertEquals("m2", a.nextBody());
+        channelA.basicAck(m1.getEnvelope().getDeliveryTag(), false);
+        b.assertQuiet(300);
+        c.assertQuiet(0);
+        d.assertQuiet(0);
+        // A's channel closes with m2 unacked: B, registered second, takes over and gets m2 again.
+        channelA.close();
+        Delivery redelivered = b.next();
+        assertEquals("m2", Broker.body(redelivered));
+        assertTrue(redelivered.getEnvelope().isRedeliver());
+        channelB.basicAck(redelivered.getEnvelope().getDeliveryTag(), false);
+        publishConfirmed(q, "m3");
+        Delivery m3 = b.next();
+        assertEquals("m3", Broker.body(m3));
+        channelB.basicAck(m3.getEnvelope().getDeliveryTag(), false);
+        c.assertQuiet(300);
+        d.assertQuiet(0);
+        // B cancels: C, registered third, takes over.
+        channelB.basicCancel(tagB);
+        publishConfirmed(q, "m4");
+        assertEquals("m4", c.nextBody());
+        b.assertQuiet(300);
+        d.assertQuiet(0);
+        a.assertQuiet(0);
     }
 
     @Test
