@@ -215,6 +215,9 @@ pub struct Unacked {
     pub position: u64,
     /// The consumer it went to (None for basic.get).
     pub consumer: Option<Arc<ConsumerHandle>>,
+    /// How many consumer-timeout ticks its channel had counted when it was delivered
+    /// ([`DeliveryLedger::timeout_ticks`]): it was delivered after that tick and before the next.
+    pub delivered_after_tick: u64,
 }
 
 /// Delivery tags and unacked deliveries of a channel. Tags are assigned and the delivery queued to
@@ -229,6 +232,18 @@ pub struct DeliveryLedger {
     pub open: bool,
     /// The channel's deliveries and acks, for the broker's metrics.
     pub counters: crate::metrics::counters::DeliveryCounters,
+    /// The consumer-timeout ticks the channel has counted (see `channel/consumer_timeout.rs`):
+    /// a delivery notes it, so a timeout is measured from the delivery without a clock read per
+    /// message.
+    pub timeout_ticks: u64,
+}
+
+impl DeliveryLedger {
+    /// Tracks a delivery until its ack, nack or reject.
+    pub fn track(&mut self, tag: u64, queue: Queue, position: u64, consumer: Option<Arc<ConsumerHandle>>) {
+        let delivered_after_tick = self.timeout_ticks;
+        self.unacked.insert(tag, Unacked { queue, position, consumer, delivered_after_tick });
+    }
 }
 
 /// What a channel shares with queues.

@@ -3,7 +3,8 @@ closes the channel of a delivery left unacked too long with 406 and this text, a
 messages; it checks on every channel tick (channel_tick_interval, a minute by default, so the close
 came 60 s after the delivery; the test shortens the tick to a second, as RabbitMQ's own
 consumer_timeout tests do, and puts it back afterwards). Lepus does the same
-by default (checked every quarter of the timeout, at least every second), and with
+by default (checked every quarter of the timeout, at least every second, each delivery timed from
+the check before it), and with
 `consumer_timeout_mode = cancel` cancels only the consumer holding the delivery (Lepus-only).
 
 Against RabbitMQ the timeout is set on the node with `rabbitmqctl eval` ($RABBITMQCTL) and put back
@@ -91,6 +92,42 @@ def test_an_unacked_delivery_closes_its_channel_with_406_and_is_requeued(timeout
         other = conn.channel()
         wait_until(lambda: other.queue_declare(queue, passive=True).method.message_count == 1, timeout=5)
         assert other.queue_declare(queue, passive=True).method.message_count == 1, "the message was not requeued"
+        other.queue_delete(queue)
+    finally:
+        safe_close(conn)
+
+
+@pytest.mark.timeout(150)
+def test_a_timeout_counts_from_its_delivery_not_from_when_it_became_the_oldest(timeout_broker_url):
+    """Two deliveries together; the first acked 1.5 s later. The second's timeout still runs
+    from its own delivery: the channel closes 2 s after it, within one check (a second on both
+    brokers here), not 2 s after the first's ack (Lepus timed the oldest unacked delivery from
+    the check that first saw it oldest, and its first check came up to two periods after the
+    connection opened: 4 to 5 s here)."""
+    conn = connect(timeout_broker_url)
+    try:
+        channel = conn.channel()
+        closed = []
+        channel._impl.add_on_close_callback(lambda _channel, reason: closed.append((time.monotonic(), reason)))
+        queue = unique("consumer-timeout-oldest")
+        channel.queue_declare(queue)
+        channel.basic_publish("", queue, b"first")
+        channel.basic_publish("", queue, b"second")
+        got = []
+        channel.basic_consume(queue, lambda _channel, method, properties, body: got.append((time.monotonic(), method.delivery_tag)))
+        wait_until(lambda: len(got) == 2, timeout=5, conn=conn)
+        assert len(got) == 2, "the messages were not delivered"
+        wait_until(lambda: time.monotonic() >= got[0][0] + 1.5 or closed, timeout=3, conn=conn)
+        assert not closed, "closed before the timeout"
+        channel.basic_ack(got[0][1])
+        wait_until(lambda: closed, timeout=100, conn=conn)
+        assert closed, "the channel was not closed within 100 s"
+        closed_at, reason = closed[0]
+        assert (reason.reply_code, reason.reply_text) == (406, TIMEOUT_TEXT)
+        elapsed = closed_at - got[1][0]
+        assert elapsed >= CONSUMER_TIMEOUT_MS / 1000.0 * 0.95, "closed %.2f s after the delivery, before the timeout" % elapsed
+        assert elapsed <= CONSUMER_TIMEOUT_MS / 1000.0 + 1.4, "closed %.2f s after the delivery: over a check late" % elapsed
+        other = conn.channel()
         other.queue_delete(queue)
     finally:
         safe_close(conn)

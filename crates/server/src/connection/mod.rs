@@ -274,9 +274,8 @@ impl Connection {
                 // A publisher learns of a disk alarm at once, not at its next frame.
                 _ = alarm_raised, if self.context.connection.has_published.load(Ordering::Acquire) => continue,
                 _ = self.consumer_timeout_tick.tick(), if !self.channels.is_empty() => {
-                    let now = std::time::Instant::now();
                     for channel in self.channels.values_mut() {
-                        channel.check_consumer_timeout(&mut self.context, now);
+                        channel.check_consumer_timeout(&mut self.context);
                     }
                     continue;
                 }
@@ -725,10 +724,12 @@ impl Connection {
 /// The connection's consumer-timeout sampling clock (see `channel/consumer_timeout.rs`). Its ticks
 /// fall on multiples of the period (on the clock `heartbeat.rs` rounds to), so every connection's
 /// tick comes in the same runtime turn rather than 19,000 of them each waking a parked thread.
+/// The first comes within one period: a delivery before it is timed from it, so a later first
+/// tick would make the first deliveries' timeouts late by as much.
 fn consumer_timeout_tick(consumer_timeout_ms: u64) -> tokio::time::Interval {
     let period = channel::consumer_timeout_tick_interval(consumer_timeout_ms);
     let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
-    let first = heartbeat::aligned_deadline(crate::metrics::latency::clock_ns(), period_ns, period_ns);
+    let first = heartbeat::aligned_deadline(crate::metrics::latency::clock_ns(), 0, period_ns);
     let mut tick = tokio::time::interval_at(first, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick

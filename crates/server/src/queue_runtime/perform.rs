@@ -3,7 +3,7 @@
 
 use super::{QueueInner, QueueRuntime};
 use crate::dead_letter::DeadLetter;
-use crate::shared::{ChannelShared, ConsumerHandle, Outbound, Readiness, Unacked};
+use crate::shared::{ChannelShared, ConsumerHandle, Outbound, Readiness};
 use broker_core::queue::QueuedMessage;
 use broker_core::Message;
 use queue_core::{Command, ConsumerRef, DeadLetterReason, Effect, Reply};
@@ -151,7 +151,7 @@ impl QueueRuntime {
                     let delivery_tag = ledger.last_tag;
                     ledger.counters.count_delivery(true, no_ack, queued.redelivered);
                     if !no_ack {
-                        ledger.unacked.insert(delivery_tag, Unacked { queue: queue.clone().into(), position, consumer: None });
+                        ledger.track(delivery_tag, queue.clone().into(), position, None);
                     }
                     outcome.got = Some((delivery_tag, queued.redelivered, queued.message));
                 }
@@ -233,7 +233,7 @@ fn deliver_to(
     let delivery_tag = ledger.last_tag;
     ledger.counters.count_delivery(false, consumer.no_ack, queued.redelivered);
     if !consumer.no_ack {
-        ledger.unacked.insert(delivery_tag, Unacked { queue: queue.clone().into(), position, consumer: Some(consumer.clone()) });
+        ledger.track(delivery_tag, queue.clone().into(), position, Some(consumer.clone()));
         consumer.count_delivery();
     }
     channel.connection.outbound_deliveries.fetch_add(1, Ordering::AcqRel);

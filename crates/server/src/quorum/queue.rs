@@ -13,7 +13,7 @@ use crate::dead_letter::{DeadLetter, DeadLetterBatch, DeadLetterSource};
 use crate::policy::Policy;
 use crate::queue_runtime::{ConsumerRemoval, ConsumerView, ExpiryCheck, ExpiryClock, GetAnswer, QueueLimits, QueueSnapshot, QueueStats};
 use crate::queue_type::{ConfirmTicket, PublishOutcome, Settlement};
-use crate::shared::{ChannelShared, ConsumerHandle, Outbound, Unacked, OUTBOUND_DELIVERIES_MAX};
+use crate::shared::{ChannelShared, ConsumerHandle, Outbound, OUTBOUND_DELIVERIES_MAX};
 use amqp_codec::ShortStr;
 use broker_core::vhost::QueueDefinition;
 use broker_core::{AmqpError, Message};
@@ -506,9 +506,7 @@ impl QuorumQueue {
         let delivery_tag = ledger.last_tag;
         ledger.counters.count_delivery(true, request.no_ack, redelivered);
         if !request.no_ack {
-            ledger
-                .unacked
-                .insert(delivery_tag, Unacked { queue: crate::queue_type::Queue::Quorum(self.strong()), position, consumer: None });
+            ledger.track(delivery_tag, crate::queue_type::Queue::Quorum(self.strong()), position, None);
         }
         let message_count = message_count.min(u64::from(u32::MAX)) as u32;
         Some(Outbound::GetOk { channel: channel.id, delivery_tag, redelivered, message_count, message })
@@ -599,7 +597,7 @@ impl QuorumQueue {
         ledger.counters.count_delivery(false, consumer.no_ack, held.redelivered);
         if !consumer.no_ack {
             let queue = crate::queue_type::Queue::Quorum(self.strong());
-            ledger.unacked.insert(delivery_tag, Unacked { queue, position: held.position, consumer: Some(consumer.clone()) });
+            ledger.track(delivery_tag, queue, held.position, Some(consumer.clone()));
             consumer.count_delivery();
         }
         channel.connection.outbound_deliveries.fetch_add(1, Ordering::AcqRel);

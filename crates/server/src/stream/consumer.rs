@@ -10,7 +10,7 @@
 
 use super::queue::StreamQueue;
 use crate::queue_type::{Queue, WeakQueue};
-use crate::shared::{ConsumerHandle, Outbound, Readiness, Unacked};
+use crate::shared::{ConsumerHandle, Outbound, Readiness};
 use amqp_codec::{ContentHeader, FieldTable, FieldValue};
 use broker_core::Message;
 use bytes::Bytes;
@@ -229,9 +229,7 @@ fn deliver(queue: &Arc<StreamQueue>, consumer: &Arc<ConsumerHandle>, offset: u64
     ledger.last_tag += 1;
     let delivery_tag = ledger.last_tag;
     ledger.counters.count_delivery(false, false, false);
-    ledger
-        .unacked
-        .insert(delivery_tag, Unacked { queue: Queue::Stream(queue.clone()), position: offset, consumer: Some(consumer.clone()) });
+    ledger.track(delivery_tag, Queue::Stream(queue.clone()), offset, Some(consumer.clone()));
     consumer.count_delivery();
     channel.connection.outbound_deliveries.fetch_add(1, Ordering::AcqRel);
     channel.connection.send(Outbound::Deliver {

@@ -2,11 +2,13 @@
 //! win over it): a delivery left unacked too long. RabbitMQ closes the channel with 406; with
 //! `consumer_timeout_mode = cancel` Lepus cancels only the consumer that holds it.
 //!
-//! Sampled, so deliveries and acks pay nothing: at each tick of its connection the channel notes
-//! the tag of its oldest unacked delivery (the lowest tag) and when it first saw it there; a later
-//! tick that finds the same tag still oldest `consumer_timeout` after that has found a timeout. The
-//! delivery happened at most one tick before it was first seen, so a timeout fires between the
-//! timeout and the timeout plus one tick (RabbitMQ 3.10.8 checks once a minute: measured, a
+//! Sampled, so deliveries and acks pay no clock read: at each tick of its connection the channel
+//! counts the tick in its delivery ledger, and every delivery notes the count it was made under
+//! (`Unacked::delivered_after_tick`). A delivery made after tick k came before tick k + 1, so at
+//! tick n it has been unacked at least n - k - 1 tick periods: the oldest unacked delivery has
+//! timed out once those periods cover the timeout. A timeout so fires between the timeout and the
+//! timeout plus one tick after the delivery, never before it, whatever happened to older
+//! deliveries (RabbitMQ 3.10.8 keeps each delivery's time and checks once a minute: measured, a
 //! 2 s timeout closed the channel after 60 s).
 
 use super::Channel;
@@ -17,12 +19,11 @@ use amqp_codec::{encode_method_frame, BasicCancel, Method};
 use broker_core::AmqpError;
 use bytes::BytesMut;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// The oldest unacked delivery a channel watches, and when it first saw it.
+/// What a channel's timeout check remembers between ticks.
 #[derive(Debug, Default)]
 pub(super) struct TimeoutWatch {
-    oldest: Option<(u64, Instant)>,
     /// Deliveries up to this tag already timed out (cancel mode): they may still be acked.
     timed_out_up_to: u64,
 }
@@ -46,37 +47,36 @@ fn timed_out(channel: u16, consumer_timeout_ms: u64) -> AmqpError {
 }
 
 impl Channel {
-    /// Samples the oldest unacked delivery; acts on a timeout (see the module comment).
-    pub fn check_consumer_timeout(&mut self, context: &mut Context, now: Instant) {
+    /// Counts a tick and acts on the oldest unacked delivery if it timed out (see the module
+    /// comment).
+    pub fn check_consumer_timeout(&mut self, context: &mut Context) {
         if self.closing {
             return;
         }
-        let oldest = {
-            let ledger = self.shared.ledger.lock();
+        let (oldest, tick) = {
+            let mut ledger = self.shared.ledger.lock();
+            ledger.timeout_ticks += 1;
             let first_live = self.timeout_watch.timed_out_up_to + 1;
-            ledger.unacked.first_from(first_live).map(|(tag, unacked)| (tag, unacked.consumer.clone(), unacked.queue.clone()))
+            let oldest = ledger
+                .unacked
+                .first_from(first_live)
+                .map(|(tag, unacked)| (tag, unacked.consumer.clone(), unacked.queue.clone(), unacked.delivered_after_tick));
+            (oldest, ledger.timeout_ticks)
         };
-        let Some((tag, consumer, queue)) = oldest else {
-            self.timeout_watch.oldest = None;
+        let Some((tag, consumer, queue, delivered_after_tick)) = oldest else {
             return;
         };
         // The queue's own timeout (x-consumer-timeout, policy) before the node's.
-        let consumer_timeout_ms = queue.consumer_timeout_ms().unwrap_or(context.broker.config.consumer_timeout_ms);
+        let node_timeout_ms = context.broker.config.consumer_timeout_ms;
+        let consumer_timeout_ms = queue.consumer_timeout_ms().unwrap_or(node_timeout_ms);
         if consumer_timeout_ms == 0 {
             return;
         }
-        match self.timeout_watch.oldest {
-            Some((watched, since)) if watched == tag => {
-                if now.duration_since(since) < Duration::from_millis(consumer_timeout_ms) {
-                    return;
-                }
-            }
-            _ => {
-                self.timeout_watch.oldest = Some((tag, now));
-                return;
-            }
+        let whole_periods = tick.saturating_sub(delivered_after_tick).saturating_sub(1);
+        let unacked_at_least = tick_interval(node_timeout_ms).saturating_mul(u32::try_from(whole_periods).unwrap_or(u32::MAX));
+        if unacked_at_least < Duration::from_millis(consumer_timeout_ms) {
+            return;
         }
-        self.timeout_watch.oldest = None;
         match context.broker.config.consumer_timeout_mode {
             ConsumerTimeoutMode::Close => {
                 let error = timed_out(self.id(), consumer_timeout_ms);
