@@ -62,7 +62,8 @@ func startLepus(t *testing.T, environment ...string) string {
 	directory := t.TempDir()
 	port := freePort(t)
 	command := exec.Command(binary, "server", "--data-dir", filepath.Join(directory, "data"),
-		"--amqp-port", fmt.Sprint(port), "--bind", "127.0.0.1", "--http-port", "0", "--metrics-port", "0")
+		"--amqp-port", fmt.Sprint(port), "--bind", "127.0.0.1", "--http-port", "0", "--metrics-port", "0",
+		"--stream-port", "0")
 	command.Env = append(os.Environ(), environment...)
 	logFile, err := os.Create(filepath.Join(directory, "lepus.log"))
 	if err != nil {

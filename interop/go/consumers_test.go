@@ -120,7 +120,7 @@ func withConsumerTimeout(t *testing.T) string {
 	t.Helper()
 	if brokerProduct(t) == "Lepus" {
 		// No stream listener: the default 5552 may be another broker's.
-		return startLepus(t, fmt.Sprint("LEPUS_CONSUMER_TIMEOUT_MS=", consumerTimeoutMs), "LEPUS_STREAM_PORT=0")
+		return startLepus(t, fmt.Sprint("LEPUS_CONSUMER_TIMEOUT_MS=", consumerTimeoutMs))
 	}
 	get := func(key string) string {
 		out := strings.TrimSpace(rabbitmqctl(t, "eval", "application:get_env(rabbit, "+key+")."))

@@ -43,7 +43,8 @@ final class PrivateLepus implements AutoCloseable {
             port = socket.getLocalPort();
         }
         List<String> command = new ArrayList<>(List.of(binary, "server", "--data-dir", directory.resolve("data").toString(),
-                "--amqp-port", Integer.toString(port), "--bind", "127.0.0.1", "--http-port", "0", "--metrics-port", "0"));
+                "--amqp-port", Integer.toString(port), "--bind", "127.0.0.1", "--http-port", "0", "--metrics-port", "0",
+                "--stream-port", "0"));
         command.addAll(List.of(extraArguments));
         ProcessBuilder builder = new ProcessBuilder(command);
         builder.environment().putAll(environment);
