@@ -2,6 +2,7 @@
 
 use amqp_codec::{ContentHeader, ShortStr};
 use bytes::Bytes;
+use std::sync::Arc;
 
 /// A message, immutable once published. Queues hold it behind an `Arc`, so fanning out to many
 /// queues copies nothing.
@@ -19,11 +20,19 @@ pub struct Message {
     /// latency clock (`lepus_delivery_latency_seconds`); 0 when unknown (recovered from disk,
     /// dead-lettered, made by a test). Not part of the message: equality ignores it.
     pub published_at_ns: u64,
+    /// The routing keys of its publish's `BCC` header, taken out of its headers before any queue
+    /// held it (no consumer learns who was blind-copied) but kept, as RabbitMQ keeps them among
+    /// the message's routing keys: its dead letter is routed by them too.
+    pub bcc_routing_keys: Option<Arc<[ShortStr]>>,
 }
 
 impl PartialEq for Message {
     fn eq(&self, other: &Message) -> bool {
-        self.exchange == other.exchange && self.routing_key == other.routing_key && self.header == other.header && self.body == other.body
+        self.exchange == other.exchange
+            && self.routing_key == other.routing_key
+            && self.header == other.header
+            && self.body == other.body
+            && self.bcc_routing_keys == other.bcc_routing_keys
     }
 }
 

@@ -26,6 +26,7 @@ mod tests {
             header: ContentHeader::from_properties(60, 1, &BasicProperties::default()),
             body: Bytes::from(vec![body]),
             published_at_ns: 0,
+            bcc_routing_keys: None,
         })
     }
 

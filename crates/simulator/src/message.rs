@@ -68,6 +68,7 @@ pub fn message(id: MessageId, ttl_ms: Option<u64>, filler_bytes: u64) -> Message
         header: ContentHeader::from_properties(60, body.len() as u64, &properties),
         body,
         published_at_ns: 0,
+        bcc_routing_keys: None,
     }
 }
 

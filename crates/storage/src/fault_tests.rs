@@ -56,6 +56,7 @@ fn message(tag: u64) -> Message {
         header: ContentHeader::from_properties(60, body.len() as u64, &properties),
         body,
         published_at_ns: 0,
+        bcc_routing_keys: None,
     }
 }
 

@@ -29,6 +29,7 @@ fn message(position: u64) -> Message {
         header: ContentHeader::from_properties(60, body.len() as u64, &properties),
         body,
         published_at_ns: 0,
+        bcc_routing_keys: None,
     }
 }
 

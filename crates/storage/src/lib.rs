@@ -29,8 +29,6 @@ pub mod definitions_log;
 pub mod definitions_state;
 pub mod entropy;
 #[cfg(test)]
-mod expiry_tests;
-#[cfg(test)]
 mod fault_tests;
 pub mod file_cache;
 pub mod file_system;
@@ -40,6 +38,8 @@ pub mod janitor;
 pub mod journal;
 #[cfg(any(test, feature = "test-support"))]
 pub mod memory_file_system;
+#[cfg(test)]
+mod publish_prefix_tests;
 pub mod quarantine;
 #[cfg(test)]
 mod quarantine_tests;

@@ -34,16 +34,14 @@ use crate::janitor::{self, SharedSpares, SparePool, PREPARING_SUFFIX, SPARE_SUFF
 use crate::quarantine::{self, QuarantineWatch, Quarantined, QUARANTINED_SUFFIX};
 use crate::range_set::RangeSet;
 use crate::record::{
-    self, RecordHeader, RecordedExpiry, SegmentIdentity, HEADER_SEED, KIND_DELIVERED, KIND_PUBLISH_FLAGGED, KIND_PUBLISH_TRANSIENT_FLAGGED,
-    KIND_QUARANTINED, KIND_SEALED, KIND_SEGMENT_HEADER, KIND_SETTLED, LENGTH_AND_CHECKSUM_BYTES, RECORD_FIXED_BYTES, RECORD_HEADER_BYTES,
-    SEGMENT_HEADER_RECORD_BYTES, TERMINATOR_BYTES,
+    self, PublishPrefix, RecordHeader, RecordedExpiry, SegmentIdentity, HEADER_SEED, KIND_DELIVERED, KIND_PUBLISH_FLAGGED,
+    KIND_PUBLISH_TRANSIENT_FLAGGED, KIND_QUARANTINED, KIND_SEALED, KIND_SEGMENT_HEADER, KIND_SETTLED, LENGTH_AND_CHECKSUM_BYTES,
+    RECORD_FIXED_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_RECORD_BYTES, TERMINATOR_BYTES,
 };
 use crate::segment_index::{self, SealedSegment, SegmentSummary, SummaryBuilder, INDEX_FILE_NAME, INDEX_STALE_ENTRIES_MIN};
 use crate::syncer::DirtyMark;
 use crate::StorageError;
-#[cfg(test)]
-use amqp_codec::ShortStr;
-use amqp_codec::{ContentHeader, Reader};
+use amqp_codec::{ContentHeader, Reader, ShortStr};
 use broker_core::Message;
 use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -234,12 +232,12 @@ impl TailRead {
         bytes_max: usize,
     ) -> Result<Vec<(u64, Message, RecordedExpiry)>, StorageError> {
         let mut out = Vec::new();
-        self.walk(cursor, records_max, bytes_max, |position, expiry, payload, location, path| {
-            let message = decode_publish(payload).ok_or_else(|| StorageError::Corrupt {
+        self.walk(cursor, records_max, bytes_max, |position, prefix, payload, location, path| {
+            let message = decode_logged(prefix.bcc_routing_keys, payload).ok_or_else(|| StorageError::Corrupt {
                 path: path.display().to_string(),
                 detail: format!("publish record does not parse at offset {}", location.offset),
             })?;
-            out.push((position, message, expiry));
+            out.push((position, message, prefix.expiry));
             Ok(())
         })?;
         Ok(out)
@@ -255,8 +253,8 @@ impl TailRead {
         bytes_max: usize,
     ) -> Result<Vec<(u64, RecordLocation, Message)>, StorageError> {
         let mut out = Vec::new();
-        self.walk(cursor, records_max, bytes_max, |position, _, payload, location, path| {
-            let message = decode_publish(payload).ok_or_else(|| StorageError::Corrupt {
+        self.walk(cursor, records_max, bytes_max, |position, prefix, payload, location, path| {
+            let message = decode_logged(prefix.bcc_routing_keys, payload).ok_or_else(|| StorageError::Corrupt {
                 path: path.display().to_string(),
                 detail: format!("publish record does not parse at offset {}", location.offset),
             })?;
@@ -294,7 +292,7 @@ impl TailRead {
     }
 
     /// Walks the records `cursor` yields (see [`TailRead::read`]), handing each one's position,
-    /// expiry, message bytes and location to `visit`, up to `records_max` of them and about `bytes_max` bytes.
+    /// prefix (expiry, BCC keys), message bytes and location to `visit`, up to `records_max` of them and about `bytes_max` bytes.
     /// A torn or corrupt record fails the walk, unless the cursor is quarantining: then it is
     /// stepped over ([`TailRead::step_over`]) and the walk goes on.
     fn walk(
@@ -302,7 +300,7 @@ impl TailRead {
         cursor: &mut TailCursor,
         records_max: usize,
         bytes_max: usize,
-        mut visit: impl FnMut(u64, RecordedExpiry, Bytes, RecordLocation, &Path) -> Result<(), StorageError>,
+        mut visit: impl FnMut(u64, PublishPrefix, Bytes, RecordLocation, &Path) -> Result<(), StorageError>,
     ) -> Result<(), StorageError> {
         let mut records_read = 0usize;
         let mut bytes_read = 0usize;
@@ -399,7 +397,7 @@ impl TailRead {
                     continue;
                 }
                 // The checksum held, so a prefix that does not parse was written so.
-                let (expiry, payload) =
+                let (prefix, payload) =
                     record::split_publish(header.kind, covered.slice(RECORD_FIXED_BYTES..)).ok_or_else(|| StorageError::Corrupt {
                         path: path.display().to_string(),
                         detail: format!("publish flags do not parse at offset {offset}"),
@@ -410,7 +408,7 @@ impl TailRead {
                         continue;
                     }
                 }
-                visit(position, expiry, payload, location, &path)?;
+                visit(position, prefix, payload, location, &path)?;
                 bytes_read += header.length;
                 records_read += 1;
             }
@@ -518,7 +516,7 @@ impl RecordReader<'_> {
             return Err(corrupt(format!("the record at offset {} is not a publish", at.offset)));
         }
         let message = record::split_publish(header.kind, covered.slice(RECORD_FIXED_BYTES..))
-            .and_then(|(_, payload)| decode_publish(payload))
+            .and_then(|(prefix, payload)| decode_logged(prefix.bcc_routing_keys, payload))
             .ok_or_else(|| corrupt(format!("publish record does not parse at offset {}", at.offset)))?;
         Ok((header.position, message))
     }
@@ -1299,7 +1297,7 @@ impl QueueLog {
         }
         let kind = if persistent { KIND_PUBLISH_FLAGGED } else { KIND_PUBLISH_TRANSIENT_FLAGGED };
         self.append(kind, position, |buffer| {
-            record::put_publish_prefix(buffer, expires_at_ms);
+            record::put_publish_prefix(buffer, expires_at_ms, message.bcc_routing_keys.as_deref());
             put_message(buffer, message);
         });
         self.summary.publish(position, persistent);
@@ -2040,6 +2038,11 @@ pub(crate) fn put_message(buffer: &mut BytesMut, message: &Message) {
     buffer.put_slice(&message.body);
 }
 
+/// The message of a publish record, with the BCC keys its prefix kept.
+fn decode_logged(bcc_routing_keys: Option<Arc<[ShortStr]>>, payload: Bytes) -> Option<Message> {
+    decode_publish(payload).map(|message| Message { bcc_routing_keys, ..message })
+}
+
 fn decode_publish(payload: Bytes) -> Option<Message> {
     let mut reader = Reader::new(payload);
     let exchange = reader.read_short_str().ok()?;
@@ -2048,7 +2051,7 @@ fn decode_publish(payload: Bytes) -> Option<Message> {
     let properties_raw = reader.read_long_str().ok()?.0;
     let body = reader.take(reader.remaining()).ok()?;
     let header = ContentHeader { class_id: 60, body_size: body.len() as u64, property_flags, properties_raw };
-    Some(Message { exchange, routing_key, header, body, published_at_ns: 0 })
+    Some(Message { exchange, routing_key, header, body, published_at_ns: 0, bcc_routing_keys: None })
 }
 
 #[cfg(test)]
@@ -2066,6 +2069,7 @@ pub(crate) mod tests {
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: Bytes::copy_from_slice(body.as_bytes()),
             published_at_ns: 0,
+            bcc_routing_keys: None,
         }
     }
 
@@ -2117,6 +2121,7 @@ pub(crate) mod tests {
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: Bytes::copy_from_slice(body.as_bytes()),
             published_at_ns: 0,
+            bcc_routing_keys: None,
         }
     }
 

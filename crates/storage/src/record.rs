@@ -15,7 +15,9 @@
 //! and the nonce. A zero `length` is not a record: it ends a segment's replay normally (every
 //! write is followed by zeros, and fresh segment files are filled with zeros).
 
+use amqp_codec::ShortStr;
 use bytes::{BufMut, Bytes, BytesMut};
+use std::sync::Arc;
 
 /// A persistent message: exchange, routing key, property flags, properties, body.
 pub(crate) const KIND_PUBLISH: u8 = 1;
@@ -32,16 +34,20 @@ pub(crate) const KIND_SEALED: u8 = 4;
 pub(crate) const KIND_PUBLISH_TRANSIENT: u8 = 5;
 /// The first record of every segment: payload `format_version u8 | nonce u64`.
 pub(crate) const KIND_SEGMENT_HEADER: u8 = 6;
-/// A persistent message written by segment format 3: `flags u8 | [expires_at_ms u64] | message`,
-/// the message laid out as in [`KIND_PUBLISH`]. With [`PUBLISH_FLAG_EXPIRES`] the expiry follows
-/// the flags: fixed when the message was enqueued (RabbitMQ's rule), so a message read back by a
-/// page-in or a restart keeps its time to live counted from its publish.
+/// A persistent message written by segment format 3:
+/// `flags u8 | [expires_at_ms u64] | [bcc_count u16 | (length u8 | key)*] | message`, the message
+/// laid out as in [`KIND_PUBLISH`]. With [`PUBLISH_FLAG_EXPIRES`] the expiry follows the flags:
+/// fixed when the message was enqueued (RabbitMQ's rule), so a message read back by a page-in or
+/// a restart keeps its time to live counted from its publish. With [`PUBLISH_FLAG_BCC`] the
+/// routing keys of its BCC header follow (taken out of its headers, kept for its dead letter).
 pub(crate) const KIND_PUBLISH_FLAGGED: u8 = 8;
 /// A transient message of format 3, laid out as [`KIND_PUBLISH_FLAGGED`] (see
 /// [`KIND_PUBLISH_TRANSIENT`]).
 pub(crate) const KIND_PUBLISH_TRANSIENT_FLAGGED: u8 = 9;
 /// In a flagged publish's flags: an expiry (`u64`, milliseconds since the Unix epoch) follows.
 pub(crate) const PUBLISH_FLAG_EXPIRES: u8 = 1;
+/// In a flagged publish's flags: the message's BCC routing keys follow the expiry.
+pub(crate) const PUBLISH_FLAG_BCC: u8 = 2;
 /// Damaged bytes recovery stepped over, made into one record so every later reader walks past
 /// them: its header is written over the first bytes of the damage, its payload is the rest of
 /// the damage as found (a copy is set aside, see crate::quarantine). Its position means nothing.
@@ -82,28 +88,66 @@ pub enum RecordedExpiry {
     Unrecorded,
 }
 
-/// Appends a format 3 publish's flags and expiry: what comes before the message.
-pub(crate) fn put_publish_prefix(buffer: &mut BytesMut, expires_at_ms: Option<u64>) {
-    match expires_at_ms {
-        Some(expires_at_ms) => {
-            buffer.put_u8(PUBLISH_FLAG_EXPIRES);
-            buffer.put_u64(expires_at_ms);
+/// What a format 3 publish record keeps beside the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishPrefix {
+    /// When the message expires.
+    pub expiry: RecordedExpiry,
+    /// The routing keys of its BCC header, if it had one.
+    pub bcc_routing_keys: Option<Arc<[ShortStr]>>,
+}
+
+/// Appends a format 3 publish's flags, expiry and BCC keys: what comes before the message. At
+/// most `u16::MAX` keys are kept (a content header, one frame, holds fewer).
+pub(crate) fn put_publish_prefix(buffer: &mut BytesMut, expires_at_ms: Option<u64>, bcc_routing_keys: Option<&[ShortStr]>) {
+    let bcc_routing_keys = bcc_routing_keys.filter(|keys| !keys.is_empty());
+    let flags = u8::from(expires_at_ms.is_some()) * PUBLISH_FLAG_EXPIRES + u8::from(bcc_routing_keys.is_some()) * PUBLISH_FLAG_BCC;
+    buffer.put_u8(flags);
+    if let Some(expires_at_ms) = expires_at_ms {
+        buffer.put_u64(expires_at_ms);
+    }
+    if let Some(keys) = bcc_routing_keys {
+        let kept = &keys[..keys.len().min(usize::from(u16::MAX))];
+        buffer.put_u16(kept.len() as u16);
+        for key in kept {
+            buffer.put_u8(key.len() as u8);
+            buffer.put_slice(key.as_bytes());
         }
-        None => buffer.put_u8(0),
     }
 }
 
-/// Splits the payload of a publish record of `kind` into its expiry and its message bytes;
-/// `None` when the prefix does not parse (unknown flags, a short payload).
-pub(crate) fn split_publish(kind: u8, payload: Bytes) -> Option<(RecordedExpiry, Bytes)> {
+/// Splits the payload of a publish record of `kind` into what it keeps beside the message and
+/// the message's bytes; `None` when the prefix does not parse (unknown flags, a short payload).
+pub(crate) fn split_publish(kind: u8, payload: Bytes) -> Option<(PublishPrefix, Bytes)> {
     if matches!(kind, KIND_PUBLISH | KIND_PUBLISH_TRANSIENT) {
-        return Some((RecordedExpiry::Unrecorded, payload));
+        return Some((PublishPrefix { expiry: RecordedExpiry::Unrecorded, bcc_routing_keys: None }, payload));
     }
-    match *payload.first()? {
-        0 => Some((RecordedExpiry::Never, payload.slice(1..))),
-        PUBLISH_FLAG_EXPIRES => Some((RecordedExpiry::AtMs(u64_at(&payload, 1)?), payload.slice(9..))),
-        _ => None,
+    let flags = *payload.first()?;
+    if flags & !(PUBLISH_FLAG_EXPIRES | PUBLISH_FLAG_BCC) != 0 {
+        return None;
     }
+    let mut at = 1;
+    let expiry = match flags & PUBLISH_FLAG_EXPIRES {
+        0 => RecordedExpiry::Never,
+        _ => {
+            at += 8;
+            RecordedExpiry::AtMs(u64_at(&payload, 1)?)
+        }
+    };
+    let mut bcc_routing_keys = None;
+    if flags & PUBLISH_FLAG_BCC != 0 {
+        let count = u16::from_be_bytes(payload.get(at..at + 2)?.try_into().ok()?);
+        at += 2;
+        let mut keys = Vec::with_capacity(usize::from(count));
+        for _ in 0..count {
+            let length = usize::from(*payload.get(at)?);
+            let key = payload.get(at + 1..at + 1 + length)?;
+            keys.push(ShortStr::from_bytes(payload.slice_ref(key)));
+            at += 1 + length;
+        }
+        bcc_routing_keys = Some(Arc::from(keys));
+    }
+    Some((PublishPrefix { expiry, bcc_routing_keys }, payload.slice(at..)))
 }
 
 /// The header of a [`KIND_QUARANTINED`] record covering `damaged` (the bad bytes from its start

@@ -1012,6 +1012,7 @@ mod tests {
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: Bytes::from(body),
             published_at_ns: 0,
+            bcc_routing_keys: None,
         }
     }
 
@@ -1298,6 +1299,7 @@ mod sync_order_tests {
             header: ContentHeader::from_properties(60, body.len() as u64, &properties),
             body: Bytes::from(body),
             published_at_ns: 0,
+            bcc_routing_keys: None,
         }
     }
 

@@ -159,3 +159,32 @@ def test_a_message_ttl_counts_through_a_restart_from_the_publish(tmp_path):
         assert time.monotonic() - published >= 5.5, "expired before its TTL"
     finally:
         broker.kill()
+
+
+def test_a_dead_letter_is_routed_by_its_bcc_keys_after_a_restart(tmp_path):
+    """The BCC keys a persistent message was published with (taken out of its headers) are kept
+    in its log record: after a restart its dead letter is still routed by them, as RabbitMQ's
+    message store keeps them among the message's routing keys."""
+    broker = start_broker(tmp_path)
+    try:
+        conn = broker.connect()
+        channel = conn.channel()
+        channel.exchange_declare("dlx-bcc", "direct", durable=True)
+        channel.queue_declare("blind-copies", durable=True)
+        channel.queue_bind("blind-copies", "dlx-bcc", "bcc-key")
+        channel.queue_declare("bcc-source", durable=True, arguments={"x-dead-letter-exchange": "dlx-bcc"})
+        channel.confirm_delivery()
+        channel.basic_publish("", "bcc-source", b"blind", pika.BasicProperties(delivery_mode=2, headers={"BCC": ["bcc-key"]}))
+        safe_close(conn)
+        broker.stop(signal.SIGTERM)
+        broker.start()
+        conn = broker.connect()
+        channel = conn.channel()
+        method, properties, body = channel.basic_get("bcc-source")
+        assert body == b"blind" and "BCC" not in (properties.headers or {})
+        channel.basic_reject(method.delivery_tag, requeue=False)
+        assert wait_until(lambda: channel.queue_declare("blind-copies", passive=True).method.message_count == 1, timeout=5), (
+            "the dead letter was not routed by the BCC key kept across the restart")
+        safe_close(conn)
+    finally:
+        broker.kill()

@@ -80,19 +80,27 @@ pub fn dead_lettered(
     sort(&mut headers);
     properties.headers = Some(headers);
     let header = ContentHeader::from_properties(message.header.class_id, message.header.body_size, &properties);
-    let routing_keys = match &target.routing_key {
-        Some(routing_key) => vec![routing_key.clone()],
-        None => routing_keys
-            .iter()
-            .filter_map(|key| match key {
-                // Longer keys were never routing keys: no binding can match them.
-                FieldValue::LongStr(key) if key.len() <= 255 => Some(ShortStr::from_bytes(key.clone())),
-                _ => None,
-            })
-            .collect(),
+    let (routing_keys, bcc_routing_keys) = match &target.routing_key {
+        Some(routing_key) => (vec![routing_key.clone()], None),
+        // Without a dead-letter routing key the message keeps its routes, its BCC keys among
+        // them (RabbitMQ keeps them in its routing keys), though x-death, read from the
+        // headers, does not list them.
+        None => {
+            let mut keys: Vec<ShortStr> = routing_keys
+                .iter()
+                .filter_map(|key| match key {
+                    // Longer keys were never routing keys: no binding can match them.
+                    FieldValue::LongStr(key) if key.len() <= 255 => Some(ShortStr::from_bytes(key.clone())),
+                    _ => None,
+                })
+                .collect();
+            keys.extend(message.bcc_routing_keys.iter().flat_map(|bcc| bcc.iter().cloned()));
+            (keys, message.bcc_routing_keys.clone())
+        }
     };
     let routing_key = target.routing_key.clone().unwrap_or_else(|| message.routing_key.clone());
-    let message = Message { exchange: target.exchange.clone(), routing_key, header, body: message.body.clone(), published_at_ns: 0 };
+    let body = message.body.clone();
+    let message = Message { exchange: target.exchange.clone(), routing_key, header, body, published_at_ns: 0, bcc_routing_keys };
     Some(DeadLettered { message, deaths, routing_keys })
 }
 
@@ -193,6 +201,7 @@ mod tests {
             header: ContentHeader::from_properties(60, 3, &properties),
             body: Bytes::from_static(b"abc"),
             published_at_ns: 0,
+            bcc_routing_keys: None,
         }
     }
 

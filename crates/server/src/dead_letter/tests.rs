@@ -47,6 +47,7 @@ fn persistent(body: &'static str) -> Arc<Message> {
         header: ContentHeader::from_properties(60, body.len() as u64, &properties),
         body: Bytes::from_static(body.as_bytes()),
         published_at_ns: 0,
+        bcc_routing_keys: None,
     })
 }
 

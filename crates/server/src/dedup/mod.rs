@@ -286,6 +286,7 @@ fn record(key: &[u8], expires_at_ms: Option<u64>) -> Message {
         header: ContentHeader::from_properties(60, body.len() as u64, &BasicProperties::default()),
         body,
         published_at_ns: 0,
+        bcc_routing_keys: None,
     }
 }
 

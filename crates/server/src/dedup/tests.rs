@@ -21,6 +21,7 @@ fn message_with(headers: &[(&str, FieldValue)]) -> Message {
         header: ContentHeader::from_properties(60, 1, &properties),
         body: Bytes::from_static(b"m"),
         published_at_ns: 0,
+        bcc_routing_keys: None,
     }
 }
 

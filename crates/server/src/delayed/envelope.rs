@@ -49,6 +49,7 @@ pub fn wrap(envelope: &Envelope, message: &Message) -> Message {
         header,
         body: body.freeze(),
         published_at_ns: 0,
+        bcc_routing_keys: None,
     }
 }
 
@@ -69,7 +70,14 @@ pub fn unwrap(stored: Message) -> Option<(Envelope, Message)> {
     let original_body: Bytes = stored.body.slice(body_at..);
     let mut header = stored.header;
     header.body_size = original_body.len() as u64;
-    let message = Message { exchange: stored.exchange, routing_key: stored.routing_key, header, body: original_body, published_at_ns: 0 };
+    let message = Message {
+        exchange: stored.exchange,
+        routing_key: stored.routing_key,
+        header,
+        body: original_body,
+        published_at_ns: 0,
+        bcc_routing_keys: None,
+    };
     Some((Envelope { due_ms, delay_ms, vhost, exchange }, message))
 }
 
@@ -87,6 +95,7 @@ mod tests {
             header: ContentHeader::from_properties(60, 5, &properties),
             body: Bytes::from("hello"),
             published_at_ns: 0,
+            bcc_routing_keys: None,
         };
         let envelope = Envelope { due_ms: 1_700_000_000_123, delay_ms: 5000, vhost: "/v".to_string(), exchange: ShortStr::from("x") };
         let stored = wrap(&envelope, &message);

@@ -36,6 +36,7 @@ fn message(body: &str, persistent: bool) -> Message {
         header: ContentHeader::from_properties(60, body.len() as u64, &properties),
         body: Bytes::copy_from_slice(body.as_bytes()),
         published_at_ns: 0,
+        bcc_routing_keys: None,
     }
 }
 

@@ -259,7 +259,7 @@ pub(super) async fn aliveness_test(State(api): State<Api>, Path(vhost): Path<Str
     api.broker.declare_queue(&vhost, definition, false, false, 0)?;
     let body = Bytes::from_static(b"test_message");
     let header = ContentHeader::from_properties(60, body.len() as u64, &Default::default());
-    let message = Message { exchange: ShortStr::from(""), routing_key: name, header, body, published_at_ns: 0 };
+    let message = Message { exchange: ShortStr::from(""), routing_key: name, header, body, published_at_ns: 0, bcc_routing_keys: None };
     api.broker.publish_message(&vhost, message)?;
     let got = api.broker.get_messages(&vhost, "aliveness-test", 1, false).await?;
     if got.first().is_some_and(|got| got.message.body.as_ref() == b"test_message") {
@@ -846,6 +846,7 @@ pub(super) async fn publish(State(api): State<Api>, caller: Caller, Path((vhost,
         header: ContentHeader::from_properties(60, payload.len() as u64, &properties),
         body: Bytes::from(payload),
         published_at_ns: crate::metrics::latency::clock_ns(),
+        bcc_routing_keys: None,
     };
     let published = api.broker.publish_message(&vhost, message)?;
     if !published.tickets.is_empty() {

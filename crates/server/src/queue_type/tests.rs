@@ -280,6 +280,7 @@ fn message(body: &'static str, persistent: bool) -> Arc<Message> {
         header: ContentHeader::from_properties(60, body.len() as u64, &properties),
         body: Bytes::from_static(body.as_bytes()),
         published_at_ns: 0,
+        bcc_routing_keys: None,
     })
 }
 

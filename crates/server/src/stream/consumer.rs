@@ -216,7 +216,14 @@ fn to_message(queue: &StreamQueue, offset: u64, record: &Bytes) -> Option<Arc<Me
     headers.insert("x-stream-offset", FieldValue::I64(offset as i64));
     headers.0.sort_by(|(a, _), (b, _)| a.as_bytes().cmp(b.as_bytes()));
     let header = ContentHeader::from_properties(60, decoded.body.len() as u64, &properties);
-    Some(Arc::new(Message { exchange: decoded.exchange, routing_key: decoded.routing_key, header, body: decoded.body, published_at_ns: 0 }))
+    Some(Arc::new(Message {
+        exchange: decoded.exchange,
+        routing_key: decoded.routing_key,
+        header,
+        body: decoded.body,
+        published_at_ns: 0,
+        bcc_routing_keys: None,
+    }))
 }
 
 /// Hands one delivery to the consumer's channel; false when the channel has closed.

@@ -360,6 +360,7 @@ mod tests {
             header: ContentHeader::from_properties(60, body.len() as u64, properties),
             body: Bytes::from_static(body),
             published_at_ns: 0,
+            bcc_routing_keys: None,
         }
     }
 

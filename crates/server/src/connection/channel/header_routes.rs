@@ -6,7 +6,7 @@
 //! Only a message with a header named `CC` or `BCC` pays for this (one decode of its properties);
 //! any other message with headers costs a walk of its header names, without decoding a value.
 
-use amqp_codec::{ContentHeader, FieldValue, ShortStr};
+use amqp_codec::{ContentHeader, FieldTable, FieldValue, ShortStr};
 use broker_core::Message;
 use std::sync::Arc;
 
@@ -20,29 +20,37 @@ pub(super) fn header_routes(message: &Message) -> (Vec<ShortStr>, bool) {
     let Some(headers) = message.header.properties().ok().and_then(|properties| properties.headers) else {
         return (Vec::new(), false);
     };
-    let mut keys = Vec::new();
-    for name in ["CC", "BCC"] {
-        if let Some(FieldValue::Array(values)) = headers.get(name) {
-            for value in values {
-                if let FieldValue::LongStr(key) = value {
-                    if key.len() <= 255 {
-                        keys.push(ShortStr::from_bytes(key.clone()));
-                    }
-                }
-            }
-        }
-    }
+    let mut keys = routing_keys_in(&headers, "CC");
+    keys.extend(routing_keys_in(&headers, "BCC"));
     (keys, headers.get("BCC").is_some())
 }
 
-/// The message without its `BCC` header (the body is shared, the header re-encoded).
+/// The routing keys a `CC` or `BCC` header names (see [`header_routes`]).
+fn routing_keys_in(headers: &FieldTable, name: &str) -> Vec<ShortStr> {
+    let Some(FieldValue::Array(values)) = headers.get(name) else {
+        return Vec::new();
+    };
+    values
+        .iter()
+        .filter_map(|value| match value {
+            FieldValue::LongStr(key) if key.len() <= 255 => Some(ShortStr::from_bytes(key.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The message without its `BCC` header (the body is shared, the header re-encoded), its BCC
+/// keys kept beside it (`Message::bcc_routing_keys`) for a dead letter to be routed by.
 pub(super) fn without_bcc(message: &Arc<Message>) -> Arc<Message> {
     let Ok(mut properties) = message.header.properties() else {
         return message.clone();
     };
+    let mut bcc_keys = Vec::new();
     if let Some(headers) = properties.headers.as_mut() {
+        bcc_keys = routing_keys_in(headers, "BCC");
         headers.0.retain(|(name, _)| name.as_bytes() != b"BCC");
     }
     let header = ContentHeader::from_properties(message.header.class_id, message.header.body_size, &properties);
-    Arc::new(Message { header, ..(**message).clone() })
+    let bcc_routing_keys = (!bcc_keys.is_empty()).then(|| Arc::from(bcc_keys));
+    Arc::new(Message { header, bcc_routing_keys, ..(**message).clone() })
 }

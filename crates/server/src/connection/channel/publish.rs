@@ -106,6 +106,7 @@ impl Channel {
             header,
             body,
             published_at_ns: context.read_at_ns,
+            bcc_routing_keys: None,
         });
         // The channel's own list, kept empty between publishes: no allocation per publish.
         let mut queues = std::mem::take(&mut self.routed_queues);

@@ -1,6 +1,7 @@
 //! A publish record keeps the expiry its queue fixed at enqueue, so a page-in or a restart reads
-//! the message back with its time to live counted from its publish; records of segment format 2,
-//! which kept none, are still read, their expiry reported unrecorded.
+//! the message back with its time to live counted from its publish, and the message's BCC keys,
+//! so its dead letter is routed by them; records of segment format 2, which kept neither, are
+//! still read, their expiry reported unrecorded.
 
 use crate::queue_log::tests::{message, temporary_dir};
 use crate::queue_log::{QueueLog, SyncDue, SEGMENT_FORMAT_VERSION_OLDEST_READ};
@@ -95,4 +96,29 @@ fn flags_that_do_not_parse_are_not_a_message() {
     assert_eq!(record::split_publish(record::KIND_PUBLISH_FLAGGED, bytes::Bytes::from_static(&[2, 0])), None);
     assert_eq!(record::split_publish(record::KIND_PUBLISH_FLAGGED, bytes::Bytes::from_static(&[1, 0, 0])), None);
     assert_eq!(record::split_publish(record::KIND_PUBLISH_FLAGGED, bytes::Bytes::new()), None);
+    // BCC keys announced, one key's length past the end.
+    assert_eq!(record::split_publish(record::KIND_PUBLISH_FLAGGED, bytes::Bytes::from_static(&[2, 0, 1, 5, b'a'])), None);
+}
+
+#[test]
+fn a_publish_keeps_its_bcc_keys_through_a_restart() {
+    let directory = temporary_dir("bcc-kept").join("q");
+    let (mut log, _) = QueueLog::open(&directory, SEGMENT_BYTES_MAX).expect("open");
+    let keys: std::sync::Arc<[amqp_codec::ShortStr]> = vec![amqp_codec::ShortStr::from("blind"), amqp_codec::ShortStr::from("")].into();
+    let blind = broker_core::Message { bcc_routing_keys: Some(keys.clone()), ..message("blind") };
+    log.append_publish(0, &blind, true, Some(77));
+    log.append_publish(1, &message("plain"), true, None);
+    log.write_pending(SyncDue::Now).expect("write");
+    drop(log);
+    let (mut log, recovery) = QueueLog::open(&directory, SEGMENT_BYTES_MAX).expect("reopen");
+    let mut cursor = log.recovered_tail(&recovery);
+    let read = log.read_tail(&mut cursor, usize::MAX, usize::MAX).expect("read");
+    assert_eq!(read[0].1.bcc_routing_keys.as_deref(), Some(&keys[..]));
+    assert_eq!(read[0].1, blind, "the whole message back, its keys too");
+    assert_eq!(read[1].1.bcc_routing_keys, None);
+    let mut cursor = log.recovered_tail(&recovery);
+    let plan = log.plan_tail_read(&cursor).expect("plan");
+    let expiries: Vec<RecordedExpiry> =
+        plan.read_with_expiries(&mut cursor, usize::MAX, usize::MAX).expect("read").into_iter().map(|(_, _, expiry)| expiry).collect();
+    assert_eq!(expiries, [RecordedExpiry::AtMs(77), RecordedExpiry::Never]);
 }
