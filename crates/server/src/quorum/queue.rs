@@ -891,6 +891,7 @@ impl QuorumQueue {
             consumers: figures.consumers.load(Ordering::Relaxed).min(u64::from(u32::MAX)) as u32,
             stats,
             single_active_consumer_tag: None,
+            ..QueueSnapshot::default()
         }
     }
 
