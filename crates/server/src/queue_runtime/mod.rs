@@ -619,12 +619,7 @@ impl QueueRuntime {
             .filter(|(_, consumer)| !consumer.cancelled.load(Ordering::Acquire))
             .map(|(id, consumer)| {
                 let active = !single_active || active_id == Some(*id);
-                let activity_status = match (single_active, active) {
-                    (false, _) => "up",
-                    (true, true) => "single_active",
-                    (true, false) => "waiting",
-                };
-                (consumer, active, activity_status)
+                (consumer, active, activity_status(single_active, active))
             })
             .map(|(consumer, active, activity_status)| ConsumerView {
                 tag: consumer.tag.to_string_lossy(),
@@ -751,6 +746,16 @@ pub fn max_priority(arguments: &amqp_codec::FieldTable) -> u8 {
 /// Whether the declaration asks for a single active consumer (a bool, as RabbitMQ requires).
 pub(crate) fn single_active_consumer(arguments: &amqp_codec::FieldTable) -> bool {
     matches!(arguments.get("x-single-active-consumer"), Some(amqp_codec::FieldValue::Bool(true)))
+}
+
+/// A consumer's `activity_status` as RabbitMQ names it: "up" on a queue without a single active
+/// consumer, else "single_active" for the one getting the messages and "waiting" for the others.
+pub(crate) fn activity_status(single_active: bool, active: bool) -> &'static str {
+    match (single_active, active) {
+        (false, _) => "up",
+        (true, true) => "single_active",
+        (true, false) => "waiting",
+    }
 }
 
 /// x-consumer-timeout when it is a positive integer. RabbitMQ 3.10.8 ignores the argument (and
