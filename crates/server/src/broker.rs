@@ -428,7 +428,7 @@ impl Broker {
                 }
             };
             restored_messages += messages;
-            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
+            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition));
             vhost.write().restore_queue(definition, queue);
         }
         let opened = self.open_recovered_logs(&queues)?;
@@ -442,7 +442,7 @@ impl Broker {
         for ((record, vhost, definition), log) in queues.into_iter().zip(opened) {
             let (queue, messages) = storage.recover_opened(&definition, &record.vhost, clean_shutdown, log)?;
             restored_messages += messages;
-            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
+            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition));
             vhost.write().restore_queue(definition, queue);
         }
         Ok(restored_messages)
@@ -824,9 +824,10 @@ impl Broker {
 
     /// The policy that applies to a queue: the matching one of highest priority (ties: by name),
     /// with the limits of the matching operator policy of highest priority merged in.
-    pub fn policy_for_queue(&self, vhost: &str, queue: &ShortStr) -> Option<Arc<Policy>> {
-        let policy = crate::policy::select(&self.policies.read(), vhost, queue.as_bytes(), crate::policy::Target::Queue);
-        let operator = crate::policy::select(&self.operator_policies.read(), vhost, queue.as_bytes(), crate::policy::Target::Queue);
+    pub fn policy_for_queue(&self, vhost: &str, queue: &QueueDefinition) -> Option<Arc<Policy>> {
+        let (name, target) = (queue.name.as_bytes(), crate::policy::Target::Queue(queue.queue_type));
+        let policy = crate::policy::select(&self.policies.read(), vhost, name, target);
+        let operator = crate::policy::select(&self.operator_policies.read(), vhost, name, target);
         crate::policy::merge_operator_policy(policy, operator)
     }
 
@@ -922,7 +923,7 @@ impl Broker {
         let Some(topology) = self.vhost(vhost) else { return };
         let queues: Vec<QueueHandle> = topology.read().queues().map(|entry| entry.handle.clone()).collect();
         for queue in queues {
-            queue.apply_policy(self.policy_for_queue(vhost, queue.name()));
+            queue.apply_policy(self.policy_for_queue(vhost, queue.definition()));
         }
         self.reapply_exchange_policies(vhost, &topology);
     }
@@ -1169,7 +1170,7 @@ impl Broker {
         ChurnCounters::count(&self.churn.queues_declared);
         if created {
             ChurnCounters::count(&self.churn.queues_created);
-            queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
+            queue.apply_policy(self.policy_for_queue(vhost_name, queue.definition()));
         }
         if !created {
             queue.mark_used();

@@ -15,7 +15,7 @@
 //! message that says so, never accepted and ignored; unknown settings are refused as RabbitMQ
 //! refuses them.
 
-use broker_core::vhost::Overflow;
+use broker_core::vhost::{Overflow, QueueType};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use storage::definitions::PolicyRecord;
@@ -84,10 +84,57 @@ impl ApplyTo {
 /// What a policy is being matched for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
-    /// A queue.
-    Queue,
+    /// A queue of a type.
+    Queue(QueueType),
     /// An exchange.
     Exchange,
+}
+
+/// The settings a queue type does not take: a policy that has one of them does not apply to a
+/// queue of that type at all, and the next matching policy does (RabbitMQ 3.10.8's
+/// `unsupported_policies` of each queue type, checked by `rabbit_queue_type:is_policy_applicable`).
+/// One difference: `delivery-limit` applies to classic queues, which take it in Lepus.
+fn unsupported_settings(queue_type: QueueType) -> &'static [&'static str] {
+    match queue_type {
+        QueueType::Classic => {
+            &["max-age", "stream-max-segment-size-bytes", "queue-leader-locator", "initial-cluster-size", "dead-letter-strategy"]
+        }
+        QueueType::Quorum => &[
+            "max-priority",
+            "queue-mode",
+            "single-active-consumer",
+            "ha-mode",
+            "ha-params",
+            "ha-sync-mode",
+            "ha-promote-on-shutdown",
+            "ha-promote-on-failure",
+            "queue-master-locator",
+            "max-age",
+            "stream-max-segment-size-bytes",
+            "initial-cluster-size",
+        ],
+        QueueType::Stream => &[
+            "expires",
+            "message-ttl",
+            "dead-letter-exchange",
+            "dead-letter-routing-key",
+            "max-length",
+            "max-in-memory-length",
+            "max-in-memory-bytes",
+            "max-priority",
+            "overflow",
+            "queue-mode",
+            "single-active-consumer",
+            "delivery-limit",
+            "ha-mode",
+            "ha-params",
+            "ha-sync-mode",
+            "ha-promote-on-shutdown",
+            "ha-promote-on-failure",
+            "queue-master-locator",
+            "dead-letter-strategy",
+        ],
+    }
 }
 
 /// The queue settings a policy carries (each `None` when the policy does not set it).
@@ -245,10 +292,14 @@ impl Policy {
         }
     }
 
-    /// Whether the policy applies to `target` named `name` (unanchored match, as RabbitMQ).
+    /// Whether the policy applies to `target` named `name` (unanchored match, as RabbitMQ); not
+    /// to a queue whose type does not take one of its settings ([`unsupported_settings`]).
     pub fn matches(&self, target: Target, name: &[u8]) -> bool {
         let kind_matches = match target {
-            Target::Queue => self.apply_to != ApplyTo::Exchanges,
+            Target::Queue(queue_type) => {
+                self.apply_to != ApplyTo::Exchanges
+                    && !self.definition.keys().any(|key| unsupported_settings(queue_type).contains(&key.as_str()))
+            }
             Target::Exchange => self.apply_to != ApplyTo::Queues,
         };
         kind_matches && std::str::from_utf8(name).is_ok_and(|text| self.compiled.is_match(text))
@@ -434,7 +485,8 @@ mod tests {
         let exchanges = Arc::new(Policy::new("/", "ex", ".*", "exchanges", 9, definition(json!({"max-length": 1}))).expect("valid"));
         let other_vhost = Arc::new(Policy::new("/b", "b", ".*", "queues", 9, definition(json!({"max-length": 1}))).expect("valid"));
         let policies = vec![low.clone(), high.clone(), exchanges, other_vhost];
-        let chosen = |name: &str| select(&policies, "/", name.as_bytes(), Target::Queue).map(|policy| policy.name.clone());
+        let chosen =
+            |name: &str| select(&policies, "/", name.as_bytes(), Target::Queue(QueueType::Classic)).map(|policy| policy.name.clone());
         assert_eq!(chosen("orders.eu.1").as_deref(), Some("high"));
         assert_eq!(chosen("orders.us").as_deref(), Some("low"));
         assert_eq!(chosen("invoices"), None, "the exchange-only and other-vhost policies do not apply");
@@ -532,5 +584,23 @@ mod tests {
         let user = Policy::new("/", "user", ".*", "queues", 0, definition(json!({"max-in-memory-length": 50}))).expect("valid");
         let merged = merge_operator_policy(Some(Arc::new(user)), Some(Arc::new(operator.expect("valid")))).expect("merged");
         assert_eq!(Value::Object(merged.definition.clone()), json!({"max-in-memory-length": 10}));
+    }
+
+    #[test]
+    fn a_policy_with_a_setting_the_queue_type_does_not_take_does_not_apply_to_it() {
+        let policy = |name: &str, priority: i64, value: Value| {
+            Arc::new(Policy::new("/", name, ".*", "queues", priority, definition(value)).expect("valid"))
+        };
+        let policies = vec![
+            policy("quorum-only", 9, json!({"max-length": 5, "queue-leader-locator": "balanced"})),
+            policy("streams", 5, json!({"max-age": "1D"})),
+            policy("any", 1, json!({"max-length": 50})),
+        ];
+        let chosen = |queue_type| select(&policies, "/", b"q", Target::Queue(queue_type)).map(|policy| policy.name.clone());
+        assert_eq!(chosen(QueueType::Quorum).as_deref(), Some("quorum-only"));
+        assert_eq!(chosen(QueueType::Classic).as_deref(), Some("any"), "classic queues take no queue-leader-locator nor max-age");
+        assert_eq!(chosen(QueueType::Stream).as_deref(), Some("streams"), "streams take no max-length");
+        let delivery_limit = vec![policy("retries", 1, json!({"delivery-limit": 3}))];
+        assert!(select(&delivery_limit, "/", b"q", Target::Queue(QueueType::Classic)).is_some(), "a Lepus classic queue takes it");
     }
 }

@@ -208,6 +208,28 @@ def test_policy_settings_rabbitmq_takes_are_taken_with_its_validation(fresh_lepu
     assert broker.delete("/policies/%2F/p").status_code == 204
 
 
+def test_a_policy_with_a_setting_the_queue_type_does_not_take_passes_it_by(fresh_lepus):
+    """rabbit_queue_type:is_policy_applicable: a policy naming a setting of another queue type does
+    not apply, and the matching policy next in priority does."""
+    broker = fresh_lepus
+    # Quorum queues take both settings of the first, classic ones not the locator, streams not
+    # max-length; only classic queues take queue-mode.
+    for name, priority, definition in [("quorum-only", 9, {"queue-leader-locator": "balanced", "max-length": 100}),
+                                       ("classic-only", 5, {"queue-mode": "lazy"}),
+                                       ("any", 1, {"max-length-bytes": 1000})]:
+        body = {"pattern": "^applies", "apply-to": "queues", "priority": priority, "definition": definition}
+        assert broker.put("/policies/%2F/" + name, body).status_code == 201
+    conn = connect(broker)
+    channel = conn.channel()
+    expected = {"classic": "classic-only", "quorum": "quorum-only", "stream": "any"}
+    chosen = {queue_type: (declared_with_policy(broker, channel, "applies-" + queue_type, queue_type, policy) or {}).get("policy")
+              for queue_type, policy in expected.items()}
+    assert chosen == expected
+    for queue_type in expected:
+        channel.queue_delete("applies-" + queue_type)
+    conn.close()
+
+
 def test_operator_policies_take_the_in_memory_limits(fresh_lepus):
     broker = fresh_lepus
     definition = {"max-in-memory-length": 5, "max-in-memory-bytes": 4096}

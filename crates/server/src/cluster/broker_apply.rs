@@ -376,7 +376,7 @@ impl Broker {
         ChurnCounters::count(&self.churn.queues_declared);
         if created {
             ChurnCounters::count(&self.churn.queues_created);
-            queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
+            queue.apply_policy(self.policy_for_queue(vhost_name, queue.definition()));
         }
         Ok(Applied::Flag(created))
     }
