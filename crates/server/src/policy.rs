@@ -90,29 +90,23 @@ pub enum Target {
     Exchange,
 }
 
-/// The settings a queue type does not take: a policy that has one of them does not apply to a
-/// queue of that type at all, and the next matching policy does (RabbitMQ 3.10.8's
+/// Classic queue mirroring's settings: neither quorum queues nor streams take them.
+const MIRRORING_KEYS: &[&str] =
+    &["ha-mode", "ha-params", "ha-sync-mode", "ha-promote-on-shutdown", "ha-promote-on-failure", "queue-master-locator"];
+
+/// Whether a queue type does not take a setting: a policy that has one does not apply to a queue
+/// of that type at all, and the next matching policy does (RabbitMQ 3.10.8's
 /// `unsupported_policies` of each queue type, checked by `rabbit_queue_type:is_policy_applicable`).
 /// One difference: `delivery-limit` applies to classic queues, which take it in Lepus.
-fn unsupported_settings(queue_type: QueueType) -> &'static [&'static str] {
-    match queue_type {
+fn unsupported_setting(queue_type: QueueType, key: &str) -> bool {
+    let own: &[&str] = match queue_type {
         QueueType::Classic => {
-            &["max-age", "stream-max-segment-size-bytes", "queue-leader-locator", "initial-cluster-size", "dead-letter-strategy"]
+            return ["max-age", "stream-max-segment-size-bytes", "queue-leader-locator", "initial-cluster-size", "dead-letter-strategy"]
+                .contains(&key)
         }
-        QueueType::Quorum => &[
-            "max-priority",
-            "queue-mode",
-            "single-active-consumer",
-            "ha-mode",
-            "ha-params",
-            "ha-sync-mode",
-            "ha-promote-on-shutdown",
-            "ha-promote-on-failure",
-            "queue-master-locator",
-            "max-age",
-            "stream-max-segment-size-bytes",
-            "initial-cluster-size",
-        ],
+        QueueType::Quorum => {
+            &["max-priority", "queue-mode", "single-active-consumer", "max-age", "stream-max-segment-size-bytes", "initial-cluster-size"]
+        }
         QueueType::Stream => &[
             "expires",
             "message-ttl",
@@ -126,15 +120,10 @@ fn unsupported_settings(queue_type: QueueType) -> &'static [&'static str] {
             "queue-mode",
             "single-active-consumer",
             "delivery-limit",
-            "ha-mode",
-            "ha-params",
-            "ha-sync-mode",
-            "ha-promote-on-shutdown",
-            "ha-promote-on-failure",
-            "queue-master-locator",
             "dead-letter-strategy",
         ],
-    }
+    };
+    own.contains(&key) || MIRRORING_KEYS.contains(&key)
 }
 
 /// The queue settings a policy carries (each `None` when the policy does not set it).
@@ -293,12 +282,11 @@ impl Policy {
     }
 
     /// Whether the policy applies to `target` named `name` (unanchored match, as RabbitMQ); not
-    /// to a queue whose type does not take one of its settings ([`unsupported_settings`]).
+    /// to a queue whose type does not take one of its settings ([`unsupported_setting`]).
     pub fn matches(&self, target: Target, name: &[u8]) -> bool {
         let kind_matches = match target {
             Target::Queue(queue_type) => {
-                self.apply_to != ApplyTo::Exchanges
-                    && !self.definition.keys().any(|key| unsupported_settings(queue_type).contains(&key.as_str()))
+                self.apply_to != ApplyTo::Exchanges && !self.definition.keys().any(|key| unsupported_setting(queue_type, key))
             }
             Target::Exchange => self.apply_to != ApplyTo::Queues,
         };
