@@ -238,6 +238,38 @@ def test_operator_policies_take_the_in_memory_limits(fresh_lepus):
     assert broker.delete("/operator-policies/%2F/op").status_code == 204
 
 
+def test_a_vhost_default_queue_type_types_what_amqp_declares_without_one(fresh_lepus):
+    """RabbitMQ 3.10.8's vhost metadata `default_queue_type` (PUT body `defaultqueuetype`): a
+    queue.declare without x-queue-type gets it as an argument when the type can have the queue
+    (rabbit_amqqueue:augment_declare_args), the management API's too (its plugin declares over an
+    AMQP channel)."""
+    broker = fresh_lepus
+    assert broker.put("/vhosts/typed", {"defaultqueuetype": "quorum"}).status_code == 201
+    vhost = broker.get("/vhosts/typed").json()
+    assert (vhost["default_queue_type"], vhost["metadata"]["default_queue_type"]) == ("quorum", "quorum")
+    conn = connect(broker, vhost="typed")
+    channel = conn.channel()
+    channel.queue_declare("made-quorum", durable=True)
+    channel.queue_declare("stays-classic", durable=False)
+    channel.queue_declare("asked-classic", durable=True, arguments={"x-queue-type": "classic"})
+    assert broker.put("/queues/typed/through-api", {"durable": True}).status_code == 201
+
+    def types():
+        listed = {queue["name"]: (queue.get("type"), queue.get("arguments")) for queue in broker.get("/queues/typed").json()}
+        return listed if len(listed) == 4 else None
+
+    assert wait_for(types) == {"made-quorum": ("quorum", {"x-queue-type": "quorum"}), "stays-classic": ("classic", {}),
+                               "asked-classic": ("classic", {"x-queue-type": "classic"}),
+                               "through-api": ("quorum", {"x-queue-type": "quorum"})}
+    conn.close()
+    assert broker.delete("/vhosts/typed").status_code == 204
+    # A definitions file carries it in the vhost's metadata.
+    imported = broker.post("/definitions", {"vhosts": [{"name": "imported", "metadata": {"default_queue_type": "stream"}}]})
+    assert imported.status_code in (200, 201, 204), imported.text
+    assert broker.get("/vhosts/imported").json()["default_queue_type"] == "stream"
+    assert broker.delete("/vhosts/imported").status_code == 204
+
+
 def test_rabbitmqadmin_and_ctl_manage_vhosts_and_policies(fresh_lepus, rabbitmqadmin):
     broker = fresh_lepus
     admin = rabbitmqadmin + ["--host", "127.0.0.1", "--port", str(broker.http_port), "--username", "guest", "--password", "guest"]
