@@ -10,7 +10,7 @@ pub mod core_image;
 pub mod state;
 
 pub use core_image::{ConsumerImage, CoreImage};
-pub use state::{ConsumerId, MessagesImage, Payload, QueueState, QueuedMessage};
+pub use state::{ConsumerId, MessageTally, MessagesImage, Payload, QueueState, QueuedMessage};
 
 /// What a full queue does with one more message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

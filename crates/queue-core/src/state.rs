@@ -57,6 +57,33 @@ pub struct QueuedMessage<M> {
     pub delivery_count: u32,
 }
 
+/// A count of messages and of their body bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MessageTally {
+    /// Messages.
+    pub count: u64,
+    /// Their body bytes.
+    pub bytes: u64,
+}
+
+impl MessageTally {
+    /// Counts `queued` in, when it has no record in the log.
+    fn add<M: Payload>(&mut self, queued: &QueuedMessage<M>) {
+        if !queued.logged {
+            self.count += 1;
+            self.bytes += queued.message.size_bytes();
+        }
+    }
+
+    /// Counts `queued` out, when it has no record in the log.
+    fn remove<M: Payload>(&mut self, queued: &QueuedMessage<M>) {
+        if !queued.logged {
+            self.count -= 1;
+            self.bytes -= queued.message.size_bytes();
+        }
+    }
+}
+
 /// An unacked message and the consumer holding it (none for basic.get).
 /// Hashes a queue position. Positions are distinct integers the queue hands out in sequence, never
 /// chosen by a client, so a multiplicative (Fibonacci) hash spreads them over the table, high and
@@ -115,6 +142,9 @@ pub struct QueueState<M> {
     unacked: PositionMap<Unacked<M>>,
     /// Body bytes of the unacked messages.
     unacked_bytes: u64,
+    /// The messages in memory (ready and unacked) without a record in the queue's log: what
+    /// management's `messages_persistent` leaves out.
+    unlogged: MessageTally,
     /// x-max-priority (0: a plain queue, whatever the messages say).
     max_priority: u8,
     /// With priorities, the paged and dropped counts of each priority (index = priority); empty
@@ -145,6 +175,7 @@ impl<M: Payload> QueueState<M> {
             paged_bytes: 0,
             unacked: PositionMap::default(),
             unacked_bytes: 0,
+            unlogged: MessageTally::default(),
             max_priority: 0,
             levels: Vec::new(),
         }
@@ -152,6 +183,7 @@ impl<M: Payload> QueueState<M> {
 
     fn insert_ready(&mut self, position: u64, queued: QueuedMessage<M>) {
         self.ready_bytes += queued.message.size_bytes();
+        self.unlogged.add(&queued);
         let key = self.ready_key(position, &queued.message);
         self.ready.insert(key, queued);
     }
@@ -159,6 +191,7 @@ impl<M: Payload> QueueState<M> {
     fn take_first_ready(&mut self) -> Option<(u64, QueuedMessage<M>)> {
         let (key, queued) = self.ready.pop_first()?;
         self.ready_bytes -= queued.message.size_bytes();
+        self.unlogged.remove(&queued);
         Some((priority::position_of(key), queued))
     }
 
@@ -304,6 +337,7 @@ impl<M: Payload> QueueState<M> {
             Some(expires_at_ms) if expires_at_ms <= now_ms => {
                 let (key, queued) = entry.remove_entry();
                 self.ready_bytes -= queued.message.size_bytes();
+                self.unlogged.remove(&queued);
                 Some((priority::position_of(key), queued))
             }
             _ => None,
@@ -348,6 +382,7 @@ impl<M: Payload> QueueState<M> {
     /// Adds a delivered message to the unacked set.
     fn track_unacked(&mut self, position: u64, unacked: Unacked<M>) {
         self.unacked_bytes += unacked.queued.message.size_bytes();
+        self.unlogged.add(&unacked.queued);
         self.unacked.insert(position, unacked);
     }
 
@@ -355,12 +390,24 @@ impl<M: Payload> QueueState<M> {
     fn untrack_unacked(&mut self, position: u64) -> Option<Unacked<M>> {
         let unacked = self.unacked.remove(&position)?;
         self.unacked_bytes -= unacked.queued.message.size_bytes();
+        self.unlogged.remove(&unacked.queued);
         Some(unacked)
     }
 
     /// Body bytes of the unacked messages.
     pub fn unacked_bytes(&self) -> u64 {
         self.unacked_bytes
+    }
+
+    /// Body bytes of the paged messages (see the field for what a recovered queue counts).
+    pub fn paged_bytes(&self) -> u64 {
+        self.paged_bytes
+    }
+
+    /// The messages (ready in memory and unacked) that have no record in the queue's log: the
+    /// transient ones, and every one of a transient queue. Paged messages are all logged.
+    pub fn unlogged(&self) -> MessageTally {
+        self.unlogged
     }
 
     /// Puts back a message that was popped but never reached its consumer, unchanged.
@@ -417,6 +464,7 @@ impl<M: Payload> QueueState<M> {
     pub fn take_ready(&mut self, position: u64) -> Option<QueuedMessage<M>> {
         let queued = self.ready.remove(&position)?;
         self.ready_bytes -= queued.message.size_bytes();
+        self.unlogged.remove(&queued);
         Some(queued)
     }
 
@@ -429,6 +477,9 @@ impl<M: Payload> QueueState<M> {
     /// Paged ones are the caller's to settle on disk, then [`QueueState::take_paged`].
     pub fn purge(&mut self) -> Vec<(u64, QueuedMessage<M>)> {
         self.ready_bytes = 0;
+        // What stays unlogged is what is unacked.
+        self.unlogged = MessageTally::default();
+        self.unacked.values().for_each(|unacked| self.unlogged.add(&unacked.queued));
         std::mem::take(&mut self.ready).into_iter().map(|(key, queued)| (priority::position_of(key), queued)).collect()
     }
 

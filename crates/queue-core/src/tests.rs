@@ -628,3 +628,24 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_unlogged_tally_follows_transient_messages_through_delivery_requeue_and_purge() {
+    let mut state: QueueState<TestMessage> = QueueState::new(0);
+    let tally = |state: &QueueState<TestMessage>| (state.unlogged().count, state.unlogged().bytes);
+    state.push_expiring(TestMessage(0), None, false);
+    state.push_expiring(TestMessage(1), None, true);
+    state.push_expiring(TestMessage(2), None, false);
+    assert_eq!(tally(&state), (2, 32), "the logged one is not counted");
+    let (first, _) = state.pop(true).expect("a ready message");
+    assert_eq!(tally(&state), (2, 32), "an unacked transient message still counts");
+    assert!(state.requeue(first));
+    let (first, _) = state.pop(true).expect("a ready message");
+    state.purge();
+    assert_eq!(tally(&state), (1, 16), "the purge leaves the unacked one");
+    state.settle(first);
+    assert_eq!(tally(&state), (0, 0));
+    let expiring = state.push_expiring(TestMessage(3), Some(10), false);
+    assert_eq!(state.drop_expired_head(20).first().map(|(position, _)| *position), Some(expiring));
+    assert_eq!(tally(&state), (0, 0), "an expired one leaves the tally");
+}

@@ -217,6 +217,13 @@ impl QueueStateMachine {
         self.queues.get(&queue).map(|queue| &queue.core)
     }
 
+    /// With x-single-active-consumer, the consumer getting a queue's messages: its proposer and
+    /// the proposer's name for it (management shows which one is active, as RabbitMQ does).
+    pub fn single_active_consumer(&self, queue: QueueId) -> Option<(u64, u64)> {
+        let active = self.queues.get(&queue)?.core.single_active_consumer()?;
+        self.consumers.get(&active).map(|owner| (owner.proposer, owner.local))
+    }
+
     /// The dead letters a queue keeps until they are settled (at-least-once dead-lettering).
     pub fn held_dead_letters(&self, queue: QueueId) -> Option<&HeldDeadLetters> {
         self.queues.get(&queue).map(|queue| &queue.held)

@@ -387,3 +387,20 @@ fn without_at_least_once_drops_are_not_held_and_a_strategy_change_releases_the_h
     assert_eq!(dropped(&outcomes), vec![(1, false)]);
     assert!(machine.held_dead_letters(1).is_some_and(|held| held.is_empty()));
 }
+
+#[test]
+fn the_single_active_consumer_is_named_by_its_proposer_and_its_name_there() {
+    let declare_single_active =
+        || QueueCommand::Declare { name: Bytes::new(), incarnation: 0, limits: queue_core::Limits::NONE, single_active_consumer: true };
+    let add = |consumer| QueueCommand::AddConsumer { consumer, priority: 0, prefetch: 1 };
+    let (machine, _) = replay(&[batch(1_000, vec![declare_single_active(), add(5), add(6)])]);
+    assert_eq!(machine.single_active_consumer(1), Some((9, 5)), "the first consumer is the active one");
+    let (machine, _) = replay(&[
+        batch(1_000, vec![declare_single_active(), add(5), add(6)]),
+        batch(1_010, vec![QueueCommand::CancelConsumer { consumer: 5 }]),
+    ]);
+    assert_eq!(machine.single_active_consumer(1), Some((9, 6)), "the next one takes over");
+    let (machine, _) = replay(&[batch(1_000, vec![declare(), add(5)])]);
+    assert_eq!(machine.single_active_consumer(1), None, "no single active consumer without the argument");
+    assert_eq!(machine.single_active_consumer(2), None, "no such queue");
+}

@@ -47,11 +47,13 @@ struct VhostSlot {
     tags: Vec<String>,
     /// `None` until a limit is first set or deleted (see [`VhostLimits`]).
     limits: Option<VhostLimits>,
+    /// The type of a queue declared without `x-queue-type`, when the vhost was created with one.
+    default_queue_type: Option<QueueType>,
 }
 
 impl VhostSlot {
     fn new(name: &str, description: String, tags: Vec<String>) -> VhostSlot {
-        VhostSlot { topology: Arc::new(RwLock::new(Vhost::new(name))), description, tags, limits: None }
+        VhostSlot { topology: Arc::new(RwLock::new(Vhost::new(name))), description, tags, limits: None, default_queue_type: None }
     }
 }
 
@@ -66,6 +68,8 @@ pub struct VhostInfo {
     pub tags: Vec<String>,
     /// Its limits, when any was ever set (see [`VhostLimits`]).
     pub limits: Option<VhostLimits>,
+    /// The type of a queue declared without `x-queue-type`, when the vhost was created with one.
+    pub default_queue_type: Option<QueueType>,
 }
 
 /// The whole broker, shared by every connection.
@@ -276,6 +280,7 @@ impl Broker {
                                 None
                             }
                         });
+                        slot.default_queue_type = record.default_queue_type.as_deref().and_then(QueueType::from_name);
                         vhosts.insert(record.name.clone(), slot);
                     }
                 }
@@ -428,7 +433,7 @@ impl Broker {
                 }
             };
             restored_messages += messages;
-            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
+            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition));
             vhost.write().restore_queue(definition, queue);
         }
         let opened = self.open_recovered_logs(&queues)?;
@@ -442,7 +447,7 @@ impl Broker {
         for ((record, vhost, definition), log) in queues.into_iter().zip(opened) {
             let (queue, messages) = storage.recover_opened(&definition, &record.vhost, clean_shutdown, log)?;
             restored_messages += messages;
-            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition.name));
+            queue.apply_policy(self.policy_for_queue(&record.vhost, &definition));
             vhost.write().restore_queue(definition, queue);
         }
         Ok(restored_messages)
@@ -632,6 +637,7 @@ impl Broker {
                 description: slot.description.clone(),
                 tags: slot.tags.clone(),
                 limits: slot.limits.clone(),
+                default_queue_type: slot.default_queue_type,
             })
             .collect()
     }
@@ -689,12 +695,21 @@ impl Broker {
     }
 
     /// Creates a vhost, or updates its description and tags. Returns whether it was created.
-    pub fn put_vhost(&self, name: &str, description: String, tags: Vec<String>) -> Result<bool, AmqpError> {
+    /// `default_queue_type` is taken when the vhost is created, as RabbitMQ 3.10.8 takes it
+    /// (`rabbit_vhost:put_vhost` updates only the description and tags of one that exists).
+    pub fn put_vhost(
+        &self,
+        name: &str,
+        description: String,
+        tags: Vec<String>,
+        default_queue_type: Option<QueueType>,
+    ) -> Result<bool, AmqpError> {
         if name.is_empty() || name.len() > 255 {
             return Err(AmqpError::precondition("a vhost name must have 1 to 255 bytes"));
         }
         if let Some(cluster) = self.replicating() {
-            let command = MetadataCommand::PutVhost { name: name.to_string(), description, tags };
+            let default_queue_type = default_queue_type.map(|queue_type| queue_type.name().to_string());
+            let command = MetadataCommand::PutVhost { name: name.to_string(), description, tags, default_queue_type };
             return cluster.propose(command).map(Applied::flag);
         }
         let created = {
@@ -710,7 +725,8 @@ impl Broker {
                     return Err(AmqpError::precondition(format!("the broker holds {VHOSTS_MAX} vhosts, its limit")));
                 }
                 None => {
-                    vhosts.insert(name.to_string(), VhostSlot::new(name, description, tags));
+                    let slot = VhostSlot { default_queue_type, ..VhostSlot::new(name, description, tags) };
+                    vhosts.insert(name.to_string(), slot);
                     true
                 }
             }
@@ -824,9 +840,10 @@ impl Broker {
 
     /// The policy that applies to a queue: the matching one of highest priority (ties: by name),
     /// with the limits of the matching operator policy of highest priority merged in.
-    pub fn policy_for_queue(&self, vhost: &str, queue: &ShortStr) -> Option<Arc<Policy>> {
-        let policy = crate::policy::select(&self.policies.read(), vhost, queue.as_bytes(), crate::policy::Target::Queue);
-        let operator = crate::policy::select(&self.operator_policies.read(), vhost, queue.as_bytes(), crate::policy::Target::Queue);
+    pub fn policy_for_queue(&self, vhost: &str, queue: &QueueDefinition) -> Option<Arc<Policy>> {
+        let (name, target) = (queue.name.as_bytes(), crate::policy::Target::Queue(queue.queue_type));
+        let policy = crate::policy::select(&self.policies.read(), vhost, name, target);
+        let operator = crate::policy::select(&self.operator_policies.read(), vhost, name, target);
         crate::policy::merge_operator_policy(policy, operator)
     }
 
@@ -922,7 +939,7 @@ impl Broker {
         let Some(topology) = self.vhost(vhost) else { return };
         let queues: Vec<QueueHandle> = topology.read().queues().map(|entry| entry.handle.clone()).collect();
         for queue in queues {
-            queue.apply_policy(self.policy_for_queue(vhost, queue.name()));
+            queue.apply_policy(self.policy_for_queue(vhost, queue.definition()));
         }
         self.reapply_exchange_policies(vhost, &topology);
     }
@@ -954,6 +971,7 @@ impl Broker {
                 description: info.description,
                 tags: info.tags,
                 limits: info.limits.map(|limits| limits.to_map()),
+                default_queue_type: info.default_queue_type.map(|queue_type| queue_type.name().to_string()),
             })
             .collect();
         let users = self
@@ -1101,6 +1119,23 @@ impl Broker {
         self.await_definitions(ticket)
     }
 
+    /// A queue declared without `x-queue-type` in a vhost with a default queue type gets the
+    /// argument naming it, when the type can have the queue (quorum queues and streams: durable,
+    /// neither exclusive nor auto-delete), as `rabbit_amqqueue:augment_declare_args` in RabbitMQ
+    /// 3.10.8 adds it. RabbitMQ does so for a queue.declare that is not passive, the management
+    /// API's included (its plugin declares over an AMQP channel), not for a definitions import's
+    /// (`rabbit_definitions` declares directly), and so does Lepus.
+    pub fn with_default_queue_type(&self, vhost: &str, mut definition: QueueDefinition) -> QueueDefinition {
+        let Some(default_type) = self.vhosts.read().get(vhost).and_then(|slot| slot.default_queue_type) else { return definition };
+        let compatible =
+            default_type == QueueType::Classic || (definition.durable && definition.exclusive_owner.is_none() && !definition.auto_delete);
+        if compatible && definition.arguments.get(broker_core::vhost::QUEUE_TYPE_ARGUMENT).is_none() {
+            let name = bytes::Bytes::from_static(default_type.name().as_bytes());
+            definition.arguments.insert(broker_core::vhost::QUEUE_TYPE_ARGUMENT, amqp_codec::FieldValue::LongStr(name));
+        }
+        definition
+    }
+
     /// queue.declare; returns (name, ready messages, consumers).
     pub fn declare_queue(
         &self,
@@ -1169,7 +1204,7 @@ impl Broker {
         ChurnCounters::count(&self.churn.queues_declared);
         if created {
             ChurnCounters::count(&self.churn.queues_created);
-            queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
+            queue.apply_policy(self.policy_for_queue(vhost_name, queue.definition()));
         }
         if !created {
             queue.mark_used();

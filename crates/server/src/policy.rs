@@ -8,16 +8,21 @@
 //! `dead-letter-strategy` (quorum queues), `delivery-limit`,
 //! and for stream queues `max-age` and `stream-max-segment-size-bytes`)
 //! and the exchange setting `alternate-exchange` (an exchange's own argument wins over it).
-//! `queue-mode` and `queue-version` are taken and met as they are (see below).
-//! Settings RabbitMQ knows and Lepus does not implement are refused with a message that says so,
-//! never accepted and ignored; unknown settings are refused as RabbitMQ refuses them.
+//! `queue-mode`, `queue-version`, `max-in-memory-length`, `max-in-memory-bytes`,
+//! `queue-leader-locator`, `queue-master-locator` and `initial-cluster-size` are taken with
+//! RabbitMQ 3.10.8's validation and met as they are (see below and docs/compatibility.md).
+//! Classic queue mirroring (`ha-*`) and the federation plugin's settings are refused with a
+//! message that says so, never accepted and ignored; unknown settings are refused as RabbitMQ
+//! refuses them.
 
-use broker_core::vhost::Overflow;
+use broker_core::vhost::{Overflow, QueueType};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use storage::definitions::PolicyRecord;
 
-/// RabbitMQ policy settings that Lepus does not implement; a policy naming one is refused.
+/// RabbitMQ policy settings that Lepus does not implement; a policy naming one is refused. A
+/// mirrored classic queue (`ha-*`) would have replicas on other nodes, which Lepus's classic
+/// queues never have: taking the setting would claim a redundancy that is not there.
 const NOT_IMPLEMENTED_KEYS: &[&str] = &[
     "federation-upstream",
     "federation-upstream-set",
@@ -27,12 +32,14 @@ const NOT_IMPLEMENTED_KEYS: &[&str] = &[
     "ha-promote-on-shutdown",
     "ha-sync-batch-size",
     "ha-sync-mode",
-    "initial-cluster-size",
-    "max-in-memory-bytes",
-    "max-in-memory-length",
-    "queue-leader-locator",
-    "queue-master-locator",
 ];
+
+/// `queue-leader-locator`'s values in RabbitMQ 3.10.8 (`random` and `least-leaders` are its
+/// deprecated names for `balanced`).
+const QUEUE_LEADER_LOCATORS: &[&str] = &["client-local", "balanced", "random", "least-leaders"];
+
+/// `queue-master-locator`'s values: the strategies RabbitMQ 3.10.8 registers.
+const QUEUE_MASTER_LOCATORS: &[&str] = &["client-local", "min-masters", "random"];
 
 /// The keys an operator policy may set (RabbitMQ 3.10.8's): limits only, each merged with the
 /// queue's policy so that the stricter value wins.
@@ -77,10 +84,46 @@ impl ApplyTo {
 /// What a policy is being matched for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
-    /// A queue.
-    Queue,
+    /// A queue of a type.
+    Queue(QueueType),
     /// An exchange.
     Exchange,
+}
+
+/// Classic queue mirroring's settings: neither quorum queues nor streams take them.
+const MIRRORING_KEYS: &[&str] =
+    &["ha-mode", "ha-params", "ha-sync-mode", "ha-promote-on-shutdown", "ha-promote-on-failure", "queue-master-locator"];
+
+/// Whether a queue type does not take a setting: a policy that has one does not apply to a queue
+/// of that type at all, and the next matching policy does (RabbitMQ 3.10.8's
+/// `unsupported_policies` of each queue type, checked by `rabbit_queue_type:is_policy_applicable`).
+/// One difference: `delivery-limit` applies to classic queues, which take it in Lepus.
+fn unsupported_setting(queue_type: QueueType, key: &str) -> bool {
+    let own: &[&str] = match queue_type {
+        QueueType::Classic => {
+            return ["max-age", "stream-max-segment-size-bytes", "queue-leader-locator", "initial-cluster-size", "dead-letter-strategy"]
+                .contains(&key)
+        }
+        QueueType::Quorum => {
+            &["max-priority", "queue-mode", "single-active-consumer", "max-age", "stream-max-segment-size-bytes", "initial-cluster-size"]
+        }
+        QueueType::Stream => &[
+            "expires",
+            "message-ttl",
+            "dead-letter-exchange",
+            "dead-letter-routing-key",
+            "max-length",
+            "max-in-memory-length",
+            "max-in-memory-bytes",
+            "max-priority",
+            "overflow",
+            "queue-mode",
+            "single-active-consumer",
+            "delivery-limit",
+            "dead-letter-strategy",
+        ],
+    };
+    own.contains(&key) || MIRRORING_KEYS.contains(&key)
 }
 
 /// The queue settings a policy carries (each `None` when the policy does not set it).
@@ -138,6 +181,9 @@ pub enum PolicyError {
     /// exchange name").
     #[error("Validation failed\n\n{0} is not a valid {1}\n")]
     Invalid(String, &'static str),
+    /// A `queue-master-locator` RabbitMQ has no strategy for (its text is worded apart).
+    #[error("Validation failed\n\n{0} invalid queue-master-locator value\n")]
+    MasterLocator(String),
     /// Too many policies.
     #[error("the broker holds {POLICIES_MAX} policies, its limit")]
     TooMany,
@@ -235,10 +281,13 @@ impl Policy {
         }
     }
 
-    /// Whether the policy applies to `target` named `name` (unanchored match, as RabbitMQ).
+    /// Whether the policy applies to `target` named `name` (unanchored match, as RabbitMQ); not
+    /// to a queue whose type does not take one of its settings ([`unsupported_setting`]).
     pub fn matches(&self, target: Target, name: &[u8]) -> bool {
         let kind_matches = match target {
-            Target::Queue => self.apply_to != ApplyTo::Exchanges,
+            Target::Queue(queue_type) => {
+                self.apply_to != ApplyTo::Exchanges && !self.definition.keys().any(|key| unsupported_setting(queue_type, key))
+            }
             Target::Exchange => self.apply_to != ApplyTo::Queues,
         };
         kind_matches && std::str::from_utf8(name).is_ok_and(|text| self.compiled.is_match(text))
@@ -304,75 +353,60 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
     let mut unrecognised = Vec::new();
     let mut not_implemented = Vec::new();
     for (key, value) in definition {
-        let non_negative = || value.as_u64().ok_or_else(|| PolicyError::BadValue(key.clone(), "must be a non-negative integer"));
-        let positive =
-            || value.as_u64().filter(|number| *number >= 1).ok_or_else(|| PolicyError::BadValue(key.clone(), "must be a positive integer"));
+        // RabbitMQ 3.10.8's `rabbit_policies` validation texts.
+        let invalid = |what: &'static str| PolicyError::Invalid(rabbit_value(value), what);
+        let non_negative = |what: &'static str| value.as_u64().ok_or_else(|| invalid(what));
+        let positive = |what: &'static str| value.as_u64().filter(|number| *number >= 1).ok_or_else(|| invalid(what));
         match key.as_str() {
-            "max-length" => settings.max_length = Some(non_negative()?),
-            "max-length-bytes" => {
-                settings.max_length_bytes =
-                    Some(value.as_u64().ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "maximum length in bytes"))?)
-            }
-            "delivery-limit" => {
-                settings.delivery_limit = Some(value.as_u64().ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "delivery limit"))?)
-            }
+            "max-length" => settings.max_length = Some(non_negative("maximum length")?),
+            "max-length-bytes" => settings.max_length_bytes = Some(non_negative("maximum length in bytes")?),
+            "delivery-limit" => settings.delivery_limit = Some(non_negative("delivery limit")?),
             "dead-letter-exchange" => {
                 let name = value.as_str().filter(|name| name.len() <= 255);
-                settings.dead_letter_exchange =
-                    Some(name.ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "dead letter exchange name"))?.to_string())
+                settings.dead_letter_exchange = Some(name.ok_or_else(|| invalid("dead letter exchange name"))?.to_string())
             }
             "dead-letter-routing-key" => {
                 let key = value.as_str().filter(|key| key.len() <= 255);
-                settings.dead_letter_routing_key =
-                    Some(key.ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "dead letter routing key"))?.to_string())
+                settings.dead_letter_routing_key = Some(key.ok_or_else(|| invalid("dead letter routing key"))?.to_string())
             }
             "dead-letter-strategy" => {
                 settings.dead_letter_at_least_once = Some(match value.as_str() {
                     Some("at-least-once") => true,
                     Some("at-most-once") => false,
-                    _ => return Err(PolicyError::Invalid(rabbit_value(value), "dead letter strategy")),
+                    _ => return Err(invalid("dead letter strategy")),
                 })
             }
-            "message-ttl" => settings.message_ttl_ms = Some(non_negative()?),
-            "consumer-timeout" => settings.consumer_timeout_ms = Some(positive()?),
-            // RabbitMQ 3.10.8's `rabbit_policies` validation texts.
+            "message-ttl" => settings.message_ttl_ms = Some(non_negative("message TTL")?),
+            // Not a policy key in RabbitMQ 3.10.8 (3.12 added it); Lepus takes it.
+            "consumer-timeout" => {
+                settings.consumer_timeout_ms = Some(
+                    value
+                        .as_u64()
+                        .filter(|number| *number >= 1)
+                        .ok_or_else(|| PolicyError::BadValue(key.clone(), "must be a positive integer"))?,
+                )
+            }
             "max-age" => {
                 let age = value.as_str().map(|text| crate::stream::arguments::parse_max_age(text.as_bytes()));
                 match age {
                     Some(crate::stream::arguments::MaxAge::Milliseconds(age)) => settings.max_age_ms = Some(age),
-                    _ => return Err(PolicyError::Invalid(rabbit_value(value), "max age")),
+                    _ => return Err(invalid("max age")),
                 }
             }
             "stream-max-segment-size-bytes" => {
-                settings.stream_max_segment_size_bytes =
-                    Some(value.as_u64().ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "segment size"))?)
+                let size = value.as_u64().filter(|size| *size <= crate::stream::arguments::SEGMENT_SIZE_BYTES_MAX);
+                settings.stream_max_segment_size_bytes = Some(size.ok_or_else(|| invalid("segment size"))?)
             }
-            "expires" => settings.expires_ms = Some(positive()?),
+            "expires" => settings.expires_ms = Some(positive("queue expiry")?),
             "overflow" => {
                 let overflow = value.as_str().and_then(Overflow::from_name);
-                settings.overflow = Some(overflow.ok_or_else(|| PolicyError::Invalid(rabbit_value(value), "overflow value"))?);
-            }
-            "alternate-exchange" => {
-                if !value.is_string() {
-                    return Err(PolicyError::BadValue(value.to_string(), "is not a valid alternate exchange name"));
-                }
-            }
-            // Lepus's durable queues always keep a bounded window in memory and the rest on disk,
-            // which is what `lazy` asks for (RabbitMQ 3.12 ignores the setting for the same reason).
-            "queue-mode" => match value.as_str() {
-                Some("default") | Some("lazy") => {}
-                _ => return Err(PolicyError::BadValue(key.clone(), "must be default or lazy")),
-            },
-            // RabbitMQ 3.10's classic queue storage versions differ in their files and memory use,
-            // not in what a client sees; Lepus has one storage, which keeps bodies on disk as
-            // version 2 does, so either value is met (as `x-queue-version` already is).
-            "queue-version" => {
-                if !matches!(value.as_u64(), Some(1) | Some(2)) {
-                    return Err(PolicyError::Invalid(rabbit_value(value), "queue-version value"));
-                }
+                settings.overflow = Some(overflow.ok_or_else(|| invalid("overflow value"))?);
             }
             known if NOT_IMPLEMENTED_KEYS.contains(&known) => not_implemented.push(key.clone()),
-            _ => unrecognised.push(key.clone()),
+            other => match validate_met_as_it_is(other, value) {
+                Some(validated) => validated?,
+                None => unrecognised.push(key.clone()),
+            },
         }
     }
     if !unrecognised.is_empty() {
@@ -382,6 +416,45 @@ fn queue_settings(definition: &Map<String, Value>) -> Result<QueueSettings, Poli
         return Err(PolicyError::NotImplemented(not_implemented));
     }
     Ok(settings)
+}
+
+/// Validates a setting Lepus takes and has nothing to do for (each one's reason below), with
+/// RabbitMQ 3.10.8's texts; `None` when `key` is not one of them.
+fn validate_met_as_it_is(key: &str, value: &Value) -> Option<Result<(), PolicyError>> {
+    let invalid = |what: &'static str| Err(PolicyError::Invalid(rabbit_value(value), what));
+    let one_of = |values: &[&str]| value.as_str().is_some_and(|text| values.contains(&text));
+    let checked = match key {
+        // Read by the exchange's routing (`Policy::alternate_exchange`).
+        "alternate-exchange" if !value.is_string() => invalid("alternate exchange name"),
+        "alternate-exchange" => Ok(()),
+        // Lepus's durable queues always keep a bounded window in memory and the rest on disk,
+        // which is what `lazy` asks for (RabbitMQ 3.12 ignores the setting for the same reason).
+        "queue-mode" if one_of(&["default", "lazy"]) => Ok(()),
+        "queue-mode" => invalid("queue-mode value"),
+        // RabbitMQ 3.10's classic queue storage versions differ in their files and memory use,
+        // not in what a client sees; Lepus has one storage, which keeps bodies on disk as
+        // version 2 does, so either value is met (as `x-queue-version` already is).
+        "queue-version" if matches!(value.as_u64(), Some(1) | Some(2)) => Ok(()),
+        "queue-version" => invalid("queue-version value"),
+        // Bounds on a quorum queue's messages in memory: a Lepus quorum queue keeps its bodies in
+        // its log and a bounded window in memory whatever the bound (RabbitMQ's text for both
+        // keys says "memory in bytes").
+        "max-in-memory-length" | "max-in-memory-bytes" if value.as_u64().is_some() => Ok(()),
+        "max-in-memory-length" | "max-in-memory-bytes" => invalid("maximum memory in bytes"),
+        // Where a new quorum or stream queue's leader goes: a Lepus quorum queue's leader is its
+        // Raft shard's, a stream lives on the node that declared it.
+        "queue-leader-locator" if one_of(QUEUE_LEADER_LOCATORS) => Ok(()),
+        "queue-leader-locator" => invalid("queue leader locator value"),
+        // Where a new classic queue goes: a Lepus classic queue lives on the node that declared
+        // it, as with `client-local`.
+        "queue-master-locator" if one_of(QUEUE_MASTER_LOCATORS) => Ok(()),
+        "queue-master-locator" => Err(PolicyError::MasterLocator(rabbit_value(value))),
+        // A stream's replica count: a Lepus stream has one copy, on its node.
+        "initial-cluster-size" if value.as_u64().is_some() => Ok(()),
+        "initial-cluster-size" => invalid("cluster size"),
+        _ => return None,
+    };
+    Some(checked)
 }
 
 #[cfg(test)]
@@ -400,7 +473,8 @@ mod tests {
         let exchanges = Arc::new(Policy::new("/", "ex", ".*", "exchanges", 9, definition(json!({"max-length": 1}))).expect("valid"));
         let other_vhost = Arc::new(Policy::new("/b", "b", ".*", "queues", 9, definition(json!({"max-length": 1}))).expect("valid"));
         let policies = vec![low.clone(), high.clone(), exchanges, other_vhost];
-        let chosen = |name: &str| select(&policies, "/", name.as_bytes(), Target::Queue).map(|policy| policy.name.clone());
+        let chosen =
+            |name: &str| select(&policies, "/", name.as_bytes(), Target::Queue(QueueType::Classic)).map(|policy| policy.name.clone());
         assert_eq!(chosen("orders.eu.1").as_deref(), Some("high"));
         assert_eq!(chosen("orders.us").as_deref(), Some("low"));
         assert_eq!(chosen("invoices"), None, "the exchange-only and other-vhost policies do not apply");
@@ -437,10 +511,7 @@ mod tests {
     fn unknown_and_unimplemented_settings_are_refused_loudly() {
         let refused = |value: Value| Policy::new("/", "p", ".*", "queues", 0, definition(value)).err();
         assert_eq!(refused(json!({"colour": "blue"})), Some(PolicyError::Unrecognised(vec!["colour".to_string()])));
-        assert_eq!(
-            refused(json!({"queue-leader-locator": "balanced"})),
-            Some(PolicyError::NotImplemented(vec!["queue-leader-locator".to_string()]))
-        );
+        assert_eq!(refused(json!({"ha-mode": "all"})), Some(PolicyError::NotImplemented(vec!["ha-mode".to_string()])));
         assert_eq!(refused(json!({"queue-version": 2})), None, "met by the one storage");
         assert_eq!(refused(json!({"queue-version": 3})), Some(PolicyError::Invalid("3".to_string(), "queue-version value")));
         assert_eq!(
@@ -464,11 +535,60 @@ mod tests {
             json!({"dead-letter-exchange": "dlx", "dead-letter-routing-key": "k", "max-length-bytes": 10, "delivery-limit": 3})
         )
         .is_none());
-        assert!(matches!(refused(json!({"max-length": -1})), Some(PolicyError::BadValue(..))));
+        assert_eq!(refused(json!({"max-length": -1})), Some(PolicyError::Invalid("-1".to_string(), "maximum length")));
         assert_eq!(refused(json!({"overflow": "explode"})), Some(PolicyError::Invalid("<<\"explode\">>".to_string(), "overflow value")));
         assert_eq!(refused(json!({})), Some(PolicyError::Empty));
         assert!(matches!(Policy::new("/", "p", "(", "queues", 0, definition(json!({"max-length": 1}))), Err(PolicyError::Pattern(..))));
         assert!(matches!(Policy::new("/", "p", ".*", "streams", 0, definition(json!({"max-length": 1}))), Err(PolicyError::ApplyTo(..))));
         assert!(refused(json!({"queue-mode": "lazy", "overflow": "reject-publish"})).is_none());
+    }
+
+    #[test]
+    fn the_settings_lepus_meets_as_they_are_take_rabbitmq_values_and_texts() {
+        let refused = |value: Value| Policy::new("/", "p", ".*", "queues", 0, definition(value)).err().map(|error| error.to_string());
+        for taken in [
+            json!({"max-in-memory-length": 0, "max-in-memory-bytes": 1024}),
+            json!({"queue-leader-locator": "client-local", "initial-cluster-size": 3}),
+            json!({"queue-leader-locator": "least-leaders", "queue-master-locator": "min-masters"}),
+            json!({"queue-mode": "lazy", "queue-version": 1}),
+        ] {
+            assert_eq!(refused(taken.clone()), None, "{taken}");
+        }
+        let text = |body: &str| Some(format!("Validation failed\n\n{body}\n"));
+        assert_eq!(refused(json!({"max-in-memory-length": -1})), text("-1 is not a valid maximum memory in bytes"));
+        assert_eq!(refused(json!({"max-in-memory-bytes": "a"})), text("<<\"a\">> is not a valid maximum memory in bytes"));
+        assert_eq!(refused(json!({"queue-leader-locator": "nearest"})), text("<<\"nearest\">> is not a valid queue leader locator value"));
+        assert_eq!(refused(json!({"queue-master-locator": "nearest"})), text("<<\"nearest\">> invalid queue-master-locator value"));
+        assert_eq!(refused(json!({"initial-cluster-size": 1.5})), text("1.5 is not a valid cluster size"));
+        assert_eq!(refused(json!({"queue-mode": "eager"})), text("<<\"eager\">> is not a valid queue-mode value"));
+        assert_eq!(refused(json!({"message-ttl": -5})), text("-5 is not a valid message TTL"));
+        assert_eq!(refused(json!({"expires": 0})), text("0 is not a valid queue expiry"));
+        assert_eq!(refused(json!({"stream-max-segment-size-bytes": 3_000_000_001u64})), text("3000000001 is not a valid segment size"));
+    }
+
+    #[test]
+    fn an_operator_policy_takes_the_in_memory_limits_and_merges_the_lower() {
+        let operator = Policy::new_operator("/", "op", ".*", "queues", 0, definition(json!({"max-in-memory-length": 10})));
+        let user = Policy::new("/", "user", ".*", "queues", 0, definition(json!({"max-in-memory-length": 50}))).expect("valid");
+        let merged = merge_operator_policy(Some(Arc::new(user)), Some(Arc::new(operator.expect("valid")))).expect("merged");
+        assert_eq!(Value::Object(merged.definition.clone()), json!({"max-in-memory-length": 10}));
+    }
+
+    #[test]
+    fn a_policy_with_a_setting_the_queue_type_does_not_take_does_not_apply_to_it() {
+        let policy = |name: &str, priority: i64, value: Value| {
+            Arc::new(Policy::new("/", name, ".*", "queues", priority, definition(value)).expect("valid"))
+        };
+        let policies = vec![
+            policy("quorum-only", 9, json!({"max-length": 5, "queue-leader-locator": "balanced"})),
+            policy("streams", 5, json!({"max-age": "1D"})),
+            policy("any", 1, json!({"max-length": 50})),
+        ];
+        let chosen = |queue_type| select(&policies, "/", b"q", Target::Queue(queue_type)).map(|policy| policy.name.clone());
+        assert_eq!(chosen(QueueType::Quorum).as_deref(), Some("quorum-only"));
+        assert_eq!(chosen(QueueType::Classic).as_deref(), Some("any"), "classic queues take no queue-leader-locator nor max-age");
+        assert_eq!(chosen(QueueType::Stream).as_deref(), Some("streams"), "streams take no max-length");
+        let delivery_limit = vec![policy("retries", 1, json!({"delivery-limit": 3}))];
+        assert!(select(&delivery_limit, "/", b"q", Target::Queue(QueueType::Classic)).is_some(), "a Lepus classic queue takes it");
     }
 }

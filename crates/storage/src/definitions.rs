@@ -148,6 +148,10 @@ pub struct VhostRecord {
     /// was ever set, an empty map when every one was deleted (RabbitMQ keeps the parameter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<std::collections::BTreeMap<String, i64>>,
+    /// The type a queue declared in the vhost without `x-queue-type` gets (RabbitMQ's vhost
+    /// metadata `default_queue_type`), by its name; `None`: classic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_queue_type: Option<String>,
 }
 
 /// A policy.
@@ -672,7 +676,7 @@ mod tests {
     }
 
     fn vhost(name: &str) -> VhostRecord {
-        VhostRecord { name: name.to_string(), description: String::new(), tags: Vec::new(), limits: None }
+        VhostRecord { name: name.to_string(), description: String::new(), tags: Vec::new(), limits: None, default_queue_type: None }
     }
 
     /// Exchanges, queues and bindings without the generation, which a compaction changes.

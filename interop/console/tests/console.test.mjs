@@ -444,10 +444,10 @@ test('policies: add one, see it on the matching queue, edit it, refuse bad defin
   assert.deepEqual(puts, [], 'nothing was sent');
 
   // A setting Lepus does not implement: the API's 400 reason is on the page.
-  await page.fill('#policy-form [name=definition]', '{"queue-leader-locator": "balanced"}');
+  await page.fill('#policy-form [name=definition]', '{"ha-mode": "all"}');
   await page.click('#policy-form button[type=submit]');
   await waitFor('the form to show the API reason', async () =>
-    /queue-leader-locator.*not implemented by Lepus/.test(await formError('#policy-form')));
+    /ha-mode.*not implemented by Lepus/.test(await formError('#policy-form')));
   assert.equal(await apiGet(`/policies/%2F/${policy}-bad`), null);
   await shot('policies-refused');
 

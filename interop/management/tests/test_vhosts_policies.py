@@ -154,12 +154,13 @@ def test_invalid_policies_are_refused_loudly(fresh_lepus):
     assert broker.delete("/policies/%2F/p").status_code == 204
     bad_version = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"queue-version": 3}})
     assert bad_version.json() == {"error": "bad_request", "reason": "Validation failed\n\n3 is not a valid queue-version value\n"}
-    # A setting Lepus does not implement is refused rather than ignored (RabbitMQ takes it).
-    locator = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"queue-leader-locator": "balanced"}})
+    # Classic queue mirroring is refused rather than ignored: a Lepus classic queue has no
+    # replicas for it to promise (RabbitMQ 3.10.8 takes it).
+    mirrored = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"ha-mode": "all"}})
     if broker.is_lepus:
-        assert locator.status_code == 400 and "not implemented" in locator.json()["reason"]
+        assert mirrored.status_code == 400 and "not implemented" in mirrored.json()["reason"]
     else:
-        assert locator.status_code == 201
+        assert mirrored.status_code == 201
         assert broker.delete("/policies/%2F/p").status_code == 204
     bad_exchange = broker.put("/policies/%2F/p", {"pattern": ".*", "definition": {"dead-letter-exchange": 5}})
     assert bad_exchange.status_code == 400 and "5 is not a valid dead letter exchange name" in bad_exchange.json()["reason"]
@@ -168,6 +169,105 @@ def test_invalid_policies_are_refused_loudly(fresh_lepus):
     assert broker.put("/policies/%2F/p", {"definition": {"max-length": 1}}).status_code == 400
     assert broker.put("/policies/nowhere/p", {"pattern": ".*", "definition": {"max-length": 1}}).status_code == 404
     assert broker.get("/policies").json() == []
+
+
+# The settings RabbitMQ 3.10.8's rabbit_policies and rabbit_queue_location_validator take beside
+# the limits, with the value each refuses and RabbitMQ's reason for it (HTML-escaped, as its
+# policy endpoint answers), and a queue type that takes the setting.
+TAKEN_AS_THEY_ARE = [
+    ("max-in-memory-length", 100, -1, "-1 is not a valid maximum memory in bytes", "quorum"),
+    ("max-in-memory-bytes", 1048576, "lots", "&lt;&lt;\"lots\"&gt;&gt; is not a valid maximum memory in bytes", "classic"),
+    ("queue-leader-locator", "balanced", "nearest", "&lt;&lt;\"nearest\"&gt;&gt; is not a valid queue leader locator value", "quorum"),
+    ("initial-cluster-size", 3, -3, "-3 is not a valid cluster size", "stream"),
+    ("queue-master-locator", "min-masters", "nearest", "&lt;&lt;\"nearest\"&gt;&gt; invalid queue-master-locator value", "classic"),
+    ("queue-mode", "lazy", "eager", "&lt;&lt;\"eager\"&gt;&gt; is not a valid queue-mode value", "classic"),
+]
+
+
+def declared_with_policy(broker, channel, name, queue_type, policy):
+    """Declares `name` of `queue_type` and returns its /api/queues answer once it shows `policy`
+    (RabbitMQ's after a statistics interval), or None."""
+    channel.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type})
+    return wait_for(lambda: (lambda q: q if q.get("policy") == policy else None)(broker.get("/queues/%2F/" + name).json()))
+
+
+@pytest.mark.parametrize("key,good,bad,reason,queue_type", TAKEN_AS_THEY_ARE, ids=[row[0] for row in TAKEN_AS_THEY_ARE])
+def test_policy_settings_rabbitmq_takes_are_taken_with_its_validation(fresh_lepus, key, good, bad, reason, queue_type):
+    broker = fresh_lepus
+    refused = broker.put("/policies/%2F/bad", {"pattern": ".*", "definition": {key: bad}})
+    assert (refused.status_code, refused.json()) == (400, {"error": "bad_request", "reason": "Validation failed\n\n%s\n" % reason})
+    definition = {key: good, "max-length-bytes": 10000}
+    assert broker.put("/policies/%2F/p", {"pattern": "^taken$", "apply-to": "queues", "definition": definition}).status_code == 201
+    assert broker.get("/policies/%2F/p").json()["definition"] == definition
+    conn = connect(broker)
+    channel = conn.channel()
+    queue = declared_with_policy(broker, channel, "taken", queue_type, "p")
+    assert queue is not None and queue["effective_policy_definition"] == definition
+    channel.queue_delete("taken")
+    conn.close()
+    assert broker.delete("/policies/%2F/p").status_code == 204
+
+
+def test_a_policy_with_a_setting_the_queue_type_does_not_take_passes_it_by(fresh_lepus):
+    """rabbit_queue_type:is_policy_applicable: a policy naming a setting of another queue type does
+    not apply, and the matching policy next in priority does."""
+    broker = fresh_lepus
+    # Quorum queues take both settings of the first, classic ones not the locator, streams not
+    # max-length; only classic queues take queue-mode.
+    for name, priority, definition in [("quorum-only", 9, {"queue-leader-locator": "balanced", "max-length": 100}),
+                                       ("classic-only", 5, {"queue-mode": "lazy"}),
+                                       ("any", 1, {"max-length-bytes": 1000})]:
+        body = {"pattern": "^applies", "apply-to": "queues", "priority": priority, "definition": definition}
+        assert broker.put("/policies/%2F/" + name, body).status_code == 201
+    conn = connect(broker)
+    channel = conn.channel()
+    expected = {"classic": "classic-only", "quorum": "quorum-only", "stream": "any"}
+    chosen = {queue_type: (declared_with_policy(broker, channel, "applies-" + queue_type, queue_type, policy) or {}).get("policy")
+              for queue_type, policy in expected.items()}
+    assert chosen == expected
+    for queue_type in expected:
+        channel.queue_delete("applies-" + queue_type)
+    conn.close()
+
+
+def test_operator_policies_take_the_in_memory_limits(fresh_lepus):
+    broker = fresh_lepus
+    definition = {"max-in-memory-length": 5, "max-in-memory-bytes": 4096}
+    assert broker.put("/operator-policies/%2F/op", {"pattern": ".*", "definition": definition}).status_code == 201
+    assert broker.get("/operator-policies/%2F/op").json()["definition"] == definition
+    assert broker.delete("/operator-policies/%2F/op").status_code == 204
+
+
+def test_a_vhost_default_queue_type_types_what_amqp_declares_without_one(fresh_lepus):
+    """RabbitMQ 3.10.8's vhost metadata `default_queue_type` (PUT body `defaultqueuetype`): a
+    queue.declare without x-queue-type gets it as an argument when the type can have the queue
+    (rabbit_amqqueue:augment_declare_args), the management API's too (its plugin declares over an
+    AMQP channel)."""
+    broker = fresh_lepus
+    assert broker.put("/vhosts/typed", {"defaultqueuetype": "quorum"}).status_code == 201
+    vhost = broker.get("/vhosts/typed").json()
+    assert (vhost["default_queue_type"], vhost["metadata"]["default_queue_type"]) == ("quorum", "quorum")
+    conn = connect(broker, vhost="typed")
+    channel = conn.channel()
+    channel.queue_declare("made-quorum", durable=True)
+    channel.queue_declare("stays-classic", durable=False)
+    channel.queue_declare("asked-classic", durable=True, arguments={"x-queue-type": "classic"})
+    assert broker.put("/queues/typed/through-api", {"durable": True}).status_code == 201
+
+    def types():
+        listed = {queue["name"]: (queue.get("type"), queue.get("arguments")) for queue in broker.get("/queues/typed").json()}
+        return listed if len(listed) == 4 else None
+
+    assert wait_for(types) == {"made-quorum": ("quorum", {"x-queue-type": "quorum"}), "stays-classic": ("classic", {}),
+                               "asked-classic": ("classic", {"x-queue-type": "classic"}),
+                               "through-api": ("quorum", {"x-queue-type": "quorum"})}
+    conn.close()
+    assert broker.delete("/vhosts/typed").status_code == 204
+    # A definitions file carries it in the vhost's metadata.
+    imported = broker.post("/definitions", {"vhosts": [{"name": "imported", "metadata": {"default_queue_type": "stream"}}]})
+    assert imported.status_code in (200, 201, 204), imported.text
+    assert broker.get("/vhosts/imported").json()["default_queue_type"] == "stream"
+    assert broker.delete("/vhosts/imported").status_code == 204
 
 
 def test_rabbitmqadmin_and_ctl_manage_vhosts_and_policies(fresh_lepus, rabbitmqadmin):

@@ -157,12 +157,20 @@ def management_get(path):
         return json.load(response)
 
 
-def test_management_shows_the_active_consumer_and_who_waits(connection, cleanup):
+# A quorum queue names its active consumer `single_active_consumer_ctag` (RabbitMQ 3.10.8's
+# rabbit_quorum_queue), a classic one `single_active_consumer_tag`.
+TAG_KEYS = {"classic": "single_active_consumer_tag", "quorum": "single_active_consumer_ctag"}
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_management_shows_the_active_consumer_and_who_waits(connection, cleanup, queue_type):
+    tag_key = TAG_KEYS[queue_type]
     name = cleanup.queue(unique("sac-api"))
     plain = cleanup.queue(unique("sac-api-plain"))
     first_channel, second_channel = connection.channel(), connection.channel()
-    first_channel.queue_declare(name, arguments=SAC)
-    first_channel.queue_declare(plain)
+    typed = {"x-queue-type": queue_type}
+    first_channel.queue_declare(name, durable=True, arguments={**SAC, **typed})
+    first_channel.queue_declare(plain, durable=True, arguments=typed)
     first_channel.basic_consume(name, lambda *args: None, consumer_tag="first")
     second_channel.basic_consume(name, lambda *args: None, consumer_tag="second")
     first_channel.basic_consume(plain, lambda *args: None, consumer_tag="plain")
@@ -174,9 +182,9 @@ def test_management_shows_the_active_consumer_and_who_waits(connection, cleanup)
         connection.process_data_events(time_limit=0.2)
         queue = management_get(path)
         # The consumer list and the queue's own figures are separate events in RabbitMQ.
-        if len(queue.get("consumer_details", [])) == 2 and queue.get("single_active_consumer_tag") == "first":
+        if len(queue.get("consumer_details", [])) == 2 and queue.get(tag_key) == "first":
             break
-    assert queue["single_active_consumer_tag"] == "first"
+    assert queue[tag_key] == "first"
     statuses = {consumer["consumer_tag"]: (consumer["active"], consumer["activity_status"]) for consumer in queue["consumer_details"]}
     assert statuses == {"first": (True, "single_active"), "second": (False, "waiting")}
     plain_queue = {}
@@ -186,7 +194,7 @@ def test_management_shows_the_active_consumer_and_who_waits(connection, cleanup)
         if plain_queue.get("consumer_details"):
             break
         connection.process_data_events(time_limit=0.2)
-    assert plain_queue["single_active_consumer_tag"] is None
+    assert plain_queue[tag_key] is None
     assert [(consumer["active"], consumer["activity_status"]) for consumer in plain_queue["consumer_details"]] == [(True, "up")]
     # The consumer list says the same.
     listed = {consumer["consumer_tag"]: consumer["activity_status"]
@@ -198,7 +206,7 @@ def test_management_shows_the_active_consumer_and_who_waits(connection, cleanup)
     while time.monotonic() < deadline:
         connection.process_data_events(time_limit=0.2)
         queue = management_get(path)
-        if queue.get("single_active_consumer_tag") == "second" and len(queue.get("consumer_details", [])) == 1:
+        if queue.get(tag_key) == "second" and len(queue.get("consumer_details", [])) == 1:
             break
-    assert queue["single_active_consumer_tag"] == "second"
+    assert queue[tag_key] == "second"
     assert [(c["consumer_tag"], c["activity_status"]) for c in queue["consumer_details"]] == [("second", "single_active")]

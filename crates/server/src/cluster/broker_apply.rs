@@ -253,7 +253,10 @@ impl Broker {
         let flag = Applied::Flag;
         match command {
             MetadataCommand::CreateCluster { .. } | MetadataCommand::Member { .. } => Ok(Applied::Done),
-            MetadataCommand::PutVhost { name, description, tags } => self.put_vhost(&name, description, tags).map(flag),
+            MetadataCommand::PutVhost { name, description, tags, default_queue_type } => {
+                let default_queue_type = default_queue_type.as_deref().and_then(QueueType::from_name);
+                self.put_vhost(&name, description, tags, default_queue_type).map(flag)
+            }
             MetadataCommand::DeleteVhost { name } => self.delete_vhost(&name).map(flag),
             MetadataCommand::SetVhostLimit { vhost, limit, value } => {
                 let limit = VhostLimit::parse(&limit).ok_or_else(|| AmqpError::precondition(format!("unknown vhost limit '{limit}'")))?;
@@ -376,7 +379,7 @@ impl Broker {
         ChurnCounters::count(&self.churn.queues_declared);
         if created {
             ChurnCounters::count(&self.churn.queues_created);
-            queue.apply_policy(self.policy_for_queue(vhost_name, queue.name()));
+            queue.apply_policy(self.policy_for_queue(vhost_name, queue.definition()));
         }
         Ok(Applied::Flag(created))
     }

@@ -83,6 +83,9 @@ pub enum MetadataCommand {
         description: String,
         /// Tags.
         tags: Vec<String>,
+        /// The type of a queue declared without `x-queue-type` (taken when the vhost is created).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        default_queue_type: Option<String>,
     },
     /// Deletes a vhost and what is in it.
     DeleteVhost {

@@ -104,7 +104,7 @@ pub async fn export_all(State(api): State<Api>, caller: Caller) -> Answer {
         .broker
         .vhost_infos()
         .iter()
-        .map(|info| json!({"name": info.name, "description": info.description, "tags": info.tags, "metadata": {"description": info.description, "tags": info.tags}}))
+        .map(|info| json!({"name": info.name, "description": info.description, "tags": info.tags, "metadata": super::vhosts::vhost_metadata(info)}))
         .collect();
     let policies: Vec<Value> = api.broker.policies().iter().map(|policy| super::vhosts::policy_json(policy)).collect();
     Ok(Json(json!({

@@ -77,6 +77,7 @@ struct NewVhost {
     name: String,
     description: String,
     tags: Vec<String>,
+    default_queue_type: Option<QueueType>,
 }
 
 /// Everything a file asks for, parsed and checked, in the order it is applied.
@@ -198,18 +199,24 @@ impl<'a> Reader<'a> {
             return;
         }
         let metadata = item.get("metadata").unwrap_or(&Value::Null);
+        // RabbitMQ 3.10.8 reads it from the metadata (rabbit_definitions:add_vhost); later
+        // versions' files may carry it beside the name too.
+        let mut default_queue_type = None;
         for default_type in [text(item, "default_queue_type"), text(metadata, "default_queue_type")] {
             match self.problems.check(&what, default_type).flatten().as_deref() {
-                None | Some("classic") | Some("undefined") => {}
-                Some(other) => {
-                    self.problems.add(format!("{}: default queue type '{other}' is not supported by Lepus yet", what()));
-                    return;
-                }
+                None | Some("undefined") => {}
+                Some(name) => match QueueType::from_name(name) {
+                    Some(queue_type) => default_queue_type = Some(queue_type),
+                    None => {
+                        self.problems.add(format!("{}: '{name}' is not a queue type (classic, quorum, stream)", what()));
+                        return;
+                    }
+                },
             }
         }
         let description = text(item, "description").ok().flatten().or(text(metadata, "description").ok().flatten()).unwrap_or_default();
         let tags = if item.get("tags").is_some() { tags_of(item) } else { tags_of(metadata) };
-        self.plan.vhosts.push(NewVhost { name, description, tags });
+        self.plan.vhosts.push(NewVhost { name, description, tags, default_queue_type });
     }
 
     fn read_user(&mut self, item: &Value) {
@@ -429,7 +436,7 @@ fn binding_of(item: &Value) -> Result<(ShortStr, Binding), ApiError> {
 /// queues and bindings, as RabbitMQ orders them. Only a failure to store (disk) can stop it now.
 fn apply(broker: &Broker, plan: Plan) -> Result<(), ApiError> {
     for vhost in plan.vhosts {
-        broker.put_vhost(&vhost.name, vhost.description, vhost.tags)?;
+        broker.put_vhost(&vhost.name, vhost.description, vhost.tags, vhost.default_queue_type)?;
     }
     for user in plan.users {
         broker.put_user(user)?;

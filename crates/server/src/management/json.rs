@@ -228,10 +228,16 @@ fn stream_queue_fields(value: &mut Value, queue: &QueueInfo, node: &str) {
         "consumer_utilisation",
         "messages_paged_out",
         "messages_ram",
+        "messages_ready_ram",
+        "messages_unacknowledged_ram",
+        "messages_persistent",
         // A stream's bytes are its segments', not counted here.
         "message_bytes",
         "message_bytes_ready",
         "message_bytes_unacknowledged",
+        "message_bytes_paged_out",
+        "message_bytes_ram",
+        "message_bytes_persistent",
     ] {
         fields.remove(key);
     }
@@ -247,7 +253,7 @@ fn queue_json_of_any_type(queue: &QueueInfo, figures: &Figures<'_, { queue_field
     let stats = &snapshot.stats;
     let messages = snapshot.ready + snapshot.unacked;
     let (lengths, msg_rates) = (ranges.lengths.as_ref(), ranges.msg_rates.as_ref());
-    json!({
+    let mut answer = json!({
         "name": queue.name,
         "vhost": queue.vhost,
         "durable": queue.durable,
@@ -273,8 +279,6 @@ fn queue_json_of_any_type(queue: &QueueInfo, figures: &Figures<'_, { queue_field
         "message_bytes": snapshot.ready_bytes + snapshot.unacked_bytes,
         "message_bytes_ready": snapshot.ready_bytes,
         "message_bytes_unacknowledged": snapshot.unacked_bytes,
-        "messages_paged_out": snapshot.paged,
-        "messages_ram": messages - snapshot.paged.min(messages),
         "message_stats": {
             "publish": stats.published,
             "publish_details": figures.field(msg_rates, queue_field::PUBLISH),
@@ -285,7 +289,33 @@ fn queue_json_of_any_type(queue: &QueueInfo, figures: &Figures<'_, { queue_field
             "redeliver": stats.requeued,
             "redeliver_details": figures.field(msg_rates, queue_field::REDELIVER),
         },
-    })
+    });
+    if let Some(fields) = answer.as_object_mut() {
+        add_memory_fields(fields, snapshot);
+    }
+    answer
+}
+
+/// Where a classic queue's messages are, as RabbitMQ 3.10.8's `rabbit_variable_queue:info/2`
+/// reports it: in memory (ready and unacked apart) or paged out, and persistent or not.
+fn add_memory_fields(fields: &mut serde_json::Map<String, Value>, snapshot: &crate::queue_type::QueueSnapshot) {
+    let messages = snapshot.ready + snapshot.unacked;
+    let message_bytes = snapshot.ready_bytes + snapshot.unacked_bytes;
+    let figures = [
+        ("messages_paged_out", snapshot.paged),
+        ("message_bytes_paged_out", snapshot.paged_bytes),
+        ("messages_ram", messages - snapshot.paged.min(messages)),
+        ("messages_ready_ram", snapshot.ready - snapshot.paged.min(snapshot.ready)),
+        ("messages_unacknowledged_ram", snapshot.unacked),
+        ("message_bytes_ram", snapshot.ready_bytes_in_memory + snapshot.unacked_bytes),
+        // RabbitMQ counts a message persistent when it is persistent in a durable queue: one
+        // with a record in the queue's log.
+        ("messages_persistent", messages.saturating_sub(snapshot.unlogged.count)),
+        ("message_bytes_persistent", message_bytes.saturating_sub(snapshot.unlogged.bytes)),
+    ];
+    for (key, value) in figures {
+        fields.insert(key.to_string(), json!(value));
+    }
 }
 
 /// A quorum queue's fields as RabbitMQ 3.10.8 shows them (measured): its leader as `node`,
@@ -299,10 +329,19 @@ pub fn add_replica_fields(answer: &mut Value, replicas: &crate::quorum::ReplicaI
     let message_bytes = object.get("message_bytes").and_then(Value::as_u64).unwrap_or(0);
     object.insert("message_bytes".to_string(), json!(message_bytes + held.body_bytes));
     let single_active = object.remove("single_active_consumer_tag").unwrap_or(Value::Null);
-    object.remove("exclusive_consumer_tag");
-    object.remove("messages_paged_out");
+    for key in
+        ["exclusive_consumer_tag", "messages_paged_out", "message_bytes_paged_out", "messages_ready_ram", "messages_unacknowledged_ram"]
+    {
+        object.remove(key);
+    }
     object.insert("single_active_consumer_ctag".to_string(), single_active);
-    object.insert("messages_ram".to_string(), json!(messages));
+    // RabbitMQ 3.10.8's quorum queues report none in memory (`rabbit_fifo:query_in_memory_usage`
+    // answers {0, 0}): their bodies are read back from the log.
+    object.insert("messages_ram".to_string(), json!(0));
+    object.insert("message_bytes_ram".to_string(), json!(0));
+    // RabbitMQ 3.10.8 counts every message of a quorum queue persistent, its held dead letters too.
+    object.insert("messages_persistent".to_string(), json!(messages + held.count));
+    object.insert("message_bytes_persistent".to_string(), json!(message_bytes + held.body_bytes));
     object.insert("messages_dlx".to_string(), json!(held.count));
     object.insert("message_bytes_dlx".to_string(), json!(held.body_bytes));
     if let Some(leader) = &replicas.leader {

@@ -753,7 +753,9 @@ pub(super) async fn declare_queue(
     require_vhost(&api, &vhost)?;
     caller.require_managed(&vhost, Access::Configure, "queue", &name)?;
     let body = body_json(&body)?;
-    let definition = queue_definition(&name, &body)?;
+    // RabbitMQ's management plugin declares through an AMQP channel, so the vhost's default
+    // queue type applies as to any queue.declare.
+    let definition = api.broker.with_default_queue_type(&vhost, queue_definition(&name, &body)?);
     let existed = find_queue(&api, &vhost, &name).is_ok();
     api.broker.declare_queue(&vhost, definition, false, false, 0)?;
     Ok(created_or_existing(existed))

@@ -12,6 +12,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use broker_core::vhost::QueueType;
 use serde_json::{json, Value};
 
 type Answer = Result<Response, ApiError>;
@@ -26,14 +27,23 @@ fn vhost_json(api: &Api, info: &crate::broker::VhostInfo) -> Value {
         "name": info.name,
         "description": info.description,
         "tags": info.tags,
-        "metadata": {"description": info.description, "tags": info.tags},
-        "default_queue_type": "classic",
+        "metadata": vhost_metadata(info),
+        "default_queue_type": info.default_queue_type.unwrap_or_default().name(),
         "tracing": false,
         "messages": ready + unacked,
         "messages_ready": ready,
         "messages_unacknowledged": unacked,
         "cluster_state": { api.node.clone(): "running" },
     })
+}
+
+/// A vhost's metadata as RabbitMQ keeps it: `default_queue_type` only when the vhost has one.
+pub fn vhost_metadata(info: &crate::broker::VhostInfo) -> Value {
+    let mut metadata = json!({"description": info.description, "tags": info.tags});
+    if let (Some(queue_type), Some(fields)) = (info.default_queue_type, metadata.as_object_mut()) {
+        fields.insert("default_queue_type".to_string(), json!(queue_type.name()));
+    }
+    metadata
 }
 
 /// GET /api/vhosts.
@@ -49,12 +59,20 @@ pub async fn vhost(State(api): State<Api>, caller: Caller, Path(vhost): Path<Str
 }
 
 /// PUT /api/vhosts/{vhost}: creates a vhost (or updates its description and tags). As in
-/// RabbitMQ, the administrator who creates it gets full permissions in it.
+/// RabbitMQ, the administrator who creates it gets full permissions in it. RabbitMQ 3.10.8 reads
+/// the default queue type from `defaultqueuetype` (later versions `default_queue_type`, taken too).
 pub async fn put_vhost(State(api): State<Api>, caller: Caller, Path(vhost): Path<String>, body: Bytes) -> Answer {
     caller.require_administrator()?;
     let body = body_json(&body)?;
     let description = body.get("description").and_then(Value::as_str).unwrap_or("").to_string();
-    let created = api.broker.put_vhost(&vhost, description, tags_of(&body))?;
+    let default_queue_type =
+        match body.get("defaultqueuetype").or_else(|| body.get("default_queue_type")) {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(value.as_str().and_then(QueueType::from_name).ok_or_else(|| {
+                ApiError::bad_request(format!("invalid_queue_type: {value} is not a queue type (classic, quorum, stream)"))
+            })?),
+        };
+    let created = api.broker.put_vhost(&vhost, description, tags_of(&body), default_queue_type)?;
     if created {
         let permission =
             crate::auth::Permission::new(&caller.name, &vhost, ".*", ".*", ".*").map_err(|error| ApiError::internal(error.to_string()))?;

@@ -195,7 +195,7 @@ pub struct ConsumerView {
 }
 
 /// A queue's state for listings (management API, metrics).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct QueueSnapshot {
     /// Ready messages (in memory and paged).
     pub ready: u64,
@@ -207,6 +207,13 @@ pub struct QueueSnapshot {
     pub ready_bytes: u64,
     /// Body bytes of the unacked messages.
     pub unacked_bytes: u64,
+    /// Body bytes of the ready messages in memory (the rest of `ready_bytes` is paged).
+    pub ready_bytes_in_memory: u64,
+    /// Body bytes of the paged messages.
+    pub paged_bytes: u64,
+    /// The messages without a record in the queue's log (transient ones, every one of a
+    /// transient queue): the others are RabbitMQ's `messages_persistent`.
+    pub unlogged: queue_core::MessageTally,
     /// Active consumers.
     pub consumers: u32,
     /// Totals.
@@ -563,6 +570,9 @@ impl QueueRuntime {
             unacked: messages.unacked_count() as u64,
             ready_bytes: messages.ready_bytes(),
             unacked_bytes: messages.unacked_bytes(),
+            ready_bytes_in_memory: messages.ready_bytes_in_memory(),
+            paged_bytes: messages.paged_bytes(),
+            unlogged: messages.unlogged(),
             consumers,
             stats: inner.core.stats(),
             single_active_consumer_tag: active_consumer(inner).map(|consumer| consumer.tag.to_string_lossy()),
@@ -609,12 +619,7 @@ impl QueueRuntime {
             .filter(|(_, consumer)| !consumer.cancelled.load(Ordering::Acquire))
             .map(|(id, consumer)| {
                 let active = !single_active || active_id == Some(*id);
-                let activity_status = match (single_active, active) {
-                    (false, _) => "up",
-                    (true, true) => "single_active",
-                    (true, false) => "waiting",
-                };
-                (consumer, active, activity_status)
+                (consumer, active, activity_status(single_active, active))
             })
             .map(|(consumer, active, activity_status)| ConsumerView {
                 tag: consumer.tag.to_string_lossy(),
@@ -741,6 +746,16 @@ pub fn max_priority(arguments: &amqp_codec::FieldTable) -> u8 {
 /// Whether the declaration asks for a single active consumer (a bool, as RabbitMQ requires).
 pub(crate) fn single_active_consumer(arguments: &amqp_codec::FieldTable) -> bool {
     matches!(arguments.get("x-single-active-consumer"), Some(amqp_codec::FieldValue::Bool(true)))
+}
+
+/// A consumer's `activity_status` as RabbitMQ names it: "up" on a queue without a single active
+/// consumer, else "single_active" for the one getting the messages and "waiting" for the others.
+pub(crate) fn activity_status(single_active: bool, active: bool) -> &'static str {
+    match (single_active, active) {
+        (false, _) => "up",
+        (true, true) => "single_active",
+        (true, false) => "waiting",
+    }
 }
 
 /// x-consumer-timeout when it is a positive integer. RabbitMQ 3.10.8 ignores the argument (and

@@ -484,16 +484,7 @@ impl Queue {
             Queue::Classic(queue) => queue.snapshot(),
             Queue::Quorum(queue) => queue.snapshot(),
             Queue::Stream(queue) => queue.snapshot(),
-            Queue::Remote(_) => QueueSnapshot {
-                ready: 0,
-                paged: 0,
-                unacked: 0,
-                ready_bytes: 0,
-                unacked_bytes: 0,
-                consumers: 0,
-                stats: Default::default(),
-                single_active_consumer_tag: None,
-            },
+            Queue::Remote(_) => QueueSnapshot::default(),
         }
     }
 

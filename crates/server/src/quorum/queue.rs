@@ -94,6 +94,9 @@ struct Figures {
     unacked_bytes: AtomicU64,
     dead_letters_held: AtomicU64,
     dead_letter_bytes_held: AtomicU64,
+    /// With x-single-active-consumer, this node's name for the consumer getting the messages,
+    /// plus one; 0 when there is none or it is another node's.
+    single_active_consumer: AtomicU64,
     /// Whether a commit changed them since the management sampler last read them.
     changed_since_sample: AtomicBool,
 }
@@ -664,8 +667,9 @@ impl QuorumQueue {
         self.local.lock().consumers.remove(&consumer).map(|entry| entry.handle)
     }
 
-    /// Publishes the figures of its queue `id` in `machine` after a commit (none if it is gone).
-    pub(crate) fn update_figures(&self, machine: &QueueStateMachine, id: QueueId) {
+    /// Publishes the figures of its queue `id` in `machine` after a commit (none if it is gone);
+    /// `proposer` is this node's proposer in the shard, to tell its consumers from others'.
+    pub(crate) fn update_figures(&self, machine: &QueueStateMachine, id: QueueId, proposer: u64) {
         let Some(core) = machine.queue(id) else { return };
         let held = machine.held_dead_letters(id);
         let messages = core.messages();
@@ -677,6 +681,8 @@ impl QuorumQueue {
         figures.unacked.store(messages.unacked_count() as u64, Ordering::Relaxed);
         figures.ready_bytes.store(messages.ready_bytes(), Ordering::Relaxed);
         figures.unacked_bytes.store(messages.unacked_bytes(), Ordering::Relaxed);
+        let active_here = machine.single_active_consumer(id).filter(|(owner, _)| *owner == proposer);
+        figures.single_active_consumer.store(active_here.map_or(0, |(_, local)| local + 1), Ordering::Relaxed);
         let consumers = core.consumer_ids().count() as u64;
         let consumers_before = figures.consumers.swap(consumers, Ordering::Relaxed);
         self.consumers_changed(consumers_before, consumers);
@@ -888,8 +894,15 @@ impl QuorumQueue {
             unacked_bytes: figures.unacked_bytes.load(Ordering::Relaxed),
             consumers: figures.consumers.load(Ordering::Relaxed).min(u64::from(u32::MAX)) as u32,
             stats,
-            single_active_consumer_tag: None,
+            single_active_consumer_tag: self.single_active_consumer_here().map(|consumer| consumer.tag.to_string_lossy()),
+            ..QueueSnapshot::default()
         }
+    }
+
+    /// With x-single-active-consumer, the consumer getting the messages when it is this node's.
+    fn single_active_consumer_here(&self) -> Option<Arc<ConsumerHandle>> {
+        let active = self.figures.single_active_consumer.load(Ordering::Relaxed).checked_sub(1)?;
+        self.local.lock().consumers.get(&active).map(|entry| entry.handle.clone())
     }
 
     /// The figures the management sampler keeps, or `None` when no commit changed them since it
@@ -913,12 +926,18 @@ impl QuorumQueue {
 
     /// This node's consumers of the queue, for management.
     pub fn consumer_views(&self) -> Vec<ConsumerView> {
+        let single_active = crate::queue_runtime::single_active_consumer(&self.definition.arguments);
+        let active_id = self.figures.single_active_consumer.load(Ordering::Relaxed).checked_sub(1);
         self.local
             .lock()
             .consumers
-            .values()
-            .filter(|entry| entry.accepted && !entry.handle.cancelled.load(Ordering::Acquire))
-            .map(|entry| ConsumerView {
+            .iter()
+            .filter(|(_, entry)| entry.accepted && !entry.handle.cancelled.load(Ordering::Acquire))
+            .map(|(id, entry)| {
+                let active = !single_active || active_id == Some(*id);
+                (entry, active, crate::queue_runtime::activity_status(single_active, active))
+            })
+            .map(|(entry, active, activity_status)| ConsumerView {
                 tag: entry.handle.tag.to_string_lossy(),
                 channel: entry.handle.channel.id,
                 connection_id: entry.handle.channel.connection.id,
@@ -926,8 +945,8 @@ impl QuorumQueue {
                 prefetch: entry.handle.prefetch,
                 priority: entry.handle.priority,
                 exclusive: false,
-                active: true,
-                activity_status: "up",
+                active,
+                activity_status,
             })
             .collect()
     }

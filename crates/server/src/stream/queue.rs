@@ -212,7 +212,7 @@ impl StreamQueue {
             unacked_bytes: 0,
             consumers: consumers.len() as u32,
             stats,
-            single_active_consumer_tag: None,
+            ..QueueSnapshot::default()
         }
     }
 

@@ -319,7 +319,7 @@ impl Channel {
             check_dead_letter_permissions(context, &name, &declare.arguments)?;
         }
         let exclusive_owner = declare.exclusive.then_some(context.connection.id);
-        let definition = QueueDefinition {
+        let mut definition = QueueDefinition {
             name,
             durable: declare.durable,
             exclusive_owner,
@@ -328,6 +328,9 @@ impl Channel {
             // Parsed from the arguments when the queue is created.
             queue_type: QueueType::default(),
         };
+        if !declare.passive {
+            definition = context.broker.with_default_queue_type(&context.vhost, definition);
+        }
         let ((name, message_count, consumer_count), ticket) =
             context.broker.declare_queue_unwaited(&context.vhost, definition, declare.passive, server_named, context.connection.id)?;
         context.hold_until_durable(ticket);

@@ -34,7 +34,7 @@ impl ShardWorker {
         }
         for id in touched {
             if let Some(queue) = self.queue(id) {
-                queue.update_figures(self.node.machine(), id);
+                queue.update_figures(self.node.machine(), id, self.proposer);
             }
         }
         for (sequence, result) in self.batcher.confirm(&outcomes) {
@@ -121,7 +121,7 @@ impl ShardWorker {
     pub(super) fn bind(&mut self, queue: &Arc<QuorumQueue>, id: QueueId) {
         queue.set_id(id);
         self.queues.insert(id, Arc::downgrade(queue));
-        queue.update_figures(self.node.machine(), id);
+        queue.update_figures(self.node.machine(), id, self.proposer);
     }
 
     /// This node's queue with machine id `id`, if it has one.
