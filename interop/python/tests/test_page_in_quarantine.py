@@ -26,7 +26,8 @@ SEGMENT_BYTES = 4096
 # Where a segment's first record starts: the header record (length, crc, kind, term, position,
 # version, nonce).
 SEGMENT_HEADER_RECORD_BYTES = 34
-KIND_PUBLISH = 1
+# A persistent publish record as segment format 3 writes it (format 2 wrote kind 1).
+KIND_PUBLISH = 8
 
 
 class SmallSegmentBroker(LepusBroker):
