@@ -24,15 +24,32 @@ export const cleanups = [];
 
 // ------------------------------------------------------------------ helpers
 
-export function freePort() {
-  return new Promise((resolve, reject) => {
+// Ports come from 10000-29999, below the kernel's ephemeral range (32768 and up): a port the
+// kernel handed out for a moment could be taken by another test's outgoing connection before the
+// broker binds it (CI runs the RabbitMQ reference suites beside this one: seen as "cannot listen
+// on 127.0.0.1:44129 for the RabbitMQ Stream protocol").
+const PORT_FIRST = 10000;
+const PORT_COUNT = 20000;
+const PORT_ATTEMPTS_MAX = 100;
+const handedOut = new Set();
+
+function bindable(port) {
+  return new Promise((resolve) => {
     const server = net.createServer();
-    server.on('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const {port} = server.address();
-      server.close(() => resolve(port));
-    });
+    server.on('error', () => resolve(false));
+    server.listen(port, '127.0.0.1', () => server.close(() => resolve(true)));
   });
+}
+
+export async function freePort() {
+  for (let attempt = 0; attempt < PORT_ATTEMPTS_MAX; attempt++) {
+    const port = PORT_FIRST + Math.floor(Math.random() * PORT_COUNT);
+    if (!handedOut.has(port) && await bindable(port)) {
+      handedOut.add(port);
+      return port;
+    }
+  }
+  throw new Error(`no free port in ${PORT_FIRST}-${PORT_FIRST + PORT_COUNT - 1} after ${PORT_ATTEMPTS_MAX} tries`);
 }
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
