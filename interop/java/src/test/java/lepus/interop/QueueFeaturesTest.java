@@ -43,6 +43,15 @@ class QueueFeaturesTest extends BrokerTest {
         return map;
     }
 
+    /** Two queues bound to consistent-hash exchange `x` with weights 1 and 3: {light, heavy}. */
+    private String[] bindByWeight(String x, String prefix) throws IOException {
+        String light = declare(prefix + "-light", null);
+        String heavy = declare(prefix + "-heavy", null);
+        ch.queueBind(light, x, "1");
+        ch.queueBind(heavy, x, "3");
+        return new String[] {light, heavy};
+    }
+
     private String declare(String prefix, Map<String, Object> arguments) throws IOException {
         String q = queueName(prefix);
         ch.queueDeclare(q, false, false, false, arguments);
@@ -190,10 +199,9 @@ class QueueFeaturesTest extends BrokerTest {
     void theConsistentHashExchangeSpreadsByWeightAndDeliversEachMessageOnce() throws Exception {
         String x = exchangeName("hash");
         ch.exchangeDeclare(x, "x-consistent-hash");
-        String light = declare("hash-light", null);
-        String heavy = declare("hash-heavy", null);
-        ch.queueBind(light, x, "1");
-        ch.queueBind(heavy, x, "3");
+        String[] lightAndHeavy = bindByWeight(x, "hash");
+        String light = lightAndHeavy[0];
+        String heavy = lightAndHeavy[1];
         Channel confirms = conn.createChannel();
         confirms.confirmSelect();
         for (int i = 0; i < 400; i++) {
@@ -305,10 +313,9 @@ class QueueFeaturesTest extends BrokerTest {
     void theConsistentHashExchangeWithHashHeaderKeepsEachValueOnOneQueueAndSpreadsByWeight() throws Exception {
         String x = exchangeName("hash-header");
         ch.exchangeDeclare(x, "x-consistent-hash", false, false, args("hash-header", "shard"));
-        String light = declare("hash-header-light", null);
-        String heavy = declare("hash-header-heavy", null);
-        ch.queueBind(light, x, "1");
-        ch.queueBind(heavy, x, "3");
+        String[] lightAndHeavy = bindByWeight(x, "hash-header");
+        String light = lightAndHeavy[0];
+        String heavy = lightAndHeavy[1];
         Channel confirms = conn.createChannel();
         confirms.confirmSelect();
         int values = 200;
