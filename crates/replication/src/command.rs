@@ -71,6 +71,9 @@ pub enum QueueCommand {
         own_ttl_ms: Option<u64>,
         /// The message as the broker stores it (see [`Body`]).
         body: Bytes,
+        /// With x-message-deduplication, the message's key: a key the queue's cache holds is not
+        /// enqueued (still confirmed); a new one is recorded once the message is enqueued.
+        deduplication: Option<DeduplicationKey>,
     },
     /// basic.consume. `consumer` is the proposer's own name for it (unique per proposer); the
     /// proposer owns it: its node sends its deliveries, and when the proposer is released (its
@@ -151,6 +154,25 @@ pub enum QueueCommand {
     },
 }
 
+/// A message's deduplication key with its cache's settings, as the proposer read them from the
+/// queue's arguments (every replica applies them at the batch's `now_ms`, so the cache is the same
+/// on every one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeduplicationKey {
+    /// The key (the server's encoding of the header's value, at most [`DEDUPLICATION_KEY_BYTES_MAX`]).
+    pub key: Bytes,
+    /// How long the entry counts (the message's `x-cache-ttl`, else the queue's; `None`: until evicted).
+    pub ttl_ms: Option<u64>,
+    /// The cache's `x-cache-size`: a full cache evicts its oldest inserted entry.
+    pub cache_size: u64,
+}
+
+/// The longest key a command may carry (longer header values are hashed by the proposer).
+pub const DEDUPLICATION_KEY_BYTES_MAX: usize = 64;
+
+/// The largest cache a command may ask for (the server's `x-cache-size` bound).
+pub const DEDUPLICATION_CACHE_SIZE_MAX: u64 = 1_000_000;
+
 /// One command with its queue and the name its proposer gave it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProposedCommand {
@@ -220,6 +242,9 @@ impl Batch {
 /// The command kind of a declaration with its incarnation (kind 0, without one, is still read).
 const DECLARE_WITH_INCARNATION: u8 = 16;
 
+/// The command kind of an enqueue with a deduplication key (kind 2 is one without).
+const ENQUEUE_DEDUPLICATED: u8 = 18;
+
 fn encode_command(writer: &mut Writer, proposed: &ProposedCommand) {
     writer.u64(proposed.queue);
     writer.u64(proposed.proposer);
@@ -233,11 +258,16 @@ fn encode_command(writer: &mut Writer, proposed: &ProposedCommand) {
             writer.u8(u8::from(*single_active_consumer));
         }
         QueueCommand::Delete => writer.u8(1),
-        QueueCommand::Enqueue { persistent, own_ttl_ms, body } => {
-            writer.u8(2);
+        QueueCommand::Enqueue { persistent, own_ttl_ms, body, deduplication } => {
+            writer.u8(if deduplication.is_some() { ENQUEUE_DEDUPLICATED } else { 2 });
             writer.u8(u8::from(*persistent));
             writer.optional_u64(*own_ttl_ms);
             writer.bytes(body);
+            if let Some(DeduplicationKey { key, ttl_ms, cache_size }) = deduplication {
+                writer.bytes(key);
+                writer.optional_u64(*ttl_ms);
+                writer.u64(*cache_size);
+            }
         }
         QueueCommand::AddConsumer { consumer, priority, prefetch } => {
             writer.u8(3);
@@ -315,6 +345,13 @@ fn decode_command(reader: &mut Reader) -> Result<ProposedCommand, DecodeError> {
             persistent: reader.bool("persistent")?,
             own_ttl_ms: reader.optional_u64("own ttl")?,
             body: reader.bytes()?,
+            deduplication: None,
+        },
+        ENQUEUE_DEDUPLICATED => QueueCommand::Enqueue {
+            persistent: reader.bool("persistent")?,
+            own_ttl_ms: reader.optional_u64("own ttl")?,
+            body: reader.bytes()?,
+            deduplication: Some(decode_deduplication_key(reader)?),
         },
         3 => QueueCommand::AddConsumer { consumer: reader.u64()?, priority: reader.i64()?, prefetch: reader.u32()? },
         4 => QueueCommand::CancelConsumer { consumer: reader.u64()? },
@@ -333,6 +370,20 @@ fn decode_command(reader: &mut Reader) -> Result<ProposedCommand, DecodeError> {
         kind => return Err(DecodeError::Invalid { field: "command kind", value: kind.into() }),
     };
     Ok(ProposedCommand { queue, proposer, sequence, command })
+}
+
+fn decode_deduplication_key(reader: &mut Reader) -> Result<DeduplicationKey, DecodeError> {
+    // A copy: the key outlives the entry it arrived in (the cache keeps it), the entry must not.
+    let key = Bytes::copy_from_slice(&reader.bytes()?);
+    if key.is_empty() || key.len() > DEDUPLICATION_KEY_BYTES_MAX {
+        return Err(DecodeError::Invalid { field: "deduplication key length", value: key.len() as u64 });
+    }
+    let ttl_ms = reader.optional_u64("deduplication ttl")?;
+    let cache_size = reader.u64()?;
+    if cache_size == 0 || cache_size > DEDUPLICATION_CACHE_SIZE_MAX {
+        return Err(DecodeError::Invalid { field: "deduplication cache size", value: cache_size });
+    }
+    Ok(DeduplicationKey { key, ttl_ms, cache_size })
 }
 
 #[cfg(test)]
@@ -364,7 +415,23 @@ mod tests {
                 queue: 1,
                 proposer: 2,
                 sequence: 4,
-                command: QueueCommand::Enqueue { persistent: true, own_ttl_ms: Some(5), body: Bytes::from_static(b"hello") },
+                command: QueueCommand::Enqueue {
+                    persistent: true,
+                    own_ttl_ms: Some(5),
+                    body: Bytes::from_static(b"hello"),
+                    deduplication: None,
+                },
+            },
+            ProposedCommand {
+                queue: 1,
+                proposer: 2,
+                sequence: 16,
+                command: QueueCommand::Enqueue {
+                    persistent: false,
+                    own_ttl_ms: None,
+                    body: Bytes::from_static(b"keyed"),
+                    deduplication: Some(DeduplicationKey { key: Bytes::from_static(b"Sorder-1"), ttl_ms: Some(300), cache_size: 2 }),
+                },
             },
             ProposedCommand {
                 queue: 1,
@@ -393,6 +460,31 @@ mod tests {
         assert_eq!(Batch::decode(encoded.clone()), Ok(batch));
         for cut in 0..encoded.len() {
             assert!(Batch::decode(encoded.slice(..cut)).is_err(), "a batch cut at {cut} bytes decoded");
+        }
+    }
+}
+
+#[cfg(test)]
+mod deduplication_tests {
+    use super::*;
+
+    fn keyed(key: Bytes, cache_size: u64) -> Batch {
+        let deduplication = Some(DeduplicationKey { key, ttl_ms: None, cache_size });
+        let command = QueueCommand::Enqueue { persistent: true, own_ttl_ms: None, body: Bytes::from_static(b"m"), deduplication };
+        Batch { now_ms: 1, commands: vec![ProposedCommand { queue: 1, proposer: 2, sequence: 3, command }] }
+    }
+
+    #[test]
+    fn a_key_or_cache_size_out_of_bounds_is_refused() {
+        let fine = keyed(Bytes::from(vec![1u8; DEDUPLICATION_KEY_BYTES_MAX]), DEDUPLICATION_CACHE_SIZE_MAX);
+        assert_eq!(Batch::decode(Bytes::from(fine.encode())), Ok(fine));
+        for refused in [
+            keyed(Bytes::new(), 1),
+            keyed(Bytes::from(vec![1u8; DEDUPLICATION_KEY_BYTES_MAX + 1]), 1),
+            keyed(Bytes::from_static(b"k"), 0),
+            keyed(Bytes::from_static(b"k"), DEDUPLICATION_CACHE_SIZE_MAX + 1),
+        ] {
+            assert!(Batch::decode(Bytes::from(refused.encode())).is_err(), "{refused:?} decoded");
         }
     }
 }

@@ -4,12 +4,17 @@
 
 use crate::codec::{append_checksum, decode_limits, encode_limits, verify_checksum, DecodeError, Reader, Writer};
 use crate::command::Body;
-use crate::state_machine::{dead_letters, ConsumerOwner, HeldDeadLetters, QueueStateMachine, ReplicatedQueue};
+use crate::command::DEDUPLICATION_KEY_BYTES_MAX;
+use crate::state_machine::{dead_letters, ConsumerOwner, DeduplicationCache, HeldDeadLetters, QueueStateMachine, ReplicatedQueue};
 use bytes::Bytes;
 use queue_core::{ConsumerImage, CoreImage, MessagesImage, QueueCore, QueueStats, QueuedMessage};
 
-/// Marks a snapshot image (and its format version): version 4 adds each queue's incarnation.
-const IMAGE_MAGIC: u32 = u32::from_le_bytes(*b"LQS4");
+/// Marks a snapshot image (and its format version): version 5 adds each queue's deduplication
+/// cache.
+const IMAGE_MAGIC: u32 = u32::from_le_bytes(*b"LQS5");
+
+/// Version 4 (incarnations, no deduplication caches), still read.
+const IMAGE_MAGIC_V4: u32 = u32::from_le_bytes(*b"LQS4");
 
 /// Version 3 (held dead letters, no incarnations), still read.
 const IMAGE_MAGIC_V3: u32 = u32::from_le_bytes(*b"LQS3");
@@ -55,6 +60,7 @@ impl QueueStateMachine {
             encode_limits(&mut writer, &replicated.limits);
             encode_core(&mut writer, &replicated.core.image());
             encode_held(&mut writer, &replicated.held);
+            encode_deduplication(&mut writer, replicated.deduplication.as_deref());
         }
         append_checksum(&mut buffer, 0, IMAGE_CHECKSUM_SEED);
         buffer
@@ -64,7 +70,7 @@ impl QueueStateMachine {
     pub fn decode_image(bytes: Bytes) -> Result<QueueStateMachine, DecodeError> {
         let mut reader = Reader::new(verify_checksum(&bytes, IMAGE_CHECKSUM_SEED)?);
         let magic = reader.u32()?;
-        if ![IMAGE_MAGIC, IMAGE_MAGIC_V3, IMAGE_MAGIC_V2].contains(&magic) {
+        if ![IMAGE_MAGIC, IMAGE_MAGIC_V4, IMAGE_MAGIC_V3, IMAGE_MAGIC_V2].contains(&magic) {
             return Err(DecodeError::Invalid { field: "image magic", value: magic.into() });
         }
         let mut machine = QueueStateMachine::new();
@@ -89,14 +95,15 @@ impl QueueStateMachine {
         for _ in 0..count(&mut reader, "queue count")? {
             let queue = reader.u64()?;
             let name = reader.bytes()?;
-            let incarnation = if magic == IMAGE_MAGIC { reader.u64()? } else { 0 };
+            let incarnation = if [IMAGE_MAGIC, IMAGE_MAGIC_V4].contains(&magic) { reader.u64()? } else { 0 };
             let limits = decode_limits(&mut reader)?;
             let core = QueueCore::from_image(decode_core(&mut reader)?, None);
             let held = if magic == IMAGE_MAGIC_V2 { HeldDeadLetters::default() } else { decode_held(&mut reader)? };
+            let deduplication = if magic == IMAGE_MAGIC { decode_deduplication(&mut reader)? } else { None };
             if !name.is_empty() {
                 machine.names.insert(name.clone(), queue);
             }
-            machine.queues.insert(queue, ReplicatedQueue { core, limits, name, incarnation, held });
+            machine.queues.insert(queue, ReplicatedQueue { core, limits, name, incarnation, held, deduplication });
         }
         if !reader.is_at_end() {
             return Err(DecodeError::Invalid { field: "bytes after the image", value: 0 });
@@ -124,6 +131,38 @@ fn decode_held(reader: &mut Reader) -> Result<HeldDeadLetters, DecodeError> {
         held.hold(position, reason, reader.bytes()?);
     }
     Ok(held)
+}
+
+/// `0` without a cache; else `1 | duplicates u64 | count u64 | (key, expiry)*` in insertion order.
+fn encode_deduplication(writer: &mut Writer, cache: Option<&DeduplicationCache>) {
+    let Some(cache) = cache else {
+        writer.u8(0);
+        return;
+    };
+    writer.u8(1);
+    writer.u64(cache.duplicates());
+    writer.u64(cache.len() as u64);
+    for (key, expires_at_ms) in cache.entries_in_order() {
+        writer.bytes(key);
+        writer.optional_u64(expires_at_ms);
+    }
+}
+
+fn decode_deduplication(reader: &mut Reader) -> Result<Option<Box<DeduplicationCache>>, DecodeError> {
+    if !reader.bool("deduplication cache")? {
+        return Ok(None);
+    }
+    let duplicates = reader.u64()?;
+    let mut entries = Vec::new();
+    for _ in 0..count(reader, "deduplication entry count")? {
+        // Copied: the cache outlives the image's buffer.
+        let key = Bytes::copy_from_slice(&reader.bytes()?);
+        if key.is_empty() || key.len() > DEDUPLICATION_KEY_BYTES_MAX {
+            return Err(DecodeError::Invalid { field: "deduplication key length", value: key.len() as u64 });
+        }
+        entries.push((key, reader.optional_u64("deduplication expiry")?));
+    }
+    Ok(Some(Box::new(DeduplicationCache::restored(entries, duplicates))))
 }
 
 fn encode_queued(writer: &mut Writer, queued: &QueuedMessage<Body>) {

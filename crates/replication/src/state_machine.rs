@@ -8,15 +8,17 @@
 //! incarnation): the machine keeps who owns what, so when a node restarts or goes away its
 //! consumers are cancelled and what they held comes back ([`QueueCommand::ReleaseNode`]).
 
-use crate::command::{Batch, Body, ProposedCommand, QueueCommand, QueueId};
+use crate::command::{Batch, Body, DeduplicationKey, ProposedCommand, QueueCommand, QueueId};
 use bytes::Bytes;
 use queue_core::{Command, ConsumerRef, DeadLetterReason, Effect, Limits, Overflow, QueueCore, QueueState, Reply};
 use std::collections::BTreeMap;
 
 pub(crate) mod dead_letters;
+pub mod deduplication;
 mod owners;
 
 pub use dead_letters::{holds_dead_letters, HeldDeadLetter, HeldDeadLetters};
+pub use deduplication::DeduplicationCache;
 
 /// What applying one command gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +65,9 @@ pub enum CommandResult {
     /// The proposer was released (its node was found gone): not applied. The proposer's node
     /// starts a new proposer and proposes again.
     Retired,
+    /// An enqueue whose deduplication key the queue's cache holds: the message is not enqueued,
+    /// and its publish is confirmed (as a classic queue's duplicate is).
+    DuplicateMessage,
 }
 
 /// What the host learns from applying a committed entry.
@@ -144,6 +149,8 @@ pub(crate) struct ReplicatedQueue {
     pub(crate) incarnation: u64,
     /// Dead letters kept until they are settled (at least once).
     pub(crate) held: HeldDeadLetters,
+    /// With x-message-deduplication, the keys it enqueued (made at its first keyed message).
+    pub(crate) deduplication: Option<Box<DeduplicationCache>>,
 }
 
 /// A declaration's fields (see [`QueueCommand::Declare`]).
@@ -333,11 +340,15 @@ impl QueueStateMachine {
             }
             QueueCommand::CancelConsumer { consumer } => return self.cancel_consumer(context, queue, consumer, outcomes),
             QueueCommand::Get { no_ack } => return self.get(context, queue, no_ack, outcomes),
-            QueueCommand::Enqueue { persistent, own_ttl_ms, body } => {
+            QueueCommand::Enqueue { persistent, own_ttl_ms, body, deduplication } => {
                 if self.queues.get(&queue).is_some_and(ReplicatedQueue::refuses_publishes) {
                     return CommandResult::Core(Reply::Rejected);
                 }
-                Command::Enqueue { message: Body(body), persistent, own_ttl_ms }
+                let enqueue = Command::Enqueue { message: Body(body), persistent, own_ttl_ms };
+                if let Some(key) = deduplication {
+                    return self.enqueue_deduplicated(context, queue, enqueue, key, outcomes);
+                }
+                enqueue
             }
             QueueCommand::Settle { position } => self.settling(queue, position, Command::Settle { position }),
             QueueCommand::Requeue { position } => self.settling(queue, position, Command::Requeue { position }),
@@ -393,12 +404,45 @@ impl QueueStateMachine {
         let id = if queue != 0 { queue } else { fresh_id };
         if let std::collections::btree_map::Entry::Vacant(slot) = self.queues.entry(id) {
             let core = QueueCore::new(QueueState::default(), core_limits(limits), None).with_single_active_consumer(single_active_consumer);
-            slot.insert(ReplicatedQueue { core, limits, name: name.clone(), incarnation, held: HeldDeadLetters::default() });
+            let held = HeldDeadLetters::default();
+            slot.insert(ReplicatedQueue { core, limits, name: name.clone(), incarnation, held, deduplication: None });
             if !name.is_empty() {
                 self.names.insert(name, id);
             }
         }
         CommandResult::Declared { queue: id }
+    }
+
+    /// Enqueues a keyed message unless the queue's cache holds its key; records the key once the
+    /// message is in (a message the queue did not take leaves no key, as on classic queues).
+    fn enqueue_deduplicated(
+        &mut self,
+        context: Context,
+        queue: QueueId,
+        enqueue: Command<Body>,
+        key: DeduplicationKey,
+        outcomes: &mut Vec<Outcome>,
+    ) -> CommandResult {
+        let Some(replicated) = self.queues.get_mut(&queue) else {
+            return CommandResult::NoSuchQueue;
+        };
+        let cache = replicated.deduplication.get_or_insert_with(Box::default);
+        if cache.is_duplicate(&key.key, context.now_ms) {
+            return CommandResult::DuplicateMessage;
+        }
+        let reply = self.run(context, queue, enqueue, outcomes);
+        if let (Some(Reply::Ok), Some(replicated)) = (&reply, self.queues.get_mut(&queue)) {
+            replicated.deduplication.get_or_insert_with(Box::default).record(&key, context.now_ms);
+        }
+        match reply {
+            Some(reply) => CommandResult::Core(reply),
+            None => CommandResult::NoSuchQueue,
+        }
+    }
+
+    /// A queue's deduplication cache, when it has had a keyed message.
+    pub fn deduplication(&self, queue: QueueId) -> Option<&DeduplicationCache> {
+        self.queues.get(&queue)?.deduplication.as_deref()
     }
 
     /// Settle, requeue and reject free a basic.get's message from its holder.

@@ -12,7 +12,7 @@ fn declare() -> QueueCommand {
 }
 
 fn enqueue(bytes: usize) -> QueueCommand {
-    QueueCommand::Enqueue { persistent: true, own_ttl_ms: None, body: Bytes::from(vec![7u8; bytes]) }
+    QueueCommand::Enqueue { persistent: true, own_ttl_ms: None, body: Bytes::from(vec![7u8; bytes]), deduplication: None }
 }
 
 #[test]

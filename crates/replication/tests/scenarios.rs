@@ -197,7 +197,7 @@ fn a_group_of_one_commits_on_its_own_fsync() {
             queue: QUEUE,
             proposer: 1,
             sequence: sequence + 1,
-            command: QueueCommand::Enqueue { persistent: true, own_ttl_ms: None, body },
+            command: QueueCommand::Enqueue { persistent: true, own_ttl_ms: None, body, deduplication: None },
         }];
         if sequence == 0 {
             commands.insert(0, ProposedCommand { queue: QUEUE, proposer: 1, sequence: 0, command: declaration() });

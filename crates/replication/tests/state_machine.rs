@@ -2,7 +2,7 @@
 //! delivery plan on every replica, time comes from the batch, and an entry is applied once.
 
 use bytes::Bytes;
-use replication::command::{Batch, ProposedCommand, QueueCommand};
+use replication::command::{Batch, DeduplicationKey, ProposedCommand, QueueCommand};
 use replication::state_machine::{CommandResult, Outcome, QueueStateMachine};
 
 /// A declaration without a name or limits.
@@ -17,7 +17,7 @@ fn batch(now_ms: u64, commands: Vec<QueueCommand>) -> Batch {
 }
 
 fn enqueue(body: &'static str, own_ttl_ms: Option<u64>) -> QueueCommand {
-    QueueCommand::Enqueue { persistent: true, own_ttl_ms, body: Bytes::from_static(body.as_bytes()) }
+    QueueCommand::Enqueue { persistent: true, own_ttl_ms, body: Bytes::from_static(body.as_bytes()), deduplication: None }
 }
 
 fn log() -> Vec<Batch> {
@@ -403,4 +403,40 @@ fn the_single_active_consumer_is_named_by_its_proposer_and_its_name_there() {
     let (machine, _) = replay(&[batch(1_000, vec![declare(), add(5)])]);
     assert_eq!(machine.single_active_consumer(1), None, "no single active consumer without the argument");
     assert_eq!(machine.single_active_consumer(2), None, "no such queue");
+}
+
+fn keyed(body: &'static str, key: &'static str, ttl_ms: Option<u64>) -> QueueCommand {
+    let deduplication = Some(DeduplicationKey { key: Bytes::from_static(key.as_bytes()), ttl_ms, cache_size: 2 });
+    QueueCommand::Enqueue { persistent: true, own_ttl_ms: None, body: Bytes::from_static(body.as_bytes()), deduplication }
+}
+
+#[test]
+fn a_deduplicated_key_is_enqueued_once_on_every_replica_and_through_a_snapshot() {
+    let batches = vec![
+        batch(1_000, vec![declare(), keyed("a1", "a", Some(300)), keyed("a2", "a", None), keyed("b1", "b", None)]),
+        // 300 ms on by the batch's clock "a" stopped counting and is enqueued again; the cache
+        // holds 2 keys, so recording "c" evicts the oldest inserted ("b"), which then gets in.
+        batch(1_300, vec![keyed("a3", "a", None), keyed("c1", "c", None), keyed("b2", "b", None), enqueue("plain", None)]),
+    ];
+    let (first, outcomes) = replay(&batches);
+    let (second, _) = replay(&batches);
+    assert_eq!(first.encode_image(), second.encode_image(), "replicas agree, cache included");
+    let duplicate = CommandResult::DuplicateMessage;
+    let committed = results(&outcomes);
+    assert_eq!(committed[2], duplicate, "{committed:?}");
+    assert_eq!(committed.iter().filter(|result| **result == duplicate).count(), 1, "{committed:?}");
+    let queue = first.queue(1).expect("declared");
+    assert_eq!(queue.messages().ready_count(), 6, "a1, b1, a3, c1, b2 (b evicted by c), plain");
+    assert_eq!(first.deduplication(1).map(|cache| cache.duplicates()), Some(1));
+
+    // A replica restored from a snapshot deduplicates as the original does from then on.
+    let mut restored = QueueStateMachine::decode_image(Bytes::from(first.encode_image())).expect("decodes");
+    assert_eq!(restored.encode_image(), first.encode_image());
+    let mut original = first;
+    let next = batch(1_400, vec![keyed("b3", "b", None), keyed("c2", "c", None), keyed("a4", "a", None)]);
+    let (mut from_original, mut from_restored) = (Vec::new(), Vec::new());
+    original.apply(3, next.clone(), &mut from_original);
+    restored.apply(3, next, &mut from_restored);
+    assert_eq!(from_original, from_restored);
+    assert_eq!(results(&from_original), vec![duplicate.clone(), duplicate, CommandResult::Core(queue_core::Reply::Ok)]);
 }

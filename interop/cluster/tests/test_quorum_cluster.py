@@ -376,3 +376,52 @@ def test_a_node_restarted_with_damaged_quorum_shard_logs_is_repaired_and_loses_n
     assert bodies == expected, f"{len(bodies)} drained; first differences: {[b for b in expected if b not in bodies][:5]}"
     leader.start()
     leader.wait_listening()
+
+
+def publish_keyed(node, queue, keys):
+    """Publishes one message per key (body = key, persistent, x-deduplication-header = key)
+    through `node`, each confirmed before the next."""
+    connection = pika.BlockingConnection(pika.URLParameters(node.url()))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for key in keys:
+        channel.basic_publish("", queue, key.encode(), pika.BasicProperties(delivery_mode=2, headers={"x-deduplication-header": key}))
+    connection.close()
+
+
+def test_a_quorum_queues_deduplication_cache_is_replicated_through_two_leader_losses(cluster):
+    """x-message-deduplication on a quorum queue (a Lepus extension): the cache is part of the
+    replicated state, so a key enqueued under one leader is a duplicate under the next, also on a
+    node that was killed and caught up (its cache rebuilt from the log it replays)."""
+    name = "quorum.dedup"
+    connection = pika.BlockingConnection(pika.URLParameters(cluster.nodes[0].url()))
+    connection.channel().queue_declare(name, durable=True, arguments=dict(QUORUM, **{"x-message-deduplication": True, "x-cache-size": 100}))
+    connection.close()
+    first_leader = leader_of(cluster, name)
+    follower = next(node for node in cluster.nodes if node is not first_leader)
+    keys = [f"k{number}" for number in range(10)]
+    publish_keyed(follower, name, keys)
+    first_leader.kill(signal.SIGKILL)
+    survivors = [node for node in cluster.nodes if node is not first_leader]
+    second_leader = leader_of(cluster, name, among=survivors)
+    assert second_leader is not first_leader
+    news = [f"n{number}" for number in range(5)]
+    publish_keyed(survivors[0], name, keys + news)
+    first_leader.start()
+    first_leader.wait_listening()
+    cluster.wait_formed()
+    second_leader.kill(signal.SIGKILL)
+    survivors = [node for node in cluster.nodes if node is not second_leader]
+    third_leader = leader_of(cluster, name, among=survivors)
+    assert third_leader is not second_leader
+    publish_keyed(first_leader, name, news + keys + ["last"])
+    connection = pika.BlockingConnection(pika.URLParameters(first_leader.url()))
+    channel = connection.channel()
+    bodies = []
+    while True:
+        method, _, body = channel.basic_get(name, auto_ack=True)
+        if method is None:
+            break
+        bodies.append(body.decode())
+    connection.close()
+    assert bodies == keys + news + ["last"], f"leaders {first_leader.name}, {second_leader.name}, {third_leader.name}"

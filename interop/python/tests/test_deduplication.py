@@ -6,7 +6,8 @@ RabbitMQ reference node has no such plugin, and ignores the arguments.
   type `x-message-deduplication` (routes as fanout; requires `x-cache-size`): a message whose
   `x-deduplication-header` was seen within `x-cache-ttl` is routed nowhere (a mandatory one is
   returned 312 NO_ROUTE, as by LavinMQ and the plugin) and still confirmed;
-- on a queue with `x-message-deduplication: true`: such a message is not enqueued;
+- on a queue with `x-message-deduplication: true` (classic or quorum): such a message is not
+  enqueued;
 - the cache holds `x-cache-size` entries and evicts the oldest inserted first; a message's own
   `x-cache-ttl` header overrides the cache's; `x-deduplication-header` names another header;
 - a bad value is 406 naming the argument;
@@ -114,17 +115,26 @@ def test_a_full_cache_forgets_its_oldest_key_and_the_header_can_be_named(connect
     assert bodies(channel, queue) == ["a", "b", "c", "a", "d", "d"]
 
 
-def test_a_queue_enqueues_a_key_once(connection, cleanup):
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_queue_enqueues_a_key_once(connection, cleanup, queue_type):
     channel = connection.channel()
     channel.confirm_delivery()
     queue = cleanup.queue(unique("dedup-queue"))
-    channel.queue_declare(queue, arguments={"x-message-deduplication": True, "x-cache-size": 100})
+    arguments = {"x-message-deduplication": True, "x-cache-size": 2, "x-queue-type": queue_type}
+    channel.queue_declare(queue, durable=True, arguments=arguments)
     for body, key in [("q1", "x"), ("q2", "x"), ("q3", "y")]:
         publish(channel, "", queue, body, key=key)
     assert bodies(channel, queue) == ["q1", "q3"]
     # Consumed, but within its time to live: still a duplicate (one cache, as on exchanges).
     publish(channel, "", queue, "q4", key="x")
-    assert bodies(channel, queue) == []
+    publish(channel, "", queue, "unkeyed")
+    # A message's own x-cache-ttl: "z" counts 300 ms; the cache holds 2 keys, so "z" evicts "x".
+    publish(channel, "", queue, "z1", key="z", ttl=300)
+    publish(channel, "", queue, "z2", key="z")
+    publish(channel, "", queue, "x again", key="x")
+    time.sleep(0.45)
+    publish(channel, "", queue, "z3", key="z")
+    assert bodies(channel, queue) == ["unkeyed", "z1", "x again", "z3"]
 
 
 @pytest.mark.parametrize("kind, arguments, key, problem", [
@@ -157,10 +167,12 @@ def test_a_durable_cache_survives_a_restart_and_a_kill(tmp_path, how):
                                  arguments={"x-message-deduplication": True, "x-cache-persistence": "memory"})
         channel.queue_declare("dedup-target", durable=True)
         channel.queue_declare("dedup-queue", durable=True, arguments={"x-message-deduplication": True})
+        channel.queue_declare("dedup-quorum", durable=True, arguments={"x-message-deduplication": True, "x-queue-type": "quorum"})
         for exchange in ["dedup-durable", "dedup-memory"]:
             channel.queue_bind("dedup-target", exchange, "k")
             publish(channel, exchange, "k", "before " + exchange, key="once")
         publish(channel, "", "dedup-queue", "queued before", key="once")
+        publish(channel, "", "dedup-quorum", "quorum before", key="once")
         safe_close(conn)
         if how == "kill":
             broker.kill()
@@ -174,8 +186,11 @@ def test_a_durable_cache_survives_a_restart_and_a_kill(tmp_path, how):
             for exchange in ["dedup-durable", "dedup-memory"]:
                 publish(channel, exchange, "k", "after " + exchange, key="once")
             publish(channel, "", "dedup-queue", "queued after", key="once")
+            publish(channel, "", "dedup-quorum", "quorum after", key="once")
             assert bodies(channel, "dedup-target") == ["before dedup-durable", "before dedup-memory", "after dedup-memory"]
             assert bodies(channel, "dedup-queue") == ["queued before"]
+            # A quorum queue's cache is its replicated state: back from its log (or snapshot).
+            assert bodies(channel, "dedup-quorum") == ["quorum before"]
         finally:
             safe_close(conn)
     finally:

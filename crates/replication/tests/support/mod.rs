@@ -247,7 +247,7 @@ impl Cluster {
         let commands = (0..count as u64)
             .map(|offset| {
                 let body = Bytes::from(format!("message-{}", first + offset));
-                (QUEUE, QueueCommand::Enqueue { persistent: true, own_ttl_ms: None, body })
+                (QUEUE, QueueCommand::Enqueue { persistent: true, own_ttl_ms: None, body, deduplication: None })
             })
             .collect();
         self.propose(commands)

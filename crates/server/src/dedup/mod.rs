@@ -243,14 +243,20 @@ impl DedupCache {
 
     /// The message's key and its own `x-cache-ttl` (else the cache's), when it has a key.
     pub fn key_of(&self, message: &Message) -> Option<CacheKey> {
-        let headers = message.header.properties().ok()?.headers?;
-        let value = headers.get(&self.settings.header)?;
-        let ttl_ms = match headers.get(CACHE_TTL_ARGUMENT).and_then(FieldValue::as_i64) {
-            Some(ttl) if ttl > 0 => Some(ttl as u64),
-            _ => self.settings.cache_ttl_ms,
-        };
-        Some(CacheKey { key: encode_key(value), ttl_ms })
+        key_of(&self.settings, message)
     }
+}
+
+/// A message's key under `settings` and its own `x-cache-ttl` (else the cache's), when it has a
+/// key (a quorum queue's replicated cache takes the same keys as this one).
+pub fn key_of(settings: &DeduplicationSettings, message: &Message) -> Option<CacheKey> {
+    let headers = message.header.properties().ok()?.headers?;
+    let value = headers.get(&settings.header)?;
+    let ttl_ms = match headers.get(CACHE_TTL_ARGUMENT).and_then(FieldValue::as_i64) {
+        Some(ttl) if ttl > 0 => Some(ttl as u64),
+        _ => settings.cache_ttl_ms,
+    };
+    Some(CacheKey { key: encode_key(value), ttl_ms })
 }
 
 /// A message's key in a cache, with how long its entry counts.
@@ -258,6 +264,13 @@ impl DedupCache {
 pub struct CacheKey {
     key: Key,
     ttl_ms: Option<u64>,
+}
+
+impl CacheKey {
+    /// The key as a quorum queue's enqueue carries it (at most [`KEY_BYTES_MAX`] bytes).
+    pub fn into_replicated(self, cache_size: u64) -> replication::command::DeduplicationKey {
+        replication::command::DeduplicationKey { key: Bytes::from(self.key), ttl_ms: self.ttl_ms, cache_size }
+    }
 }
 
 /// A header value as a key: its AMQP encoding (so `1` and `"1"` differ), or its SHA-256 when long.

@@ -172,8 +172,9 @@ fn is_other_types_argument(key: &str, classic_accepted: &[&str]) -> bool {
 /// Arguments a type takes that Lepus does not implement for it yet: refused with 540.
 fn not_implemented_for(queue_type: QueueType, key: &str, _value: &amqp_codec::FieldValue) -> bool {
     match (queue_type, key) {
-        // Deduplication (a Lepus extension, as LavinMQ's) keeps its cache beside a classic queue's log only.
-        (QueueType::Quorum | QueueType::Stream, "x-message-deduplication") => true,
+        // Deduplication (a Lepus extension, as LavinMQ's) keeps its cache beside a classic queue's
+        // log or in a quorum queue's replicated state; a stream keeps everything it is given.
+        (QueueType::Stream, "x-message-deduplication") => true,
         _ => false,
     }
 }

@@ -15,6 +15,7 @@ use crate::queue_runtime::{ConsumerRemoval, ConsumerView, ExpiryCheck, ExpiryClo
 use crate::queue_type::{ConfirmTicket, PublishOutcome, Settlement};
 use crate::shared::{ChannelShared, ConsumerHandle, Outbound, OUTBOUND_DELIVERIES_MAX};
 use amqp_codec::ShortStr;
+use broker_core::exchange::deduplication::DeduplicationSettings;
 use broker_core::vhost::QueueDefinition;
 use broker_core::{AmqpError, Message};
 use bytes::Bytes;
@@ -166,6 +167,9 @@ pub struct QuorumQueue {
     /// Held dead letters this node published as the shard's leader and has not settled yet, by
     /// position, with when they were published (published again after the retry interval).
     dead_letters_in_flight: Mutex<HashMap<u64, u64>>,
+    /// With x-message-deduplication, how its messages' keys are read (the cache itself is in the
+    /// replicated state, `replication::state_machine::deduplication`).
+    deduplication: Option<DeduplicationSettings>,
 }
 
 impl std::fmt::Debug for QuorumQueue {
@@ -219,6 +223,7 @@ impl QuorumQueue {
         let dead_letters = host.dead_letters().cloned();
         let host = host.self_reference();
         let limits = QueueLimits::new(&definition.arguments, None);
+        let deduplication = broker_core::exchange::deduplication::settings(&definition.arguments, false);
         Arc::new_cyclic(|self_reference: &Weak<QuorumQueue>| QuorumQueue {
             dead_letter_source: Arc::new(DeadLetterSource {
                 vhost: vhost.to_string(),
@@ -247,6 +252,7 @@ impl QuorumQueue {
             touched_at_ms: AtomicU64::new(0),
             dispatching: Mutex::new(()),
             dead_letters_in_flight: Mutex::new(HashMap::new()),
+            deduplication,
         })
     }
 
@@ -349,8 +355,12 @@ impl QuorumQueue {
         let persistent = message.is_persistent();
         let own_ttl_ms = crate::queue_runtime::own_ttl_ms(&message);
         let body = envelope::encode(&message);
+        let deduplication = self
+            .deduplication
+            .as_ref()
+            .and_then(|settings| crate::dedup::key_of(settings, &message).map(|key| key.into_replicated(settings.cache_size)));
         let slot = CommitSlot::new();
-        self.submit(QueueCommand::Enqueue { persistent, own_ttl_ms, body }, Waiter::Publish(slot.clone()));
+        self.submit(QueueCommand::Enqueue { persistent, own_ttl_ms, body, deduplication }, Waiter::Publish(slot.clone()));
         PublishOutcome::Accepted(ConfirmTicket::Committed(slot))
     }
 
