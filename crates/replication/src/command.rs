@@ -143,6 +143,23 @@ pub enum QueueCommand {
         /// The dead letter's position in the queue.
         position: u64,
     },
+    /// A message an `x-delayed-message` exchange holds back until `due_ms` (the cluster's
+    /// replicated delay store, kept by one internal queue): the node `origin` that took the
+    /// publish routes it when it is due, or the shard's leader once it is overdue and its origin
+    /// did not (its node is down). Refused (a nack) past [`DELAYED_BYTES_MAX`].
+    HoldDelayed {
+        /// When it is due (ms since the epoch, the origin's clock).
+        due_ms: u64,
+        /// The node (Raft id) that took the publish.
+        origin: u64,
+        /// The message as the broker stores it, its delay envelope included.
+        body: Bytes,
+    },
+    /// A held message was routed and its queues hold it: the store forgets it.
+    ReleaseDelayed {
+        /// Its id in the store (`state_machine::delayed`).
+        id: u64,
+    },
     /// Releases every proposer of `node` except `keep`: their consumers are cancelled, the
     /// messages they and their basic.gets held come back (redelivered), and their numbers are
     /// forgotten (a command of a released proposer is refused from then on). `queue` is ignored.
@@ -169,6 +186,11 @@ pub struct DeduplicationKey {
 
 /// The longest key a command may carry (longer header values are hashed by the proposer).
 pub const DEDUPLICATION_KEY_BYTES_MAX: usize = 64;
+
+/// The most payload bytes the replicated delay store of one queue holds; a message past it is
+/// refused (its publisher's confirm is a nack). Bodies are in every member's memory (as quorum
+/// queues' messages are), so the store is bounded here, the same on every member.
+pub const DELAYED_BYTES_MAX: u64 = 512 * 1024 * 1024;
 
 /// The largest cache a command may ask for (the server's `x-cache-size` bound).
 pub const DEDUPLICATION_CACHE_SIZE_MAX: u64 = 1_000_000;
@@ -314,6 +336,16 @@ fn encode_command(writer: &mut Writer, proposed: &ProposedCommand) {
             writer.u64(*position);
         }
         QueueCommand::Touch => writer.u8(17),
+        QueueCommand::HoldDelayed { due_ms, origin, body } => {
+            writer.u8(19);
+            writer.u64(*due_ms);
+            writer.u64(*origin);
+            writer.bytes(body);
+        }
+        QueueCommand::ReleaseDelayed { id } => {
+            writer.u8(20);
+            writer.u64(*id);
+        }
         QueueCommand::ReleaseNode { node, keep } => {
             writer.u8(13);
             writer.u64(*node);
@@ -367,6 +399,8 @@ fn decode_command(reader: &mut Reader) -> Result<ProposedCommand, DecodeError> {
         14 => QueueCommand::RequeueToTail { position: reader.u64()? },
         15 => QueueCommand::SettleDeadLetter { position: reader.u64()? },
         17 => QueueCommand::Touch,
+        19 => QueueCommand::HoldDelayed { due_ms: reader.u64()?, origin: reader.u64()?, body: reader.bytes()? },
+        20 => QueueCommand::ReleaseDelayed { id: reader.u64()? },
         kind => return Err(DecodeError::Invalid { field: "command kind", value: kind.into() }),
     };
     Ok(ProposedCommand { queue, proposer, sequence, command })
@@ -452,6 +486,13 @@ mod tests {
             ProposedCommand { queue: 1, proposer: 2, sequence: 13, command: QueueCommand::RequeueToTail { position: 3 } },
             ProposedCommand { queue: 1, proposer: 2, sequence: 14, command: QueueCommand::SettleDeadLetter { position: 5 } },
             ProposedCommand { queue: 1, proposer: 2, sequence: 15, command: QueueCommand::Touch },
+            ProposedCommand {
+                queue: 1,
+                proposer: 2,
+                sequence: 17,
+                command: QueueCommand::HoldDelayed { due_ms: 99, origin: 3, body: Bytes::from_static(b"later") },
+            },
+            ProposedCommand { queue: 1, proposer: 2, sequence: 18, command: QueueCommand::ReleaseDelayed { id: 7 } },
             ProposedCommand { queue: 0, proposer: 2, sequence: 11, command: QueueCommand::RegisterProposer { node: 3 } },
             ProposedCommand { queue: 0, proposer: 2, sequence: 12, command: QueueCommand::ReleaseNode { node: 3, keep: 2 } },
         ];

@@ -5,12 +5,14 @@
 use crate::codec::{append_checksum, decode_limits, encode_limits, verify_checksum, DecodeError, Reader, Writer};
 use crate::command::Body;
 use crate::command::DEDUPLICATION_KEY_BYTES_MAX;
-use crate::state_machine::{dead_letters, ConsumerOwner, DeduplicationCache, HeldDeadLetters, QueueStateMachine, ReplicatedQueue};
+use crate::state_machine::{
+    dead_letters, ConsumerOwner, DeduplicationCache, DelayedEntries, DelayedEntry, HeldDeadLetters, QueueStateMachine, ReplicatedQueue,
+};
 use bytes::Bytes;
 use queue_core::{ConsumerImage, CoreImage, MessagesImage, QueueCore, QueueStats, QueuedMessage};
 
 /// Marks a snapshot image (and its format version): version 5 adds each queue's deduplication
-/// cache.
+/// cache and held delayed messages.
 const IMAGE_MAGIC: u32 = u32::from_le_bytes(*b"LQS5");
 
 /// Version 4 (incarnations, no deduplication caches), still read.
@@ -61,6 +63,7 @@ impl QueueStateMachine {
             encode_core(&mut writer, &replicated.core.image());
             encode_held(&mut writer, &replicated.held);
             encode_deduplication(&mut writer, replicated.deduplication.as_deref());
+            encode_delayed(&mut writer, replicated.delayed.as_deref());
         }
         append_checksum(&mut buffer, 0, IMAGE_CHECKSUM_SEED);
         buffer
@@ -99,11 +102,14 @@ impl QueueStateMachine {
             let limits = decode_limits(&mut reader)?;
             let core = QueueCore::from_image(decode_core(&mut reader)?, None);
             let held = if magic == IMAGE_MAGIC_V2 { HeldDeadLetters::default() } else { decode_held(&mut reader)? };
-            let deduplication = if magic == IMAGE_MAGIC { decode_deduplication(&mut reader)? } else { None };
+            let (deduplication, delayed) = match magic == IMAGE_MAGIC {
+                true => (decode_deduplication(&mut reader)?, decode_delayed(&mut reader)?),
+                false => (None, None),
+            };
             if !name.is_empty() {
                 machine.names.insert(name.clone(), queue);
             }
-            machine.queues.insert(queue, ReplicatedQueue { core, limits, name, incarnation, held, deduplication });
+            machine.queues.insert(queue, ReplicatedQueue { core, limits, name, incarnation, held, deduplication, delayed });
         }
         if !reader.is_at_end() {
             return Err(DecodeError::Invalid { field: "bytes after the image", value: 0 });
@@ -163,6 +169,35 @@ fn decode_deduplication(reader: &mut Reader) -> Result<Option<Box<DeduplicationC
         entries.push((key, reader.optional_u64("deduplication expiry")?));
     }
     Ok(Some(Box::new(DeduplicationCache::restored(entries, duplicates))))
+}
+
+/// `0` without a store; else `1 | count u64 | (id u64, due u64, origin u64, body)*` by id.
+fn encode_delayed(writer: &mut Writer, delayed: Option<&DelayedEntries>) {
+    let Some(delayed) = delayed else {
+        writer.u8(0);
+        return;
+    };
+    writer.u8(1);
+    writer.u64(delayed.len() as u64);
+    for (id, entry) in delayed.by_id() {
+        writer.u64(id);
+        writer.u64(entry.due_ms);
+        writer.u64(entry.origin);
+        writer.bytes(&entry.body);
+    }
+}
+
+fn decode_delayed(reader: &mut Reader) -> Result<Option<Box<DelayedEntries>>, DecodeError> {
+    if !reader.bool("delayed store")? {
+        return Ok(None);
+    }
+    let mut delayed = DelayedEntries::default();
+    for _ in 0..count(reader, "delayed entry count")? {
+        let id = reader.u64()?;
+        let entry = DelayedEntry { due_ms: reader.u64()?, origin: reader.u64()?, body: reader.bytes()? };
+        delayed.hold(id, entry);
+    }
+    Ok(Some(Box::new(delayed)))
 }
 
 fn encode_queued(writer: &mut Writer, queued: &QueuedMessage<Body>) {

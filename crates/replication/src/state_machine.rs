@@ -15,10 +15,12 @@ use std::collections::BTreeMap;
 
 pub(crate) mod dead_letters;
 pub mod deduplication;
+pub mod delayed;
 mod owners;
 
 pub use dead_letters::{holds_dead_letters, HeldDeadLetter, HeldDeadLetters};
 pub use deduplication::DeduplicationCache;
+pub use delayed::{DelayedEntries, DelayedEntry};
 
 /// What applying one command gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,6 +153,8 @@ pub(crate) struct ReplicatedQueue {
     pub(crate) held: HeldDeadLetters,
     /// With x-message-deduplication, the keys it enqueued (made at its first keyed message).
     pub(crate) deduplication: Option<Box<DeduplicationCache>>,
+    /// The cluster's delay store's queue: the messages it holds back (made at the first one).
+    pub(crate) delayed: Option<Box<DelayedEntries>>,
 }
 
 /// A declaration's fields (see [`QueueCommand::Declare`]).
@@ -379,6 +383,18 @@ impl QueueStateMachine {
                 };
             }
             QueueCommand::Expire => Command::Expire,
+            QueueCommand::HoldDelayed { due_ms, origin, body } => {
+                return self.hold_delayed(context, queue, DelayedEntry { due_ms, origin, body });
+            }
+            QueueCommand::ReleaseDelayed { id } => {
+                return match self.queues.get_mut(&queue) {
+                    Some(replicated) => {
+                        replicated.delayed.as_mut().map(|delayed| delayed.release(id));
+                        CommandResult::Core(Reply::Ok)
+                    }
+                    None => CommandResult::NoSuchQueue,
+                };
+            }
         };
         match self.run(context, queue, core_command, outcomes) {
             Some(reply) => CommandResult::Core(reply),
@@ -405,7 +421,7 @@ impl QueueStateMachine {
         if let std::collections::btree_map::Entry::Vacant(slot) = self.queues.entry(id) {
             let core = QueueCore::new(QueueState::default(), core_limits(limits), None).with_single_active_consumer(single_active_consumer);
             let held = HeldDeadLetters::default();
-            slot.insert(ReplicatedQueue { core, limits, name: name.clone(), incarnation, held, deduplication: None });
+            slot.insert(ReplicatedQueue { core, limits, name: name.clone(), incarnation, held, deduplication: None, delayed: None });
             if !name.is_empty() {
                 self.names.insert(name, id);
             }
@@ -438,6 +454,24 @@ impl QueueStateMachine {
             Some(reply) => CommandResult::Core(reply),
             None => CommandResult::NoSuchQueue,
         }
+    }
+
+    /// Holds a delayed message under the command's own id, unless the store is full.
+    fn hold_delayed(&mut self, context: Context, queue: QueueId, entry: DelayedEntry) -> CommandResult {
+        let Some(replicated) = self.queues.get_mut(&queue) else {
+            return CommandResult::NoSuchQueue;
+        };
+        let delayed = replicated.delayed.get_or_insert_with(Box::default);
+        if delayed.bytes() + entry.body.len() as u64 > crate::command::DELAYED_BYTES_MAX {
+            return CommandResult::Core(Reply::Rejected);
+        }
+        delayed.hold(context.fresh_id, entry);
+        CommandResult::Core(Reply::Ok)
+    }
+
+    /// The messages a queue holds back (the cluster's delay store), when it has held any.
+    pub fn delayed(&self, queue: QueueId) -> Option<&DelayedEntries> {
+        self.queues.get(&queue)?.delayed.as_deref()
     }
 
     /// A queue's deduplication cache, when it has had a keyed message.

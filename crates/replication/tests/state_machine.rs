@@ -440,3 +440,27 @@ fn a_deduplicated_key_is_enqueued_once_on_every_replica_and_through_a_snapshot()
     assert_eq!(from_original, from_restored);
     assert_eq!(results(&from_original), vec![duplicate.clone(), duplicate, CommandResult::Core(queue_core::Reply::Ok)]);
 }
+
+#[test]
+fn held_delayed_messages_are_the_same_on_every_replica_and_through_a_snapshot_until_released() {
+    let hold = |due_ms: u64, body: &'static str| QueueCommand::HoldDelayed { due_ms, origin: 2, body: Bytes::from_static(body.as_bytes()) };
+    let batches = vec![batch(1_000, vec![declare(), hold(5_000, "late"), hold(3_000, "early")])];
+    let (mut machine, outcomes) = replay(&batches);
+    assert!(results(&outcomes)
+        .iter()
+        .all(|result| matches!(result, CommandResult::Declared { .. } | CommandResult::Core(queue_core::Reply::Ok))));
+    let (again, _) = replay(&batches);
+    assert_eq!(machine.encode_image(), again.encode_image());
+    let held: Vec<(u64, Bytes)> = machine.delayed(1).expect("held").in_due_order().map(|(id, entry)| (id, entry.body.clone())).collect();
+    assert_eq!(held.iter().map(|(_, body)| body.as_ref()).collect::<Vec<_>>(), [b"early".as_ref(), b"late"]);
+    assert_eq!(machine.queue(1).expect("declared").messages().ready_count(), 0, "held back, not enqueued");
+    let mut restored = QueueStateMachine::decode_image(Bytes::from(machine.encode_image())).expect("decodes");
+    assert_eq!(restored.encode_image(), machine.encode_image());
+    let release = batch(1_100, vec![QueueCommand::ReleaseDelayed { id: held[0].0 }]);
+    for replica in [&mut machine, &mut restored] {
+        replica.apply(2, release.clone(), &mut Vec::new());
+        let left: Vec<u64> = replica.delayed(1).expect("held").in_due_order().map(|(id, _)| id).collect();
+        assert_eq!(left, [held[1].0]);
+    }
+    assert_eq!(machine.encode_image(), restored.encode_image());
+}

@@ -262,6 +262,9 @@ impl Broker {
         let broker = Arc::new(broker);
         crate::dead_letter::start(Arc::downgrade(&broker), dead_letter_receiver);
         crate::delayed::start(&broker.delayed, Arc::downgrade(&broker));
+        if broker.config.cluster.enabled() {
+            crate::delayed::replicated::start(&broker);
+        }
         Ok(broker)
     }
 

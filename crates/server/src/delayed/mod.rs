@@ -28,6 +28,7 @@
 //! bodies in Mnesia's memory and confirms before they reach the disk.
 
 pub mod envelope;
+pub mod replicated;
 mod timer;
 
 use crate::queue_type::ConfirmTicket;
@@ -111,6 +112,9 @@ pub struct DelayedMessages {
     stopped: AtomicBool,
     /// How late due messages were routed.
     pub lateness: Lateness,
+    /// On a clustered node: the cluster's replicated store, where new delayed messages go (what
+    /// this node's own store held before is still routed from it).
+    replicated: std::sync::OnceLock<replicated::ReplicatedDelays>,
 }
 
 impl DelayedMessages {
@@ -157,7 +161,20 @@ impl DelayedMessages {
                 max_ms: AtomicU64::new(0),
                 total_ms: AtomicU64::new(0),
             },
+            replicated: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Holds new delayed messages in the cluster's replicated store from now on.
+    pub fn replicate_through(&self, store: replicated::ReplicatedDelays) {
+        if self.replicated.set(store).is_err() {
+            tracing::error!("the cluster's delay store was set twice; the first is kept");
+        }
+    }
+
+    /// The cluster's replicated store, on a clustered node.
+    pub fn replicated(&self) -> Option<&replicated::ReplicatedDelays> {
+        self.replicated.get()
     }
 
     /// The store's log (for the group commit and for flushing at shutdown).
@@ -177,6 +194,10 @@ impl DelayedMessages {
         let due_ms = now_ms_rounded_up().saturating_add(route.delay_ms);
         let envelope = Envelope { due_ms, delay_ms: route.delay_ms, vhost: vhost.to_string(), exchange: route.exchange.clone() };
         let stored = envelope::wrap(&envelope, message);
+        if let Some(store) = self.replicated.get() {
+            // Replicated whatever its persistence: the store is the cluster's, not this node's.
+            return store.queue.hold_delayed(due_ms, store.node, crate::quorum::envelope::encode(&stored));
+        }
         let persistent = durable_exchange && message.is_persistent();
         let mut state = self.state.lock();
         let position = state.next_position;

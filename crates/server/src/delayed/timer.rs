@@ -127,7 +127,7 @@ impl DelayedMessages {
     /// is gone), and publishes it into the queues it reaches. False when a queue it reached is
     /// being declared and its definition could not be stored ([`Broker::await_declared`]): a
     /// synced log alone does not make the message safe then, so it stays in the store.
-    fn route(
+    pub(super) fn route(
         &self,
         broker: &Broker,
         envelope: &envelope::Envelope,

@@ -16,8 +16,8 @@
 
 mod dead_letter_retry;
 pub mod envelope;
-mod queue;
-mod shard;
+pub(crate) mod queue;
+pub(crate) mod shard;
 pub mod tickets;
 
 pub use dead_letter_retry::DEAD_LETTER_RETRY_INTERVAL_MS_DEFAULT;
@@ -211,6 +211,11 @@ impl QuorumHost {
         for handle in &self.shards {
             handle.send(ShardInput::InitialVoters(voters.clone()));
         }
+    }
+
+    /// This node's Raft id.
+    pub fn node_id(&self) -> u64 {
+        self.config.node_id
     }
 
     pub(crate) fn self_reference(&self) -> std::sync::Weak<QuorumHost> {

@@ -364,6 +364,30 @@ impl QuorumQueue {
         PublishOutcome::Accepted(ConfirmTicket::Committed(slot))
     }
 
+    /// Holds a delayed message in the cluster's delay store (this queue is the store's): confirmed
+    /// once committed, nacked when the store is full.
+    pub fn hold_delayed(&self, due_ms: u64, origin: u64, body: Bytes) -> ConfirmTicket {
+        let slot = CommitSlot::new();
+        self.submit(QueueCommand::HoldDelayed { due_ms, origin, body }, Waiter::Publish(slot.clone()));
+        ConfirmTicket::Committed(slot)
+    }
+
+    /// Forgets delayed messages routed into queues that hold them.
+    pub fn release_delayed(&self, ids: &[u64]) {
+        let queue = self.strong();
+        let submissions = ids
+            .iter()
+            .map(|&id| Submission { queue: queue.clone(), command: QueueCommand::ReleaseDelayed { id }, waiter: Waiter::Nothing })
+            .collect();
+        self.shard.send(ShardInput::SubmitMany(submissions));
+    }
+
+    /// Makes this queue's shard fire the due messages of the delay store this queue holds.
+    pub(crate) fn fire_delayed_through(&self, fire: std::sync::mpsc::SyncSender<super::shard::delayed::DueDelayed>) {
+        let hook = super::shard::delayed::DelayedHook { queue: self.strong(), fire, firing: HashMap::new() };
+        self.shard.send(ShardInput::Delayed(hook));
+    }
+
     /// Settles, requeues or rejects deliveries (replicated; nothing waits for the commit).
     pub fn settle(&self, positions: &[u64], settlement: Settlement) {
         let queue = self.strong();

@@ -18,6 +18,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 mod apply;
+pub(crate) mod delayed;
 mod membership;
 mod peers;
 
@@ -80,6 +81,8 @@ pub(crate) enum ShardInput {
     Recovered(Arc<QuorumQueue>),
     /// The cluster's founding voters, learnt by a node that joined after its shards opened.
     InitialVoters(Vec<u64>),
+    /// This shard holds the cluster's replicated delay store: fire its due messages there.
+    Delayed(delayed::DelayedHook),
     /// Stop after this round.
     Stop,
 }
@@ -222,6 +225,8 @@ pub(crate) struct ShardWorker {
     stopping: bool,
     /// When held (at-least-once) dead letters are published again.
     dead_letter_retry: super::dead_letter_retry::DeadLetterRetry,
+    /// On the shard of the cluster's delay store: its queue and firing thread.
+    delayed: Option<delayed::DelayedHook>,
 }
 
 /// Opens shard `shard` of this node and makes its thread's state.
@@ -285,6 +290,7 @@ pub(crate) fn open(
         membership_held_at_tick: 0,
         stopping: false,
         dead_letter_retry: super::dead_letter_retry::DeadLetterRetry::new(config.dead_letter_retry_interval_ms),
+        delayed: None,
     };
     Ok((handle, worker))
 }
@@ -300,8 +306,13 @@ impl ShardWorker {
         }
         let tick = Duration::from_millis(self.config.tick_ms.max(1));
         let mut next_tick = Instant::now() + tick;
+        let mut next_delayed_ms: Option<u64> = None;
         while !self.stopping {
-            let wait = next_tick.saturating_duration_since(Instant::now());
+            let mut wait = next_tick.saturating_duration_since(Instant::now());
+            if let Some(due_ms) = next_delayed_ms {
+                // Woken for the next held message due, not only at the next tick.
+                wait = wait.min(Duration::from_millis(due_ms.saturating_sub(crate::queue_runtime::now_ms())));
+            }
             match self.inputs.recv_timeout(wait) {
                 Ok(input) => self.take(input),
                 Err(RecvTimeoutError::Timeout) => {}
@@ -327,6 +338,7 @@ impl ShardWorker {
                     self.tick();
                 }
                 self.round();
+                next_delayed_ms = self.fire_due_delayed();
             }));
             if round.is_err() {
                 self.restart_after(NodeError::Write(std::io::Error::other("the raft driver panicked")));
@@ -342,6 +354,7 @@ impl ShardWorker {
             ShardInput::Peer(message) => self.step_peer(message),
             ShardInput::Recovered(queue) => self.recovered.push(queue),
             ShardInput::InitialVoters(voters) => self.learn_initial_voters(voters),
+            ShardInput::Delayed(hook) => self.delayed = Some(hook),
             ShardInput::Stop => self.stopping = true,
         }
     }
