@@ -79,8 +79,9 @@ impl ShardWorker {
         let ids: Vec<u64> = due.iter().map(|(entry_id, _)| *entry_id).collect();
         match hook.fire.try_send(due) {
             Ok(()) => hook.firing.extend(ids.into_iter().map(|entry_id| (entry_id, now_ms))),
-            // The thread is behind: these stay unfired and are looked at again next round.
-            Err(TrySendError::Full(_)) => {}
+            // The thread is behind: these stay unfired, looked at again a moment later (not at
+            // once: the loop would spin until the thread caught up).
+            Err(TrySendError::Full(_)) => return Some(now_ms + 1),
             Err(TrySendError::Disconnected(_)) => self.delayed = None,
         }
         next_ms
