@@ -8,7 +8,10 @@
 # due times spread over SPREAD_S seconds starting LEAD_S seconds after the start.
 #
 # Usage: bench/delayed-million.sh LEPUS_BIN
-# Environment: COUNT (1000000), LEAD_S (240), SPREAD_S (60), RESULTS (bench/results/delayed-million).
+# Environment: COUNT (1000000), LEAD_S (240), SPREAD_S (60), RESULTS (bench/results/delayed-million),
+# BROKER_LOAD_RATE (unset: none): with it, once everything is published, `lepus perf client` runs a
+# safe-mode load on the same broker (16 B persistent messages to a durable queue, confirms, acks) at
+# that many msg/s until the last message is due, so the timers fire under the broker's own load.
 set -euo pipefail
 LEPUS=$1
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -35,6 +38,11 @@ coproc LOADER { "$LOAD" -url "amqp://guest:guest@127.0.0.1:$port/" -count "$COUN
 loader_pid=$LOADER_PID
 while read -r line <&"${LOADER[0]}"; do
   echo "$line"
+  if [ "$line" = "barrier: all published" ] && [ -n "${BROKER_LOAD_RATE:-}" ]; then
+    "$LEPUS" perf client --url "amqp://guest:guest@127.0.0.1:$port/" --persistent --durable --max-pending 1000 \
+      --message-size 16 --rate "$BROKER_LOAD_RATE" --duration "$((LEAD_S + SPREAD_S))" queue://delayed-bench-load \
+      >"$RESULTS/broker-load.txt" 2>&1 &
+  fi
   if [ "$line" = "barrier: all published" ]; then
     pending=$(metric lepus_delayed_messages)
     rss_kib=$(status_kib VmRSS) hwm_kib=$(status_kib VmHWM)

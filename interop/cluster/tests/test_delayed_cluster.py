@@ -25,6 +25,12 @@ def publish_delayed(channel, exchange, bodies, delay_ms):
         channel.basic_publish(exchange, "k", body.encode(), pika.BasicProperties(delivery_mode=2, headers={"x-delay": delay_ms}))
 
 
+def held(node):
+    """The node's lepus_delayed_messages gauge."""
+    line = next(line for line in node.metrics().splitlines() if line.startswith("lepus_delayed_messages "))
+    return int(float(line.split()[1]))
+
+
 def count(channel, queue):
     return channel.queue_declare(queue, durable=True, passive=True, arguments=None).method.message_count
 
@@ -40,6 +46,9 @@ def test_delayed_messages_survive_the_death_of_the_node_that_took_them(cluster):
     connection, channel = channel_on(first)
     bodies = [f"d{number}" for number in range(20)]
     publish_delayed(channel, "delayed.x", bodies, 2000)
+    # Every node holds them (the replicated store), so every node's gauge counts them.
+    for node in cluster.nodes:
+        eventually(lambda node=node: held(node) == len(bodies), what=f"{len(bodies)} held delayed messages on {node.name}")
     # Every publish is confirmed: the store's majority holds them. The node that took them dies.
     first.kill(signal.SIGKILL)
     connection, channel = channel_on(second)
@@ -63,6 +72,8 @@ def test_delayed_messages_survive_the_death_of_the_node_that_took_them(cluster):
         assert properties.headers["x-delay"] == -2000
     connection.close()
     assert sorted(got) == sorted(bodies), "each delayed message routed once, none lost"
+    for node in cluster.nodes:
+        eventually(lambda node=node: held(node) == 0, what=f"the store released on {node.name}")
 
 
 def test_a_delayed_message_reaches_the_classic_queue_of_the_node_that_took_it_on_time(cluster):

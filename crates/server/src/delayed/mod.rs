@@ -182,9 +182,10 @@ impl DelayedMessages {
         &self.log
     }
 
-    /// Messages waiting for their delay.
+    /// Messages waiting for their delay (in a cluster, the replicated store's too).
     pub fn pending(&self) -> u64 {
-        self.state.lock().index.len() as u64
+        let replicated = self.replicated.get().map_or(0, |store| store.held.load(Ordering::Relaxed));
+        self.state.lock().index.len() as u64 + replicated
     }
 
     /// Holds `message` back for `route.delay_ms`, to be routed from `route.exchange` in `vhost`

@@ -18,6 +18,7 @@ use crate::quorum::queue::QuorumQueue;
 use crate::quorum::shard::delayed::DueDelayed;
 use amqp_codec::{FieldTable, ShortStr};
 use broker_core::vhost::{QueueDefinition, QueueType};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 
 /// The internal queue's name; its vhost is "" (no vhost's): never listed, never a client's.
@@ -33,6 +34,8 @@ const DUE_BATCHES_WAITING_MAX: usize = 64;
 pub struct ReplicatedDelays {
     pub(super) queue: Arc<QuorumQueue>,
     pub(super) node: u64,
+    /// How many messages the store holds (as this node applied it).
+    pub(super) held: Arc<AtomicU64>,
 }
 
 /// Makes the cluster's delay store this node's: its queue (found by name in its shard, or declared
@@ -60,8 +63,9 @@ pub fn start(broker: &Arc<Broker>) {
         tracing::error!(%error, "the cluster's delayed-message thread could not start: this node keeps delayed messages itself");
         return;
     }
-    queue.fire_delayed_through(to_firing);
-    broker.delayed.replicate_through(ReplicatedDelays { queue, node: broker.quorum.node_id() });
+    let held = Arc::new(AtomicU64::new(0));
+    queue.fire_delayed_through(to_firing, held.clone());
+    broker.delayed.replicate_through(ReplicatedDelays { queue, node: broker.quorum.node_id(), held });
 }
 
 /// Routes due messages of the store, and releases them once their queues hold them.

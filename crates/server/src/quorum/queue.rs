@@ -382,9 +382,10 @@ impl QuorumQueue {
         self.shard.send(ShardInput::SubmitMany(submissions));
     }
 
-    /// Makes this queue's shard fire the due messages of the delay store this queue holds.
-    pub(crate) fn fire_delayed_through(&self, fire: std::sync::mpsc::SyncSender<super::shard::delayed::DueDelayed>) {
-        let hook = super::shard::delayed::DelayedHook { queue: self.strong(), fire, firing: HashMap::new() };
+    /// Makes this queue's shard fire the due messages of the delay store this queue holds;
+    /// `held` counts what the store holds, as this node applied it.
+    pub(crate) fn fire_delayed_through(&self, fire: std::sync::mpsc::SyncSender<super::shard::delayed::DueDelayed>, held: Arc<AtomicU64>) {
+        let hook = super::shard::delayed::DelayedHook { queue: self.strong(), fire, firing: HashMap::new(), held };
         self.shard.send(ShardInput::Delayed(hook));
     }
 

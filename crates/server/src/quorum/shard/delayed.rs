@@ -12,6 +12,7 @@ use super::ShardWorker;
 use crate::quorum::queue::QuorumQueue;
 use bytes::Bytes;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 
@@ -36,6 +37,8 @@ pub(crate) struct DelayedHook {
     pub(crate) fire: SyncSender<DueDelayed>,
     /// Entries fired and not released yet, with when (ms since the epoch).
     pub(crate) firing: HashMap<u64, u64>,
+    /// How many messages the store holds, as this node last applied it (for the metrics).
+    pub(crate) held: Arc<AtomicU64>,
 }
 
 impl ShardWorker {
@@ -46,11 +49,15 @@ impl ShardWorker {
         let leading = self.node.is_leader();
         let hook = self.delayed.as_mut()?;
         let id = hook.queue.id();
-        // A restarted node replaying its log would fire what was released later in it.
-        if id == 0 || !self.node.caught_up() {
+        if id == 0 {
             return None;
         }
         let entries = self.node.machine().delayed(id)?;
+        hook.held.store(entries.len() as u64, Ordering::Relaxed);
+        // A restarted node replaying its log would fire what was released later in it.
+        if !self.node.caught_up() {
+            return None;
+        }
         let now_ms = crate::queue_runtime::now_ms();
         hook.firing.retain(|fired, at_ms| entries.contains(*fired) && now_ms < at_ms.saturating_add(REFIRE_AFTER_MS));
         let mut due: DueDelayed = Vec::new();
