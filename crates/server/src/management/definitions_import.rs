@@ -10,6 +10,7 @@ use super::{vhosts, ApiError};
 use crate::auth::{Permission, User};
 use crate::broker::Broker;
 use crate::policy::Policy;
+use crate::topic_permissions::TopicPermission;
 use crate::vhost_limits::{VhostLimit, VhostLimits};
 use amqp_codec::ShortStr;
 use broker_core::exchange::{Binding, Destination};
@@ -86,6 +87,7 @@ struct Plan {
     vhosts: Vec<NewVhost>,
     users: Vec<User>,
     permissions: Vec<Permission>,
+    topic_permissions: Vec<TopicPermission>,
     limits: Vec<(String, VhostLimits)>,
     policies: Vec<Policy>,
     exchanges: Vec<(String, ExchangeDeclaration)>,
@@ -166,8 +168,7 @@ impl<'a> Reader<'a> {
             self.read_permission(item);
         }
         for item in self.section("topic_permissions") {
-            let user = text(item, "user").ok().flatten().unwrap_or_default();
-            self.problems.add(format!("topic permission of user '{user}': topic permissions are not supported by Lepus yet"));
+            self.read_topic_permission(item);
         }
         for item in self.section("parameters") {
             self.read_parameter(item);
@@ -243,7 +244,7 @@ impl<'a> Reader<'a> {
         let what = || format!("permission of user '{user}'");
         let Some(vhost) = self.vhost_of(item, &what) else { return };
         let what = || format!("permission of user '{user}' in vhost '{vhost}'");
-        if self.broker.users.get(&user).is_none() && !self.plan.users.iter().any(|planned| planned.name == user) {
+        if !self.knows_user(&user) {
             self.problems.add(format!("{}: no such user", what()));
             return;
         }
@@ -254,6 +255,30 @@ impl<'a> Reader<'a> {
             Permission::new(&user, &vhost, &configure, &write, &read).map_err(|error| ApiError::bad_request(error.to_string()));
         if let Some(permission) = self.problems.check(&what, permission) {
             self.plan.permissions.push(permission);
+        }
+    }
+
+    fn knows_user(&self, user: &str) -> bool {
+        self.broker.users.get(user).is_some() || self.plan.users.iter().any(|planned| planned.name == user)
+    }
+
+    fn read_topic_permission(&mut self, item: &Value) {
+        let user = text(item, "user").ok().flatten().unwrap_or_default();
+        let exchange = text(item, "exchange").ok().flatten().unwrap_or_default();
+        let what = || format!("topic permission of user '{user}' on exchange '{exchange}'");
+        let Some(vhost) = self.vhost_of(item, &what) else { return };
+        let what = || format!("topic permission of user '{user}' on exchange '{exchange}' in vhost '{vhost}'");
+        if !self.knows_user(&user) {
+            self.problems.add(format!("{}: no such user", what()));
+            return;
+        }
+        let expression = |key: &str| text(item, key)?.ok_or_else(|| ApiError::bad_request(format!("lacks {key}")));
+        let expressions = (|| Ok::<_, ApiError>((expression("exchange")?, expression("write")?, expression("read")?)))();
+        let Some((exchange, write, read)) = self.problems.check(&what, expressions) else { return };
+        let permission =
+            TopicPermission::new(&user, &vhost, &exchange, &write, &read).map_err(|error| ApiError::bad_request(error.to_string()));
+        if let Some(permission) = self.problems.check(&what, permission) {
+            self.plan.topic_permissions.push(permission);
         }
     }
 
@@ -432,7 +457,7 @@ fn binding_of(item: &Value) -> Result<(ShortStr, Binding), ApiError> {
     Ok((source, binding))
 }
 
-/// Applies a checked file: vhosts, users and permissions, then limits and policies, exchanges,
+/// Applies a checked file: vhosts, users, permissions and topic permissions, then limits and policies, exchanges,
 /// queues and bindings, as RabbitMQ orders them. Only a failure to store (disk) can stop it now.
 fn apply(broker: &Broker, plan: Plan) -> Result<(), ApiError> {
     for vhost in plan.vhosts {
@@ -443,6 +468,9 @@ fn apply(broker: &Broker, plan: Plan) -> Result<(), ApiError> {
     }
     for permission in plan.permissions {
         broker.put_permission(permission)?;
+    }
+    for permission in plan.topic_permissions {
+        broker.put_topic_permission(permission)?;
     }
     broker.persist()?;
     for (vhost, limits) in plan.limits {
