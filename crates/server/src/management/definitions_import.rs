@@ -490,3 +490,54 @@ fn apply(broker: &Broker, plan: Plan) -> Result<(), ApiError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn broker(name: &str) -> std::sync::Arc<Broker> {
+        let data_dir = std::env::temp_dir().join(format!("lepus-import-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        let config = crate::config::ServerConfig { data_dir, ..crate::config::ServerConfig::default() };
+        Broker::open(config).expect("the broker opens")
+    }
+
+    fn entry(user: &str, vhost: &str, write: &str) -> Value {
+        json!({"user": user, "vhost": vhost, "exchange": "events", "write": write, "read": ".*"})
+    }
+
+    #[test]
+    fn topic_permissions_need_their_user_and_vhost_and_valid_expressions_before_anything_applies() {
+        let broker = broker("topic-refused");
+        let file = json!({
+            "users": [{"name": "ann", "password": "secret", "tags": ""}],
+            "topic_permissions": [entry("nobody", "/", ".*"), entry("ann", "nowhere", ".*"), entry("ann", "/", "(")],
+        });
+        let error = import(&broker, &file, None).expect_err("refused");
+        assert!(
+            error.problems.iter().any(|problem| problem.contains("user 'nobody'") && problem.contains("no such user")),
+            "{:?}",
+            error.problems
+        );
+        assert!(error.problems.iter().any(|problem| problem.contains("vhost 'nowhere'")), "{:?}", error.problems);
+        assert!(error.problems.iter().any(|problem| problem.contains("invalid regular expression '('")), "{:?}", error.problems);
+        assert!(broker.users.get("ann").is_none(), "nothing was applied");
+        assert!(broker.topic_permissions.list().is_empty());
+    }
+
+    #[test]
+    fn topic_permissions_import_when_the_file_creates_their_user_and_vhost() {
+        let broker = broker("topic-applied");
+        let file = json!({
+            "users": [{"name": "ann", "password": "secret", "tags": ""}],
+            "vhosts": [{"name": "prod"}],
+            "topic_permissions": [entry("ann", "prod", "^{username}\\."), entry("guest", "/", "")],
+        });
+        import(&broker, &file, None).expect("imported");
+        let entries = broker.topic_permissions.list();
+        let imported: Vec<(&str, &str, &str)> =
+            entries.iter().map(|entry| (entry.user.as_str(), entry.vhost.as_str(), entry.write.as_str())).collect();
+        assert_eq!(imported, [("guest", "/", ""), ("ann", "prod", "^{username}\\.")]);
+    }
+}
