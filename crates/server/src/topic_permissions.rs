@@ -228,6 +228,11 @@ impl TopicPermissions {
         entries
     }
 
+    /// How many entries there are.
+    pub fn len(&self) -> usize {
+        self.entries.read().len()
+    }
+
     /// The entries of `user` in `vhost`.
     pub fn of(&self, user: &str, vhost: &str) -> Vec<Arc<TopicPermission>> {
         self.entries.read().iter().filter(|entry| entry.user == user && entry.vhost == vhost).cloned().collect()

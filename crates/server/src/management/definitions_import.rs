@@ -10,7 +10,7 @@ use super::{vhosts, ApiError};
 use crate::auth::{Permission, User};
 use crate::broker::Broker;
 use crate::policy::Policy;
-use crate::topic_permissions::TopicPermission;
+use crate::topic_permissions::{TopicPermission, TOPIC_PERMISSIONS_MAX};
 use crate::vhost_limits::{VhostLimit, VhostLimits};
 use amqp_codec::ShortStr;
 use broker_core::exchange::{Binding, Destination};
@@ -277,6 +277,10 @@ impl<'a> Reader<'a> {
         let Some((exchange, write, read)) = self.problems.check(&what, expressions) else { return };
         let permission =
             TopicPermission::new(&user, &vhost, &exchange, &write, &read).map_err(|error| ApiError::bad_request(error.to_string()));
+        if self.broker.topic_permissions.len() + self.plan.topic_permissions.len() >= TOPIC_PERMISSIONS_MAX {
+            self.problems.add(format!("{}: more than {TOPIC_PERMISSIONS_MAX} topic permissions", what()));
+            return;
+        }
         if let Some(permission) = self.problems.check(&what, permission) {
             self.plan.topic_permissions.push(permission);
         }
