@@ -181,6 +181,12 @@ class RabbitmqctlAdmin:
     def set_permissions(self, user, configure, write, read, vhost="/"):
         self.run("set_permissions", "-p", vhost, user, configure, write, read)
 
+    def set_topic_permissions(self, user, exchange, write, read, vhost="/"):
+        self.run("set_topic_permissions", "-p", vhost, user, exchange, write, read)
+
+    def clear_topic_permissions(self, user, exchange=None, vhost="/"):
+        self.run("clear_topic_permissions", "-p", vhost, user, *([exchange] if exchange else []))
+
     def delete_user(self, name):
         self.run("delete_user", name)
 
@@ -202,7 +208,7 @@ class ManagementApiAdmin:
             path += "/api"
         self.api_url = "%s://%s:%d%s" % (parsed.scheme, parsed.hostname, parsed.port or 15672, path)
 
-    def request(self, method, path, body=None):
+    def request(self, method, path, body=None, missing_ok=False):
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.api_url + path, data=data, method=method,
                                          headers={"Authorization": self.authorization,
@@ -211,6 +217,8 @@ class ManagementApiAdmin:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return response.status
         except urllib.error.HTTPError as error:
+            if missing_ok and error.code == 404:
+                return error.code
             pytest.fail("%s %s -> %d %s" % (method, path, error.code, error.read()[:500]))
         except urllib.error.URLError as error:
             pytest.fail("management API at %s unreachable: %s" % (self.api_url, error))
@@ -221,6 +229,17 @@ class ManagementApiAdmin:
     def set_permissions(self, user, configure, write, read, vhost="/"):
         path = "/permissions/%s/%s" % (urllib.parse.quote(vhost, safe=""), urllib.parse.quote(user, safe=""))
         self.request("PUT", path, {"configure": configure, "write": write, "read": read})
+
+    def set_topic_permissions(self, user, exchange, write, read, vhost="/"):
+        path = "/topic-permissions/%s/%s" % (urllib.parse.quote(vhost, safe=""), urllib.parse.quote(user, safe=""))
+        self.request("PUT", path, {"exchange": exchange, "write": write, "read": read})
+
+    def clear_topic_permissions(self, user, exchange=None, vhost="/"):
+        path = "/topic-permissions/%s/%s" % (urllib.parse.quote(vhost, safe=""), urllib.parse.quote(user, safe=""))
+        if exchange:
+            path += "/" + urllib.parse.quote(exchange, safe="")
+        # 404 when the user has none left there; rabbitmqctl's clear succeeds then too.
+        self.request("DELETE", path, missing_ok=True)
 
     def delete_user(self, name):
         self.request("DELETE", "/users/%s" % urllib.parse.quote(name, safe=""))

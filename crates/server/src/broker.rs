@@ -80,6 +80,8 @@ pub struct Broker {
     pub users: Users,
     /// Users' permissions in vhosts.
     pub permissions: Permissions,
+    /// Users' topic permissions on exchanges (see `topic_permissions.rs`).
+    pub topic_permissions: crate::topic_permissions::TopicPermissions,
     /// Group commit.
     pub syncer: Syncer,
     /// Whether queue logs write through the node journal (see storage/src/journal.rs).
@@ -230,6 +232,7 @@ impl Broker {
             journaled,
             users: Users::default(),
             permissions: Permissions::default_for_guest(),
+            topic_permissions: crate::topic_permissions::TopicPermissions::default(),
             syncer: Syncer::start(config.sync_policy, journaled.then_some(journal)),
             login_throttle: Default::default(),
             vhosts: RwLock::new(BTreeMap::new()),
@@ -329,6 +332,7 @@ impl Broker {
             }
             self.permissions = Permissions::from_entries(entries);
         }
+        self.recover_topic_permissions(&definitions.topic_permissions);
         for record in &definitions.exchanges {
             let Some(vhost) = self.vhost(&record.vhost) else {
                 tracing::error!(vhost = %record.vhost, "a stored definition names a vhost that does not exist; skipped");
@@ -833,6 +837,7 @@ impl Broker {
             notify_cancelled(&consumers);
         }
         self.permissions.remove_vhost(name);
+        self.topic_permissions.remove_vhost(name);
         self.policies.write().retain(|policy| policy.vhost != name);
         self.operator_policies.write().retain(|policy| policy.vhost != name);
         self.await_definitions(ticket)?;
@@ -998,6 +1003,7 @@ impl Broker {
         let record = ControlPlaneRecord {
             users: Some(users),
             permissions: Some(permissions),
+            topic_permissions: self.topic_permissions.list().iter().map(|entry| entry.to_record()).collect(),
             vhosts: Some(vhosts),
             policies: self.policies().iter().map(|policy| policy.to_record()).collect(),
             operator_policies: self.operator_policies().iter().map(|policy| policy.to_record()).collect(),

@@ -9,6 +9,7 @@ mod client;
 mod cluster;
 mod diagnostics;
 mod listing;
+mod topic_permissions;
 
 use client::{Client, CtlError};
 use listing::Listing;
@@ -232,6 +233,39 @@ enum CtlCommand {
         /// Resources it may consume from and bind from.
         read: String,
     },
+    /// Sets a user's topic permission on an exchange in the vhost (-p): the routing keys it may
+    /// publish with (WRITE) and bind with (READ), as regular expressions.
+    #[command(name = "set_topic_permissions", alias = "set-topic-permissions")]
+    SetTopicPermissions {
+        /// Login name.
+        #[arg(id = "topic_user", value_name = "USER")]
+        user: String,
+        /// The topic exchange.
+        exchange: String,
+        /// Routing keys it may publish with; `{username}` and `{vhost}` are replaced.
+        write: String,
+        /// Binding keys it may bind with; `{username}` and `{vhost}` are replaced.
+        read: String,
+    },
+    /// Removes a user's topic permissions in the vhost (-p): on EXCHANGE, or on every exchange.
+    #[command(name = "clear_topic_permissions", alias = "clear-topic-permissions")]
+    ClearTopicPermissions {
+        /// Login name.
+        #[arg(id = "untopic_user", value_name = "USER")]
+        user: String,
+        /// The exchange (every exchange when omitted).
+        exchange: Option<String>,
+    },
+    /// Lists the topic permissions in the vhost (-p).
+    #[command(name = "list_topic_permissions", alias = "list-topic-permissions")]
+    ListTopicPermissions,
+    /// Lists a user's topic permissions in every vhost.
+    #[command(name = "list_user_topic_permissions", alias = "list-user-topic-permissions")]
+    ListUserTopicPermissions {
+        /// Login name.
+        #[arg(id = "listed_user", value_name = "USER")]
+        user: String,
+    },
     /// Adds a vhost (or changes its description); you get full permissions in it.
     #[command(name = "add_vhost", alias = "add-vhost")]
     AddVhost {
@@ -364,6 +398,12 @@ fn execute(arguments: &CtlArguments) -> Result<(), CtlError> {
             Ok(())
         }
         CtlCommand::DeleteQueue { name, if_unused, if_empty } => delete_queue(&client, arguments, name, *if_unused, *if_empty),
+        CtlCommand::SetTopicPermissions { user, exchange, write, read } => {
+            topic_permissions::set(&client, arguments, user, exchange, write, read)
+        }
+        CtlCommand::ClearTopicPermissions { user, exchange } => topic_permissions::clear(&client, arguments, user, exchange.as_deref()),
+        CtlCommand::ListTopicPermissions => topic_permissions::list(&client, arguments),
+        CtlCommand::ListUserTopicPermissions { user } => topic_permissions::list_of_user(&client, arguments, user),
         command => execute_definition_command(&client, arguments, command),
     }
 }

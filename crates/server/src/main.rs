@@ -27,6 +27,7 @@ mod shared;
 mod stream;
 mod stream_protocol;
 mod tls;
+mod topic_permissions;
 mod url_path;
 mod vhost_limits;
 

@@ -121,6 +121,9 @@ pub struct Definitions {
     /// Permissions of users in vhosts; `None` means the default (guest has all of `/`).
     #[serde(default)]
     pub permissions: Option<Vec<PermissionRecord>>,
+    /// Topic permissions of users on exchanges; absent from files written before they existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topic_permissions: Vec<TopicPermissionRecord>,
     /// Vhosts; `None` in a file written before vhosts were stored (or a fresh data directory),
     /// which means the default vhost `/` alone.
     #[serde(default)]
@@ -185,6 +188,7 @@ impl Default for Definitions {
             bindings: Vec::new(),
             users: None,
             permissions: None,
+            topic_permissions: Vec::new(),
             vhosts: None,
             policies: Vec::new(),
             operator_policies: Vec::new(),
@@ -215,6 +219,23 @@ pub struct PermissionRecord {
     /// Resources the user may publish to and bind queues to.
     pub write: String,
     /// Resources the user may consume from and bind from.
+    pub read: String,
+}
+
+/// What routing keys a user may publish with (write) and bind with (read) on one topic exchange
+/// of a vhost: RabbitMQ's topic permission, two regular expressions as given (`{username}` and
+/// `{vhost}` unexpanded).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopicPermissionRecord {
+    /// User name.
+    pub user: String,
+    /// Vhost name.
+    pub vhost: String,
+    /// Exchange name.
+    pub exchange: String,
+    /// Routing keys the user may publish with.
+    pub write: String,
+    /// Binding keys the user may bind (and unbind) with.
     pub read: String,
 }
 
@@ -699,6 +720,15 @@ mod tests {
                 write: ".*".to_string(),
                 read: ".*".to_string(),
             }]),
+            topic_permissions: ["/", "other"]
+                .map(|vhost| TopicPermissionRecord {
+                    user: "ann".to_string(),
+                    vhost: vhost.to_string(),
+                    exchange: "amq.topic".to_string(),
+                    write: "^{username}\\.".to_string(),
+                    read: String::new(),
+                })
+                .to_vec(),
             vhosts: Some(vec![vhost("/"), vhost("other")]),
             policies: Vec::new(),
             operator_policies: Vec::new(),
@@ -737,6 +767,8 @@ mod tests {
         assert_eq!(definitions.vhosts.as_ref().map(|vhosts| names(vhosts, |record| record.name.clone())), Some(vec!["/".to_string()]));
         assert_eq!(definitions.permissions.as_ref().map(Vec::len), Some(0), "the deleted vhost's permission stays");
         assert_eq!(definitions.users.as_ref().map(Vec::len), Some(1));
+        let topic_permissions = names(&definitions.topic_permissions, |record| format!("{}/{}", record.vhost, record.exchange));
+        assert_eq!(topic_permissions, ["//amq.topic"], "the deleted vhost's topic permission goes with it");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! destination, as the topology deletes them; deleting a vhost deletes what was in it.
 
 use crate::definitions::{
-    BindingRecord, Definitions, ExchangeRecord, PermissionRecord, PolicyRecord, QueueRecord, UserRecord, VhostRecord,
+    BindingRecord, Definitions, ExchangeRecord, PermissionRecord, PolicyRecord, QueueRecord, TopicPermissionRecord, UserRecord, VhostRecord,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,6 +21,9 @@ pub struct ControlPlaneRecord {
     pub users: Option<Vec<UserRecord>>,
     /// Permissions; `None` means the default (guest has all of `/`).
     pub permissions: Option<Vec<PermissionRecord>>,
+    /// Topic permissions (absent from files written before they existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topic_permissions: Vec<TopicPermissionRecord>,
     /// Vhosts; `None` means the default vhost `/` alone.
     pub vhosts: Option<Vec<VhostRecord>>,
     /// Policies.
@@ -108,6 +111,7 @@ impl DefinitionState {
             control_plane: ControlPlaneRecord {
                 users: definitions.users.clone(),
                 permissions: definitions.permissions.clone(),
+                topic_permissions: definitions.topic_permissions.clone(),
                 vhosts: definitions.vhosts.clone(),
                 policies: definitions.policies.clone(),
                 operator_policies: definitions.operator_policies.clone(),
@@ -136,6 +140,7 @@ impl DefinitionState {
             bindings: self.bindings.values().cloned().collect(),
             users: self.control_plane.users.clone(),
             permissions: self.control_plane.permissions.clone(),
+            topic_permissions: self.control_plane.topic_permissions.clone(),
             vhosts: self.control_plane.vhosts.clone(),
             policies: self.control_plane.policies.clone(),
             operator_policies: self.control_plane.operator_policies.clone(),
@@ -228,6 +233,7 @@ impl DefinitionState {
         if let Some(permissions) = control_plane.permissions.as_mut() {
             permissions.retain(|record| record.vhost != vhost);
         }
+        control_plane.topic_permissions.retain(|record| record.vhost != vhost);
         control_plane.policies.retain(|record| record.vhost != vhost);
         control_plane.operator_policies.retain(|record| record.vhost != vhost);
     }

@@ -15,13 +15,14 @@ use crate::metrics::counters::ChurnCounters;
 use crate::policy::Policy;
 use crate::queue_type::{capabilities, Queue};
 use crate::shared::ConsumerHandle;
+use crate::topic_permissions::{TopicPermission, TopicPermissions};
 use crate::vhost_limits::{VhostLimit, VhostLimits};
 use amqp_codec::ShortStr;
 use broker_core::exchange::{Binding, Destination};
 use broker_core::vhost::{ExchangeDeclaration, QueueDefinition, QueueType};
 use broker_core::AmqpError;
 use std::sync::Arc;
-use storage::definitions::{table_from_hex, table_to_hex, BindingRecord, Definitions, PermissionRecord, UserRecord};
+use storage::definitions::{table_from_hex, table_to_hex, BindingRecord, Definitions, PermissionRecord, TopicPermissionRecord, UserRecord};
 
 /// The exclusive owner a queue owned by a connection of another node has here: no connection
 /// id of this node is ever this, so every connection here gets 405 RESOURCE_LOCKED, as on
@@ -43,6 +44,7 @@ pub fn clustered_start(data_dir: &std::path::Path, recovered: Definitions) -> Re
         || !recovered.bindings.is_empty()
         || !recovered.policies.is_empty()
         || recovered.users.is_some()
+        || !recovered.topic_permissions.is_empty()
         || recovered.vhosts.is_some();
     if single_node_definitions {
         return Err(RecoveryError::Io {
@@ -114,6 +116,7 @@ impl Broker {
             return Ok(false);
         }
         self.permissions.delete_user(name);
+        self.topic_permissions.delete_user(name);
         self.persist()?;
         Ok(true)
     }
@@ -145,6 +148,45 @@ impl Broker {
         }
         self.persist()?;
         Ok(true)
+    }
+
+    /// Sets a user's topic permission on an exchange of a vhost.
+    pub fn put_topic_permission(&self, permission: TopicPermission) -> Result<(), AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            return cluster.propose(MetadataCommand::PutTopicPermission(permission.to_record())).map(drop);
+        }
+        self.topic_permissions.put(permission).map_err(|error| AmqpError::precondition(error.to_string()))?;
+        self.persist()
+    }
+
+    /// Clears a user's topic permissions in a vhost: on `exchange`, or on every exchange. Returns
+    /// whether there were any.
+    pub fn delete_topic_permissions(&self, user: &str, vhost: &str, exchange: Option<&str>) -> Result<bool, AmqpError> {
+        if let Some(cluster) = self.replicating() {
+            let command = MetadataCommand::DeleteTopicPermissions {
+                user: user.to_string(),
+                vhost: vhost.to_string(),
+                exchange: exchange.map(str::to_string),
+            };
+            return cluster.propose(command).map(Applied::flag);
+        }
+        if !self.topic_permissions.delete(user, vhost, exchange) {
+            return Ok(false);
+        }
+        self.persist()?;
+        Ok(true)
+    }
+
+    /// Topic permissions as stored; one that does not compile (written by hand) is skipped.
+    pub(super) fn recover_topic_permissions(&mut self, records: &[TopicPermissionRecord]) {
+        let mut entries = Vec::with_capacity(records.len());
+        for record in records {
+            match TopicPermission::from_record(record) {
+                Ok(permission) => entries.push(permission),
+                Err(error) => tracing::error!(%error, user = %record.user, "a stored topic permission does not compile; skipped"),
+            }
+        }
+        self.topic_permissions = TopicPermissions::from_entries(entries);
     }
 
     /// queue.declare of a new queue on a clustered node: proposed, then answered from this
@@ -289,6 +331,13 @@ impl Broker {
                 self.put_permission(permission).map(|()| Applied::Done)
             }
             MetadataCommand::DeletePermission { user, vhost } => self.delete_permission(&user, &vhost).map(flag),
+            MetadataCommand::PutTopicPermission(record) => {
+                let permission = TopicPermission::from_record(&record).map_err(|error| AmqpError::precondition(error.to_string()))?;
+                self.put_topic_permission(permission).map(|()| Applied::Done)
+            }
+            MetadataCommand::DeleteTopicPermissions { user, vhost, exchange } => {
+                self.delete_topic_permissions(&user, &vhost, exchange.as_deref()).map(flag)
+            }
             MetadataCommand::DeclareExchange(record) => {
                 let declaration = ExchangeDeclaration {
                     name: ShortStr::truncating(record.name),

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use storage::definitions::{BindingRecord, PermissionRecord, PolicyRecord, UserRecord};
+use storage::definitions::{BindingRecord, PermissionRecord, PolicyRecord, TopicPermissionRecord, UserRecord};
 
 /// One entry's data: who proposed it (to answer it) and what it changes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -141,6 +141,17 @@ pub enum MetadataCommand {
         user: String,
         /// Vhost.
         vhost: String,
+    },
+    /// Sets a user's topic permission on an exchange of a vhost.
+    PutTopicPermission(TopicPermissionRecord),
+    /// Clears a user's topic permissions in a vhost.
+    DeleteTopicPermissions {
+        /// User.
+        user: String,
+        /// Vhost.
+        vhost: String,
+        /// The exchange; `None`: every exchange.
+        exchange: Option<String>,
     },
     /// exchange.declare.
     DeclareExchange(ExchangeDeclarationRecord),

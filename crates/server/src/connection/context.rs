@@ -33,6 +33,8 @@ pub struct Context {
     pub exclusive_queues: Vec<ShortStr>,
     /// What the user may do in the vhost (set by connection.open).
     pub permission: Option<std::sync::Arc<crate::auth::Permission>>,
+    /// The user's topic permissions in the vhost, as of the table's last change.
+    topic_access: RefCell<crate::topic_permissions::TopicAccess>,
     /// The opened vhost's topology (set by connection.open).
     pub topology: Option<crate::broker::VhostTopology>,
     /// A basic.get waiting for its queue's page-in; the connection handles no other frame until
@@ -59,6 +61,7 @@ impl Context {
             frame_max,
             exclusive_queues: Vec::new(),
             permission: None,
+            topic_access: RefCell::default(),
             topology: None,
             waiting_get: None,
             read_at_ns: 0,
@@ -104,6 +107,21 @@ impl Context {
             Some(permission) => permission.check(access, kind, name),
             None => Err(broker_core::AmqpError::access_refused("no vhost opened")),
         }
+    }
+
+    /// 403 unless the user may use `key` for `kind` on `exchange`: RabbitMQ 3.10.8 checks topic
+    /// permissions on exchanges of type topic only, and lets every key pass without an entry.
+    pub fn check_topic(
+        &self,
+        exchange: &broker_core::exchange::Exchange,
+        kind: crate::topic_permissions::TopicAccessKind,
+        key: &[u8],
+    ) -> Result<(), broker_core::AmqpError> {
+        if exchange.kind != broker_core::exchange::ExchangeKind::Topic {
+            return Ok(());
+        }
+        let who = (self.user.as_str(), self.vhost.as_str());
+        self.topic_access.borrow_mut().check(&self.broker.topic_permissions, who, exchange.name.as_bytes(), kind, key)
     }
 
     /// The opened vhost's topology (channels exist only after connection.open).

@@ -248,7 +248,7 @@ pub fn rows(client: &Client, vhost: &str, listing: Listing, columns: &[String]) 
 }
 
 /// A JSON array laid out as rabbitmqctl lays it out: one object per line, commas leading.
-fn print_json(rows: &[Map<String, Value>]) {
+pub fn print_json(rows: &[Map<String, Value>]) {
     println!("[");
     for (index, row) in rows.iter().enumerate() {
         let separator = if index == 0 { "" } else { "," };

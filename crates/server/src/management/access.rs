@@ -136,9 +136,15 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 
 /// Routes with a `{vhost}` that administrators use on vhosts they need no permission in (creating
 /// and deleting the vhost, granting permissions in it, importing definitions into it, setting its
-/// limits).
-const VHOST_ADMINISTRATION_ROUTES: [&str; 4] =
-    ["/api/vhosts/{vhost}", "/api/permissions/{vhost}/{user}", "/api/definitions/{vhost}", "/api/vhost-limits/{vhost}/{name}"];
+/// limits, topic permissions).
+const VHOST_ADMINISTRATION_ROUTES: [&str; 6] = [
+    "/api/vhosts/{vhost}",
+    "/api/permissions/{vhost}/{user}",
+    "/api/topic-permissions/{vhost}/{user}",
+    "/api/topic-permissions/{vhost}/{user}/{exchange}",
+    "/api/definitions/{vhost}",
+    "/api/vhost-limits/{vhost}/{name}",
+];
 
 /// Checks, for every route with a `{vhost}` in its path, that the caller may see it (reads) or
 /// has a permission in it (changes), before the handler runs.

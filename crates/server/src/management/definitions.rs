@@ -115,7 +115,7 @@ pub async fn export_all(State(api): State<Api>, caller: Caller) -> Answer {
         "users": users,
         "vhosts": vhosts,
         "permissions": permission_list(&api, None),
-        "topic_permissions": [],
+        "topic_permissions": super::topic_permissions::topic_permission_list(&api),
         "parameters": limit_parameters(&api, None),
         "global_parameters": [],
         "policies": policies,

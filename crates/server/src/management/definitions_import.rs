@@ -10,6 +10,7 @@ use super::{vhosts, ApiError};
 use crate::auth::{Permission, User};
 use crate::broker::Broker;
 use crate::policy::Policy;
+use crate::topic_permissions::{TopicPermission, TOPIC_PERMISSIONS_MAX};
 use crate::vhost_limits::{VhostLimit, VhostLimits};
 use amqp_codec::ShortStr;
 use broker_core::exchange::{Binding, Destination};
@@ -86,6 +87,7 @@ struct Plan {
     vhosts: Vec<NewVhost>,
     users: Vec<User>,
     permissions: Vec<Permission>,
+    topic_permissions: Vec<TopicPermission>,
     limits: Vec<(String, VhostLimits)>,
     policies: Vec<Policy>,
     exchanges: Vec<(String, ExchangeDeclaration)>,
@@ -166,8 +168,7 @@ impl<'a> Reader<'a> {
             self.read_permission(item);
         }
         for item in self.section("topic_permissions") {
-            let user = text(item, "user").ok().flatten().unwrap_or_default();
-            self.problems.add(format!("topic permission of user '{user}': topic permissions are not supported by Lepus yet"));
+            self.read_topic_permission(item);
         }
         for item in self.section("parameters") {
             self.read_parameter(item);
@@ -243,7 +244,7 @@ impl<'a> Reader<'a> {
         let what = || format!("permission of user '{user}'");
         let Some(vhost) = self.vhost_of(item, &what) else { return };
         let what = || format!("permission of user '{user}' in vhost '{vhost}'");
-        if self.broker.users.get(&user).is_none() && !self.plan.users.iter().any(|planned| planned.name == user) {
+        if !self.knows_user(&user) {
             self.problems.add(format!("{}: no such user", what()));
             return;
         }
@@ -254,6 +255,34 @@ impl<'a> Reader<'a> {
             Permission::new(&user, &vhost, &configure, &write, &read).map_err(|error| ApiError::bad_request(error.to_string()));
         if let Some(permission) = self.problems.check(&what, permission) {
             self.plan.permissions.push(permission);
+        }
+    }
+
+    fn knows_user(&self, user: &str) -> bool {
+        self.broker.users.get(user).is_some() || self.plan.users.iter().any(|planned| planned.name == user)
+    }
+
+    fn read_topic_permission(&mut self, item: &Value) {
+        let user = text(item, "user").ok().flatten().unwrap_or_default();
+        let exchange = text(item, "exchange").ok().flatten().unwrap_or_default();
+        let what = || format!("topic permission of user '{user}' on exchange '{exchange}'");
+        let Some(vhost) = self.vhost_of(item, &what) else { return };
+        let what = || format!("topic permission of user '{user}' on exchange '{exchange}' in vhost '{vhost}'");
+        if !self.knows_user(&user) {
+            self.problems.add(format!("{}: no such user", what()));
+            return;
+        }
+        let expression = |key: &str| text(item, key)?.ok_or_else(|| ApiError::bad_request(format!("lacks {key}")));
+        let expressions = (|| Ok::<_, ApiError>((expression("exchange")?, expression("write")?, expression("read")?)))();
+        let Some((exchange, write, read)) = self.problems.check(&what, expressions) else { return };
+        let permission =
+            TopicPermission::new(&user, &vhost, &exchange, &write, &read).map_err(|error| ApiError::bad_request(error.to_string()));
+        if self.broker.topic_permissions.len() + self.plan.topic_permissions.len() >= TOPIC_PERMISSIONS_MAX {
+            self.problems.add(format!("{}: more than {TOPIC_PERMISSIONS_MAX} topic permissions", what()));
+            return;
+        }
+        if let Some(permission) = self.problems.check(&what, permission) {
+            self.plan.topic_permissions.push(permission);
         }
     }
 
@@ -432,7 +461,7 @@ fn binding_of(item: &Value) -> Result<(ShortStr, Binding), ApiError> {
     Ok((source, binding))
 }
 
-/// Applies a checked file: vhosts, users and permissions, then limits and policies, exchanges,
+/// Applies a checked file: vhosts, users, permissions and topic permissions, then limits and policies, exchanges,
 /// queues and bindings, as RabbitMQ orders them. Only a failure to store (disk) can stop it now.
 fn apply(broker: &Broker, plan: Plan) -> Result<(), ApiError> {
     for vhost in plan.vhosts {
@@ -443,6 +472,9 @@ fn apply(broker: &Broker, plan: Plan) -> Result<(), ApiError> {
     }
     for permission in plan.permissions {
         broker.put_permission(permission)?;
+    }
+    for permission in plan.topic_permissions {
+        broker.put_topic_permission(permission)?;
     }
     broker.persist()?;
     for (vhost, limits) in plan.limits {
@@ -461,4 +493,55 @@ fn apply(broker: &Broker, plan: Plan) -> Result<(), ApiError> {
         broker.bind(&vhost, &source, binding)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn broker(name: &str) -> std::sync::Arc<Broker> {
+        let data_dir = std::env::temp_dir().join(format!("lepus-import-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        let config = crate::config::ServerConfig { data_dir, ..crate::config::ServerConfig::default() };
+        Broker::open(config).expect("the broker opens")
+    }
+
+    fn entry(user: &str, vhost: &str, write: &str) -> Value {
+        json!({"user": user, "vhost": vhost, "exchange": "events", "write": write, "read": ".*"})
+    }
+
+    #[test]
+    fn topic_permissions_need_their_user_and_vhost_and_valid_expressions_before_anything_applies() {
+        let broker = broker("topic-refused");
+        let file = json!({
+            "users": [{"name": "ann", "password": "secret", "tags": ""}],
+            "topic_permissions": [entry("nobody", "/", ".*"), entry("ann", "nowhere", ".*"), entry("ann", "/", "(")],
+        });
+        let error = import(&broker, &file, None).expect_err("refused");
+        assert!(
+            error.problems.iter().any(|problem| problem.contains("user 'nobody'") && problem.contains("no such user")),
+            "{:?}",
+            error.problems
+        );
+        assert!(error.problems.iter().any(|problem| problem.contains("vhost 'nowhere'")), "{:?}", error.problems);
+        assert!(error.problems.iter().any(|problem| problem.contains("invalid regular expression '('")), "{:?}", error.problems);
+        assert!(broker.users.get("ann").is_none(), "nothing was applied");
+        assert!(broker.topic_permissions.list().is_empty());
+    }
+
+    #[test]
+    fn topic_permissions_import_when_the_file_creates_their_user_and_vhost() {
+        let broker = broker("topic-applied");
+        let file = json!({
+            "users": [{"name": "ann", "password": "secret", "tags": ""}],
+            "vhosts": [{"name": "prod"}],
+            "topic_permissions": [entry("ann", "prod", "^{username}\\."), entry("guest", "/", "")],
+        });
+        import(&broker, &file, None).expect("imported");
+        let entries = broker.topic_permissions.list();
+        let imported: Vec<(&str, &str, &str)> =
+            entries.iter().map(|entry| (entry.user.as_str(), entry.vhost.as_str(), entry.write.as_str())).collect();
+        assert_eq!(imported, [("guest", "/", ""), ("ann", "prod", "^{username}\\.")]);
+    }
 }

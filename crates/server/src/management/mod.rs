@@ -17,6 +17,7 @@ mod overview;
 mod rates;
 mod router;
 mod routes;
+mod topic_permissions;
 mod vhosts;
 
 use crate::broker::Broker;

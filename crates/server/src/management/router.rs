@@ -11,7 +11,7 @@ use super::routes::{
     user_permissions, users, vhost_bindings, vhost_channels, vhost_connections, vhost_consumers, vhost_exchanges, vhost_permissions,
     vhost_queues, whoami,
 };
-use super::{definitions, vhosts, Api};
+use super::{definitions, topic_permissions, vhosts, Api};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
@@ -35,6 +35,21 @@ pub(super) fn router() -> Router<Api> {
         .route("/api/users/{user}/permissions", get(user_permissions))
         .route("/api/permissions/{vhost}/{user}", get(permission).put(put_permission).delete(delete_permission))
         .route("/api/permissions", get(permissions))
+        .route("/api/topic-permissions", get(topic_permissions::topic_permissions))
+        .route("/api/vhosts/{vhost}/topic-permissions", get(topic_permissions::vhost_topic_permissions))
+        .route("/api/users/{user}/topic-permissions", get(topic_permissions::user_topic_permissions))
+        .route(
+            "/api/topic-permissions/{vhost}/{user}",
+            get(topic_permissions::topic_permission)
+                .put(topic_permissions::put_topic_permission)
+                .delete(topic_permissions::delete_topic_permission),
+        )
+        .route(
+            "/api/topic-permissions/{vhost}/{user}/{exchange}",
+            get(topic_permissions::topic_permission)
+                .put(topic_permissions::put_topic_permission)
+                .delete(topic_permissions::delete_topic_permission),
+        )
         .route("/api/vhosts", get(vhosts::vhosts))
         .route("/api/vhosts/{vhost}", get(vhosts::vhost).put(vhosts::put_vhost).delete(vhosts::delete_vhost))
         .route("/api/policies", get(vhosts::policies))

@@ -4,6 +4,7 @@ use super::{Channel, Context, Publish, Routed, PENDING_CONFIRMS_MAX, TRANSACTION
 use crate::metrics::counters::bump_single_writer;
 use crate::queue_type::{ConfirmSink, ConfirmTicket, ConfirmTickets, PendingConfirm, PublishOutcome, Queue};
 use crate::shared::{ChannelShared, Outbound};
+use crate::topic_permissions::TopicAccessKind;
 use amqp_codec::{constants, encode_method_frame, BasicAck, BasicNack, ContentHeader, Method, ShortStr};
 use broker_core::vhost::{DelayedRoute, Vhost};
 use broker_core::{AmqpError, Message};
@@ -128,6 +129,7 @@ impl Channel {
                 ))
                 .during(60, 40));
             }
+            context.check_topic(exchange, TopicAccessKind::Write, message.routing_key.as_bytes()).map_err(|error| error.during(60, 40))?;
             // Outside a transaction the message is routed under the same read lock as the checks.
             if self.transaction.is_none() {
                 if exchange.deduplication.is_some() {
