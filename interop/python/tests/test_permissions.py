@@ -192,6 +192,48 @@ def test_publish_needs_write_on_the_exchange(connection, admin_channel, cleanup,
     assert queue_message_count(connection, queue) == 0, "the refused message was not routed"
 
 
+def test_publish_to_a_missing_exchange_without_write_is_refused_before_it_is_looked_up(user, user_connection):
+    # RabbitMQ checks the write permission before the exchange exists: 403, not 404.
+    exchange = user.resource("cr", "missing-x")
+
+    def publish(channel):
+        channel.basic_publish(exchange, "", b"refused")
+        channel.basic_qos(prefetch_count=1)  # the 403 arrives as channel.close before this answer
+
+    assert_refused(user_connection, publish, user.refusal("exchange", exchange))
+
+
+def closed_by(connection, publish):
+    channel = connection.channel()
+    with pytest.raises(ChannelClosedByBroker) as closed:
+        publish(channel)
+        channel.basic_qos(prefetch_count=1)
+    return closed.value.reply_code, closed.value.reply_text
+
+
+def test_the_exchange_is_checked_before_the_messages_own_properties(connection, cleanup):
+    """RabbitMQ 3.10.8's basic.publish checks, in order: write permission, the exchange exists, not
+    internal, topic permission; then the message's reply-to, user-id, expiration and delivery
+    mode. A message breaking a rule of each kind gets the exchange's answer."""
+    import pika
+    missing = unique("no-such-x")
+    bad = pika.BasicProperties(user_id="someone-else", expiration="soon", delivery_mode=3)
+    code, text = closed_by(connection, lambda channel: channel.basic_publish(missing, "k", b"m", bad))
+    assert (code, text) == (404, "NOT_FOUND - no exchange '%s' in vhost '/'" % missing)
+    internal = cleanup.exchange(unique("internal-x"))
+    connection.channel().exchange_declare(internal, "fanout", internal=True)
+    code, text = closed_by(connection, lambda channel: channel.basic_publish(internal, "k", b"m", bad))
+    assert (code, text) == (403, "ACCESS_REFUSED - cannot publish to internal exchange '%s' in vhost '/'" % internal)
+    # Among the properties: user-id before expiration before the delivery mode.
+    code, text = closed_by(connection, lambda channel: channel.basic_publish("", "k", b"m", bad))
+    assert code == 406 and text.startswith("PRECONDITION_FAILED - user_id property set to 'someone-else'"), text
+    no_user = pika.BasicProperties(expiration="soon", delivery_mode=3)
+    code, text = closed_by(connection, lambda channel: channel.basic_publish("", "k", b"m", no_user))
+    assert (code, text) == (406, "PRECONDITION_FAILED - invalid expiration 'soon': no_integer")
+    code, text = closed_by(connection, lambda channel: channel.basic_publish("", "k", b"m", pika.BasicProperties(delivery_mode=3)))
+    assert (code, text) == (406, "PRECONDITION_FAILED - invalid message: {delivery_mode_unknown,3}")
+
+
 def test_publish_to_the_default_exchange_needs_write_on_amq_default(admin_channel, cleanup, user, user_connection):
     queue = declare_queue(admin_channel, cleanup, user, "cwr")
 
