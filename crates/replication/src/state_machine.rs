@@ -345,12 +345,12 @@ impl QueueStateMachine {
             QueueCommand::CancelConsumer { consumer } => return self.cancel_consumer(context, queue, consumer, outcomes),
             QueueCommand::Get { no_ack } => return self.get(context, queue, no_ack, outcomes),
             QueueCommand::Enqueue { persistent, own_ttl_ms, body, deduplication } => {
-                if self.queues.get(&queue).is_some_and(ReplicatedQueue::refuses_publishes) {
-                    return CommandResult::Core(Reply::Rejected);
-                }
                 let enqueue = Command::Enqueue { message: Body(body), persistent, own_ttl_ms };
                 if let Some(key) = deduplication {
                     return self.enqueue_deduplicated(context, queue, enqueue, key, outcomes);
+                }
+                if self.queues.get(&queue).is_some_and(ReplicatedQueue::refuses_publishes) {
+                    return CommandResult::Core(Reply::Rejected);
                 }
                 enqueue
             }
@@ -389,7 +389,9 @@ impl QueueStateMachine {
             QueueCommand::ReleaseDelayed { id } => {
                 return match self.queues.get_mut(&queue) {
                     Some(replicated) => {
-                        replicated.delayed.as_mut().map(|delayed| delayed.release(id));
+                        if let Some(delayed) = replicated.delayed.as_mut() {
+                            delayed.release(id);
+                        }
                         CommandResult::Core(Reply::Ok)
                     }
                     None => CommandResult::NoSuchQueue,
@@ -430,7 +432,8 @@ impl QueueStateMachine {
     }
 
     /// Enqueues a keyed message unless the queue's cache holds its key; records the key once the
-    /// message is in (a message the queue did not take leaves no key, as on classic queues).
+    /// message is in (a message the queue did not take leaves no key). A duplicate is answered
+    /// before reject-publish looks at the queue, as on classic queues (confirmed, not nacked).
     fn enqueue_deduplicated(
         &mut self,
         context: Context,
@@ -442,13 +445,17 @@ impl QueueStateMachine {
         let Some(replicated) = self.queues.get_mut(&queue) else {
             return CommandResult::NoSuchQueue;
         };
-        let cache = replicated.deduplication.get_or_insert_with(Box::default);
-        if cache.is_duplicate(&key.key, context.now_ms) {
+        if replicated.deduplication.get_or_insert_with(Box::default).is_duplicate(&key.key, context.now_ms) {
             return CommandResult::DuplicateMessage;
         }
+        if replicated.refuses_publishes() {
+            return CommandResult::Core(Reply::Rejected);
+        }
         let reply = self.run(context, queue, enqueue, outcomes);
-        if let (Some(Reply::Ok), Some(replicated)) = (&reply, self.queues.get_mut(&queue)) {
-            replicated.deduplication.get_or_insert_with(Box::default).record(&key, context.now_ms);
+        if let (Some(Reply::Ok), Some(cache)) =
+            (&reply, self.queues.get_mut(&queue).and_then(|replicated| replicated.deduplication.as_mut()))
+        {
+            cache.record(&key, context.now_ms);
         }
         match reply {
             Some(reply) => CommandResult::Core(reply),

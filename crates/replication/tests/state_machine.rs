@@ -464,3 +464,16 @@ fn held_delayed_messages_are_the_same_on_every_replica_and_through_a_snapshot_un
     }
     assert_eq!(machine.encode_image(), restored.encode_image());
 }
+
+#[test]
+fn a_duplicate_to_a_full_reject_publish_queue_is_confirmed_not_refused() {
+    let limits = queue_core::Limits { max_length: Some(1), overflow: queue_core::Overflow::RejectPublish, ..queue_core::Limits::NONE };
+    let full = QueueCommand::Declare { name: Bytes::new(), incarnation: 0, limits, single_active_consumer: false };
+    // RabbitMQ's quorum rule: over the limit only once it holds more than one, so "a" and "b" get in.
+    let batches =
+        vec![batch(1_000, vec![full, keyed("a1", "a", None), keyed("b1", "b", None), keyed("c1", "c", None), keyed("a2", "a", None)])];
+    let (_, outcomes) = replay(&batches);
+    let committed = results(&outcomes);
+    assert_eq!(committed[3], CommandResult::Core(queue_core::Reply::Rejected), "{committed:?}");
+    assert_eq!(committed[4], CommandResult::DuplicateMessage, "a duplicate is answered before the limit: {committed:?}");
+}

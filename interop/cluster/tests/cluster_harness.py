@@ -157,6 +157,22 @@ class Cluster:
             self.proxy.close()
 
 
+def get_all(node, queue):
+    """Every message `queue` has ready, taken with basic.get (auto-ack) through `node`, in order:
+    (properties, body) pairs."""
+    import pika
+    connection = pika.BlockingConnection(pika.URLParameters(node.url()))
+    channel = connection.channel()
+    got = []
+    while True:
+        method, properties, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            break
+        got.append((properties, body))
+    connection.close()
+    return got
+
+
 def eventually(check, timeout=15, what="condition"):
     deadline = time.time() + timeout
     last = None

@@ -9,7 +9,7 @@ import time
 
 import pika
 
-from cluster_harness import eventually
+from cluster_harness import eventually, get_all
 
 DELAYED = {"x-delayed-type": "direct"}
 
@@ -62,15 +62,9 @@ def test_delayed_messages_survive_the_death_of_the_node_that_took_them(cluster):
     first.wait_listening()
     cluster.wait_formed()
     time.sleep(2.0)
-    connection, channel = channel_on(first)
-    got = []
-    while True:
-        method, properties, body = channel.basic_get("delayed.quorum", auto_ack=True)
-        if method is None:
-            break
-        got.append(body.decode())
-        assert properties.headers["x-delay"] == -2000
-    connection.close()
+    messages = get_all(first, "delayed.quorum")
+    assert all(properties.headers["x-delay"] == -2000 for properties, _ in messages)
+    got = [body.decode() for _, body in messages]
     assert sorted(got) == sorted(bodies), "each delayed message routed once, none lost"
     for node in cluster.nodes:
         eventually(lambda node=node: held(node) == 0, what=f"the store released on {node.name}")

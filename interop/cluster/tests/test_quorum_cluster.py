@@ -13,7 +13,7 @@ import time
 import pika
 import pytest
 
-from cluster_harness import eventually
+from cluster_harness import eventually, get_all
 from history import History, check, publish_until, read
 
 QUORUM = {"x-queue-type": "quorum"}
@@ -363,15 +363,7 @@ def test_a_node_restarted_with_damaged_quorum_shard_logs_is_repaired_and_loses_n
     # Now the repaired node is one of the two that remain: what it holds is what was committed.
     leader.kill(signal.SIGKILL)
     leader_of(cluster, "quorum.damaged", among=[node for node in cluster.nodes if node is not leader])
-    connection = pika.BlockingConnection(pika.URLParameters(follower.url()))
-    channel = connection.channel()
-    bodies = []
-    while True:
-        method, _, body = channel.basic_get("quorum.damaged", auto_ack=True)
-        if method is None:
-            break
-        bodies.append(body.decode())
-    connection.close()
+    bodies = [body.decode() for _, body in get_all(follower, "quorum.damaged")]
     expected = [f"before:{index}" for index in range(200)] + [f"while-down:{index}" for index in range(20)]
     assert bodies == expected, f"{len(bodies)} drained; first differences: {[b for b in expected if b not in bodies][:5]}"
     leader.start()
@@ -415,13 +407,5 @@ def test_a_quorum_queues_deduplication_cache_is_replicated_through_two_leader_lo
     third_leader = leader_of(cluster, name, among=survivors)
     assert third_leader is not second_leader
     publish_keyed(first_leader, name, news + keys + ["last"])
-    connection = pika.BlockingConnection(pika.URLParameters(first_leader.url()))
-    channel = connection.channel()
-    bodies = []
-    while True:
-        method, _, body = channel.basic_get(name, auto_ack=True)
-        if method is None:
-            break
-        bodies.append(body.decode())
-    connection.close()
+    bodies = [body.decode() for _, body in get_all(first_leader, name)]
     assert bodies == keys + news + ["last"], f"leaders {first_leader.name}, {second_leader.name}, {third_leader.name}"

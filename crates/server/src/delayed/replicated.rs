@@ -10,7 +10,6 @@
 //! `replication::command::DELAYED_BYTES_MAX` (a publish past it is nacked); a single node keeps
 //! its pending messages on disk with no bound but the disk.
 
-use super::envelope;
 use crate::broker::Broker;
 use crate::queue_runtime::ExpiryClock;
 use crate::queue_type::ConfirmTickets;
@@ -84,27 +83,12 @@ fn fire(broker: &Broker, due: DueDelayed) {
                 continue;
             }
         };
-        match envelope::unwrap(broker_core::Message::clone(&stored)) {
-            Some((envelope, message)) => {
-                let lateness_ms = crate::queue_runtime::now_ms().saturating_sub(envelope.due_ms);
-                broker.delayed.lateness.record(lateness_ms);
-                declared &= broker.delayed.route(broker, &envelope, message, &mut queues, &mut tickets);
-            }
+        match broker.delayed.route_stored(broker, broker_core::Message::clone(&stored), &mut queues, &mut tickets) {
+            Some(safe) => declared &= safe,
             None => tracing::error!(id, "a held delayed message has no delay envelope; released"),
         }
     }
     let queue = store.queue.clone();
-    let release = move |durable: bool| {
-        if !durable || !declared {
-            // Fired again after REFIRE_AFTER_MS: a duplicate at worst.
-            tracing::warn!(count = ids.len(), "delayed messages were not made durable in their queues; kept in the store");
-            return;
-        }
-        queue.release_delayed(&ids);
-    };
-    if tickets.is_empty() {
-        release(true);
-    } else {
-        tickets.when_settled(&broker.syncer, Box::new(release));
-    }
+    let count = ids.len();
+    super::timer::release_when_safe(broker, tickets, declared, count, move || queue.release_delayed(&ids));
 }

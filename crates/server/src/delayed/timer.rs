@@ -99,28 +99,32 @@ impl DelayedMessages {
                 }
             };
             positions.push(position);
-            self.lateness.record(crate::queue_runtime::now_ms().saturating_sub(due.due_ms));
-            match envelope::unwrap(stored) {
-                Some((envelope, message)) => declared &= self.route(broker, &envelope, message, &mut queues, &mut tickets),
+            match self.route_stored(broker, stored, &mut queues, &mut tickets) {
+                Some(safe) => declared &= safe,
                 None => tracing::error!(position, "a delay-store record is not a delayed message; dropped"),
             }
         }
         let log = self.log.clone();
-        let settle = move |durable: bool| {
-            if !durable || !declared {
-                tracing::warn!(count = positions.len(), "delayed messages were not made durable in their queues; kept in the store");
-                return;
-            }
+        release_when_safe(broker, tickets, declared, positions.len(), move || {
             let mut log = log.lock();
             for position in positions {
                 log.append_settled(position);
             }
-        };
-        if tickets.is_empty() {
-            settle(true);
-        } else {
-            tickets.when_settled(&broker.syncer, Box::new(settle));
-        }
+        });
+    }
+
+    /// Routes one due message as stored (its delay envelope around it), counting how late it is;
+    /// `None` when it has no envelope, else what [`DelayedMessages::route`] says.
+    pub(super) fn route_stored(
+        &self,
+        broker: &Broker,
+        stored: Message,
+        queues: &mut Vec<Queue>,
+        tickets: &mut ConfirmTickets,
+    ) -> Option<bool> {
+        let (envelope, message) = envelope::unwrap(stored)?;
+        self.lateness.record(crate::queue_runtime::now_ms().saturating_sub(envelope.due_ms));
+        Some(self.route(broker, &envelope, message, queues, tickets))
     }
 
     /// Routes one due message from its delayed exchange with `x-delay` negated (none if its vhost
@@ -163,6 +167,30 @@ impl DelayedMessages {
             tickets.add(self.delay(&envelope.vhost, &route, &message, durable));
         }
         !message.is_persistent() || broker.await_declared(queues)
+    }
+}
+
+/// Runs `release` (the due messages leave their store) once `tickets` are settled, if every queue
+/// they reached holds them safely (`declared`: see [`DelayedMessages::route`]); otherwise they
+/// stay in the store, to be routed again (a duplicate at worst).
+pub(super) fn release_when_safe(
+    broker: &Broker,
+    tickets: ConfirmTickets,
+    declared: bool,
+    count: usize,
+    release: impl FnOnce() + Send + 'static,
+) {
+    let settle = move |durable: bool| {
+        if !durable || !declared {
+            tracing::warn!(count, "delayed messages were not made durable in their queues; kept in the store");
+            return;
+        }
+        release();
+    };
+    if tickets.is_empty() {
+        settle(true);
+    } else {
+        tickets.when_settled(&broker.syncer, Box::new(settle));
     }
 }
 
