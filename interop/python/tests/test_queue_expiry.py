@@ -59,6 +59,10 @@ def exists(name):
     except urllib.error.HTTPError as error:
         if error.code == 404:
             return False
+        if error.code == 500:
+            # RabbitMQ 3.10.8 answers 500 for a quorum queue caught while x-expires deletes it
+            # (seen once in CI): no answer yet, asked again.
+            return None
         raise
 
 
@@ -73,10 +77,10 @@ def declare(channel, name, kind, arguments=None):
 def wait_gone(name, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not exists(name):
+        if exists(name) is False:
             return True
         time.sleep(0.05)
-    return not exists(name)
+    return exists(name) is False
 
 
 KINDS = ["transient", "durable", "quorum"]
