@@ -7,7 +7,8 @@
 #   rabbitmq_stop              a graceful stop (rabbitmqctl stop), waits for it
 #   rabbitmq_kill              kill -9 of the VM (a crash)
 # Environment: RABBITMQ_DESCRIPTORS (the node's `ulimit -n`, soft and hard; unchanged when empty),
-#              RABBITMQ_PLUGINS (enabled plugins, an Erlang list; default none: "[]").
+#              RABBITMQ_PLUGINS (enabled plugins, an Erlang list; default none: "[]"),
+#              RABBITMQ_CONF_EXTRA (lines appended to its rabbitmq.conf, e.g. the stream listener).
 
 rabbitmq_free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -22,6 +23,7 @@ rabbitmq_start() {
   cat >"$base/rabbitmq.conf" <<CONF
 listeners.tcp.default = $RABBITMQ_AMQP_PORT
 loopback_users = none
+${RABBITMQ_CONF_EXTRA:-}
 CONF
   if id rabbitmq >/dev/null 2>&1; then chown -R rabbitmq:rabbitmq "$base"; fi
   (

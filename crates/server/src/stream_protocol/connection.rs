@@ -7,14 +7,16 @@
 //! at [`UNCONFIRMED_MAX`] unconfirmed messages the task stops reading the socket until confirms
 //! come back (RabbitMQ's credit-based blocking), which bounds the confirm channel too.
 
+use super::delivery::FileSpan;
 use super::session::{Flow, Phase, Session, UNCONFIRMED_MAX};
 use super::Node;
 use bytes::BytesMut;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stream_codec::{split_frame, ClientCommand, ServerCommand};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 
@@ -53,7 +55,7 @@ pub async fn serve(node: Arc<Node>, socket: TcpStream, peer: SocketAddr) {
             buffer.clear();
         }
         let more = session.deliver(OUTBOX_BYTES_TARGET);
-        if !session.outbox.is_empty() {
+        if !session.outbox.is_empty() || !session.file_spans.is_empty() {
             if flush(&mut session, &mut writer).await.is_err() {
                 return;
             }
@@ -118,9 +120,46 @@ fn take_frames(session: &mut Session, buffer: &mut BytesMut) -> Result<Flow, ()>
     Ok(Flow::Continue)
 }
 
+/// Writes the outbox, with each file span's data sent from its file at its place.
 async fn flush(session: &mut Session, writer: &mut OwnedWriteHalf) -> std::io::Result<()> {
-    writer.write_all(&session.outbox).await?;
+    let mut written = 0;
+    for span in std::mem::take(&mut session.file_spans) {
+        writer.write_all(&session.outbox[written..span.outbox_at]).await?;
+        written = span.outbox_at;
+        send_file(writer, &span).await?;
+    }
+    writer.write_all(&session.outbox[written..]).await?;
     session.outbox.clear();
+    session.file_span_bytes = 0;
+    Ok(())
+}
+
+/// Sends a span of a segment file to the socket with `sendfile`: the kernel moves the page
+/// cache's pages to the socket and the broker never copies them. A file shorter than the span
+/// (it cannot be: chunks are read committed) ends the connection, whose framing would be lost.
+async fn send_file(writer: &OwnedWriteHalf, span: &FileSpan) -> std::io::Result<()> {
+    let socket = writer.as_ref();
+    let file_fd = span.file.raw_fd().ok_or_else(|| std::io::Error::other("a file span without a descriptor"))?;
+    let mut offset = libc::off_t::try_from(span.position).map_err(std::io::Error::other)?;
+    let mut left = span.bytes;
+    while left > 0 {
+        socket.writable().await?;
+        // A page-cache miss makes sendfile wait for the disk: off the async worker, as reads are.
+        let sent = socket.try_io(Interest::WRITABLE, || {
+            tokio::task::block_in_place(|| {
+                // SAFETY: both descriptors are open (the socket is borrowed, the file held by the
+                // span's Arc) and `offset` is a valid pointer for the call.
+                let sent = unsafe { libc::sendfile(socket.as_raw_fd(), file_fd, &mut offset, left) };
+                usize::try_from(sent).map_err(|_| std::io::Error::last_os_error())
+            })
+        });
+        match sent {
+            Ok(0) => return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "segment file shorter than its chunk")),
+            Ok(count) => left -= count.min(left),
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(error) => return Err(error),
+        }
+    }
     Ok(())
 }
 

@@ -10,7 +10,7 @@
 //! ignoring everything else, as RabbitMQ does.
 
 use super::commands::{Confirmed, Publisher};
-use super::delivery::Subscription;
+use super::delivery::{FileSpan, Subscription};
 use super::Node;
 use crate::auth::{Access, LoginError};
 use crate::metrics::counters::PendingStreamCounts;
@@ -68,6 +68,10 @@ pub struct Session {
     pub(super) subscriptions: HashMap<u8, Subscription>,
     /// Frames to send.
     pub outbox: BytesMut,
+    /// Chunk data to send from segment files, in outbox order (see [`FileSpan`]).
+    pub file_spans: Vec<FileSpan>,
+    /// The bytes of `file_spans`, counted against the delivery budget with the outbox.
+    pub file_span_bytes: usize,
     /// Woken when a stream this connection reads commits chunks.
     pub wake: Arc<Notify>,
     /// Where the group commit sends confirms back.
@@ -107,6 +111,8 @@ impl Session {
             publishers: HashMap::new(),
             subscriptions: HashMap::new(),
             outbox: BytesMut::with_capacity(64 * 1024),
+            file_spans: Vec::new(),
+            file_span_bytes: 0,
             wake: Arc::new(Notify::new()),
             confirms,
             unconfirmed: 0,

@@ -188,6 +188,45 @@ class StreamTest {
     assertEquals(offsets(0, count), received.offsets);
   }
 
+  /** A 4 KiB body that says which message it is. */
+  private static String big(int index) {
+    String head = "big-" + index + "-";
+    return head + String.valueOf((char) ('a' + index % 26)).repeat(4096 - head.length());
+  }
+
+  /**
+   * Large chunks (the producer's batches of 100 messages of 4 KiB: about 400 KiB each) are sent
+   * from the broker's page cache without a copy; the client checks each chunk's CRC32 (its
+   * default) and the test every message's bytes and offset, from the first and from the middle.
+   */
+  @Test
+  void largeChunksArriveWholeWithTheirChecksums() throws InterruptedException {
+    String stream = declared();
+    Producer producer = track(environment.producerBuilder().stream(stream).batchSize(100).build());
+    int count = 2000;
+    CountDownLatch confirmed = new CountDownLatch(count);
+    AtomicInteger refused = new AtomicInteger();
+    for (int i = 0; i < count; i++) {
+      producer.send(producer.messageBuilder().addData(bytes(big(i))).build(), status -> {
+        if (!status.isConfirmed()) {
+          refused.incrementAndGet();
+        }
+        confirmed.countDown();
+      });
+    }
+    assertTrue(confirmed.await(10, TimeUnit.SECONDS), "confirms: " + confirmed.getCount() + " missing");
+    assertEquals(0, refused.get());
+    for (int first : new int[] {0, 1234}) {
+      Received received = consume(stream, OffsetSpecification.offset(first));
+      received.await(count - first);
+      assertEquals(count - first, received.bodies.size(), "messages from offset " + first);
+      for (int at = 0; at < count - first; at++) {
+        assertEquals(first + at, received.offsets.get(at), "offset of message " + at);
+        assertEquals(big(first + at), received.bodies.get(at), "body at offset " + (first + at));
+      }
+    }
+  }
+
   @Test
   void deduplicationByPublisherReference() throws InterruptedException {
     String stream = declared();
