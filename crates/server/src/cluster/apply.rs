@@ -138,7 +138,7 @@ impl Applier for MetadataApplier {
 
     fn image(&mut self, index: u64) -> MetadataImage {
         let entries = match self.cluster.broker() {
-            Some(broker) => super::snapshot::image_entries(&broker, index, &self.cluster.queue_declarations.lock()),
+            Some(broker) => super::snapshot::image_entries(&broker, index, &mut self.cluster.queue_declarations.lock()),
             None => Vec::new(),
         };
         let state = self.cluster.state.lock();
@@ -174,7 +174,7 @@ impl Applier for MetadataApplier {
         // their declarations and deletions, so nothing of it is proposed to them again.
         self.cluster.restoring.store(true, Ordering::Release);
         let current = match self.cluster.broker() {
-            Some(broker) => super::snapshot::image_entries(&broker, index, &self.cluster.queue_declarations.lock()),
+            Some(broker) => super::snapshot::image_entries(&broker, index, &mut self.cluster.queue_declarations.lock()),
             None => Vec::new(),
         };
         let removals = super::snapshot::removals(&current, &entries, self.cluster.node_id);

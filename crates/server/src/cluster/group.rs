@@ -380,7 +380,7 @@ impl<A: Applier> GroupDriver<A> {
             Ok(bytes) => bytes,
             Err(error) => {
                 self.snapshot_refused_at = self.applied;
-                tracing::error!(%error, index = self.applied, bound = METADATA_SNAPSHOT_BYTES_MAX, "NO METADATA SNAPSHOT: the definitions are over the snapshot bound; the metadata log is kept whole (restarts replay it, joining nodes replay it from index 1)");
+                tracing::error!(%error, index = self.applied, bound = METADATA_SNAPSHOT_BYTES_MAX, "NO METADATA SNAPSHOT: the definitions are over the snapshot bound; the metadata log is not compacted past the latest snapshot (restarts and joining nodes replay it from there)");
                 return Ok(());
             }
         };

@@ -173,8 +173,9 @@ pub type QueueDeclarations = HashMap<(String, String), (u64, QueueDeclaration)>;
 /// The commands that rebuild `broker`'s definitions at `index`, in the order they apply: vhosts,
 /// users, permissions, topic permissions, policies, operator policies, exchanges, queues, bindings,
 /// then the vhosts' limits (last: a `max-queues` lowered below the queues a vhost holds must not
-/// refuse them on the way back).
-pub fn image_entries(broker: &Broker, index: u64, declarations: &QueueDeclarations) -> Vec<ImageEntry> {
+/// refuse them on the way back). Declarations of queues that no longer exist are dropped from
+/// `declarations` on the way (it would otherwise keep every queue ever declared).
+pub fn image_entries(broker: &Broker, index: u64, declarations: &mut QueueDeclarations) -> Vec<ImageEntry> {
     let mut entries = Vec::new();
     let mut push = |command: MetadataCommand| entries.push(ImageEntry { index, command });
     let vhosts = broker.vhost_infos();
@@ -260,6 +261,14 @@ pub fn image_entries(broker: &Broker, index: u64, declarations: &QueueDeclaratio
             }));
         }
     }
+    let held: std::collections::HashSet<(&str, &str)> = queues
+        .iter()
+        .filter_map(|entry| match &entry.command {
+            MetadataCommand::DeclareQueue(declaration) => Some((declaration.vhost.as_str(), declaration.name.as_str())),
+            _ => None,
+        })
+        .collect();
+    declarations.retain(|(vhost, name), _| held.contains(&(vhost.as_str(), name.as_str())));
     entries.extend(queues);
     entries.extend(bindings.into_iter().map(|command| ImageEntry { index, command }));
     for vhost in vhosts {
