@@ -67,6 +67,8 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+// Parsed once at start and dropped: the size of the server's settings costs nothing here.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Runs a single-node broker.

@@ -125,6 +125,9 @@ pub struct ServerArguments {
     /// The address other nodes reach this one at, `host:port` [default: this node's seed, or BIND:CLUSTER_PORT].
     #[arg(long, env = "LEPUS_CLUSTER_ADVERTISE")]
     cluster_advertise: Option<String>,
+    /// Applied metadata log entries between snapshots of the definitions (the log is compacted up to each) [default: 4096].
+    #[arg(long, env = "LEPUS_METADATA_SNAPSHOT_ENTRIES_INTERVAL")]
+    metadata_snapshot_entries_interval: Option<u64>,
 }
 
 /// The settings as the file holds them, and as `--print-config` writes them.
@@ -161,6 +164,7 @@ struct FileSettings {
     cluster_seeds: Option<Vec<String>>,
     cluster_name: Option<String>,
     cluster_advertise: Option<String>,
+    metadata_snapshot_entries_interval: Option<u64>,
 }
 
 /// What `lepus server` should do.
@@ -183,6 +187,19 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
     let defaults = ServerConfig::default();
     let sync = arguments.sync.or(file.sync).unwrap_or(SyncMode::Always);
     let sync_interval_ms = arguments.sync_interval_ms.or(file.sync_interval_ms).unwrap_or(SYNC_INTERVAL_MS_DEFAULT);
+    let mut cluster = crate::cluster::ClusterSettings::resolve(
+        arguments.node_name.or(file.node_name),
+        arguments.cluster_port.or(file.cluster_port),
+        arguments.cluster_seeds.or(file.cluster_seeds),
+        arguments.cluster_name.or(file.cluster_name),
+        arguments.cluster_advertise.or(file.cluster_advertise),
+    )?;
+    if let Some(interval) = arguments.metadata_snapshot_entries_interval.or(file.metadata_snapshot_entries_interval) {
+        if interval == 0 {
+            return Err("metadata_snapshot_entries_interval must be at least 1".to_string());
+        }
+        cluster.metadata_snapshot_entries_interval = interval;
+    }
     let config = ServerConfig {
         data_dir: arguments.data_dir.or(file.data_dir).unwrap_or(defaults.data_dir.clone()),
         amqp_port: arguments.amqp_port.or(file.amqp_port).unwrap_or(defaults.amqp_port),
@@ -225,13 +242,7 @@ pub fn resolve(arguments: ServerArguments) -> Result<Resolved, String> {
         },
         stream_port: arguments.stream_port.or(file.stream_port).unwrap_or(defaults.stream_port),
         stream_advertised_host: arguments.stream_advertised_host.or(file.stream_advertised_host),
-        cluster: crate::cluster::ClusterSettings::resolve(
-            arguments.node_name.or(file.node_name),
-            arguments.cluster_port.or(file.cluster_port),
-            arguments.cluster_seeds.or(file.cluster_seeds),
-            arguments.cluster_name.or(file.cluster_name),
-            arguments.cluster_advertise.or(file.cluster_advertise),
-        )?,
+        cluster,
         ..defaults
     };
     check_tls(&config)?;
@@ -276,6 +287,7 @@ fn effective_file_settings(config: &ServerConfig, sync: SyncMode, sync_interval_
         cluster_seeds: Some(config.cluster.seeds.clone()),
         cluster_name: Some(config.cluster.cluster_name.clone()),
         cluster_advertise: config.cluster.advertise.clone(),
+        metadata_snapshot_entries_interval: Some(config.cluster.metadata_snapshot_entries_interval),
     }
 }
 

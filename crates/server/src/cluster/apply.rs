@@ -5,10 +5,12 @@
 use super::command::{MemberContext, MetadataCommand, Proposal};
 use super::group::{Applier, GroupEvent, GroupView};
 use super::node_state::Membership;
+use super::snapshot::{ImageEntry, ImageMember, MetadataImage};
 use super::{Cluster, MemberRecord, APPLYING};
 use crate::shared::ConsumerHandle;
 use broker_core::AmqpError;
 use raft::eraftpb::{ConfChange, ConfChangeType, ConfState};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -134,6 +136,63 @@ impl Applier for MetadataApplier {
         }
     }
 
+    fn image(&mut self, index: u64) -> MetadataImage {
+        let entries = match self.cluster.broker() {
+            Some(broker) => super::snapshot::image_entries(&broker, index, &mut self.cluster.queue_declarations.lock()),
+            None => Vec::new(),
+        };
+        let state = self.cluster.state.lock();
+        MetadataImage {
+            index,
+            cluster_id: self.cluster.cluster_id(),
+            members: state
+                .members
+                .iter()
+                .map(|(id, member)| ImageMember { id: *id, name: member.name.clone(), address: member.address.clone() })
+                .collect(),
+            definition_changes: state.definition_changes,
+            entries,
+        }
+    }
+
+    fn install(&mut self, image: MetadataImage) {
+        let MetadataImage { index, cluster_id, members, definition_changes, entries } = image;
+        if cluster_id != 0 {
+            self.apply_logged(index, MetadataCommand::CreateCluster { cluster_id });
+        }
+        // Members first: a queue's placeholder names its home node.
+        let known: Vec<u64> = self.cluster.state.lock().members.keys().copied().collect();
+        for id in known {
+            if !members.iter().any(|member| member.id == id) {
+                self.cluster.state.lock().members.remove(&id);
+            }
+        }
+        for member in members {
+            self.apply_logged(index, MetadataCommand::Member { id: member.id, name: member.name, address: member.address });
+        }
+        // What the image holds is what the cluster applied already: its quorum queues' shards have
+        // their declarations and deletions, so nothing of it is proposed to them again.
+        self.cluster.restoring.store(true, Ordering::Release);
+        let current = match self.cluster.broker() {
+            Some(broker) => super::snapshot::image_entries(&broker, index, &mut self.cluster.queue_declarations.lock()),
+            None => Vec::new(),
+        };
+        let removals = super::snapshot::removals(&current, &entries, self.cluster.node_id);
+        let removed = removals.len();
+        for command in removals {
+            self.apply_logged(index, command);
+        }
+        let applied = entries.len();
+        for ImageEntry { index, command } in entries {
+            self.apply_logged(index, command);
+        }
+        self.cluster.restoring.store(false, Ordering::Release);
+        let mut state = self.cluster.state.lock();
+        state.definition_changes = state.definition_changes.max(definition_changes);
+        drop(state);
+        tracing::info!(index, removed, applied, "the definitions are those of the metadata snapshot");
+    }
+
     fn after_round(&mut self, view: &GroupView) {
         let Some(leader) = view.leader else { return };
         if leader == self.cluster.node_id && self.cluster.cluster_id() == 0 && !self.create_proposed {
@@ -161,6 +220,19 @@ impl Applier for MetadataApplier {
 }
 
 impl MetadataApplier {
+    /// Applies one command of a snapshot image; an error is logged (the image was applied on
+    /// the node that took it, so it should apply here alike).
+    fn apply_logged(&mut self, index: u64, command: MetadataCommand) {
+        // Its kind, as the log spells it (never a password hash).
+        let kind =
+            serde_json::to_value(&command).ok().and_then(|value| value.get("command").and_then(|kind| kind.as_str().map(String::from)));
+        match self.apply_command(index, command) {
+            Ok(Applied::Removed { consumers, .. }) => crate::broker::notify_cancelled(&consumers),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(index, %error, command = ?kind, "a command of the metadata snapshot did not apply"),
+        }
+    }
+
     /// The quorum shards' leaders make the cluster's members their shards' members: told once
     /// this node has applied its whole metadata log (during a restart's replay the membership
     /// passes through older states, which must not remove anyone from a shard).

@@ -381,6 +381,7 @@ impl Broker {
         node_id: u64,
         cluster: &Cluster,
     ) -> Result<Applied, AmqpError> {
+        let recorded = declaration.clone();
         let home_here = declaration.home == node_id;
         let owner = declaration.exclusive_connection.map(|connection| if home_here { connection } else { REMOTE_OWNER });
         let vhost_name = declaration.vhost.as_str();
@@ -427,6 +428,7 @@ impl Broker {
         };
         ChurnCounters::count(&self.churn.queues_declared);
         if created {
+            cluster.record_queue_declaration(index, &recorded);
             ChurnCounters::count(&self.churn.queues_created);
             queue.apply_policy(self.policy_for_queue(vhost_name, queue.definition()));
         }

@@ -7,11 +7,13 @@
 //! change takes the broker's locks and creates queue logs.
 
 use super::link::Links;
+use super::snapshot::{MetadataImage, METADATA_SNAPSHOT_BYTES_MAX};
 use parking_lot::Mutex;
 use protobuf::Message as _;
-use raft::eraftpb::{ConfChange, ConfState, Entry, EntryType, Message, MessageType};
-use raft::{RawNode, StateRole};
+use raft::eraftpb::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, Message, MessageType};
+use raft::{ProgressState, RawNode, SnapshotStatus, StateRole};
 use replication::log_store::LogStore;
+use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,6 +45,11 @@ pub enum GroupEvent {
     Stop,
 }
 
+/// How long a leader waits for a follower to take a snapshot it sent before it reports the
+/// snapshot lost and sends it again (a link that went down empties its queue; raft-rs would
+/// otherwise wait for the follower forever).
+pub const SNAPSHOT_SEND_TIMEOUT_MS: u64 = 10_000;
+
 /// The most events waiting for the group's thread; past it Raft messages are dropped (Raft
 /// resends) and proposals refused.
 pub const GROUP_EVENTS_MAX: usize = 16_384;
@@ -72,6 +79,14 @@ pub struct GroupView {
     pub elections: u64,
     /// Whether a membership change is in flight.
     pub conf_change_pending: bool,
+    /// The index the latest snapshot covers (0: none); the log holds the entries after it.
+    pub snapshot_index: u64,
+    /// Snapshots this node took (its log compacted up to each).
+    pub snapshots_taken: u64,
+    /// Snapshots this node installed from a leader.
+    pub snapshots_installed: u64,
+    /// Snapshots this node sent to members behind its compacted log.
+    pub snapshots_sent: u64,
 }
 
 /// What the group does with committed entries.
@@ -82,6 +97,11 @@ pub trait Applier: Send + 'static {
     fn conf_changed(&mut self, index: u64, change: &ConfChange, members: &ConfState);
     /// Called after every round with the group's view (the applier proposes what it must).
     fn after_round(&mut self, view: &GroupView);
+    /// The applied state at `index` (the last entry applied), for a snapshot.
+    fn image(&mut self, index: u64) -> MetadataImage;
+    /// Replaces the applied state with `image` (its index: the last entry it covers): at start
+    /// from this node's own snapshot, or one received from the leader.
+    fn install(&mut self, image: MetadataImage);
 }
 
 fn role_name(role: StateRole) -> &'static str {
@@ -119,11 +139,37 @@ pub struct GroupDriver<A: Applier> {
     elections: u64,
     last_role: StateRole,
     damage: Damage,
+    /// Applied entries past the latest snapshot that make the node take a new one.
+    snapshot_entries_interval: u64,
+    /// The applied index at which a snapshot was last refused (too large): the next try waits for
+    /// another interval, so the refusal is said once per interval, not once per round.
+    snapshot_refused_at: u64,
+    /// A member was added after the log was compacted: a snapshot is taken at once, so the one
+    /// the new member is sent holds it among the members (raft-rs refuses a snapshot whose
+    /// members do not include the node it is sent to).
+    snapshot_due: bool,
+    /// The image of this node's snapshot, installed when the thread starts.
+    start_image: Option<MetadataImage>,
+    /// Snapshots sent and not yet taken, by member: when each was sent.
+    snapshots_in_flight: HashMap<u64, Instant>,
+    snapshots_taken: u64,
+    snapshots_installed: u64,
+    snapshots_sent: u64,
 }
 
 impl<A: Applier> GroupDriver<A> {
-    /// A driver for `raw`, sending through `links`; `damaged`: recovery found a damaged log.
-    pub fn new(raw: RawNode<LogStore>, links: Arc<Links>, applier: A, view: Arc<Mutex<GroupView>>, damaged: bool) -> GroupDriver<A> {
+    /// A driver for `raw`, sending through `links`; `damaged`: recovery found a damaged log;
+    /// `start_image`: the decoded image of the store's snapshot, if it has one (installed first).
+    pub fn new(
+        raw: RawNode<LogStore>,
+        links: Arc<Links>,
+        applier: A,
+        view: Arc<Mutex<GroupView>>,
+        damaged: bool,
+        snapshot_entries_interval: u64,
+        start_image: Option<MetadataImage>,
+    ) -> GroupDriver<A> {
+        let applied = raw.store().snapshot_ref().get_metadata().index;
         GroupDriver {
             raw,
             links,
@@ -131,16 +177,29 @@ impl<A: Applier> GroupDriver<A> {
             view,
             pending: Vec::new(),
             pending_changes: Vec::new(),
-            applied: 0,
+            applied,
             elections: 0,
             last_role: StateRole::Follower,
             damage: if damaged { Damage::AwaitingLeader } else { Damage::None },
+            snapshot_entries_interval: snapshot_entries_interval.max(1),
+            snapshot_refused_at: 0,
+            snapshot_due: false,
+            start_image,
+            snapshots_in_flight: HashMap::new(),
+            snapshots_taken: 0,
+            snapshots_installed: 0,
+            snapshots_sent: 0,
         }
     }
 
     /// The thread's loop. Returns whether it stopped because it was asked to (true), or because
     /// it could not go on (false: its log could not be written).
     pub fn run(mut self, events: Receiver<GroupEvent>) -> bool {
+        if let Some(image) = self.start_image.take() {
+            // The state the snapshot holds, before any entry after it is applied.
+            tracing::info!(index = image.index, entries = image.entries.len(), "starting from the metadata snapshot");
+            self.applier.install(image);
+        }
         let tick = Duration::from_millis(TICK_MS);
         let mut next_tick = Instant::now() + tick;
         loop {
@@ -172,6 +231,11 @@ impl<A: Applier> GroupDriver<A> {
                 tracing::error!(%error, "the metadata group's log could not be written");
                 return false;
             }
+            if let Err(error) = self.maybe_snapshot() {
+                tracing::error!(%error, "the metadata group's snapshot could not be written");
+                return false;
+            }
+            self.expire_snapshots_in_flight();
             let view = self.refresh_view();
             self.applier.after_round(&view);
         }
@@ -180,6 +244,14 @@ impl<A: Applier> GroupDriver<A> {
     fn take(&mut self, event: GroupEvent) {
         match event {
             GroupEvent::Raft(message) => {
+                if message.get_msg_type() == MessageType::MsgSnapshot {
+                    // Checked before raft-rs takes it: a snapshot whose image does not decode
+                    // would leave this node with a state it cannot rebuild.
+                    if let Err(error) = MetadataImage::decode(&message.get_snapshot().data) {
+                        tracing::error!(%error, from = %format!("{:x}", message.from), "a metadata snapshot from the leader was refused");
+                        return;
+                    }
+                }
                 let Some(message) = self.guard_damaged(message) else { return };
                 // A message from a removed member, or for a term long gone: raft-rs refuses it.
                 let _ = self.raw.step(message);
@@ -205,6 +277,9 @@ impl<A: Applier> GroupDriver<A> {
             MessageType::MsgRequestVote | MessageType::MsgRequestPreVote => return None,
             MessageType::MsgHeartbeat => message.commit = message.commit.min(self.raw.store().last_index_now()),
             MessageType::MsgAppend if self.damage == Damage::AwaitingLeader => self.damage = Damage::CatchingUpTo(message.commit),
+            MessageType::MsgSnapshot if self.damage == Damage::AwaitingLeader => {
+                self.damage = Damage::CatchingUpTo(message.get_snapshot().get_metadata().index)
+            }
             _ => {}
         }
         Some(message)
@@ -244,15 +319,76 @@ impl<A: Applier> GroupDriver<A> {
         }
     }
 
-    fn send(&self, messages: Vec<Message>) {
+    fn send(&mut self, messages: Vec<Message>) {
         for message in messages {
-            match message.write_to_bytes() {
-                Ok(bytes) => {
-                    self.links.send_raft(message.to, METADATA_GROUP, bytes.into());
+            let (to, is_snapshot) = (message.to, message.get_msg_type() == MessageType::MsgSnapshot);
+            let sent = match message.write_to_bytes() {
+                Ok(bytes) => self.links.send_raft(to, METADATA_GROUP, bytes.into()),
+                Err(error) => {
+                    tracing::error!(%error, "a Raft message did not encode");
+                    false
                 }
-                Err(error) => tracing::error!(%error, "a Raft message did not encode"),
+            };
+            if is_snapshot {
+                let index = message.get_snapshot().get_metadata().index;
+                if sent {
+                    self.snapshots_sent += 1;
+                    self.snapshots_in_flight.insert(to, Instant::now());
+                    tracing::info!(to = %format!("{to:x}"), index, "metadata snapshot sent to a member behind the compacted log");
+                } else {
+                    // Not queued (no link, or its queue full): raft-rs sends it again later.
+                    self.raw.report_snapshot(to, SnapshotStatus::Failure);
+                }
             }
         }
+    }
+
+    /// A snapshot sent and not taken within [`SNAPSHOT_SEND_TIMEOUT_MS`] is reported lost, so
+    /// the leader sends it again (it may have gone with a link that went down).
+    fn expire_snapshots_in_flight(&mut self) {
+        if self.snapshots_in_flight.is_empty() {
+            return;
+        }
+        let timeout = Duration::from_millis(SNAPSHOT_SEND_TIMEOUT_MS);
+        let leading = self.raw.raft.state == StateRole::Leader;
+        let mut expired = Vec::new();
+        self.snapshots_in_flight.retain(|to, sent_at| {
+            let waiting = leading && self.raw.raft.prs().get(*to).is_some_and(|progress| progress.state == ProgressState::Snapshot);
+            if waiting && sent_at.elapsed() > timeout {
+                expired.push(*to);
+            }
+            waiting && sent_at.elapsed() <= timeout
+        });
+        for to in expired {
+            tracing::warn!(to = %format!("{to:x}"), "a metadata snapshot sent was not taken in time: sent again");
+            self.raw.report_snapshot(to, SnapshotStatus::Failure);
+        }
+    }
+
+    /// Takes a snapshot of the applied state and compacts the log up to it once the applied log
+    /// has grown by `snapshot_entries_interval` entries past the latest one.
+    fn maybe_snapshot(&mut self) -> Result<(), String> {
+        let snapshot_index = self.raw.store().snapshot_ref().get_metadata().index;
+        let since = snapshot_index.max(self.snapshot_refused_at);
+        let due = self.snapshot_due && self.applied > snapshot_index;
+        if !due && self.applied < since + self.snapshot_entries_interval || self.damage != Damage::None {
+            return Ok(());
+        }
+        self.snapshot_due = false;
+        let image = self.applier.image(self.applied);
+        let bytes = match image.encode() {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                self.snapshot_refused_at = self.applied;
+                tracing::error!(%error, index = self.applied, bound = METADATA_SNAPSHOT_BYTES_MAX, "NO METADATA SNAPSHOT: the definitions are over the snapshot bound; the metadata log is not compacted past the latest snapshot (restarts and joining nodes replay it from there)");
+                return Ok(());
+            }
+        };
+        let (index, entries, size) = (self.applied, image.entries.len(), bytes.len());
+        self.raw.mut_store().compact(index, bytes).map_err(|error| error.to_string())?;
+        self.snapshots_taken += 1;
+        tracing::info!(index, entries, bytes = size, "metadata snapshot taken; the log is compacted up to it");
+        Ok(())
     }
 
     fn process_ready(&mut self) -> Result<(), String> {
@@ -262,7 +398,15 @@ impl<A: Applier> GroupDriver<A> {
         let mut ready = self.raw.ready();
         self.send(ready.take_messages());
         if !ready.snapshot().is_empty() {
-            return Err("the metadata group received a snapshot, which this version does not take".to_string());
+            let snapshot = ready.snapshot().clone();
+            // Checked when it arrived; a failure here is a bug, not input.
+            let image = MetadataImage::decode(&snapshot.data).map_err(|error| error.to_string())?;
+            let index = snapshot.get_metadata().index;
+            self.raw.mut_store().apply_snapshot(snapshot).map_err(|error| error.to_string())?;
+            tracing::info!(index, entries = image.entries.len(), "metadata snapshot installed from the leader");
+            self.applier.install(image);
+            self.applied = index;
+            self.snapshots_installed += 1;
         }
         let appended = !ready.entries().is_empty();
         let store = self.raw.mut_store();
@@ -301,6 +445,10 @@ impl<A: Applier> GroupDriver<A> {
                     let change = ConfChange::parse_from_bytes(&entry.data).map_err(|error| error.to_string())?;
                     let members = self.raw.apply_conf_change(&change).map_err(|error| error.to_string())?;
                     self.raw.mut_store().set_conf_state(members.clone()).map_err(|error| error.to_string())?;
+                    let added = matches!(change.get_change_type(), ConfChangeType::AddNode | ConfChangeType::AddLearnerNode);
+                    if added && self.raw.store().snapshot_ref().get_metadata().index > 0 {
+                        self.snapshot_due = true;
+                    }
                     self.applier.conf_changed(entry.index, &change, &members);
                 }
                 EntryType::EntryConfChangeV2 => return Err("a joint membership change, which this version does not make".to_string()),
@@ -340,6 +488,10 @@ impl<A: Applier> GroupDriver<A> {
             matched,
             elections: self.elections,
             conf_change_pending: raft.has_pending_conf() || !self.pending_changes.is_empty(),
+            snapshot_index: self.raw.store().snapshot_ref().get_metadata().index,
+            snapshots_taken: self.snapshots_taken,
+            snapshots_installed: self.snapshots_installed,
+            snapshots_sent: self.snapshots_sent,
         };
         *self.view.lock() = view.clone();
         view

@@ -36,6 +36,30 @@ pub fn register(registry: &mut Registry, cluster: &Cluster) {
     group_gauge(registry, "lepus_metadata_raft_last_index", "Last index of this node's log of the group", view.last_index);
     group_gauge(
         registry,
+        "lepus_metadata_raft_snapshot_index",
+        "Index the latest snapshot of the group on this node covers (0: none)",
+        view.snapshot_index,
+    );
+    counter(
+        registry,
+        "lepus_metadata_snapshots_taken",
+        "Snapshots of the metadata group this node took (its log compacted up to each)",
+        view.snapshots_taken,
+    );
+    counter(
+        registry,
+        "lepus_metadata_snapshots_installed",
+        "Snapshots of the metadata group this node installed from a leader",
+        view.snapshots_installed,
+    );
+    counter(
+        registry,
+        "lepus_metadata_snapshots_sent",
+        "Snapshots of the metadata group this node sent to members behind its log",
+        view.snapshots_sent,
+    );
+    group_gauge(
+        registry,
         "lepus_metadata_raft_leader",
         "1 when this node leads the group",
         u64::from(view.leader == Some(cluster.node_id)),

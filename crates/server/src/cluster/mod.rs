@@ -9,6 +9,7 @@
 //! group.rs         the metadata group's Raft driver (its own thread)
 //! command.rs       the metadata commands (definition changes, membership)
 //! apply.rs         applying committed commands to the broker, in log order, on every node
+//! snapshot.rs      the metadata group's snapshots: the applied definitions as an image
 //! control.rs       join, leave, forget and status between nodes; bootstrap
 //! remote_queue.rs  a classic queue of another node
 //! quorum_link.rs   the quorum shards' transport: their Raft messages over the links
@@ -27,6 +28,7 @@ mod node_state;
 mod quorum_link;
 mod remote_queue;
 mod settings;
+mod snapshot;
 
 pub use apply::Applied;
 pub use command::{ExchangeDeclarationRecord, MetadataCommand, QueueDeclaration};
@@ -117,6 +119,12 @@ pub struct Cluster {
     declared_here: Mutex<HashMap<(String, amqp_codec::ShortStr), u64>>,
     /// The last index of the metadata log when this run opened it (0: it had none).
     last_index_at_start: AtomicU64,
+    /// Every queue's declaration as applied here, with the index of its entry: a snapshot keeps
+    /// them (a queue's incarnation names its classic log and its quorum declaration).
+    queue_declarations: Mutex<snapshot::QueueDeclarations>,
+    /// Set while a snapshot image is installed: what it holds was applied by the cluster already
+    /// (as a replay of this node's own log is).
+    restoring: AtomicBool,
 }
 
 /// Why a clustered node could not start.
@@ -179,6 +187,8 @@ impl Cluster {
             left: AtomicBool::new(false),
             declared_here: Mutex::new(HashMap::new()),
             last_index_at_start: AtomicU64::new(0),
+            queue_declarations: Mutex::new(HashMap::new()),
+            restoring: AtomicBool::new(false),
             settings,
         });
         let _ = cluster.broker.set(Arc::downgrade(broker));
@@ -313,6 +323,18 @@ impl Cluster {
         let (store, recovery) = replication::log_store::LogStore::open(file_system, &directory, checksum_seed, &node_state.initial_voters)
             .map_err(|error| error.to_string())?;
         self.last_index_at_start.store(store.last_index_now(), Ordering::Release);
+        let snapshot = store.snapshot_ref();
+        let snapshot_index = snapshot.get_metadata().index;
+        // A snapshot file that fails its checksum was refused by `LogStore::open`; an image that
+        // does not decode (damaged before it was written, another version) is refused here: the
+        // node must not start from definitions it cannot read.
+        let start_image = match snapshot_index {
+            0 => None,
+            _ => Some(
+                snapshot::MetadataImage::decode(&snapshot.data)
+                    .map_err(|error| format!("the metadata snapshot in {} cannot be used: {error}", directory.display()))?,
+            ),
+        };
         if recovery.damaged {
             tracing::error!(directory = %directory.display(), records = recovery.records, "the metadata log is damaged: this node neither votes nor campaigns until a leader has repaired it");
         }
@@ -324,13 +346,15 @@ impl Cluster {
             check_quorum: true,
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 256,
+            applied: snapshot_index,
             ..raft::Config::default()
         };
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let raw = raft::RawNode::new(&config, store, &logger).map_err(|error| error.to_string())?;
         let (sender, receiver) = std::sync::mpsc::sync_channel(group::GROUP_EVENTS_MAX);
         let applier = apply::MetadataApplier::new(self.clone());
-        let driver = group::GroupDriver::new(raw, self.links.clone(), applier, self.view.clone(), recovery.damaged);
+        let interval = self.settings.metadata_snapshot_entries_interval;
+        let driver = group::GroupDriver::new(raw, self.links.clone(), applier, self.view.clone(), recovery.damaged, interval, start_image);
         let runtime = tokio::runtime::Handle::try_current().ok();
         std::thread::Builder::new()
             .name("metadata-group".to_string())
@@ -364,6 +388,12 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Records the declaration of a queue applied here (made by it) at the metadata log's `index`.
+    pub fn record_queue_declaration(&self, index: u64, declaration: &QueueDeclaration) {
+        let key = (declaration.vhost.clone(), declaration.name.clone());
+        self.queue_declarations.lock().insert(key, (index, declaration.clone()));
     }
 
     /// Records that the metadata log's entry `index` declared a queue held here.
@@ -414,7 +444,8 @@ impl Cluster {
     /// shards applied their queue declarations and deletions already (proposing them again would
     /// delete a later queue of a name declared, deleted and declared again).
     pub fn replaying(&self, index: u64) -> bool {
-        index <= self.last_index_at_start.load(Ordering::Acquire).max(self.node_state.lock().history_index)
+        self.restoring.load(Ordering::Acquire)
+            || index <= self.last_index_at_start.load(Ordering::Acquire).max(self.node_state.lock().history_index)
     }
 
     /// The links' counters.

@@ -47,6 +47,9 @@ pub struct ClusterSettings {
     pub link_timeout_ms: u64,
     /// See [`METADATA_COMMIT_TIMEOUT_MS_DEFAULT`].
     pub metadata_commit_timeout_ms: u64,
+    /// Applied metadata entries past the latest snapshot that make a node take a new one and
+    /// compact its metadata log (see `super::snapshot`).
+    pub metadata_snapshot_entries_interval: u64,
 }
 
 impl Default for ClusterSettings {
@@ -61,6 +64,7 @@ impl Default for ClusterSettings {
             link_heartbeat_interval_ms: LINK_HEARTBEAT_INTERVAL_MS_DEFAULT,
             link_timeout_ms: LINK_TIMEOUT_MS_DEFAULT,
             metadata_commit_timeout_ms: METADATA_COMMIT_TIMEOUT_MS_DEFAULT,
+            metadata_snapshot_entries_interval: super::snapshot::METADATA_SNAPSHOT_ENTRIES_INTERVAL_DEFAULT,
         }
     }
 }

@@ -80,11 +80,12 @@ fn status(client: &Client, arguments: &CtlArguments) -> Result<(), CtlError> {
     if let Some(metadata) = status.get("metadata") {
         let number = |key: &str| metadata.get(key).and_then(Value::as_u64).unwrap_or(0);
         println!(
-            "\nMetadata group\n\nLeader: {}\nTerm: {}\nCommit index: {}\nApplied index: {}",
+            "\nMetadata group\n\nLeader: {}\nTerm: {}\nCommit index: {}\nApplied index: {}\nSnapshot index: {}",
             text(metadata, "leader"),
             number("term"),
             number("commit_index"),
-            number("applied_index")
+            number("applied_index"),
+            number("snapshot_index")
         );
     }
     Ok(())

@@ -85,6 +85,10 @@ pub(super) async fn status(State(api): State<Api>) -> Answer {
             "applied_index": view.applied,
             "last_index": view.last_index,
             "elections": view.elections,
+            "snapshot_index": view.snapshot_index,
+            "snapshots_taken": view.snapshots_taken,
+            "snapshots_installed": view.snapshots_installed,
+            "snapshots_sent": view.snapshots_sent,
             "matched_index": view.matched.iter().map(|(id, matched)| json!({"node": cluster.member_name(*id), "matched_index": matched})).collect::<Vec<_>>(),
         },
         "links": {
