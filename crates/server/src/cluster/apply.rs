@@ -5,6 +5,7 @@
 use super::command::{MemberContext, MetadataCommand, Proposal};
 use super::group::{Applier, GroupEvent, GroupView};
 use super::node_state::Membership;
+use super::proposals::AppliedProposals;
 use super::snapshot::{ImageEntry, ImageMember, MetadataImage};
 use super::{Cluster, MemberRecord, APPLYING};
 use crate::shared::ConsumerHandle;
@@ -46,12 +47,20 @@ pub struct MetadataApplier {
     create_proposed: bool,
     member_proposed_at: Option<Instant>,
     stale_queues_deleted: bool,
+    /// The proposals applied: a copy proposed again after a change of leader applies once.
+    applied_proposals: AppliedProposals,
 }
 
 impl MetadataApplier {
     /// For `cluster`.
     pub fn new(cluster: Arc<Cluster>) -> MetadataApplier {
-        MetadataApplier { cluster, create_proposed: false, member_proposed_at: None, stale_queues_deleted: false }
+        MetadataApplier {
+            cluster,
+            create_proposed: false,
+            member_proposed_at: None,
+            stale_queues_deleted: false,
+            applied_proposals: AppliedProposals::default(),
+        }
     }
 
     fn propose_quietly(&self, command: MetadataCommand) {
@@ -101,6 +110,11 @@ impl Applier for MetadataApplier {
         };
         let proposer = proposal.proposer;
         let sequence = proposal.sequence;
+        if !self.applied_proposals.first_copy(proposer, sequence) {
+            // Its first copy was applied (and answered) already: the proposer proposed it again
+            // after a change of leader, not knowing the first had reached the new leader.
+            return tracing::debug!(index, sequence, "a metadata proposal's second copy, skipped");
+        }
         let answer = self.apply_command(index, proposal.command);
         if proposer == self.cluster.node_id && sequence != 0 {
             self.cluster.answer(sequence, answer);
@@ -152,11 +166,13 @@ impl Applier for MetadataApplier {
                 .collect(),
             definition_changes: state.definition_changes,
             entries,
+            applied_proposals: self.applied_proposals.remembered(),
         }
     }
 
     fn install(&mut self, image: MetadataImage) {
-        let MetadataImage { index, cluster_id, members, definition_changes, entries } = image;
+        let MetadataImage { index, cluster_id, members, definition_changes, entries, applied_proposals } = image;
+        self.applied_proposals = AppliedProposals::from_remembered(applied_proposals);
         if cluster_id != 0 {
             self.apply_logged(index, MetadataCommand::CreateCluster { cluster_id });
         }

@@ -7,6 +7,7 @@
 //! change takes the broker's locks and creates queue logs.
 
 use super::link::Links;
+use super::proposals::PendingProposals;
 use super::snapshot::{MetadataImage, METADATA_SNAPSHOT_BYTES_MAX};
 use parking_lot::Mutex;
 use protobuf::Message as _;
@@ -29,9 +30,6 @@ pub const ELECTION_TICKS: usize = 10;
 
 /// Ticks between a leader's heartbeats.
 pub const HEARTBEAT_TICKS: usize = 2;
-
-/// Proposals held while no leader is known; one more is refused (its waiter times out).
-pub const PENDING_PROPOSALS_MAX: usize = 4096;
 
 /// Events the group's thread takes, from a bounded channel (`GROUP_EVENTS_MAX`).
 pub enum GroupEvent {
@@ -133,7 +131,7 @@ pub struct GroupDriver<A: Applier> {
     links: Arc<Links>,
     applier: A,
     view: Arc<Mutex<GroupView>>,
-    pending: Vec<Vec<u8>>,
+    proposals: PendingProposals,
     pending_changes: Vec<ConfChange>,
     applied: u64,
     elections: u64,
@@ -175,7 +173,7 @@ impl<A: Applier> GroupDriver<A> {
             links,
             applier,
             view,
-            pending: Vec::new(),
+            proposals: PendingProposals::new(Duration::from_millis(super::settings::METADATA_COMMIT_TIMEOUT_MS_DEFAULT)),
             pending_changes: Vec::new(),
             applied,
             elections: 0,
@@ -190,6 +188,13 @@ impl<A: Applier> GroupDriver<A> {
             snapshots_installed: 0,
             snapshots_sent: 0,
         }
+    }
+
+    /// How long a proposal not yet committed is proposed again at a change of leader: as long as
+    /// its proposer waits (`metadata_commit_timeout_ms`, the default unless told).
+    pub fn retry_proposals_for(mut self, window: Duration) -> GroupDriver<A> {
+        self.proposals = PendingProposals::new(window);
+        self
     }
 
     /// The thread's loop. Returns whether it stopped because it was asked to (true), or because
@@ -257,9 +262,8 @@ impl<A: Applier> GroupDriver<A> {
                 let _ = self.raw.step(message);
             }
             GroupEvent::Propose(data) => {
-                if self.pending.len() < PENDING_PROPOSALS_MAX {
-                    self.pending.push(data);
-                }
+                // Past `PENDING_PROPOSALS_MAX` the proposal is dropped: its waiter times out.
+                let _ = self.proposals.hold(data, Instant::now());
             }
             GroupEvent::ConfChange(change) => self.pending_changes.push(change),
             GroupEvent::Stop => {}
@@ -295,15 +299,23 @@ impl<A: Applier> GroupDriver<A> {
         }
     }
 
-    /// Hands held proposals to raft-rs once a leader is known (a follower forwards them to it).
+    /// Hands held proposals to raft-rs once a leader is known (a follower forwards them to it),
+    /// and again those not committed under an earlier leader or term: raft-rs keeps no proposal
+    /// it forwarded, so one sent to a leader whose node just stopped is lost without this.
     fn propose_pending(&mut self) {
-        if self.raw.raft.leader_id == 0 {
+        let (term, leader) = (self.raw.raft.term, self.raw.raft.leader_id);
+        if leader == 0 {
             return;
         }
-        for data in std::mem::take(&mut self.pending) {
-            if self.raw.propose(Vec::new(), data.clone()).is_err() {
-                self.pending.push(data);
+        for proposal in self.proposals.due(term, leader, Instant::now()) {
+            match self.raw.propose(Vec::new(), proposal.data.clone()) {
+                Ok(()) => self.proposals.proposed(proposal, term, leader),
+                Err(_) => self.proposals.refused(proposal),
             }
+        }
+        let retried = self.proposals.take_retried();
+        if retried > 0 {
+            tracing::info!(retried, term, leader = %format!("{leader:x}"), "metadata proposals not committed under the last leader proposed again");
         }
         // A follower forwards the change to the leader; a leader takes one change at a time.
         let leading = self.raw.raft.state == StateRole::Leader;
@@ -440,7 +452,10 @@ impl<A: Applier> GroupDriver<A> {
             self.applied = entry.index;
             match entry.get_entry_type() {
                 EntryType::EntryNormal if entry.data.is_empty() => {}
-                EntryType::EntryNormal => self.applier.apply(entry.index, &entry.data),
+                EntryType::EntryNormal => {
+                    self.proposals.committed(&entry.data);
+                    self.applier.apply(entry.index, &entry.data);
+                }
                 EntryType::EntryConfChange => {
                     let change = ConfChange::parse_from_bytes(&entry.data).map_err(|error| error.to_string())?;
                     let members = self.raw.apply_conf_change(&change).map_err(|error| error.to_string())?;

@@ -7,6 +7,7 @@
 //! link.rs          one TCP link per node pair: handshake, heartbeats, backoff, bounded queues
 //! node_state.rs    DATA_DIR/cluster/node.json: id, membership, initial voters
 //! group.rs         the metadata group's Raft driver (its own thread)
+//! proposals.rs     proposals until committed (proposed again at a new leader), applied once
 //! command.rs       the metadata commands (definition changes, membership)
 //! apply.rs         applying committed commands to the broker, in log order, on every node
 //! snapshot.rs      the metadata group's snapshots: the applied definitions as an image
@@ -25,6 +26,7 @@ mod group;
 mod link;
 pub mod metrics;
 mod node_state;
+mod proposals;
 mod quorum_link;
 mod remote_queue;
 mod settings;
@@ -354,7 +356,9 @@ impl Cluster {
         let (sender, receiver) = std::sync::mpsc::sync_channel(group::GROUP_EVENTS_MAX);
         let applier = apply::MetadataApplier::new(self.clone());
         let interval = self.settings.metadata_snapshot_entries_interval;
-        let driver = group::GroupDriver::new(raw, self.links.clone(), applier, self.view.clone(), recovery.damaged, interval, start_image);
+        let retry_window = Duration::from_millis(self.settings.metadata_commit_timeout_ms);
+        let driver = group::GroupDriver::new(raw, self.links.clone(), applier, self.view.clone(), recovery.damaged, interval, start_image)
+            .retry_proposals_for(retry_window);
         let runtime = tokio::runtime::Handle::try_current().ok();
         std::thread::Builder::new()
             .name("metadata-group".to_string())

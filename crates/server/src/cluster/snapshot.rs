@@ -109,6 +109,11 @@ pub struct MetadataImage {
     pub definition_changes: u64,
     /// The commands that rebuild the definitions, in the order they must be applied.
     pub entries: Vec<ImageEntry>,
+    /// The proposals remembered as applied, (proposer, sequence) oldest first: a second copy of
+    /// one after `index` is skipped on a node that installed the image as on the others
+    /// (`proposals.rs`). Absent from an image of before: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub applied_proposals: Vec<(u64, u64)>,
 }
 
 impl MetadataImage {
@@ -394,6 +399,7 @@ mod tests {
             cluster_id: 0xABCD,
             members: vec![ImageMember { id: 7, name: "n1@h".into(), address: "127.0.0.1:25001".into() }],
             definition_changes: 640,
+            applied_proposals: vec![(7, 1 << 40), (9, 3)],
             entries: vec![
                 ImageEntry {
                     index: 812,
@@ -416,7 +422,8 @@ mod tests {
         let bytes = image.encode().expect("encodes");
         assert_eq!(&bytes[..4], b"LMDI");
         assert_eq!(MetadataImage::decode(&bytes).expect("decodes"), image);
-        let empty = MetadataImage { index: 0, cluster_id: 0, members: vec![], definition_changes: 0, entries: vec![] };
+        let empty =
+            MetadataImage { index: 0, cluster_id: 0, members: vec![], definition_changes: 0, entries: vec![], applied_proposals: vec![] };
         assert_eq!(MetadataImage::decode(&empty.encode().expect("encodes")).expect("decodes"), empty);
     }
 
