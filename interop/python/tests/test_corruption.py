@@ -5,6 +5,7 @@ message that is intact."""
 
 import os
 import signal
+import time
 
 import pika
 import pytest
@@ -128,12 +129,24 @@ def test_a_damaged_record_in_the_segment_read_at_start_loses_only_itself(segment
         f.seek(offset)
         f.write(bytes([data[offset] ^ 0xFF]))
     broker.start()
-    log = broker.log_tail(20000)
+    # The broker binds its port before it reads its data directory: the report comes with the
+    # recovery, after the start returns.
+    log = log_once_it_says(broker, "quarantined")
     assert "quarantined" in log and os.path.basename(path) in log, log
     # The damage was made a record every later read steps over: a second start reports nothing,
-    # and serves every intact message.
+    # and serves every intact message (read first, so the recovery is over when the log is read).
     broker.stop(signal.SIGTERM)
     broker.start()
-    assert "quarantined" not in broker.log_tail(20000) and "corrupt" not in broker.log_tail(20000)
     indexes = recovered_indexes(broker, "newest")
     assert indexes == [i for i in range(MESSAGES) if i != first + 1], indexes
+    assert "quarantined" not in broker.log_tail(20000) and "corrupt" not in broker.log_tail(20000)
+
+
+def log_once_it_says(broker, text, timeout_s=30):
+    """The broker's log once it holds `text`, or as it is after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    log = broker.log_tail(20000)
+    while text not in log and time.monotonic() < deadline:
+        time.sleep(0.1)
+        log = broker.log_tail(20000)
+    return log
