@@ -130,7 +130,6 @@ async fn flush(session: &mut Session, writer: &mut OwnedWriteHalf) -> std::io::R
     }
     writer.write_all(&session.outbox[written..]).await?;
     session.outbox.clear();
-    session.file_span_bytes = 0;
     Ok(())
 }
 

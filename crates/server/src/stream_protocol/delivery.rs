@@ -125,7 +125,7 @@ impl Session {
                 continue;
             }
             while subscription.credit > 0 {
-                if self.outbox.len() + self.file_span_bytes >= budget_bytes {
+                if self.outbox.len() + span_bytes(&self.file_spans) >= budget_bytes {
                     budget_left = false;
                     break;
                 }
@@ -135,8 +135,7 @@ impl Session {
                         let sent =
                             Self::frame_chunk(&mut self.outbox, &mut self.chunk_buffer, &mut self.file_spans, *subscription_id, &location);
                         match sent {
-                            Ok(span_bytes) => {
-                                self.file_span_bytes += span_bytes;
+                            Ok(()) => {
                                 subscription.credit -= 1;
                                 // RabbitMQ counts a chunk's entries (a sub-entry batch is one), as sent.
                                 self.counts.delivered += u64::from(location.header.entries);
@@ -160,15 +159,14 @@ impl Session {
     }
 
     /// Writes one chunk's deliver frame: the header into the outbox, then the data as a file span
-    /// (large chunks from a real file) or read into the outbox (CRC checked). Returns the bytes
-    /// left to the span (0 when copied).
+    /// (large chunks from a real file) or read into the outbox (CRC checked).
     fn frame_chunk(
         outbox: &mut bytes::BytesMut,
         chunk_buffer: &mut Vec<u8>,
         file_spans: &mut Vec<FileSpan>,
         subscription_id: u8,
         location: &ChunkLocation,
-    ) -> Result<usize, ChunkDefect> {
+    ) -> Result<(), ChunkDefect> {
         let data_bytes = location.header.data_bytes as usize;
         let from_file = data_bytes >= SENDFILE_BYTES_MIN && location.file.raw_fd().is_some();
         if !from_file {
@@ -182,10 +180,15 @@ impl Session {
             let span =
                 FileSpan { outbox_at: outbox.len(), file: location.file.clone(), position: location.data_position(), bytes: data_bytes };
             file_spans.push(span);
-            Ok(data_bytes)
         } else {
             outbox.extend_from_slice(chunk_buffer);
-            Ok(0)
         }
+        Ok(())
     }
+}
+
+/// The chunk data waiting in file spans, counted against the delivery budget with the outbox (a
+/// few dozen spans at most: each is 32 KiB or more of a 1 MiB budget).
+fn span_bytes(file_spans: &[FileSpan]) -> usize {
+    file_spans.iter().map(|span| span.bytes).sum()
 }

@@ -70,8 +70,6 @@ pub struct Session {
     pub outbox: BytesMut,
     /// Chunk data to send from segment files, in outbox order (see [`FileSpan`]).
     pub file_spans: Vec<FileSpan>,
-    /// The bytes of `file_spans`, counted against the delivery budget with the outbox.
-    pub file_span_bytes: usize,
     /// Woken when a stream this connection reads commits chunks.
     pub wake: Arc<Notify>,
     /// Where the group commit sends confirms back.
@@ -112,7 +110,6 @@ impl Session {
             subscriptions: HashMap::new(),
             outbox: BytesMut::with_capacity(64 * 1024),
             file_spans: Vec::new(),
-            file_span_bytes: 0,
             wake: Arc::new(Notify::new()),
             confirms,
             unconfirmed: 0,
