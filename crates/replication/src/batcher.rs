@@ -5,7 +5,7 @@
 
 use crate::command::{Batch, ProposedCommand, QueueCommand, QueueId, BATCH_COMMANDS_MAX};
 use crate::state_machine::{CommandResult, Outcome};
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 /// Why a command was not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -25,8 +25,11 @@ pub struct Batcher {
     open: Vec<ProposedCommand>,
     open_bytes: usize,
     batch_bytes_max: usize,
-    /// Every command proposed and not confirmed, by sequence number.
-    unconfirmed: BTreeMap<u64, ProposedCommand>,
+    /// Every command proposed and not confirmed, in number order. A deque, not a map: numbers
+    /// are given in order and confirmed in order (the machine applies a proposer's numbers only
+    /// without a gap), so a confirm is nearly always the front, and a map's node shuffling of
+    /// these large values cost a tenth of a leader's CPU at 80k msg/s (perf, 2026-11-28).
+    unconfirmed: VecDeque<ProposedCommand>,
     unconfirmed_commands_max: usize,
     /// A command came back out of order: retry everything unconfirmed.
     retry_due: bool,
@@ -49,7 +52,7 @@ impl Batcher {
             open: Vec::new(),
             open_bytes: 0,
             batch_bytes_max,
-            unconfirmed: BTreeMap::new(),
+            unconfirmed: VecDeque::new(),
             unconfirmed_commands_max,
             retry_due: false,
         }
@@ -71,9 +74,8 @@ impl Batcher {
     pub fn cut(&mut self, now_ms: u64) -> Vec<Batch> {
         let commands = std::mem::take(&mut self.open);
         self.open_bytes = 0;
-        for command in &commands {
-            self.unconfirmed.insert(command.sequence, command.clone());
-        }
+        // The open window's numbers are all above those proposed before: the deque stays in order.
+        self.unconfirmed.extend(commands.iter().cloned());
         self.split(commands, now_ms)
     }
 
@@ -81,7 +83,7 @@ impl Batcher {
     /// proposal timed out). Those already committed come back `Duplicate` and count as confirmed.
     pub fn retry(&mut self, now_ms: u64) -> Vec<Batch> {
         self.retry_due = false;
-        let commands: Vec<ProposedCommand> = self.unconfirmed.values().cloned().collect();
+        let commands: Vec<ProposedCommand> = self.unconfirmed.iter().cloned().collect();
         self.split(commands, now_ms)
     }
 
@@ -117,7 +119,7 @@ impl Batcher {
                 match result {
                     CommandResult::OutOfOrder | CommandResult::Retired => self.retry_due = true,
                     _ => {
-                        if self.unconfirmed.remove(sequence).is_some() {
+                        if self.remove_unconfirmed(*sequence) {
                             confirmed.push((*sequence, result.clone()));
                         }
                     }
@@ -125,6 +127,18 @@ impl Batcher {
             }
         }
         confirmed
+    }
+
+    /// Forgets unconfirmed command `sequence`; whether it was there (a duplicate confirm is not).
+    fn remove_unconfirmed(&mut self, sequence: u64) -> bool {
+        if self.unconfirmed.front().is_some_and(|command| command.sequence == sequence) {
+            self.unconfirmed.pop_front();
+            return true;
+        }
+        match self.unconfirmed.binary_search_by_key(&sequence, |command| command.sequence) {
+            Ok(place) => self.unconfirmed.remove(place).is_some(),
+            Err(_) => false,
+        }
     }
 
     /// Whether a command came back `OutOfOrder` (or `Retired`) since the last [`Batcher::retry`]:
@@ -147,7 +161,7 @@ impl Batcher {
     /// order, leaving the batcher empty: a node whose proposer was retired proposes them again
     /// under a new one.
     pub fn take_unconfirmed(&mut self) -> Vec<ProposedCommand> {
-        let mut commands: Vec<ProposedCommand> = std::mem::take(&mut self.unconfirmed).into_values().collect();
+        let mut commands: Vec<ProposedCommand> = std::mem::take(&mut self.unconfirmed).into();
         commands.append(&mut self.open);
         self.open_bytes = 0;
         commands

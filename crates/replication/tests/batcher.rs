@@ -73,3 +73,26 @@ fn a_retry_after_a_lost_leader_applies_every_command_once() {
     assert_eq!(batcher.unconfirmed_count(), 0);
     assert_eq!(machine.queue(1).expect("declared").stats().published, 6);
 }
+
+/// Confirms in any order (a confirm seen twice, one past the front) each confirm their command
+/// once, and the rest stay unconfirmed, retried in number order.
+#[test]
+fn confirms_out_of_order_are_taken_once_and_the_rest_retried_in_order() {
+    let mut batcher = Batcher::new(9, 64 * 1024, 1_000);
+    for _ in 0..5 {
+        batcher.push(1, enqueue(1)).expect("room");
+    }
+    let _ = batcher.cut(1);
+    let committed = |sequence: u64| replication::state_machine::Outcome::Committed {
+        index: 1,
+        queue: 1,
+        proposer: 9,
+        sequence,
+        result: CommandResult::Touched,
+    };
+    let confirmed = batcher.confirm(&[committed(3), committed(1), committed(3), committed(5)]);
+    assert_eq!(confirmed.iter().map(|(sequence, _)| *sequence).collect::<Vec<_>>(), vec![3, 1, 5]);
+    assert_eq!(batcher.unconfirmed_count(), 2);
+    let retried: Vec<u64> = batcher.retry(2).iter().flat_map(|batch| batch.commands.iter().map(|command| command.sequence)).collect();
+    assert_eq!(retried, vec![2, 4]);
+}
