@@ -23,6 +23,9 @@ use storage::file_system::{SharedFileSystem, StorageFile};
 
 const LOG_FILE: &str = "log";
 const HARD_STATE_FILE: &str = "hard_state";
+/// A second copy of the hard state, written after the first: a vote lost to a damaged file lets a
+/// node vote twice in a term that is still running; with two copies that takes both damaged.
+const HARD_STATE_COPY_FILE: &str = "hard_state.copy";
 const SNAPSHOT_FILE: &str = "snapshot";
 
 /// A record header: length of what follows the checksum, then the checksum.
@@ -67,6 +70,9 @@ pub struct Recovery {
     /// A whole record failed its check, or the hard state did: the node must not vote or
     /// campaign until repaired.
     pub damaged: bool,
+    /// Copies of the hard state that failed their checksum while another was read (the vote is
+    /// known; the next write replaces both): for the log.
+    pub hard_state_copies_damaged: u32,
 }
 
 /// One Raft group's log, hard state and snapshot.

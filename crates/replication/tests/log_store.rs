@@ -111,13 +111,59 @@ fn a_compacted_log_reopens_after_its_snapshot() {
 }
 
 #[test]
-fn a_hard_state_failing_its_checksum_is_damage() {
+fn a_hard_state_failing_its_checksum_in_both_copies_is_damage() {
     let file_system = file_system();
     let (mut store, _) = open(&file_system);
     store.set_hard_state(&HardState { term: 4, vote: 2, commit: 0, ..Default::default() }).expect("written");
     file_system.flip_bit_on_read(&directory().join("hard_state"), 9, 1).expect("flipped");
+    file_system.flip_bit_on_read(&directory().join("hard_state.copy"), 12, 3).expect("flipped");
     let (_, recovery) = open(&file_system);
     assert!(recovery.damaged, "the vote is unknown: {recovery:?}");
+}
+
+/// Either copy of the hard state damaged: the vote is read from the other, and the node is not
+/// held back as damaged (it knows whom it voted for).
+#[test]
+fn a_hard_state_copy_failing_its_checksum_is_read_from_the_other() {
+    for damaged in ["hard_state", "hard_state.copy"] {
+        let file_system = file_system();
+        let (mut store, _) = open(&file_system);
+        store.set_hard_state(&HardState { term: 4, vote: 2, commit: 0, ..Default::default() }).expect("written");
+        file_system.flip_bit_on_read(&directory().join(damaged), 9, 1).expect("flipped");
+        let (store, recovery) = open(&file_system);
+        assert!(!recovery.damaged, "{damaged}: {recovery:?}");
+        assert_eq!(recovery.hard_state_copies_damaged, 1, "{damaged}");
+        assert_eq!((store.hard_state().term, store.hard_state().vote), (4, 2), "{damaged}");
+    }
+}
+
+/// A crash between the two replacements leaves the first copy newer: it is the one read,
+/// whichever file holds it.
+#[test]
+fn of_two_readable_copies_the_newer_is_read() {
+    let read = |file_system: &MemoryFileSystem, name: &str| -> Vec<u8> {
+        let file = file_system.shared().open(&directory().join(name), storage::file_system::OpenMode::Read).expect("opened");
+        let mut bytes = vec![0; file.len().expect("length") as usize];
+        file.read_exact_at(&mut bytes, 0).expect("read");
+        bytes
+    };
+    let write = |file_system: &MemoryFileSystem, name: &str, bytes: &[u8]| {
+        let file = file_system.shared().open(&directory().join(name), storage::file_system::OpenMode::CreateReadWrite).expect("opened");
+        file.set_len(0).expect("truncated");
+        file.write_all_at(bytes, 0).expect("written");
+        file.sync_data().expect("synced");
+    };
+    for stale in ["hard_state", "hard_state.copy"] {
+        let file_system = file_system();
+        let (mut store, _) = open(&file_system);
+        store.set_hard_state(&HardState { term: 4, vote: 0, commit: 0, ..Default::default() }).expect("written");
+        let older = read(&file_system, "hard_state");
+        store.set_hard_state(&HardState { term: 4, vote: 3, commit: 0, ..Default::default() }).expect("written");
+        write(&file_system, stale, &older);
+        let (store, recovery) = open(&file_system);
+        assert!(!recovery.damaged);
+        assert_eq!((store.hard_state().term, store.hard_state().vote), (4, 3), "the vote of term 4 kept, {stale} stale");
+    }
 }
 
 /// Only the newest entries stay in memory (LOG_CACHE_BYTES_MAX): older ones are read back from the

@@ -1,8 +1,8 @@
 //! Opening a group's state: the hard state, the snapshot, then the log read front to back.
 
 use super::{
-    decode_record, io_error, read_all, LogStore, LogStoreError, Recovery, HARD_STATE_FILE, LOG_FILE, RECORD_BYTES_MAX, RECORD_HEADER_BYTES,
-    SNAPSHOT_FILE,
+    decode_record, io_error, read_all, LogStore, LogStoreError, Recovery, HARD_STATE_COPY_FILE, HARD_STATE_FILE, LOG_FILE,
+    RECORD_BYTES_MAX, RECORD_HEADER_BYTES, SNAPSHOT_FILE,
 };
 use crate::codec::{verify_checksum, DecodeError, Reader};
 use bytes::Bytes;
@@ -22,6 +22,54 @@ pub(super) fn decode_hard_state(bytes: Bytes, checksum_seed: u32) -> Result<(Har
         conf_index = reader.u64()?;
     }
     Ok((hard_state, conf_state, conf_index))
+}
+
+/// What the two copies of the hard state hold.
+enum StoredHardState {
+    /// Neither exists: a new group.
+    Fresh,
+    /// The newer readable copy.
+    Read(HardState, ConfState, u64),
+    /// One or both exist and neither is readable.
+    Damaged,
+}
+
+/// Reads both copies of the hard state and takes the newer readable one. Each write replaces the
+/// first, then the second, so they differ only after a crash between the two: then the first is
+/// newer. Term, vote, membership index and commit only grow between writes (a vote only from none
+/// to a node within a term), which orders any two copies without knowing which file was first.
+fn read_hard_state(
+    file_system: &SharedFileSystem,
+    directory: &Path,
+    checksum_seed: u32,
+    recovery: &mut Recovery,
+) -> Result<StoredHardState, LogStoreError> {
+    let mut newest: Option<(HardState, ConfState, u64)> = None;
+    let mut found = false;
+    for name in [HARD_STATE_FILE, HARD_STATE_COPY_FILE] {
+        let path = directory.join(name);
+        if !file_system.exists(&path) {
+            continue;
+        }
+        found = true;
+        let file = file_system.open(&path, OpenMode::Read).map_err(io_error(&path))?;
+        let bytes = read_all(file.as_ref()).map_err(io_error(&path))?;
+        let Ok(stored) = decode_hard_state(Bytes::from(bytes), checksum_seed) else {
+            recovery.hard_state_copies_damaged += 1;
+            continue;
+        };
+        let age = |(hard_state, _, conf_index): &(HardState, ConfState, u64)| {
+            (hard_state.term, hard_state.vote != 0, *conf_index, hard_state.commit)
+        };
+        if newest.as_ref().is_none_or(|current| age(&stored) > age(current)) {
+            newest = Some(stored);
+        }
+    }
+    Ok(match newest {
+        Some((hard_state, conf_state, conf_index)) => StoredHardState::Read(hard_state, conf_state, conf_index),
+        None if found => StoredHardState::Damaged,
+        None => StoredHardState::Fresh,
+    })
 }
 
 fn decode_learners(reader: &mut Reader) -> Result<Vec<u64>, DecodeError> {
@@ -77,16 +125,13 @@ pub(super) fn open(
     let mut hard_state = HardState::default();
     let mut conf_index = 0;
     let hard_state_path = directory.join(HARD_STATE_FILE);
-    if file_system.exists(&hard_state_path) {
-        let file = file_system.open(&hard_state_path, OpenMode::Read).map_err(io_error(&hard_state_path))?;
-        let bytes = read_all(file.as_ref()).map_err(io_error(&hard_state_path))?;
-        match decode_hard_state(Bytes::from(bytes), checksum_seed) {
-            Ok((stored, stored_conf_state, stored_conf_index)) => {
-                (hard_state, conf_state, conf_index) = (stored, stored_conf_state, stored_conf_index)
-            }
-            // The vote is unknown: the node must not vote until repaired.
-            Err(_) => recovery.damaged = true,
+    match read_hard_state(&file_system, directory, checksum_seed, &mut recovery)? {
+        StoredHardState::Fresh => {}
+        StoredHardState::Read(stored, stored_conf_state, stored_conf_index) => {
+            (hard_state, conf_state, conf_index) = (stored, stored_conf_state, stored_conf_index)
         }
+        // The vote is unknown: the node must not vote until repaired.
+        StoredHardState::Damaged => recovery.damaged = true,
     }
     let mut snapshot = Snapshot::default();
     snapshot.mut_metadata().set_conf_state(conf_state.clone());

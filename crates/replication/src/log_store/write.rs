@@ -109,7 +109,10 @@ impl LogStore {
         encode_learners(&mut writer, &self.conf_state);
         writer.u64(self.conf_index);
         append_checksum(&mut buffer, 0, self.checksum_seed);
-        self.replace_file(HARD_STATE_FILE, &buffer)
+        // One after the other, each replaced atomically: a crash between leaves the first newer
+        // and both readable (recovery takes the newer); damage at rest leaves the other.
+        self.replace_file(HARD_STATE_FILE, &buffer)?;
+        self.replace_file(super::HARD_STATE_COPY_FILE, &buffer)
     }
 
     fn write_snapshot(&self) -> io::Result<()> {

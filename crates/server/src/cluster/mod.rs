@@ -339,6 +339,8 @@ impl Cluster {
         };
         if recovery.damaged {
             tracing::error!(directory = %directory.display(), records = recovery.records, "the metadata log is damaged: this node neither votes nor campaigns until a leader has repaired it");
+        } else if recovery.hard_state_copies_damaged > 0 {
+            tracing::warn!(directory = %directory.display(), "a copy of the metadata group's hard state fails its checksum; the other copy was read");
         }
         let config = raft::Config {
             id: self.node_id,

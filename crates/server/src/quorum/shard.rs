@@ -252,6 +252,8 @@ pub(crate) fn open(
     let (node, recovery) = ReplicaNode::open(node_config.clone(), config.file_system.clone(), &directory)?;
     if recovery.damaged {
         tracing::error!(shard, "the quorum shard's log is damaged: the node neither votes nor campaigns until a leader repaired it");
+    } else if recovery.hard_state_copies_damaged > 0 {
+        tracing::warn!(shard, "a copy of the quorum shard's hard state fails its checksum; the other copy was read");
     }
     let (sender, inputs) = mpsc::channel();
     let handle = Arc::new(ShardHandle { sender: Mutex::new(sender), figures: ShardFigures::default() });
