@@ -308,6 +308,12 @@ impl ReplicaNode {
         self.raw.report_snapshot(to, status);
     }
 
+    /// Whether this node leads the group and waits for `to` to take a snapshot it sent.
+    pub fn awaits_snapshot(&self, to: u64) -> bool {
+        self.raw.raft.state == raft::StateRole::Leader
+            && self.raw.raft.prs().get(to).is_some_and(|progress| progress.state == raft::ProgressState::Snapshot)
+    }
+
     /// Advances time by one tick. A damaged node does not tick: it must not campaign.
     pub fn tick(&mut self) {
         if self.damage != Damage::None {

@@ -72,6 +72,20 @@ pub enum LinkFrame {
         /// The answer (JSON).
         body: Bytes,
     },
+    /// A part of a Raft message too large for one frame or a send queue (a snapshot): the
+    /// receiver joins the parts of a transfer, in order, and takes the message when whole.
+    RaftPart {
+        /// The group.
+        group: u32,
+        /// The sender's number for this transfer (a new one restarts the joining).
+        transfer: u64,
+        /// The whole message's length.
+        total: u64,
+        /// Where this part starts in the message.
+        offset: u64,
+        /// The part's bytes.
+        bytes: Bytes,
+    },
     /// A message of another protocol riding the link (quorum queues), by channel.
     Payload {
         /// Which protocol.
@@ -89,6 +103,7 @@ const KIND_RAFT: u8 = 5;
 const KIND_REQUEST: u8 = 6;
 const KIND_RESPONSE: u8 = 7;
 const KIND_PAYLOAD: u8 = 8;
+const KIND_RAFT_PART: u8 = 9;
 
 fn write_text(writer: &mut Writer, text: &str) {
     writer.bytes(text.as_bytes());
@@ -150,6 +165,14 @@ impl LinkFrame {
                 writer.u64(*id);
                 writer.bytes(body);
             }
+            LinkFrame::RaftPart { group, transfer, total, offset, bytes } => {
+                writer.u8(KIND_RAFT_PART);
+                writer.u32(*group);
+                writer.u64(*transfer);
+                writer.u64(*total);
+                writer.u64(*offset);
+                writer.bytes(bytes);
+            }
             LinkFrame::Payload { channel, body } => {
                 writer.u8(KIND_PAYLOAD);
                 writer.u8(*channel);
@@ -194,6 +217,13 @@ impl LinkFrame {
             KIND_REQUEST => LinkFrame::Request { id: reader.u64()?, body: reader.bytes()? },
             KIND_RESPONSE => LinkFrame::Response { id: reader.u64()?, body: reader.bytes()? },
             KIND_PAYLOAD => LinkFrame::Payload { channel: reader.u8()?, body: reader.bytes()? },
+            KIND_RAFT_PART => LinkFrame::RaftPart {
+                group: reader.u32()?,
+                transfer: reader.u64()?,
+                total: reader.u64()?,
+                offset: reader.u64()?,
+                bytes: reader.bytes()?,
+            },
             kind => return Err(DecodeError::Invalid { field: "frame kind", value: kind.into() }),
         };
         if !reader.is_at_end() {
@@ -245,6 +275,7 @@ mod tests {
             LinkFrame::Request { id: 3, body: Bytes::from_static(b"{}") },
             LinkFrame::Response { id: 3, body: Bytes::from_static(b"{\"ok\":true}") },
             LinkFrame::Payload { channel: 2, body: Bytes::from_static(b"forward") },
+            LinkFrame::RaftPart { group: 1, transfer: 9, total: 10, offset: 4, bytes: Bytes::from_static(b"part") },
         ];
         for frame in frames {
             let bytes = frame.to_bytes();

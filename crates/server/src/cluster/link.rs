@@ -18,6 +18,7 @@
 
 use super::frame::{Hello, LinkFrame, FRAME_HEADER_BYTES, LINK_PROTOCOL_VERSION};
 use super::settings::ClusterSettings;
+use super::transfer::{take_part, IncomingTransfer, OutgoingTransfer, Part, PartTaken, RAFT_TRANSFER_BYTES_MIN};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -107,6 +108,10 @@ pub struct Peer {
     queue: Mutex<SendQueue>,
     wake: Notify,
     link: Mutex<Option<ActiveLink>>,
+    /// A Raft message too large for the queue, being sent in parts beside it.
+    outgoing: Mutex<Option<OutgoingTransfer>>,
+    /// One arriving in parts.
+    incoming: Mutex<Option<IncomingTransfer>>,
 }
 
 impl Peer {
@@ -116,6 +121,8 @@ impl Peer {
             queue: Mutex::new(SendQueue { frames: VecDeque::new(), bytes: 0 }),
             wake: Notify::new(),
             link: Mutex::new(None),
+            outgoing: Mutex::new(None),
+            incoming: Mutex::new(None),
         }
     }
 }
@@ -384,6 +391,9 @@ impl Links {
         queue.frames.clear();
         queue.bytes = 0;
         drop(queue);
+        // A transfer cut short is reported lost by its Raft group's timeout, and sent again.
+        *peer.outgoing.lock() = None;
+        *peer.incoming.lock() = None;
         tracing::warn!(node = %peer.hello.lock().node_name, %reason, "cluster link down");
         if let Some(handler) = self.handler.get() {
             handler.peer_down(id);
@@ -403,6 +413,10 @@ impl Links {
                     taken += frame.len();
                     buffer.extend_from_slice(&frame);
                 }
+                if taken < WRITE_BATCH_BYTES_MAX {
+                    drop(queue);
+                    taken += Self::next_transfer_part(&peer, &mut buffer);
+                }
                 taken
             };
             if batch == 0 {
@@ -421,6 +435,17 @@ impl Links {
             }
             buffer.clear();
         }
+    }
+
+    /// Appends the next part of the peer's transfer, if one is under way, to `buffer`; its bytes.
+    fn next_transfer_part(peer: &Peer, buffer: &mut Vec<u8>) -> usize {
+        let mut outgoing = peer.outgoing.lock();
+        let Some(transfer) = outgoing.as_mut() else { return 0 };
+        let (bytes, more) = transfer.encode_next_part(buffer);
+        if !more {
+            *outgoing = None;
+        }
+        bytes
     }
 
     async fn read_loop(
@@ -454,6 +479,15 @@ impl Links {
         match frame {
             LinkFrame::Heartbeat => {}
             LinkFrame::Raft { group, message } => handler.raft(from, group, message),
+            LinkFrame::RaftPart { group, transfer, total, offset, bytes } => {
+                let Some(peer) = self.peer(from) else { return };
+                let taken = take_part(&mut peer.incoming.lock(), Part { group, transfer, total, offset, bytes });
+                match taken {
+                    PartTaken::Partial => {}
+                    PartTaken::Whole { group, message } => handler.raft(from, group, message),
+                    PartTaken::Refused(reason) => tracing::warn!(node = from, %reason, "cluster link: a Raft message in parts was dropped"),
+                }
+            }
             LinkFrame::Payload { channel, body } => handler.payload(from, channel, body),
             LinkFrame::Request { id, body } => {
                 let handler = handler.clone();
@@ -495,10 +529,34 @@ impl Links {
     /// Sends a Raft message of `group` to `to`; dropped when it cannot be queued (Raft resends).
     /// Whether it was queued.
     pub fn send_raft(&self, to: u64, group: u32, message: Bytes) -> bool {
+        if message.len() > RAFT_TRANSFER_BYTES_MIN {
+            return self.send_raft_in_parts(to, group, message);
+        }
         if self.push(to, LinkFrame::Raft { group, message }.to_bytes()).is_err() {
             self.counters.raft_dropped.fetch_add(1, Ordering::Relaxed);
             return false;
         }
+        true
+    }
+
+    /// Sends a large Raft message (a snapshot) in parts beside the send queue: refused while
+    /// another is under way to the same peer (Raft sends it again later).
+    fn send_raft_in_parts(&self, to: u64, group: u32, message: Bytes) -> bool {
+        let Some(peer) = self.peer(to).filter(|peer| peer.link.lock().is_some()) else {
+            self.counters.raft_dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        };
+        {
+            let mut outgoing = peer.outgoing.lock();
+            if outgoing.is_some() {
+                self.counters.raft_dropped.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            let transfer = self.next_request.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(node = %format!("{to:x}"), group, bytes = message.len(), "cluster link: a Raft message sent in parts");
+            *outgoing = Some(OutgoingTransfer::new(transfer, group, message));
+        }
+        peer.wake.notify_one();
         true
     }
 

@@ -31,6 +31,7 @@ mod quorum_link;
 mod remote_queue;
 mod settings;
 mod snapshot;
+mod transfer;
 
 pub use apply::Applied;
 pub use command::{ExchangeDeclarationRecord, MetadataCommand, QueueDeclaration};

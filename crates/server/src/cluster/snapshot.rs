@@ -34,12 +34,11 @@ const IMAGE_HEADER_BYTES: usize = 16;
 /// Seeds the image's checksum, so no other record of ours passes for an image.
 const IMAGE_CHECKSUM_SEED: u32 = 0x4C4D_4449;
 
-/// The largest image a node writes or takes. It travels as one Raft message in one link frame,
-/// which must fit a peer's send queue (`peer_queue_bytes_max`, 16 MiB by default) with room to
-/// spare; about 40,000 queues with their bindings at the sizes measured in the tests (~300 bytes
-/// a command). Past it a node does not snapshot (it says so loudly and keeps its whole log, as
-/// before snapshots existed); chunked transfer is the way past it.
-pub const METADATA_SNAPSHOT_BYTES_MAX: usize = 12 << 20;
+/// The largest image a node writes or takes: about 800,000 queues with their bindings at the
+/// sizes measured in the tests (~300 bytes a command). A large one travels to a member in parts
+/// (`cluster/transfer.rs`, at most 1 GiB). Past it a node does not snapshot (it says so loudly
+/// and keeps its whole log, as before snapshots existed).
+pub const METADATA_SNAPSHOT_BYTES_MAX: usize = 256 << 20;
 
 /// Applied entries past the latest snapshot that make a node take a new one and compact its log.
 pub const METADATA_SNAPSHOT_ENTRIES_INTERVAL_DEFAULT: u64 = 4096;
@@ -459,7 +458,8 @@ mod tests {
     fn images_over_the_bound_are_refused() {
         let mut image = image();
         let big = "x".repeat(1 << 20);
-        image.entries = (0..13).map(|_| ImageEntry { index: 1, command: MetadataCommand::DeleteVhost { name: big.clone() } }).collect();
+        let over = METADATA_SNAPSHOT_BYTES_MAX / (1 << 20) + 1;
+        image.entries = (0..over).map(|_| ImageEntry { index: 1, command: MetadataCommand::DeleteVhost { name: big.clone() } }).collect();
         assert!(matches!(image.encode(), Err(ImageError::TooLarge(_))));
         assert!(matches!(MetadataImage::decode(&vec![0; METADATA_SNAPSHOT_BYTES_MAX + 1]), Err(ImageError::TooLarge(_))));
     }

@@ -38,6 +38,14 @@ pub const INPUTS_PER_ROUND_MAX: usize = 65_536;
 /// the leader did not change (a forwarded proposal lost on the way).
 pub const PROPOSAL_RETRY_TICKS: u64 = 20;
 
+/// How long a leader waits for a member to take a snapshot it sent before it reports the
+/// snapshot lost and sends it again (a link that went down drops it; raft-rs would otherwise wait
+/// for the member forever), plus [`SNAPSHOT_SEND_MS_PER_MIB`] for each MiB it holds.
+pub const SNAPSHOT_SEND_TIMEOUT_MS: u64 = 10_000;
+
+/// The time a snapshot's size adds to its timeout (32 MiB a second, well under a link's speed).
+pub const SNAPSHOT_SEND_MS_PER_MIB: u64 = 32;
+
 /// Ticks between a leader's checks whether the shard's preferred node should lead it.
 pub const LEADERSHIP_CHECK_TICKS: u64 = 50;
 
@@ -227,6 +235,8 @@ pub(crate) struct ShardWorker {
     dead_letter_retry: super::dead_letter_retry::DeadLetterRetry,
     /// On the shard of the cluster's delay store: its queue and firing thread.
     delayed: Option<delayed::DelayedHook>,
+    /// Snapshots sent and not yet taken, by member: when each is reported lost.
+    snapshots_in_flight: HashMap<u64, Instant>,
 }
 
 /// Opens shard `shard` of this node and makes its thread's state.
@@ -293,6 +303,7 @@ pub(crate) fn open(
         stopping: false,
         dead_letter_retry: super::dead_letter_retry::DeadLetterRetry::new(config.dead_letter_retry_interval_ms),
         delayed: None,
+        snapshots_in_flight: HashMap::new(),
     };
     Ok((handle, worker))
 }
@@ -393,6 +404,7 @@ impl ShardWorker {
             self.retry();
         }
         self.release_gone_nodes();
+        self.expire_snapshots_in_flight();
         self.spread_leadership();
         self.reconcile_membership();
         *self.handle.figures.members.lock() = (self.node.voters(), self.node.learners());
@@ -470,9 +482,36 @@ impl ShardWorker {
     fn send_messages(&mut self) {
         for message in self.node.take_messages() {
             let (to, is_snapshot) = (message.to, message.get_msg_type() == replication::MessageType::MsgSnapshot);
-            if !self.transport.send(self.shard, message) && is_snapshot {
+            let snapshot_mib = (message.get_snapshot().data.len() >> 20) as u64;
+            let sent = self.transport.send(self.shard, message);
+            if is_snapshot && !sent {
                 self.node.report_snapshot(to, false);
+            } else if is_snapshot {
+                let timeout_ms = SNAPSHOT_SEND_TIMEOUT_MS + snapshot_mib * SNAPSHOT_SEND_MS_PER_MIB;
+                tracing::info!(shard = self.shard, to = %format!("{to:x}"), snapshot_mib, "shard snapshot sent to a member behind the compacted log");
+                self.snapshots_in_flight.insert(to, Instant::now() + Duration::from_millis(timeout_ms));
             }
+        }
+    }
+
+    /// A snapshot sent and not taken in time is reported lost, so the leader sends it again.
+    fn expire_snapshots_in_flight(&mut self) {
+        if self.snapshots_in_flight.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        let node = &self.node;
+        self.snapshots_in_flight.retain(|to, deadline| {
+            let waiting = node.awaits_snapshot(*to);
+            if waiting && now > *deadline {
+                expired.push(*to);
+            }
+            waiting && now <= *deadline
+        });
+        for to in expired {
+            tracing::warn!(shard = self.shard, to = %format!("{to:x}"), "a shard snapshot sent was not taken in time: sent again");
+            self.node.report_snapshot(to, false);
         }
     }
 
