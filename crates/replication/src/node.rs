@@ -294,8 +294,13 @@ impl ReplicaNode {
     /// Proposes a batch on the leader, or, on a follower that knows the leader, forwards it there
     /// (raft-rs sends the leader a `MsgPropose`). A forwarded proposal may be lost on the way, or
     /// overtaken by a later one: the proposer's numbers and its retries take care of both.
+    ///
+    /// A damaged node forwards too: its proposals (a restart's `RegisterProposer` first) are
+    /// what makes an idle leader append, find the node's log shorter than it believed, and
+    /// repair it. Refusing them left a damaged node of an idle shard unrepaired (and not voting)
+    /// for as long as nobody else proposed (found by test_quorum_damaged_log.py).
     pub fn propose_anywhere(&mut self, batch: &Batch) -> Result<(), NodeError> {
-        if !self.is_leader() && (self.leader().is_none() || self.damage != Damage::None) {
+        if !self.is_leader() && self.leader().is_none() {
             return Err(NodeError::NotLeader { leader: self.leader() });
         }
         self.raw.propose(Vec::new(), batch.encode())?;
