@@ -466,9 +466,10 @@ impl Broker {
         if deferred > 0 {
             let storage = self.classic_storage();
             let recovery = storage.lazy_recovery(clean_shutdown);
+            let stored_last_uses = storage.stored_last_uses();
             let mut unrecovered = self.unrecovered_queues.lock();
             for (record, vhost, definition) in lazily {
-                let queue = storage.restore_unrecovered(&definition, &record.vhost, recovery.clone());
+                let queue = storage.restore_unrecovered(&definition, &record.vhost, recovery.clone(), stored_last_uses.as_ref());
                 if let Queue::Classic(runtime) = &queue {
                     runtime.apply_policy(self.policy_for_queue(&record.vhost, &definition));
                     unrecovered.push(Arc::downgrade(runtime));

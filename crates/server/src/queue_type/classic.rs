@@ -266,11 +266,28 @@ impl ClassicStorage<'_> {
     /// A durable classic queue restored from its definition with its log not yet recovered: the
     /// first use (under the queue's lock) or the background walker recovers it through
     /// `recovery`. Its x-expires clock runs from now as a recovered queue's does.
-    pub fn restore_unrecovered(&self, definition: &QueueDefinition, vhost: &str, recovery: Arc<LazyRecovery>) -> Queue {
+    /// `stored_last_uses`: the names of the files in [`EXPIRY_DIRECTORY`], listed once for all the
+    /// queues of a start (none when it could not be listed: each queue's file is then read).
+    pub fn restore_unrecovered(
+        &self,
+        definition: &QueueDefinition,
+        vhost: &str,
+        recovery: Arc<LazyRecovery>,
+        stored_last_uses: Option<&std::collections::HashSet<String>>,
+    ) -> Queue {
         let expiry = self.expiry_clock(definition, vhost, true);
         let queue = QueueRuntime::unrecovered(definition.clone(), vhost, self.dead_letters.cloned(), expiry, recovery);
-        queue.start_expiry_clock(true);
+        let last_use_stored =
+            stored_last_uses.is_none_or(|names| !names.is_empty() && names.contains(&queue_file_name(vhost, &definition.name)));
+        queue.start_recovered_expiry_clock(last_use_stored);
         Queue::Classic(queue)
+    }
+
+    /// The names of the stored last uses of queues with x-expires, or none when the directory
+    /// cannot be listed.
+    pub fn stored_last_uses(&self) -> Option<std::collections::HashSet<String>> {
+        let directory = self.data_dir.join(EXPIRY_DIRECTORY);
+        storage::file_system::real().list_directory(&directory).ok().map(|names| names.into_iter().collect())
     }
 
     /// What the queues restored unrecovered need to recover their logs later.
