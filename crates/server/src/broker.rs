@@ -136,6 +136,14 @@ pub struct Broker {
     /// The cluster half, when clustered (set once at start; see `cluster/`): definition changes
     /// are then proposed to the metadata group and applied on every node in log order.
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    /// The durable classic queues this start restored with their logs not yet recovered, for the
+    /// walker (taken when it starts).
+    unrecovered_queues: Mutex<Vec<std::sync::Weak<crate::queue_runtime::QueueRuntime>>>,
+    /// Recovers those queues' logs in the background (see `recovery_walker.rs`).
+    recovery_walker: std::sync::OnceLock<crate::recovery_walker::RecoveryWalker>,
+    /// Whether the previous run stopped gracefully (a queue not recovered in this run keeps the
+    /// log that run left).
+    previous_run_clean: std::sync::atomic::AtomicBool,
 }
 
 /// The changes a clustered node applies from its metadata log (a child module: it reaches the
@@ -255,6 +263,9 @@ impl Broker {
             expiry_timers: Arc::default(),
             reply_consumers: Default::default(),
             cluster: std::sync::OnceLock::new(),
+            unrecovered_queues: Mutex::new(Vec::new()),
+            recovery_walker: std::sync::OnceLock::new(),
+            previous_run_clean: std::sync::atomic::AtomicBool::new(false),
             config,
         };
         broker.syncer.watch(broker.delayed.log().clone());
@@ -263,6 +274,8 @@ impl Broker {
             if broker.config.cluster.enabled() { cluster_apply::clustered_start(&broker.config.data_dir, recovered)? } else { recovered };
         broker.recover(recovered)?;
         let broker = Arc::new(broker);
+        let unrecovered = std::mem::take(&mut *broker.unrecovered_queues.lock());
+        let _ = broker.recovery_walker.set(crate::recovery_walker::RecoveryWalker::start(unrecovered, broker.config.data_dir.clone()));
         crate::dead_letter::start(Arc::downgrade(&broker), dead_letter_receiver);
         crate::delayed::start(&broker.delayed, Arc::downgrade(&broker));
         if broker.config.cluster.enabled() {
@@ -273,6 +286,7 @@ impl Broker {
 
     fn recover(&mut self, definitions: Definitions) -> Result<(), RecoveryError> {
         let clean_shutdown = storage::take_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir)?;
+        self.previous_run_clean.store(clean_shutdown, Ordering::Release);
         {
             let mut vhosts = self.vhosts.write();
             match &definitions.vhosts {
@@ -443,6 +457,27 @@ impl Broker {
             queue.apply_policy(self.policy_for_queue(&record.vhost, &definition));
             vhost.write().restore_queue(definition, queue);
         }
+        // On a node alone, a queue's log is recovered after the start (at its first use, or by the
+        // walker): the listeners accept connections without waiting for every queue's log.
+        let lazy = !self.config.cluster.enabled();
+        let (lazily, queues): (Vec<_>, Vec<_>) =
+            queues.into_iter().partition(|(_, _, definition)| lazy && ClassicStorage::recovers_lazily(definition));
+        let deferred = lazily.len();
+        if deferred > 0 {
+            let storage = self.classic_storage();
+            let recovery = storage.lazy_recovery(clean_shutdown);
+            let stored_last_uses = storage.stored_last_uses();
+            let mut unrecovered = self.unrecovered_queues.lock();
+            for (record, vhost, definition) in lazily {
+                let queue = storage.restore_unrecovered(&definition, &record.vhost, recovery.clone(), stored_last_uses.as_ref());
+                if let Queue::Classic(runtime) = &queue {
+                    runtime.apply_policy(self.policy_for_queue(&record.vhost, &definition));
+                    unrecovered.push(Arc::downgrade(runtime));
+                }
+                vhost.write().restore_queue(definition, queue);
+            }
+            tracing::info!(queues = deferred, "classic queues restored; their logs are recovered in the background or at first use");
+        }
         let opened = self.open_recovered_logs(&queues)?;
         if opened.iter().any(RecoveredLog::seals_unsynced) {
             let data_dir = &self.config.data_dir;
@@ -513,6 +548,10 @@ impl Broker {
     /// Writes and syncs every queue log (graceful shutdown), so acks and unconfirmed publishes
     /// buffered in memory are not lost.
     pub fn flush_all(&self) {
+        // No queue's log is opened past this point by the walker (a chunk under way finishes).
+        if let Some(walker) = self.recovery_walker.get() {
+            walker.stop();
+        }
         // No delayed message is routed past this point: its record stays, to be routed after the restart.
         self.delayed.stop();
         // The quorum shards' logs hold everything they committed; their threads stop first, so no
@@ -540,7 +579,12 @@ impl Broker {
         if let Err(error) = self.definitions.compact() {
             tracing::error!(%error, "compacting the definitions log at shutdown failed; the next start replays it");
         }
-        if let Err(error) = storage::write_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir) {
+        // A queue never recovered in this run keeps the log the previous run left: after a crash
+        // its delivered markers may be missing, so the next start must take it as a crash too.
+        let all_recovered = self.recovery_walker.get().is_none_or(crate::recovery_walker::RecoveryWalker::all_recovered);
+        if !all_recovered && !self.previous_run_clean.load(Ordering::Acquire) {
+            tracing::warn!("some queue logs were not recovered since the crash before this run; no clean-shutdown marker");
+        } else if let Err(error) = storage::write_clean_shutdown_marker(&*storage::file_system::real(), &self.config.data_dir) {
             tracing::error!(%error, "writing the clean-shutdown marker failed");
         }
     }

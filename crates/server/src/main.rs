@@ -22,6 +22,7 @@ mod queue_expiry;
 mod queue_runtime;
 mod queue_type;
 mod quorum;
+mod recovery_walker;
 mod settings;
 mod shared;
 mod stream;

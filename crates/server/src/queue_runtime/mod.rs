@@ -8,7 +8,7 @@
 use crate::dead_letter::deadlines::{DeadlineKey, DeadlineQueue};
 use crate::dead_letter::{DeadLetter, DeadLetterBatch, DeadLetterSender, DeadLetterSource, DeadLetterTarget, ExpiryDeadline};
 use crate::policy::Policy;
-use crate::queue_type::Settlement;
+use crate::queue_type::{ClassicStorageError, LazyRecovery, RecoveredLog, Settlement};
 use crate::shared::{ConsumerHandle, Outbound};
 use amqp_codec::ShortStr;
 use broker_core::queue::QueueState;
@@ -35,9 +35,12 @@ pub struct QueueRuntime {
     pub definition: QueueDefinition,
     /// The vhost's name, for reply texts.
     pub vhost: String,
-    /// The message log, for durable queues.
-    pub log: Option<SharedLog>,
+    /// The message log, for durable queues (set when recovered, for one restored unrecovered).
+    log: std::sync::OnceLock<SharedLog>,
     inner: Mutex<QueueInner>,
+    /// Whether the queue's messages are there: false for a durable queue restored at start until
+    /// its log is recovered (see [`QueueRuntime::unrecovered`]).
+    recovered: AtomicBool,
     deleted: AtomicBool,
     /// The queue itself, for the page-in read it hands to a blocking thread.
     self_reference: Weak<QueueRuntime>,
@@ -45,8 +48,9 @@ pub struct QueueRuntime {
     page_in_done: tokio::sync::Notify,
     /// Where its dead letters are handed over (none in tests that do not dead-letter).
     dead_letter_sender: Option<DeadLetterSender>,
-    /// The queue as its dead letters name it.
-    dead_letter_source: Arc<DeadLetterSource>,
+    /// The queue as its dead letters name it (made with the log, when the first dead letter
+    /// leaves: a queue restored unrecovered has no log before).
+    dead_letter_source: std::sync::OnceLock<Arc<DeadLetterSource>>,
     /// x-consumer-timeout and the `consumer-timeout` policy key, the lower of both (0: none):
     /// read by channels at each consumer-timeout sample, without the queue's lock.
     consumer_timeout_ms: AtomicU64,
@@ -80,6 +84,8 @@ struct QueueInner {
     expiry: ExpiryClock,
     /// With a dead-letter exchange, the deadline the dead-letter worker holds for the queue.
     expiry_deadline: ExpiryDeadline,
+    /// For a durable queue restored at start, until its log is recovered: how to recover it.
+    unrecovered: Option<Arc<LazyRecovery>>,
 }
 
 /// A queue's effective limits: its arguments merged with the policy that applies to it, the way
@@ -271,16 +277,48 @@ impl QueueRuntime {
         dead_letter_sender: Option<DeadLetterSender>,
         expiry: ExpiryClock,
     ) -> Arc<QueueRuntime> {
+        let queue = QueueRuntime::made(definition, vhost, log.is_some(), messages, pager, dead_letter_sender, expiry, None);
+        if let Some(log) = log {
+            let _ = queue.log.set(log);
+        }
+        queue
+    }
+
+    /// A durable queue restored at start without its messages: the first command under its lock
+    /// (publish, consume, get, declare-ok's count, purge, delete, a listing, a policy...) recovers
+    /// its log through `recovery` first, so it sees what a full recovery at start would have given.
+    pub fn unrecovered(
+        definition: QueueDefinition,
+        vhost: &str,
+        dead_letter_sender: Option<DeadLetterSender>,
+        expiry: ExpiryClock,
+        recovery: Arc<LazyRecovery>,
+    ) -> Arc<QueueRuntime> {
+        let messages = QueueState::new(0);
+        QueueRuntime::made(definition, vhost, true, messages, None, dead_letter_sender, expiry, Some(recovery))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn made(
+        definition: QueueDefinition,
+        vhost: &str,
+        durable_log: bool,
+        messages: QueueState,
+        pager: Option<Pager>,
+        dead_letter_sender: Option<DeadLetterSender>,
+        expiry: ExpiryClock,
+        unrecovered: Option<Arc<LazyRecovery>>,
+    ) -> Arc<QueueRuntime> {
         let limits = QueueLimits::new(&definition.arguments, None);
         let consumer_timeout_ms = consumer_timeout_argument_ms(&definition.arguments).unwrap_or(0);
-        let window = log.is_some().then_some(paging::WINDOW);
-        let dead_letter_source =
-            Arc::new(DeadLetterSource { vhost: vhost.to_string(), queue: definition.name.clone(), log: log.clone(), quorum: None });
+        let window = durable_log.then_some(paging::WINDOW);
+        let recovered = AtomicBool::new(unrecovered.is_none());
         Arc::new_cyclic(|self_reference| QueueRuntime {
             self_reference: self_reference.clone(),
             page_in_done: tokio::sync::Notify::new(),
             dead_letter_sender,
-            dead_letter_source,
+            dead_letter_source: std::sync::OnceLock::new(),
+            recovered,
             inner: Mutex::new(QueueInner {
                 core: QueueCore::new(messages, limits.core_limits(), window)
                     .with_single_active_consumer(single_active_consumer(&definition.arguments)),
@@ -292,15 +330,83 @@ impl QueueRuntime {
                 dead_letters: Vec::new(),
                 expiry,
                 expiry_deadline: ExpiryDeadline::default(),
+                unrecovered,
             }),
             definition,
             vhost: vhost.to_string(),
-            log,
+            log: std::sync::OnceLock::new(),
             deleted: AtomicBool::new(false),
             consumer_timeout_ms: AtomicU64::new(consumer_timeout_ms),
             deduplication: std::sync::OnceLock::new(),
             changed_since_sample: AtomicBool::new(true),
         })
+    }
+
+    /// The message log, for a durable queue (none before a restored queue is recovered).
+    pub fn log(&self) -> Option<&SharedLog> {
+        self.log.get()
+    }
+
+    /// Whether the queue's messages are there (false until a restored queue is recovered).
+    pub fn is_recovered(&self) -> bool {
+        self.recovered.load(Ordering::Acquire)
+    }
+
+    /// The queue's lock, its log recovered first when the queue was restored unrecovered: the
+    /// caller waits for the read (off the async worker, as other disk waits do).
+    fn lock(&self) -> parking_lot::MutexGuard<'_, QueueInner> {
+        let mut inner = match self.inner.try_lock() {
+            Some(inner) => inner,
+            // The walker may hold it while it reads the queue's log (and its chunk's): that wait
+            // is a disk wait too, kept off the async worker.
+            None if !self.is_recovered() => wait_off_worker(|| self.inner.lock()),
+            None => self.inner.lock(),
+        };
+        if let Some(recovery) = inner.unrecovered.clone() {
+            let opened = wait_off_worker(|| recovery.open_log(&self.definition, &self.vhost, true));
+            self.install_recovered(&mut inner, &recovery, opened);
+        }
+        inner
+    }
+
+    /// Recovers the queue's log now if it was restored unrecovered (the walker's last pass).
+    pub fn recover_now(&self) {
+        drop(self.lock());
+    }
+
+    /// For the background walker: the queue's lock when it is free and the queue still waits for
+    /// its recovery (a queue in use was recovered by its user, or soon will be).
+    pub fn try_lock_unrecovered(&self) -> Option<UnrecoveredQueue<'_>> {
+        let inner = self.inner.try_lock()?;
+        let recovery = inner.unrecovered.clone()?;
+        Some(UnrecoveredQueue { queue: self, inner, recovery })
+    }
+
+    /// Builds the queue's messages over its opened log (seals durable) and clears the pending
+    /// recovery; a log that cannot be recovered stops the broker, as it stops a start.
+    fn install_recovered(
+        &self,
+        inner: &mut QueueInner,
+        recovery: &LazyRecovery,
+        opened: Result<crate::queue_type::RecoveredLog, crate::queue_type::ClassicStorageError>,
+    ) {
+        let parts = match opened.and_then(|opened| recovery.parts(&self.definition, opened)) {
+            Ok(parts) => parts,
+            Err(error) => recovery_failed(self, &error),
+        };
+        let _ = self.log.set(parts.log);
+        let argument_limits = QueueLimits::new(&self.definition.arguments, None).core_limits();
+        inner.core = QueueCore::new(parts.messages, argument_limits, Some(paging::WINDOW))
+            .with_single_active_consumer(single_active_consumer(&self.definition.arguments));
+        inner.pager = parts.pager;
+        inner.unrecovered = None;
+        self.recovered.store(true, Ordering::Release);
+        // As at a start: the queue is made with its arguments' limits, then its policy applied
+        // (a lower length limit drops or dead-letters the oldest messages at once).
+        let limits = inner.limits.core_limits();
+        self.run(inner, || Command::SetLimits(limits), perform::Context::default());
+        self.tell_expiry_deadline(inner, now_ms());
+        self.note_changed();
     }
 
     /// Gives a queue declared with x-message-deduplication its cache (once, as it is made).
@@ -329,7 +435,7 @@ impl QueueRuntime {
         let own_ttl_ms = own_ttl_ms(&message);
         let deduplication = self.deduplication.get();
         let deduplication_key = deduplication.and_then(|cache| cache.key_of(&message));
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         let enqueue = || Command::Enqueue { message: message.clone(), persistent, own_ttl_ms };
         let now_ms = now_ms();
         if let (Some(cache), Some(key)) = (deduplication, &deduplication_key) {
@@ -357,7 +463,7 @@ impl QueueRuntime {
             _ => {}
         }
         self.dispatch_locked_at(&mut inner, now_ms);
-        match (outcome.logged, &self.log) {
+        match (outcome.logged, self.log()) {
             (true, Some(log)) => Enqueued::Logged(log.clone()),
             _ => Enqueued::InMemory,
         }
@@ -365,7 +471,7 @@ impl QueueRuntime {
 
     /// Delivers ready messages to consumers that can take them.
     pub fn dispatch(self: &Arc<Self>) {
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         self.dispatch_locked(&mut inner);
     }
 
@@ -385,15 +491,34 @@ impl QueueRuntime {
     /// Applies the policy that now matches the queue (or none). A lower length limit drops the
     /// oldest messages at once when the overflow is drop-head, as RabbitMQ does; a new TTL applies
     /// to messages enqueued from now on.
+    ///
+    /// A queue restored unrecovered keeps the policy for its recovery, which applies the limits
+    /// to the recovered messages as a start would have (the same messages dropped or
+    /// dead-lettered, when it is recovered rather than now): a policy matching 100,000 queues
+    /// just after a start does not read their logs one after another.
     pub fn apply_policy(self: &Arc<Self>, policy: Option<Arc<Policy>>) {
         let mut inner = self.inner.lock();
+        if inner.unrecovered.is_none() {
+            self.apply_policy_locked(&mut inner, policy);
+            return;
+        }
+        inner.limits = QueueLimits::new(&self.definition.arguments, policy.clone());
+        self.apply_policy_timers(&mut inner, &policy);
+    }
+
+    fn apply_policy_locked(self: &Arc<Self>, inner: &mut QueueInner, policy: Option<Arc<Policy>>) {
+        inner.limits = QueueLimits::new(&self.definition.arguments, policy.clone());
+        let limits = inner.limits.core_limits();
+        self.run(inner, || Command::SetLimits(limits), perform::Context::default());
+        self.apply_policy_timers(inner, &policy);
+    }
+
+    /// The policy's consumer timeout and x-expires.
+    fn apply_policy_timers(self: &Arc<Self>, inner: &mut QueueInner, policy: &Option<Arc<Policy>>) {
         let policy_expires_ms = policy.as_ref().and_then(|policy| policy.queue_settings.expires_ms);
         let policy_timeout_ms = policy.as_ref().and_then(|policy| policy.queue_settings.consumer_timeout_ms);
         let timeout_ms = lower(consumer_timeout_argument_ms(&self.definition.arguments), policy_timeout_ms);
         self.consumer_timeout_ms.store(timeout_ms.unwrap_or(0), Ordering::Release);
-        inner.limits = QueueLimits::new(&self.definition.arguments, policy);
-        let limits = inner.limits.core_limits();
-        self.run(&mut inner, || Command::SetLimits(limits), perform::Context::default());
         inner.expiry.set_policy_ms(policy_expires_ms);
         if inner.consumers.is_empty() {
             inner.expiry.schedule_deadline(Arc::downgrade(self));
@@ -403,10 +528,24 @@ impl QueueRuntime {
     /// Starts the x-expires clock of a queue just declared or recovered: an idle queue expires
     /// from its last use (now, or for a recovered durable queue the use it stored).
     pub fn start_expiry_clock(self: &Arc<Self>, recovered: bool) {
+        self.start_expiry_clock_reading(recovered, recovered);
+    }
+
+    /// [`QueueRuntime::start_expiry_clock`] of a recovered queue; `last_use_stored` false when the
+    /// start found no stored last use for it (the directory of them is listed once, not each
+    /// queue's file opened: 100,000 failed opens were a quarter of a start's CPU).
+    pub fn start_recovered_expiry_clock(self: &Arc<Self>, last_use_stored: bool) {
+        self.start_expiry_clock_reading(true, last_use_stored);
+    }
+
+    fn start_expiry_clock_reading(self: &Arc<Self>, recovered: bool, last_use_stored: bool) {
+        // Not `lock`: a queue restored unrecovered starts its clock before its log is read.
         let mut inner = self.inner.lock();
         let now_ms = now_ms();
         if recovered {
-            inner.expiry.recover_last_use(now_ms);
+            if last_use_stored {
+                inner.expiry.recover_last_use(now_ms);
+            }
             inner.expiry.schedule_deadline(Arc::downgrade(self));
         } else {
             inner.expiry.idle(now_ms, Arc::downgrade(self));
@@ -442,7 +581,7 @@ impl QueueRuntime {
 
     /// basic.get: the first ready message, tracked on `ledger` unless `no_ack`.
     pub fn get(self: &Arc<Self>, channel: &crate::shared::ChannelShared, no_ack: bool) -> GetAnswer {
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         let idle = inner.consumers.is_empty();
         inner.expiry.used(now_ms(), idle);
         let outcome = self.run(&mut inner, || Command::Get { no_ack }, perform::Context::getting(self, channel));
@@ -458,7 +597,7 @@ impl QueueRuntime {
 
     /// Settles or requeues deliveries, then delivers again (prefetch was freed).
     pub fn finish_deliveries(self: &Arc<Self>, positions: &[u64], settlement: Settlement) {
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         let now_ms = now_ms();
         for &position in positions {
             let command = || match settlement {
@@ -480,7 +619,7 @@ impl QueueRuntime {
         exclusive: bool,
         accepted: impl FnOnce(),
     ) -> Result<(), AmqpError> {
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         self.forget_cancelled_consumers(&mut inner);
         let id = inner.next_consumer_id;
         inner.next_consumer_id += 1;
@@ -526,7 +665,7 @@ impl QueueRuntime {
     /// Removes a consumer (cancel, channel or connection close). When it was a single active
     /// consumer, the next one in subscription order takes over at once.
     pub fn remove_consumer(self: &Arc<Self>, consumer: &Arc<ConsumerHandle>) -> ConsumerRemoval {
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         let Some(index) = inner.consumers.iter().position(|(_, existing)| Arc::ptr_eq(existing, consumer)) else {
             return ConsumerRemoval::NotFound;
         };
@@ -548,7 +687,7 @@ impl QueueRuntime {
 
     /// Ready messages and consumers, for declare-ok.
     pub fn counts(&self) -> (u32, u32) {
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         self.run(&mut inner, || Command::Expire, perform::Context::default());
         let consumers = inner.consumers.iter().filter(|(_, consumer)| !consumer.cancelled.load(Ordering::Acquire)).count();
         (inner.core.messages().ready_count() as u32, consumers as u32)
@@ -556,7 +695,7 @@ impl QueueRuntime {
 
     /// The queue's counts and totals, for listings.
     pub fn snapshot(&self) -> QueueSnapshot {
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         self.snapshot_locked(&mut inner)
     }
 
@@ -584,10 +723,12 @@ impl QueueRuntime {
     /// queue whose head can expire by its TTL is looked at every time (expiry runs when something
     /// looks), so the samples show its messages expiring without anything else touching it.
     pub fn sample_if_changed(&self) -> Option<QueueSnapshot> {
-        if !self.changed_since_sample.load(Ordering::Acquire) {
+        // A queue not recovered yet is sampled once it is (its flag stays set): the sampler
+        // visits every queue, and recovering them one after another here would hold it up.
+        if !self.changed_since_sample.load(Ordering::Acquire) || !self.is_recovered() {
             return None;
         }
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         let snapshot = self.snapshot_locked(&mut inner);
         // Under the lock every command sets the flag after this store, so none is missed.
         let head_can_expire = inner.core.messages().head_expires_at_ms().is_some();
@@ -637,7 +778,7 @@ impl QueueRuntime {
 
     /// Drops ready messages; returns how many.
     pub fn purge(&self) -> u32 {
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         match self.run(&mut inner, || Command::Purge, perform::Context::default()).reply {
             Reply::Purged { count } => count.min(u64::from(u32::MAX)) as u32,
             _ => 0,
@@ -647,10 +788,10 @@ impl QueueRuntime {
     /// Marks the queue deleted and hands back its consumers (to notify) and its ready count.
     pub fn delete(&self) -> (u32, Vec<Arc<ConsumerHandle>>) {
         self.deleted.store(true, Ordering::Release);
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         let count = inner.core.messages().ready_count() as u32;
         let consumers = std::mem::take(&mut inner.consumers).into_iter().map(|(_, consumer)| consumer).collect();
-        let window = self.log.is_some().then_some(paging::WINDOW);
+        let window = self.log().is_some().then_some(paging::WINDOW);
         // A page-in still out finds the queue deleted and is discarded.
         inner.core = QueueCore::new(QueueState::new(0), inner.limits.core_limits(), window);
         inner.pager = None;
@@ -661,7 +802,7 @@ impl QueueRuntime {
         if let Some(cache) = self.deduplication.get() {
             cache.remove_files();
         }
-        if let Some(log) = &self.log {
+        if let Some(log) = self.log() {
             if let Err(error) = log.lock().delete() {
                 tracing::error!(%error, "deleting a queue log failed");
             }
@@ -683,7 +824,7 @@ impl QueueRuntime {
     /// backlog paged to disk is paged in and expires too, one page-in batch per visit, with no
     /// consumer asking. The commands it runs tell the queue's next deadline.
     pub fn expire_due(self: &Arc<Self>, key: DeadlineKey) -> Option<DeadLetterBatch> {
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         inner.expiry_deadline.taken(key);
         if self.deleted.load(Ordering::Acquire) {
             return None;
@@ -718,7 +859,16 @@ impl QueueRuntime {
             return None;
         }
         let letters = std::mem::take(&mut inner.dead_letters);
-        Some(DeadLetterBatch { source: self.dead_letter_source.clone(), letters, scope: crate::dead_letter::DeadLetterScope::Everywhere })
+        // Made at the first dead letter: a command runs only once the log is recovered.
+        let source = self.dead_letter_source.get_or_init(|| {
+            Arc::new(DeadLetterSource {
+                vhost: self.vhost.clone(),
+                queue: self.definition.name.clone(),
+                log: self.log().cloned(),
+                quorum: None,
+            })
+        });
+        Some(DeadLetterBatch { source: source.clone(), letters, scope: crate::dead_letter::DeadLetterScope::Everywhere })
     }
 
     /// Hands the dead letters a command made to the worker; while its backlog is full they stay
@@ -734,6 +884,44 @@ impl QueueRuntime {
             }
         }
     }
+}
+
+/// A queue restored unrecovered, locked by the background walker while its log is opened: the
+/// walker opens many logs, makes their seals durable with one sync of the file system, then
+/// installs each (see `recovery_walker.rs`). A user of the queue waits on its lock meanwhile.
+pub struct UnrecoveredQueue<'a> {
+    queue: &'a QueueRuntime,
+    inner: parking_lot::MutexGuard<'a, QueueInner>,
+    recovery: Arc<LazyRecovery>,
+}
+
+impl UnrecoveredQueue<'_> {
+    /// Opens the queue's log without syncing the seals it writes.
+    pub fn open_log(&self) -> Result<RecoveredLog, ClassicStorageError> {
+        self.recovery.open_log(&self.queue.definition, &self.queue.vhost, false)
+    }
+
+    /// Installs the opened log (its seals made durable by the caller) and unlocks the queue.
+    pub fn install(mut self, opened: Result<RecoveredLog, ClassicStorageError>) {
+        self.queue.install_recovered(&mut self.inner, &self.recovery, opened);
+    }
+}
+
+/// Runs a blocking disk wait: off the async worker when called from one (its other tasks move to
+/// another worker meanwhile), as is elsewhere.
+fn wait_off_worker<T>(wait: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(wait),
+        _ => wait(),
+    }
+}
+
+/// A restored queue's log that cannot be recovered stops the broker, as it would have stopped the
+/// start had the log been read then: serving the queue without its messages would lose them.
+fn recovery_failed(queue: &QueueRuntime, error: &ClassicStorageError) -> ! {
+    tracing::error!(%error, queue = %queue.name(), vhost = %queue.vhost, "recovering a queue's log failed; stopping");
+    eprintln!("lepus: recovering queue '{}' in vhost '{}' failed: {error}", queue.name(), queue.vhost);
+    std::process::exit(1)
 }
 
 /// x-max-priority (checked at declaration to be 0 to 255; an integer of any width, as RabbitMQ

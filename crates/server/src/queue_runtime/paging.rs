@@ -287,7 +287,7 @@ impl QueueRuntime {
     /// makes progress). The core counts it in flight until [`QueueRuntime::finish_page_in`].
     pub(super) fn start_page_in(&self, inner: &mut QueueInner, messages_max: usize, bytes_max: u64, generation: u64, priority: u8) {
         let cursor = inner.pager.as_ref().and_then(|pager| pager.cursors.get(usize::from(priority))).and_then(Option::as_ref);
-        let (Some(log), Some(cursor)) = (self.log.as_ref(), cursor) else {
+        let (Some(log), Some(cursor)) = (self.log(), cursor) else {
             tracing::error!(queue = %self.name(), priority, "paged messages without a pager; dropping the count");
             inner.core.apply(Command::PageInFailed { generation }, 0, &mut |_| false, &mut Vec::new());
             return;
@@ -311,7 +311,7 @@ impl QueueRuntime {
     /// Applies a page-in's result (unless the queue no longer waits for it: a purge or delete
     /// overtook it), delivers what consumers can now take, and wakes the gets that waited.
     fn finish_page_in(self: &Arc<Self>, generation: u64, priority: u8, result: PageInResult) {
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         if !self.deleted.load(Ordering::Acquire) && inner.core.awaits_page_in(generation) {
             let command = self.page_in_command(&mut inner, generation, priority, result);
             self.run_once(&mut inner, command, perform::Context::dispatching(self));
@@ -357,7 +357,7 @@ impl QueueRuntime {
     /// Settles in the log the positions a page-in lost to damage, where they are known exactly
     /// (recovered ones), so the next start agrees with the counts; returns how many were lost.
     fn settle_quarantined(&self, quarantined: &[Quarantined]) -> u64 {
-        let Some(log) = self.log.as_ref() else { return 0 };
+        let Some(log) = self.log() else { return 0 };
         let mut log = log.lock();
         let mut lost = 0u64;
         for bad in quarantined {
@@ -387,7 +387,7 @@ impl QueueRuntime {
     /// records each as settled.
     pub(super) fn settle_paged(&self, inner: &mut QueueInner, count: u64, priority: u8) {
         let cursor = inner.pager.as_mut().and_then(|pager| pager.cursors.get_mut(usize::from(priority))).and_then(Option::as_mut);
-        if let (Some(log), Some(cursor)) = (self.log.as_ref(), cursor) {
+        if let (Some(log), Some(cursor)) = (self.log(), cursor) {
             let mut log = log.lock();
             let mut left = count;
             while left > 0 {

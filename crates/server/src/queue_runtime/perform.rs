@@ -157,7 +157,7 @@ impl QueueRuntime {
                 }
                 Effect::LogAppend { position, persistent, paged, expires_at_ms } => {
                     let message = context.message.expect("only an enqueue appends");
-                    let log = self.log.as_ref().expect("only queues with a log append");
+                    let log = self.log().expect("only queues with a log append");
                     let location = log.lock().append_publish(position, message, persistent, expires_at_ms);
                     if paged {
                         let messages = inner.core.messages();
@@ -167,13 +167,13 @@ impl QueueRuntime {
                     outcome.logged = persistent;
                 }
                 Effect::LogSettle { position } if undelivered != Some(position) => {
-                    if let Some(log) = &self.log {
+                    if let Some(log) = self.log() {
                         log.lock().append_settled(position);
                     }
                 }
                 // Not synced on its own: losing it in a crash only means a duplicate.
                 Effect::LogDelivered { position } if undelivered != Some(position) => {
-                    if let Some(log) = &self.log {
+                    if let Some(log) = self.log() {
                         log.lock().append_delivered(position);
                     }
                 }
@@ -196,7 +196,7 @@ impl QueueRuntime {
         match &inner.limits.dead_letter {
             Some(target) => inner.dead_letters.push(DeadLetter { position, logged, held: false, message, reason, target: target.clone() }),
             None if logged => {
-                if let Some(log) = &self.log {
+                if let Some(log) = self.log() {
                     log.lock().append_settled(position);
                 }
             }

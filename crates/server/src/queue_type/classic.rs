@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use storage::queue_log::QueueLog;
-use storage::syncer::Syncer;
+use storage::syncer::{SharedLog, Syncer};
 use storage::StorageError;
 
 /// Where classic queues keep their logs, and how they are synced.
@@ -245,23 +245,132 @@ impl ClassicStorage<'_> {
         log: Arc<Mutex<QueueLog>>,
         recovery: storage::queue_log::Recovery,
     ) -> Result<(Queue, u64), ClassicStorageError> {
-        for (file, offset) in &recovery.truncated {
-            tracing::error!(file = %file.display(), offset, queue = %definition.name, "recovered the intact part of a damaged segment");
-        }
-        // Recovered messages stay on disk; the queue pages them in as consumers need them. After a
-        // crash the delivered markers may be missing, so every recovered message may have been
-        // delivered: the pager flags them all, as at-least-once allows.
-        // A priority queue counts its messages by priority first, with one scan of the log.
-        let (pager, paged) =
-            Pager::recovered_with_priorities(&mut log.lock(), &recovery, clean_shutdown, max_priority(&definition.arguments))?;
-        let messages = QueueState::with_paged_priorities(recovery.next_position, &paged);
+        let parts = recovered_parts(definition, clean_shutdown, log, &recovery)?;
         let expiry = self.expiry_clock(definition, vhost, true);
-        let queue = QueueRuntime::new(definition.clone(), vhost, Some(log), messages, pager, self.dead_letters.cloned(), expiry);
+        let queue =
+            QueueRuntime::new(definition.clone(), vhost, Some(parts.log), parts.messages, parts.pager, self.dead_letters.cloned(), expiry);
         if let Some(cache) = self.deduplication(definition, vhost, true, false) {
             queue.set_deduplication(cache);
         }
         queue.start_expiry_clock(true);
         Ok((Queue::Classic(queue), recovery.live_count))
+    }
+
+    /// Whether a recovered queue may wait for its log to be recovered after the start (see
+    /// [`LazyRecovery`]): not one with a deduplication cache, which a publish reads before the
+    /// queue's lock, where a first use recovers.
+    pub fn recovers_lazily(definition: &QueueDefinition) -> bool {
+        broker_core::exchange::deduplication::settings(&definition.arguments, false).is_none()
+    }
+
+    /// A durable classic queue restored from its definition with its log not yet recovered: the
+    /// first use (under the queue's lock) or the background walker recovers it through
+    /// `recovery`. Its x-expires clock runs from now as a recovered queue's does.
+    /// `stored_last_uses`: the names of the files in [`EXPIRY_DIRECTORY`], listed once for all the
+    /// queues of a start (none when it could not be listed: each queue's file is then read).
+    pub fn restore_unrecovered(
+        &self,
+        definition: &QueueDefinition,
+        vhost: &str,
+        recovery: Arc<LazyRecovery>,
+        stored_last_uses: Option<&std::collections::HashSet<String>>,
+    ) -> Queue {
+        let expiry = self.expiry_clock(definition, vhost, true);
+        let queue = QueueRuntime::unrecovered(definition.clone(), vhost, self.dead_letters.cloned(), expiry, recovery);
+        let last_use_stored =
+            stored_last_uses.is_none_or(|names| !names.is_empty() && names.contains(&queue_file_name(vhost, &definition.name)));
+        queue.start_recovered_expiry_clock(last_use_stored);
+        Queue::Classic(queue)
+    }
+
+    /// The names of the stored last uses of queues with x-expires, or none when the directory
+    /// cannot be listed.
+    pub fn stored_last_uses(&self) -> Option<std::collections::HashSet<String>> {
+        let directory = self.data_dir.join(EXPIRY_DIRECTORY);
+        storage::file_system::real().list_directory(&directory).ok().map(|names| names.into_iter().collect())
+    }
+
+    /// What the queues restored unrecovered need to recover their logs later.
+    pub fn lazy_recovery(&self, clean_shutdown: bool) -> Arc<LazyRecovery> {
+        Arc::new(LazyRecovery {
+            data_dir: self.data_dir.to_path_buf(),
+            segment_bytes_max: self.segment_bytes_max,
+            journaled: self.journaled,
+            syncer: self.syncer.clone(),
+            clean_shutdown,
+        })
+    }
+}
+
+/// What a classic queue is built on once its log is recovered.
+pub struct RecoveredParts {
+    /// The log, handed to the group commit.
+    pub log: SharedLog,
+    /// The recovered messages, all paged.
+    pub messages: QueueState,
+    /// Where the paged messages are read from.
+    pub pager: Option<Pager>,
+}
+
+/// Builds the pager and the paged message counts over a recovered log.
+fn recovered_parts(
+    definition: &QueueDefinition,
+    clean_shutdown: bool,
+    log: SharedLog,
+    recovery: &storage::queue_log::Recovery,
+) -> Result<RecoveredParts, ClassicStorageError> {
+    for (file, offset) in &recovery.truncated {
+        tracing::error!(file = %file.display(), offset, queue = %definition.name, "recovered the intact part of a damaged segment");
+    }
+    // Recovered messages stay on disk; the queue pages them in as consumers need them. After a
+    // crash the delivered markers may be missing, so every recovered message may have been
+    // delivered: the pager flags them all, as at-least-once allows.
+    // A priority queue counts its messages by priority first, with one scan of the log.
+    let (pager, paged) = Pager::recovered_with_priorities(&mut log.lock(), recovery, clean_shutdown, max_priority(&definition.arguments))?;
+    let messages = QueueState::with_paged_priorities(recovery.next_position, &paged);
+    Ok(RecoveredParts { log, messages, pager })
+}
+
+/// What a durable classic queue restored at start without its messages needs to recover its log
+/// later: on its first use, under its lock, or from the background walker (`recovery_walker.rs`).
+/// One for all the queues of a start.
+pub struct LazyRecovery {
+    data_dir: PathBuf,
+    segment_bytes_max: u64,
+    journaled: bool,
+    syncer: Syncer,
+    /// Whether the previous run stopped gracefully (its delivered markers decide `redelivered`).
+    clean_shutdown: bool,
+}
+
+impl std::fmt::Debug for LazyRecovery {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("LazyRecovery").field("data_dir", &self.data_dir).field("clean_shutdown", &self.clean_shutdown).finish()
+    }
+}
+
+impl LazyRecovery {
+    /// Opens a queue's log: `sync_seals` false leaves the seals it writes unsynced, for the caller
+    /// to make durable (one sync of the file system for many logs) before the queue is served.
+    pub fn open_log(&self, definition: &QueueDefinition, vhost: &str, sync_seals: bool) -> Result<RecoveredLog, ClassicStorageError> {
+        let path = queue_log_path(&self.data_dir, vhost, &definition.name);
+        let (log, recovery) = if sync_seals {
+            QueueLog::open(&path, self.segment_bytes_max)?
+        } else {
+            QueueLog::open_without_syncing_seals(&path, self.segment_bytes_max, storage::file_cache::FileCache::node().clone())?
+        };
+        Ok(RecoveredLog { log, recovery })
+    }
+
+    /// Hands an opened log (its seals durable) to the group commit and builds the queue's parts.
+    pub fn parts(&self, definition: &QueueDefinition, opened: RecoveredLog) -> Result<RecoveredParts, ClassicStorageError> {
+        let mut log = opened.log;
+        if self.journaled {
+            log.use_journal();
+        }
+        let log = Arc::new(Mutex::new(log));
+        self.syncer.watch(log.clone());
+        recovered_parts(definition, self.clean_shutdown, log, &opened.recovery)
     }
 }
 

@@ -21,7 +21,7 @@ mod stream;
 pub use crate::queue_runtime::{ConsumerRemoval, ConsumerView, GetAnswer, QueueSnapshot, GET_PAGE_IN_ROUNDS_MAX};
 pub use capabilities::{capabilities, check_server_named, QueueTypeCapabilities};
 pub use classic::{is_queue_file_name, queue_file_name};
-pub use classic::{ClassicStorage, ClassicStorageError, RecoveredLog, EXPIRY_DIRECTORY};
+pub use classic::{ClassicStorage, ClassicStorageError, LazyRecovery, RecoveredLog, EXPIRY_DIRECTORY};
 pub use quorum::QuorumStorage;
 pub use storage::syncer::{Confirm as PendingConfirm, ConfirmSink};
 pub use stream::StreamStorage;
@@ -555,7 +555,7 @@ impl Queue {
     /// The log holding its durable state, which a graceful shutdown writes and syncs.
     pub fn durable_log(&self) -> Option<&SharedLog> {
         match self {
-            Queue::Classic(queue) => queue.log.as_ref(),
+            Queue::Classic(queue) => queue.log(),
             Queue::Quorum(_) => None,
             Queue::Stream(_) => None,
             Queue::Remote(_) => None,
