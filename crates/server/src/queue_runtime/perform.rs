@@ -211,7 +211,9 @@ fn can_take(queue: &Arc<QueueRuntime>, consumer: &ConsumerHandle) -> bool {
         Readiness::Ready => true,
         Readiness::WriterFull => {
             consumer.channel.connection.note_stalled(queue);
-            false
+            // The writer may have drained between the check and the note, and found no queue to
+            // wake then: look once more, or a consumer without acks could wait forever.
+            consumer.readiness() == Readiness::Ready
         }
         Readiness::Blocked => false,
     }

@@ -613,7 +613,11 @@ impl QuorumQueue {
             }
             if !can_send(&entry.handle) {
                 entry.handle.channel.connection.note_stalled(crate::queue_type::WeakQueue::Quorum(self.self_reference.clone()));
-                return Ok(None);
+                // The writer may have drained between the check and the note, and found no queue
+                // to wake then: look once more, or the held deliveries wait for the next message.
+                if !can_send(&entry.handle) {
+                    return Ok(None);
+                }
             }
         }
         Ok(Some(self.dispatch_now()))
