@@ -121,6 +121,19 @@ pub struct ReplicaInfo {
     pub online: Vec<String>,
 }
 
+/// One shard's members, as management shows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardMembers {
+    /// The shard.
+    pub shard: ShardId,
+    /// The node leading it (None: no leader known).
+    pub leader: Option<String>,
+    /// The members that vote (a commit needs a majority of them).
+    pub voters: Vec<String>,
+    /// The members that replicate and apply the log without voting.
+    pub learners: Vec<String>,
+}
+
 /// The cluster's members as this node's metadata group last applied them: every shard's leader
 /// makes them the shard's members (joined nodes as learners first). `None` while not known (a
 /// node alone, or one still replaying its metadata log): the shards keep the members they have.
@@ -313,6 +326,26 @@ impl QuorumHost {
             members: members.iter().map(|node| self.member_name(*node)).collect(),
             online,
         }
+    }
+
+    /// Every shard's leader, voters and learners by name, as this node knows them (for
+    /// `/api/lepus/cluster`: a quorum queue's members are its shard's).
+    pub fn shard_members(&self) -> Vec<ShardMembers> {
+        let name_all = |nodes: Vec<u64>| nodes.into_iter().map(|node| self.member_name(node)).collect();
+        self.shards
+            .iter()
+            .enumerate()
+            .map(|(shard, handle)| {
+                let leader = handle.figures.leader.load(std::sync::atomic::Ordering::Relaxed);
+                let (voters, learners) = handle.figures.members.lock().clone();
+                ShardMembers {
+                    shard: shard as ShardId,
+                    leader: (leader != 0).then(|| self.member_name(leader)),
+                    voters: name_all(voters),
+                    learners: name_all(learners),
+                }
+            })
+            .collect()
     }
 
     /// Refuses to remove `node` from the shards when a shard's voters without it would not have
