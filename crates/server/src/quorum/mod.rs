@@ -63,6 +63,10 @@ pub struct HostConfig {
     pub dead_letter_retry_interval_ms: u64,
 }
 
+/// How long the host waits for a shard's thread to answer a question (one round: a tick and an
+/// fdatasync at most, unless its disk hangs).
+const SHARD_ANSWER_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Shards a node runs by default: with three nodes, one leader each (docs/replication.md).
 pub const SHARDS_DEFAULT: u32 = 3;
 
@@ -224,6 +228,32 @@ impl QuorumHost {
         for handle in &self.shards {
             handle.send(ShardInput::InitialVoters(voters.clone()));
         }
+    }
+
+    /// Leaves the shard groups this node formed alone (a cluster of one that joins another):
+    /// every shard drops its one-node log and opens again empty, to start from the founding
+    /// voters the join's answer names (`set_initial_voters`), as a node that joins through the
+    /// seeds does. Refused, with what they hold and nothing changed, when any shard holds a
+    /// quorum queue or a delayed message.
+    pub fn leave_own_shards(&self) -> Result<(), String> {
+        let mut held = Vec::new();
+        for handle in &self.shards {
+            let (answer, holdings) = std::sync::mpsc::channel();
+            handle.send(ShardInput::Holdings(answer));
+            held.extend(holdings.recv_timeout(SHARD_ANSWER_WAIT_MAX).map_err(|_| "a quorum shard did not answer".to_string())?);
+        }
+        if !held.is_empty() {
+            return Err(format!("this node holds {}: joining another cluster would discard them", held.join(", ")));
+        }
+        // No shard leader of the old groups may reconcile toward the old members meanwhile.
+        *self.members_target.write() = None;
+        self.heard.lock().clear();
+        for (shard, handle) in self.shards.iter().enumerate() {
+            let (answer, left) = std::sync::mpsc::channel();
+            handle.send(ShardInput::Rejoin(answer));
+            left.recv_timeout(SHARD_ANSWER_WAIT_MAX).map_err(|_| format!("quorum shard {shard} did not answer"))??;
+        }
+        Ok(())
     }
 
     /// This node's Raft id.

@@ -21,6 +21,7 @@ mod apply;
 pub(crate) mod delayed;
 mod membership;
 mod peers;
+mod rejoin;
 
 /// The most bytes of commands one Raft entry carries (docs/replication.md: `batch_bytes_max`).
 pub const BATCH_BYTES_MAX: usize = 1 << 20;
@@ -83,6 +84,11 @@ pub(crate) enum ShardInput {
     InitialVoters(Vec<u64>),
     /// This shard holds the cluster's replicated delay store: fire its due messages there.
     Delayed(delayed::DelayedHook),
+    /// Say what this shard holds that leaving its group would discard (queues, delayed messages).
+    Holdings(mpsc::Sender<Vec<String>>),
+    /// Leave the group this node formed alone and wait, empty, for the founding voters of the
+    /// cluster it joins (see `rejoin.rs`).
+    Rejoin(mpsc::Sender<Result<(), String>>),
     /// Stop after this round.
     Stop,
 }
@@ -255,14 +261,7 @@ pub(crate) fn open(
     }
     let (sender, inputs) = mpsc::channel();
     let handle = Arc::new(ShardHandle { sender: Mutex::new(sender), figures: ShardFigures::default() });
-    let mut batcher = Batcher::new(proposer, BATCH_BYTES_MAX, UNCONFIRMED_COMMANDS_MAX);
-    // First of all: say which node this proposer is, and release this node's earlier
-    // incarnations, whose consumers and basic.gets died with them (their messages come back).
-    for command in
-        [QueueCommand::RegisterProposer { node: config.node_id }, QueueCommand::ReleaseNode { node: config.node_id, keep: proposer }]
-    {
-        batcher.push(0, command).expect("an empty batcher has room");
-    }
+    let batcher = first_batcher(proposer, config.node_id);
     let worker = ShardWorker {
         shard,
         node,
@@ -293,6 +292,17 @@ pub(crate) fn open(
         delayed: None,
     };
     Ok((handle, worker))
+}
+
+/// A proposer's batcher as it starts in a group: first of all it says which node this proposer
+/// is, and releases this node's earlier incarnations, whose consumers and basic.gets died with
+/// them (their messages come back).
+fn first_batcher(proposer: u64, node: u64) -> Batcher {
+    let mut batcher = Batcher::new(proposer, BATCH_BYTES_MAX, UNCONFIRMED_COMMANDS_MAX);
+    for command in [QueueCommand::RegisterProposer { node }, QueueCommand::ReleaseNode { node, keep: proposer }] {
+        batcher.push(0, command).expect("an empty batcher has room");
+    }
+    batcher
 }
 
 impl ShardWorker {
@@ -355,6 +365,12 @@ impl ShardWorker {
             ShardInput::Recovered(queue) => self.recovered.push(queue),
             ShardInput::InitialVoters(voters) => self.learn_initial_voters(voters),
             ShardInput::Delayed(hook) => self.delayed = Some(hook),
+            ShardInput::Holdings(answer) => {
+                let _ = answer.send(self.holdings());
+            }
+            ShardInput::Rejoin(answer) => {
+                let _ = answer.send(self.rejoin());
+            }
             ShardInput::Stop => self.stopping = true,
         }
     }
