@@ -306,7 +306,7 @@ impl Broker {
     pub fn apply_metadata(&self, index: u64, command: MetadataCommand, node_id: u64, cluster: &Cluster) -> Result<Applied, AmqpError> {
         let flag = Applied::Flag;
         match command {
-            MetadataCommand::CreateCluster { .. } | MetadataCommand::Member { .. } => Ok(Applied::Done),
+            MetadataCommand::CreateCluster { .. } | MetadataCommand::Member { .. } | MetadataCommand::ShardRole { .. } => Ok(Applied::Done),
             MetadataCommand::PutVhost { name, description, tags, default_queue_type } => {
                 let default_queue_type = default_queue_type.as_deref().and_then(QueueType::from_name);
                 self.put_vhost(&name, description, tags, default_queue_type).map(flag)

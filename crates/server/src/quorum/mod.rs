@@ -143,6 +143,13 @@ pub struct ShardMembers {
 /// node alone, or one still replaying its metadata log): the shards keep the members they have.
 pub(crate) type MembersTarget = Arc<parking_lot::RwLock<Option<Vec<u64>>>>;
 
+/// The operator's choices of nodes' roles in the shards, (shard, node) -> voter, as the metadata
+/// group applied them (`lepus ctl queues grow`, `shrink`, `add_member`, `delete_member`).
+pub type ShardRoleMap = std::collections::BTreeMap<(ShardId, u64), bool>;
+
+/// The choices, shared with every shard's thread: its leader makes them so.
+pub(crate) type ShardRoles = Arc<parking_lot::RwLock<ShardRoleMap>>;
+
 /// The node's shards.
 pub struct QuorumHost {
     config: HostConfig,
@@ -157,6 +164,8 @@ pub struct QuorumHost {
     dead_letters: Option<DeadLetterSender>,
     /// The members every shard's leader makes its shard's.
     members_target: MembersTarget,
+    /// The roles the operator chose, which every shard's leader makes so.
+    shard_roles: ShardRoles,
 }
 
 impl std::fmt::Debug for QuorumHost {
@@ -178,11 +187,13 @@ impl QuorumHost {
         // it separately). Random: a restarted node never reuses an earlier incarnation's id.
         let proposer = rand::random::<u64>() | 1;
         let members_target = MembersTarget::default();
+        let shard_roles = ShardRoles::default();
         let mut shards = Vec::new();
         let mut threads = Vec::new();
         for shard in 0..config.shards {
-            let (handle, worker) = shard::open(shard, &config, proposer, transport.clone(), dead_letters.clone(), members_target.clone())
-                .map_err(|source| HostError::Open { shard, source })?;
+            let (handle, worker) =
+                shard::open(shard, &config, proposer, transport.clone(), dead_letters.clone(), members_target.clone(), shard_roles.clone())
+                    .map_err(|source| HostError::Open { shard, source })?;
             let thread =
                 std::thread::Builder::new().name(format!("lepus-quorum-{shard}")).spawn(move || worker.run()).map_err(HostError::Thread)?;
             shards.push(handle);
@@ -198,6 +209,7 @@ impl QuorumHost {
             self_reference: self_reference.clone(),
             dead_letters,
             members_target,
+            shard_roles,
         }))
     }
 
@@ -216,6 +228,30 @@ impl QuorumHost {
             tracing::info!(members = ?members, "the quorum shards' members follow the cluster's");
             *target = Some(members);
         }
+    }
+
+    /// The operator's choices of nodes' roles in the shards, as the metadata group applied them.
+    pub fn set_shard_roles(&self, roles: ShardRoleMap) {
+        let mut current = self.shard_roles.write();
+        if *current != roles {
+            tracing::info!(roles = ?roles, "the quorum shards' roles chosen by the operator");
+            *current = roles;
+        }
+    }
+
+    /// The shard quorum queue `name` of `vhost` lives on.
+    pub fn shard_of_queue(&self, vhost: &str, name: &str) -> ShardId {
+        let mut key = Vec::with_capacity(vhost.len() + 1 + name.len());
+        key.extend_from_slice(vhost.as_bytes());
+        key.push(0);
+        key.extend_from_slice(name.as_bytes());
+        let handle = self.shard_for(&key);
+        self.shards.iter().position(|other| Arc::ptr_eq(other, handle)).unwrap_or(0) as ShardId
+    }
+
+    /// Each shard's voters and learners by id, as this node last saw them.
+    pub fn shard_member_ids(&self) -> Vec<(Vec<u64>, Vec<u64>)> {
+        self.shards.iter().map(|handle| handle.figures.members.lock().clone()).collect()
     }
 
     /// The founding voters, learnt by a node that joined a cluster after its shards opened: a
@@ -384,12 +420,26 @@ impl QuorumHost {
     /// two followers of a shard whose leader just died say nothing to each other until an
     /// election. Its leader would hold the change back, and the operator is told why now.
     pub fn check_removal(&self, node: u64, connected: impl Fn(u64) -> bool) -> Result<(), String> {
+        self.check_voters_without(node, |_| true, connected)
+    }
+
+    /// As [`QuorumHost::check_removal`], for the shards `selected` picks (a node that stops
+    /// voting in them: `lepus ctl queues shrink`, `delete_member`).
+    pub fn check_voters_without(
+        &self,
+        node: u64,
+        selected: impl Fn(ShardId) -> bool,
+        connected: impl Fn(u64) -> bool,
+    ) -> Result<(), String> {
         let quiet_after = std::time::Duration::from_millis(self.config.tick_ms * self.config.node_down_ticks);
         let heard = self.heard.lock();
         let running = |member: &u64| {
             *member == self.config.node_id || connected(*member) || heard.get(member).is_some_and(|at| at.elapsed() < quiet_after)
         };
         for (shard, handle) in self.shards.iter().enumerate() {
+            if !selected(shard as ShardId) {
+                continue;
+            }
             let voters: Vec<u64> = handle.figures.members.lock().0.iter().copied().filter(|voter| *voter != node).collect();
             let live = voters.iter().filter(|voter| running(voter)).count();
             if !voters.is_empty() && live * 2 <= voters.len() {

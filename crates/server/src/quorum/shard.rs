@@ -226,6 +226,8 @@ pub(crate) struct ShardWorker {
     latency_probe: Option<(u64, Instant)>,
     /// The members the shard's leader makes the shard's (the cluster's).
     members_target: super::MembersTarget,
+    /// The roles the operator chose for nodes in the shards.
+    shard_roles: super::ShardRoles,
     /// The tick a membership change was last held back (its reason logged), to log it seldom.
     membership_held_at_tick: u64,
     stopping: bool,
@@ -243,6 +245,7 @@ pub(crate) fn open(
     transport: Arc<dyn PeerTransport>,
     dead_letters: Option<DeadLetterSender>,
     members_target: super::MembersTarget,
+    shard_roles: super::ShardRoles,
 ) -> Result<(Arc<ShardHandle>, ShardWorker), NodeError> {
     let node_config = NodeConfig {
         id: config.node_id,
@@ -286,6 +289,7 @@ pub(crate) fn open(
         released: HashMap::new(),
         latency_probe: None,
         members_target,
+        shard_roles,
         membership_held_at_tick: 0,
         stopping: false,
         dead_letter_retry: super::dead_letter_retry::DeadLetterRetry::new(config.dead_letter_retry_interval_ms),
@@ -423,7 +427,9 @@ impl ShardWorker {
         if !self.node.is_leader() || !self.ticks.is_multiple_of(LEADERSHIP_CHECK_TICKS) {
             return;
         }
-        let mut voters = self.node.voters();
+        // A voter the operator chose to demote is about to stop voting: never handed the lead.
+        let chosen = self.chosen_roles();
+        let mut voters: Vec<u64> = self.node.voters().into_iter().filter(|voter| !chosen.contains(&(*voter, false))).collect();
         if voters.is_empty() {
             return;
         }
