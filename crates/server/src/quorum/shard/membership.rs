@@ -270,7 +270,7 @@ mod tests {
         let members = Members { leader: 2, chosen: &[(1, false)], ..members };
         let dead_third = |node: u64| if node == 3 { Some(MemberProgress { matched: 4, active: false }) } else { live(10) };
         assert!(matches!(plan(&members, dead_third), MembershipPlan::Held(_)));
-        let members = Members { voters: &[1], chosen: &[(1, false)], leader: 1, ..members };
+        let members = Members { voters: &[1], target: &[1], chosen: &[(1, false)], leader: 1, ..members };
         assert!(matches!(plan(&members, |_| live(10)), MembershipPlan::Held(_)));
     }
 
