@@ -18,7 +18,7 @@ impl From<ShardRoleError> for ApiError {
     fn from(error: ShardRoleError) -> ApiError {
         match error {
             ShardRoleError::UnknownNode(_) => {
-                ApiError { status: axum::http::StatusCode::NOT_FOUND, ..ApiError::bad_request(error.to_string()) }
+                ApiError { status: axum::http::StatusCode::NOT_FOUND, error: "not_found", ..ApiError::bad_request(error.to_string()) }
             }
             ShardRoleError::NotCommitted(_) | ShardRoleError::Pending { .. } => ApiError::internal(error.to_string()),
             _ => ApiError::bad_request(error.to_string()),
