@@ -246,6 +246,11 @@ impl QueueStateMachine {
         Some((id, self.queues.get(&id).map_or(0, |replicated| replicated.incarnation)))
     }
 
+    /// Every queue's name (its shard's key: vhost, 0, name) and id.
+    pub fn queue_names(&self) -> impl Iterator<Item = (&[u8], QueueId)> + '_ {
+        self.names.iter().map(|(name, id)| (name.as_ref(), *id))
+    }
+
     /// The ids of the queues.
     pub fn queue_ids(&self) -> impl Iterator<Item = QueueId> + '_ {
         self.queues.keys().copied()

@@ -9,6 +9,7 @@ mod client;
 mod cluster;
 mod diagnostics;
 mod listing;
+mod queues;
 mod topic_permissions;
 
 use client::{Client, CtlError};
@@ -306,6 +307,9 @@ enum CtlCommand {
     /// The cluster: status, join, leave, forget.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Quorum shard membership, as rabbitmq-queues: grow, shrink, add_member, delete_member.
+    #[command(subcommand)]
+    Queues(queues::QueuesCommand),
     /// Makes this node join the cluster at ADDRESS (host:port of a member's cluster port).
     #[command(name = "join_cluster", alias = "join-cluster")]
     JoinCluster {
@@ -367,6 +371,7 @@ fn execute(arguments: &CtlArguments) -> Result<(), CtlError> {
     match &arguments.command {
         CtlCommand::Status => status(&client, arguments),
         CtlCommand::Cluster(command) => cluster::run(&client, arguments, command),
+        CtlCommand::Queues(command) => queues::run(&client, arguments, command),
         CtlCommand::JoinCluster { address } => {
             cluster::run(&client, arguments, &cluster::ClusterCommand::Join { address: address.clone() })
         }

@@ -90,6 +90,18 @@ impl MetadataApplier {
                 self.cluster.state.lock().members.insert(id, MemberRecord { name, address });
                 Ok(Applied::Done)
             }
+            MetadataCommand::ShardRole { node, shards, voter } => {
+                let mut state = self.cluster.state.lock();
+                for shard in shards {
+                    state.shard_roles.insert((shard, node), voter);
+                }
+                let roles = state.shard_roles.clone();
+                drop(state);
+                if let Some(broker) = self.cluster.broker() {
+                    broker.quorum.set_shard_roles(roles);
+                }
+                Ok(Applied::Done)
+            }
             command => {
                 self.cluster.state.lock().definition_changes += 1;
                 let Some(broker) = self.cluster.broker() else { return Err(AmqpError::internal("the broker is shutting down")) };
@@ -167,11 +179,12 @@ impl Applier for MetadataApplier {
             definition_changes: state.definition_changes,
             entries,
             applied_proposals: self.applied_proposals.remembered(),
+            shard_roles: state.shard_roles.iter().map(|(&(shard, node), &voter)| (shard, node, voter)).collect(),
         }
     }
 
     fn install(&mut self, image: MetadataImage) {
-        let MetadataImage { index, cluster_id, members, definition_changes, entries, applied_proposals } = image;
+        let MetadataImage { index, cluster_id, members, definition_changes, entries, applied_proposals, shard_roles } = image;
         self.applied_proposals = AppliedProposals::from_remembered(applied_proposals);
         if cluster_id != 0 {
             self.apply_logged(index, MetadataCommand::CreateCluster { cluster_id });
@@ -205,7 +218,12 @@ impl Applier for MetadataApplier {
         self.cluster.restoring.store(false, Ordering::Release);
         let mut state = self.cluster.state.lock();
         state.definition_changes = state.definition_changes.max(definition_changes);
+        state.shard_roles = shard_roles.into_iter().map(|(shard, node, voter)| ((shard, node), voter)).collect();
+        let roles = state.shard_roles.clone();
         drop(state);
+        if let Some(broker) = self.cluster.broker() {
+            broker.quorum.set_shard_roles(roles);
+        }
         tracing::info!(index, removed, applied, "the definitions are those of the metadata snapshot");
     }
 

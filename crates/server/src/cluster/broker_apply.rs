@@ -252,6 +252,18 @@ impl Broker {
         }
     }
 
+    /// Every quorum queue this node lists, as `'name' in vhost 'vhost'` (a cluster of one that holds one
+    /// may not give its cluster up for another: `Cluster::join`).
+    pub fn quorum_queue_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for (vhost, topology) in self.topologies() {
+            let topology = topology.read();
+            let quorum = topology.queues().filter(|entry| entry.definition.queue_type == QueueType::Quorum);
+            names.extend(quorum.map(|entry| format!("'{}' in vhost '{vhost}'", entry.definition.name.to_string_lossy())));
+        }
+        names
+    }
+
     /// The exclusive and transient queues this node held before it restarted (declared at or
     /// below `last_index_at_start` of its log): they went with the process, as on RabbitMQ, and
     /// the node deletes them through the cluster once it is back.
@@ -294,7 +306,7 @@ impl Broker {
     pub fn apply_metadata(&self, index: u64, command: MetadataCommand, node_id: u64, cluster: &Cluster) -> Result<Applied, AmqpError> {
         let flag = Applied::Flag;
         match command {
-            MetadataCommand::CreateCluster { .. } | MetadataCommand::Member { .. } => Ok(Applied::Done),
+            MetadataCommand::CreateCluster { .. } | MetadataCommand::Member { .. } | MetadataCommand::ShardRole { .. } => Ok(Applied::Done),
             MetadataCommand::PutVhost { name, description, tags, default_queue_type } => {
                 let default_queue_type = default_queue_type.as_deref().and_then(QueueType::from_name);
                 self.put_vhost(&name, description, tags, default_queue_type).map(flag)

@@ -66,6 +66,17 @@ pub enum MetadataCommand {
         /// A random id, said in every handshake from now on.
         cluster_id: u64,
     },
+    /// An operator's choice of a node's role in quorum shards (`lepus ctl queues grow`,
+    /// `shrink`, `add_member`, `delete_member`): a voter, or a learner that replicates and
+    /// serves the shards without voting. Every shard's leader makes it so (`shard_roles.rs`).
+    ShardRole {
+        /// The node's Raft id.
+        node: u64,
+        /// The shards it applies to.
+        shards: Vec<u32>,
+        /// Voter (true) or learner (false).
+        voter: bool,
+    },
     /// A member says who it is (its name and address), once it has a log.
     Member {
         /// Raft id.

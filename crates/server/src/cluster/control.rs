@@ -262,16 +262,7 @@ impl Cluster {
     /// at `address` (it forms one of its own otherwise, or when it has seeds).
     pub fn join(self: &Arc<Self>, address: &str) -> Result<(), String> {
         if self.is_member() {
-            let view = self.group_view();
-            let changes = self.state.lock().definition_changes;
-            if view.voters.len() > 1 || changes > 0 {
-                return Err(format!(
-                    "this node is a member of cluster {:x} already (with {} members, {} definition changes); only a new node joins",
-                    self.cluster_id(),
-                    view.voters.len(),
-                    changes
-                ));
-            }
+            self.check_may_give_up_own_cluster()?;
             self.discard_own_cluster()?;
         }
         self.links.dial(address);
@@ -285,12 +276,52 @@ impl Cluster {
         Err(format!("no answer from a cluster at {address} in time"))
     }
 
-    /// Gives up a one-node cluster that holds nothing, to join another.
+    /// Only a cluster of one that holds nothing is given up for another: its definitions and
+    /// its quorum queues' messages would be discarded, not carried over (a join brings nothing;
+    /// the node takes the cluster's definitions and shards as they are).
+    fn check_may_give_up_own_cluster(&self) -> Result<(), String> {
+        let quorum_queues = self.broker().map(|broker| broker.quorum_queue_names()).unwrap_or_default();
+        if !quorum_queues.is_empty() {
+            return Err(format!(
+                "this node holds quorum queues ({}) in its own cluster {:x}: joining another cluster would discard them; only a node that never held definitions joins (delete them, or export the definitions and import them into the other cluster, then join from a new data directory)",
+                quorum_queues.join(", "),
+                self.cluster_id()
+            ));
+        }
+        let view = self.group_view();
+        let changes = self.state.lock().definition_changes;
+        if view.voters.len() > 1 || changes > 0 {
+            return Err(format!(
+                "this node is a member of cluster {:x} already (with {} members, {} definition changes); only a new node joins",
+                self.cluster_id(),
+                view.voters.len(),
+                changes
+            ));
+        }
+        Ok(())
+    }
+
+    /// Gives up a one-node cluster that holds nothing, to join another: the metadata group stops
+    /// (no definition can change from now on), the quorum shards leave the groups they formed
+    /// alone and wait, empty, for the founding voters the join's answer names, then the metadata
+    /// log goes and the node is fresh again. The shards go first: a crash before the node is
+    /// recorded fresh restarts it as the cluster of one it was, with empty shards (a new group of
+    /// one each), never as a fresh node whose shards still lead their own groups.
     fn discard_own_cluster(self: &Arc<Self>) -> Result<(), String> {
         if let Some(events) = self.events.lock().take() {
             let _ = events.send(GroupEvent::Stop);
         }
         std::thread::sleep(Duration::from_millis(200));
+        if let Some(broker) = self.broker() {
+            if let Err(reason) = broker.quorum.leave_own_shards() {
+                // Nothing was given up: the node goes on as the cluster it was (its log holds no
+                // definition, so opening it again applies nothing twice).
+                if let Err(error) = self.open_group() {
+                    tracing::error!(%error, "opening the metadata group again failed: restart the node");
+                }
+                return Err(reason);
+            }
+        }
         let directory = self.data_dir.join("cluster").join("metadata");
         std::fs::remove_dir_all(&directory).map_err(|error| format!("{}: {error}", directory.display()))?;
         self.update_node_state(|state| {
@@ -298,6 +329,7 @@ impl Cluster {
             state.cluster_id = 0;
             state.initial_voters = Vec::new();
         });
+        *self.state.lock() = super::ClusterState::default();
         self.links.set_cluster_id(0);
         *self.view.lock() = super::GroupView::default();
         start_bootstrap(self);

@@ -14,6 +14,7 @@
 //! control.rs       join, leave, forget and status between nodes; bootstrap
 //! remote_queue.rs  a classic queue of another node
 //! quorum_link.rs   the quorum shards' transport: their Raft messages over the links
+//! shard_roles.rs   quorum shard membership by hand (grow, shrink, add_member, delete_member)
 //! ```
 //!
 //! A node started without a cluster port never builds any of this, and runs as it always did.
@@ -30,6 +31,7 @@ mod proposals;
 mod quorum_link;
 mod remote_queue;
 mod settings;
+mod shard_roles;
 mod snapshot;
 mod transfer;
 
@@ -39,6 +41,7 @@ pub use group::GroupView;
 pub use quorum_link::{host_config as quorum_host_config, QuorumLinks};
 pub use remote_queue::RemoteQueue;
 pub use settings::ClusterSettings;
+pub use shard_roles::{ShardRoleError, ShardSelection};
 
 use crate::broker::Broker;
 use broker_core::AmqpError;
@@ -97,6 +100,8 @@ struct ClusterState {
     members: BTreeMap<u64, MemberRecord>,
     /// Definition changes applied (a node that applied none may join another cluster).
     definition_changes: u64,
+    /// The operator's choices of nodes' roles in quorum shards: (shard, node) -> voter.
+    shard_roles: crate::quorum::ShardRoleMap,
 }
 
 /// A clustered node's cluster half.

@@ -113,6 +113,10 @@ pub struct MetadataImage {
     /// (`proposals.rs`). Absent from an image of before: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub applied_proposals: Vec<(u64, u64)>,
+    /// The operator's choices of nodes' roles in quorum shards, (shard, node, voter). Absent
+    /// from an image of before: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shard_roles: Vec<(u32, u64, bool)>,
 }
 
 impl MetadataImage {
@@ -399,6 +403,7 @@ mod tests {
             members: vec![ImageMember { id: 7, name: "n1@h".into(), address: "127.0.0.1:25001".into() }],
             definition_changes: 640,
             applied_proposals: vec![(7, 1 << 40), (9, 3)],
+            shard_roles: vec![(2, 5, false), (0, 5, true)],
             entries: vec![
                 ImageEntry {
                     index: 812,
@@ -421,8 +426,15 @@ mod tests {
         let bytes = image.encode().expect("encodes");
         assert_eq!(&bytes[..4], b"LMDI");
         assert_eq!(MetadataImage::decode(&bytes).expect("decodes"), image);
-        let empty =
-            MetadataImage { index: 0, cluster_id: 0, members: vec![], definition_changes: 0, entries: vec![], applied_proposals: vec![] };
+        let empty = MetadataImage {
+            index: 0,
+            cluster_id: 0,
+            members: vec![],
+            definition_changes: 0,
+            entries: vec![],
+            applied_proposals: vec![],
+            shard_roles: vec![],
+        };
         assert_eq!(MetadataImage::decode(&empty.encode().expect("encodes")).expect("decodes"), empty);
     }
 

@@ -91,6 +91,7 @@ pub(super) async fn status(State(api): State<Api>) -> Answer {
             "snapshots_sent": view.snapshots_sent,
             "matched_index": view.matched.iter().map(|(id, matched)| json!({"node": cluster.member_name(*id), "matched_index": matched})).collect::<Vec<_>>(),
         },
+        "quorum_shards": quorum_shards_json(&api),
         "links": {
             "raft_messages_dropped": counters.raft_dropped.load(Ordering::Relaxed),
             "sends_refused": counters.sends_refused.load(Ordering::Relaxed),
@@ -100,6 +101,15 @@ pub(super) async fn status(State(api): State<Api>) -> Answer {
         },
     }))
     .into_response())
+}
+
+/// Every quorum shard's leader, voters and learners (a quorum queue's members are its shard's).
+fn quorum_shards_json(api: &Api) -> Vec<Value> {
+    let shards = api.broker.quorum.shard_members();
+    shards
+        .iter()
+        .map(|shard| json!({"shard": shard.shard, "leader": shard.leader, "voters": shard.voters, "learners": shard.learners}))
+        .collect()
 }
 
 fn cluster_of(api: &Api) -> Result<std::sync::Arc<crate::cluster::Cluster>, ApiError> {

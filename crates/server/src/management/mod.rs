@@ -14,6 +14,7 @@ mod environment;
 mod history;
 mod json;
 mod overview;
+mod quorum_members;
 mod rates;
 mod router;
 mod routes;

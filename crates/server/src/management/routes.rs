@@ -658,7 +658,7 @@ pub(super) async fn exchange_bindings_destination(
     )
 }
 
-fn find_queue(api: &Api, vhost: &str, name: &str) -> Result<crate::introspect::QueueInfo, ApiError> {
+pub(super) fn find_queue(api: &Api, vhost: &str, name: &str) -> Result<crate::introspect::QueueInfo, ApiError> {
     require_vhost(api, vhost)?;
     api.broker.list_queues().into_iter().find(|queue| queue.vhost == vhost && queue.name == name).ok_or_else(ApiError::object_not_found)
 }

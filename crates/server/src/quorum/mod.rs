@@ -63,6 +63,10 @@ pub struct HostConfig {
     pub dead_letter_retry_interval_ms: u64,
 }
 
+/// How long the host waits for a shard's thread to answer a question (one round: a tick and an
+/// fdatasync at most, unless its disk hangs).
+const SHARD_ANSWER_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Shards a node runs by default: with three nodes, one leader each (docs/replication.md).
 pub const SHARDS_DEFAULT: u32 = 3;
 
@@ -121,10 +125,30 @@ pub struct ReplicaInfo {
     pub online: Vec<String>,
 }
 
+/// One shard's members, as management shows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardMembers {
+    /// The shard.
+    pub shard: ShardId,
+    /// The node leading it (None: no leader known).
+    pub leader: Option<String>,
+    /// The members that vote (a commit needs a majority of them).
+    pub voters: Vec<String>,
+    /// The members that replicate and apply the log without voting.
+    pub learners: Vec<String>,
+}
+
 /// The cluster's members as this node's metadata group last applied them: every shard's leader
 /// makes them the shard's members (joined nodes as learners first). `None` while not known (a
 /// node alone, or one still replaying its metadata log): the shards keep the members they have.
 pub(crate) type MembersTarget = Arc<parking_lot::RwLock<Option<Vec<u64>>>>;
+
+/// The operator's choices of nodes' roles in the shards, (shard, node) -> voter, as the metadata
+/// group applied them (`lepus ctl queues grow`, `shrink`, `add_member`, `delete_member`).
+pub type ShardRoleMap = std::collections::BTreeMap<(ShardId, u64), bool>;
+
+/// The choices, shared with every shard's thread: its leader makes them so.
+pub(crate) type ShardRoles = Arc<parking_lot::RwLock<ShardRoleMap>>;
 
 /// The node's shards.
 pub struct QuorumHost {
@@ -140,6 +164,8 @@ pub struct QuorumHost {
     dead_letters: Option<DeadLetterSender>,
     /// The members every shard's leader makes its shard's.
     members_target: MembersTarget,
+    /// The roles the operator chose, which every shard's leader makes so.
+    shard_roles: ShardRoles,
 }
 
 impl std::fmt::Debug for QuorumHost {
@@ -161,11 +187,13 @@ impl QuorumHost {
         // it separately). Random: a restarted node never reuses an earlier incarnation's id.
         let proposer = rand::random::<u64>() | 1;
         let members_target = MembersTarget::default();
+        let shard_roles = ShardRoles::default();
         let mut shards = Vec::new();
         let mut threads = Vec::new();
         for shard in 0..config.shards {
-            let (handle, worker) = shard::open(shard, &config, proposer, transport.clone(), dead_letters.clone(), members_target.clone())
-                .map_err(|source| HostError::Open { shard, source })?;
+            let (handle, worker) =
+                shard::open(shard, &config, proposer, transport.clone(), dead_letters.clone(), members_target.clone(), shard_roles.clone())
+                    .map_err(|source| HostError::Open { shard, source })?;
             let thread =
                 std::thread::Builder::new().name(format!("lepus-quorum-{shard}")).spawn(move || worker.run()).map_err(HostError::Thread)?;
             shards.push(handle);
@@ -181,6 +209,7 @@ impl QuorumHost {
             self_reference: self_reference.clone(),
             dead_letters,
             members_target,
+            shard_roles,
         }))
     }
 
@@ -201,6 +230,30 @@ impl QuorumHost {
         }
     }
 
+    /// The operator's choices of nodes' roles in the shards, as the metadata group applied them.
+    pub fn set_shard_roles(&self, roles: ShardRoleMap) {
+        let mut current = self.shard_roles.write();
+        if *current != roles {
+            tracing::info!(roles = ?roles, "the quorum shards' roles chosen by the operator");
+            *current = roles;
+        }
+    }
+
+    /// The shard quorum queue `name` of `vhost` lives on.
+    pub fn shard_of_queue(&self, vhost: &str, name: &str) -> ShardId {
+        let mut key = Vec::with_capacity(vhost.len() + 1 + name.len());
+        key.extend_from_slice(vhost.as_bytes());
+        key.push(0);
+        key.extend_from_slice(name.as_bytes());
+        let handle = self.shard_for(&key);
+        self.shards.iter().position(|other| Arc::ptr_eq(other, handle)).unwrap_or(0) as ShardId
+    }
+
+    /// Each shard's voters and learners by id, as this node last saw them.
+    pub fn shard_member_ids(&self) -> Vec<(Vec<u64>, Vec<u64>)> {
+        self.shards.iter().map(|handle| handle.figures.members.lock().clone()).collect()
+    }
+
     /// The founding voters, learnt by a node that joined a cluster after its shards opened: a
     /// shard that holds nothing yet starts its log from them (the founding nodes' logs start
     /// from them without an entry saying so).
@@ -211,6 +264,32 @@ impl QuorumHost {
         for handle in &self.shards {
             handle.send(ShardInput::InitialVoters(voters.clone()));
         }
+    }
+
+    /// Leaves the shard groups this node formed alone (a cluster of one that joins another):
+    /// every shard drops its one-node log and opens again empty, to start from the founding
+    /// voters the join's answer names (`set_initial_voters`), as a node that joins through the
+    /// seeds does. Refused, with what they hold and nothing changed, when any shard holds a
+    /// quorum queue or a delayed message.
+    pub fn leave_own_shards(&self) -> Result<(), String> {
+        let mut held = Vec::new();
+        for handle in &self.shards {
+            let (answer, holdings) = std::sync::mpsc::channel();
+            handle.send(ShardInput::Holdings(answer));
+            held.extend(holdings.recv_timeout(SHARD_ANSWER_WAIT_MAX).map_err(|_| "a quorum shard did not answer".to_string())?);
+        }
+        if !held.is_empty() {
+            return Err(format!("this node holds {}: joining another cluster would discard them", held.join(", ")));
+        }
+        // No shard leader of the old groups may reconcile toward the old members meanwhile.
+        *self.members_target.write() = None;
+        self.heard.lock().clear();
+        for (shard, handle) in self.shards.iter().enumerate() {
+            let (answer, left) = std::sync::mpsc::channel();
+            handle.send(ShardInput::Rejoin(answer));
+            left.recv_timeout(SHARD_ANSWER_WAIT_MAX).map_err(|_| format!("quorum shard {shard} did not answer"))??;
+        }
+        Ok(())
     }
 
     /// This node's Raft id.
@@ -315,18 +394,52 @@ impl QuorumHost {
         }
     }
 
+    /// Every shard's leader, voters and learners by name, as this node knows them (for
+    /// `/api/lepus/cluster`: a quorum queue's members are its shard's).
+    pub fn shard_members(&self) -> Vec<ShardMembers> {
+        let name_all = |nodes: Vec<u64>| nodes.into_iter().map(|node| self.member_name(node)).collect();
+        self.shards
+            .iter()
+            .enumerate()
+            .map(|(shard, handle)| {
+                let leader = handle.figures.leader.load(std::sync::atomic::Ordering::Relaxed);
+                let (voters, learners) = handle.figures.members.lock().clone();
+                ShardMembers {
+                    shard: shard as ShardId,
+                    leader: (leader != 0).then(|| self.member_name(leader)),
+                    voters: name_all(voters),
+                    learners: name_all(learners),
+                }
+            })
+            .collect()
+    }
+
     /// Refuses to remove `node` from the shards when a shard's voters without it would not have
     /// a running majority as this node sees them: itself, the peers heard from lately on a shard,
     /// and the peers `connected` names (the cluster's links). Raft traffic alone is not enough:
     /// two followers of a shard whose leader just died say nothing to each other until an
     /// election. Its leader would hold the change back, and the operator is told why now.
     pub fn check_removal(&self, node: u64, connected: impl Fn(u64) -> bool) -> Result<(), String> {
+        self.check_voters_without(node, |_| true, connected)
+    }
+
+    /// As [`QuorumHost::check_removal`], for the shards `selected` picks (a node that stops
+    /// voting in them: `lepus ctl queues shrink`, `delete_member`).
+    pub fn check_voters_without(
+        &self,
+        node: u64,
+        selected: impl Fn(ShardId) -> bool,
+        connected: impl Fn(u64) -> bool,
+    ) -> Result<(), String> {
         let quiet_after = std::time::Duration::from_millis(self.config.tick_ms * self.config.node_down_ticks);
         let heard = self.heard.lock();
         let running = |member: &u64| {
             *member == self.config.node_id || connected(*member) || heard.get(member).is_some_and(|at| at.elapsed() < quiet_after)
         };
         for (shard, handle) in self.shards.iter().enumerate() {
+            if !selected(shard as ShardId) {
+                continue;
+            }
             let voters: Vec<u64> = handle.figures.members.lock().0.iter().copied().filter(|voter| *voter != node).collect();
             let live = voters.iter().filter(|voter| running(voter)).count();
             if !voters.is_empty() && live * 2 <= voters.len() {

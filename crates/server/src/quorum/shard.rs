@@ -21,6 +21,7 @@ mod apply;
 pub(crate) mod delayed;
 mod membership;
 mod peers;
+mod rejoin;
 
 /// The most bytes of commands one Raft entry carries (docs/replication.md: `batch_bytes_max`).
 pub const BATCH_BYTES_MAX: usize = 1 << 20;
@@ -91,6 +92,11 @@ pub(crate) enum ShardInput {
     InitialVoters(Vec<u64>),
     /// This shard holds the cluster's replicated delay store: fire its due messages there.
     Delayed(delayed::DelayedHook),
+    /// Say what this shard holds that leaving its group would discard (queues, delayed messages).
+    Holdings(mpsc::Sender<Vec<String>>),
+    /// Leave the group this node formed alone and wait, empty, for the founding voters of the
+    /// cluster it joins (see `rejoin.rs`).
+    Rejoin(mpsc::Sender<Result<(), String>>),
     /// Stop after this round.
     Stop,
 }
@@ -228,6 +234,8 @@ pub(crate) struct ShardWorker {
     latency_probe: Option<(u64, Instant)>,
     /// The members the shard's leader makes the shard's (the cluster's).
     members_target: super::MembersTarget,
+    /// The roles the operator chose for nodes in the shards.
+    shard_roles: super::ShardRoles,
     /// The tick a membership change was last held back (its reason logged), to log it seldom.
     membership_held_at_tick: u64,
     stopping: bool,
@@ -247,6 +255,7 @@ pub(crate) fn open(
     transport: Arc<dyn PeerTransport>,
     dead_letters: Option<DeadLetterSender>,
     members_target: super::MembersTarget,
+    shard_roles: super::ShardRoles,
 ) -> Result<(Arc<ShardHandle>, ShardWorker), NodeError> {
     let node_config = NodeConfig {
         id: config.node_id,
@@ -267,14 +276,7 @@ pub(crate) fn open(
     }
     let (sender, inputs) = mpsc::channel();
     let handle = Arc::new(ShardHandle { sender: Mutex::new(sender), figures: ShardFigures::default() });
-    let mut batcher = Batcher::new(proposer, BATCH_BYTES_MAX, UNCONFIRMED_COMMANDS_MAX);
-    // First of all: say which node this proposer is, and release this node's earlier
-    // incarnations, whose consumers and basic.gets died with them (their messages come back).
-    for command in
-        [QueueCommand::RegisterProposer { node: config.node_id }, QueueCommand::ReleaseNode { node: config.node_id, keep: proposer }]
-    {
-        batcher.push(0, command).expect("an empty batcher has room");
-    }
+    let batcher = first_batcher(proposer, config.node_id);
     let worker = ShardWorker {
         shard,
         node,
@@ -299,6 +301,7 @@ pub(crate) fn open(
         released: HashMap::new(),
         latency_probe: None,
         members_target,
+        shard_roles,
         membership_held_at_tick: 0,
         stopping: false,
         dead_letter_retry: super::dead_letter_retry::DeadLetterRetry::new(config.dead_letter_retry_interval_ms),
@@ -306,6 +309,17 @@ pub(crate) fn open(
         snapshots_in_flight: HashMap::new(),
     };
     Ok((handle, worker))
+}
+
+/// A proposer's batcher as it starts in a group: first of all it says which node this proposer
+/// is, and releases this node's earlier incarnations, whose consumers and basic.gets died with
+/// them (their messages come back).
+fn first_batcher(proposer: u64, node: u64) -> Batcher {
+    let mut batcher = Batcher::new(proposer, BATCH_BYTES_MAX, UNCONFIRMED_COMMANDS_MAX);
+    for command in [QueueCommand::RegisterProposer { node }, QueueCommand::ReleaseNode { node, keep: proposer }] {
+        batcher.push(0, command).expect("an empty batcher has room");
+    }
+    batcher
 }
 
 impl ShardWorker {
@@ -368,6 +382,12 @@ impl ShardWorker {
             ShardInput::Recovered(queue) => self.recovered.push(queue),
             ShardInput::InitialVoters(voters) => self.learn_initial_voters(voters),
             ShardInput::Delayed(hook) => self.delayed = Some(hook),
+            ShardInput::Holdings(answer) => {
+                let _ = answer.send(self.holdings());
+            }
+            ShardInput::Rejoin(answer) => {
+                let _ = answer.send(self.rejoin());
+            }
             ShardInput::Stop => self.stopping = true,
         }
     }
@@ -421,7 +441,9 @@ impl ShardWorker {
         if !self.node.is_leader() || !self.ticks.is_multiple_of(LEADERSHIP_CHECK_TICKS) {
             return;
         }
-        let mut voters = self.node.voters();
+        // A voter the operator chose to demote is about to stop voting: never handed the lead.
+        let chosen = self.chosen_roles();
+        let mut voters: Vec<u64> = self.node.voters().into_iter().filter(|voter| !chosen.contains(&(*voter, false))).collect();
         if voters.is_empty() {
             return;
         }

@@ -505,3 +505,52 @@ fn an_idle_quorum_queue_is_not_sampled_again_until_a_commit_changes_it() {
         wait_for("the next publish sampled", || queue.sample_if_changed().filter(|snapshot| snapshot.ready == 4).map(|_| ()));
     }
 }
+
+/// A node that formed a cluster of one runs its shards as groups of one. Joining the cluster, it
+/// leaves them (`leave_own_shards`) and its shards open empty: the founding voters the join names
+/// start their logs, every shard's leader adds it as a learner, and it serves the cluster's
+/// queues, never its own groups. One that holds a queue is refused, naming it, and keeps it.
+#[test]
+fn a_former_cluster_of_one_leaves_its_own_shards_and_joins_the_clusters_as_a_learner() {
+    let mut cluster = Cluster::start();
+    let key = super::queue::name_key("/", &ShortStr::from("q-rejoin"));
+    cluster.leader_of(&key);
+    let founding = queue_on_every_node(&cluster, 1, "q-rejoin");
+    publish_confirmed(&founding[&1], (0..5).map(|number| format!("r{number}")));
+
+    let alone = |node: u64| {
+        let link = Arc::new(Link { network: cluster.network.clone(), from: node });
+        let host = QuorumHost::start(HostConfig { voters: vec![node], ..config(node) }, link, None).expect("a host starts");
+        wait_for("the node alone leads its shards", || {
+            host.shards.iter().all(|shard| shard.figures.is_leader.load(std::sync::atomic::Ordering::Relaxed)).then_some(())
+        });
+        host
+    };
+    // Holding a quorum queue of its own: refused, nothing changed.
+    let holding = alone(5);
+    let own = QuorumQueue::declare(definition("q-own"), "/", &holding, no_expiry(), 0);
+    publish_confirmed(&own, std::iter::once("kept".to_string()));
+    let refused = holding.leave_own_shards().expect_err("a node holding a queue is refused");
+    assert!(refused.contains("quorum queue 'q-own' in vhost '/'"), "{refused}");
+    assert_eq!(own.snapshot().ready, 1);
+    holding.stop();
+
+    // Holding nothing: it leaves its groups and joins the cluster's shards as a learner.
+    let host = alone(4);
+    host.leave_own_shards().expect("a node holding nothing leaves its own shards");
+    // Its figures are published at the end of each shard's next round.
+    wait_for("the node leads none of its shards", || {
+        host.shards.iter().all(|shard| !shard.figures.is_leader.load(std::sync::atomic::Ordering::Relaxed)).then_some(())
+    });
+    host.set_initial_voters(NODES.to_vec());
+    cluster.network.hosts.write().insert(4, Arc::downgrade(&host));
+    cluster.hosts.insert(4, host);
+    cluster.set_members(&[1, 2, 3, 4]);
+    cluster.wait_members(&[1, 2, 3], &[4]);
+    let joined = QuorumQueue::recover(definition("q-rejoin"), "/", &cluster.hosts[&4], no_expiry(), 0);
+    wait_for("the queue's id on the joined node", || (joined.id() == founding[&1].id()).then_some(()));
+    publish_confirmed(&joined, (5..10).map(|number| format!("r{number}")));
+    for queue in founding.values() {
+        wait_for("every founding node applied them", || (queue.snapshot().ready == 10).then_some(()));
+    }
+}

@@ -4,6 +4,12 @@
 //! removed; while a shard has fewer voters than it started with, a caught-up learner is promoted
 //! (a dead founding node replaced). The shard's leader makes the changes, one at a time (raft-rs
 //! `ConfChange`), and never one that leaves the voters without a live majority.
+//!
+//! An operator may choose a node's role in a shard (`lepus ctl queues grow`, `shrink`,
+//! `add_member`, `delete_member`; replicated through the metadata group): a chosen voter is
+//! promoted once caught up, a chosen learner demoted (the leader hands its leadership over first
+//! when it is the one demoted). A shard with a chosen role is the operator's: no learner is
+//! promoted by itself to make up the founding count (it would undo a `shrink`).
 
 use super::ShardWorker;
 use raft::eraftpb::{ConfChange, ConfChangeType};
@@ -32,6 +38,8 @@ pub enum MembershipPlan {
     Change(ConfChangeType, u64),
     /// A change is due but would leave the voters without a live majority: not made.
     Held(String),
+    /// The leader is to be demoted: it hands the leadership to this voter first.
+    HandOver(u64),
 }
 
 /// The shard's members as they are and as the cluster wants them.
@@ -47,6 +55,10 @@ pub struct Members<'a> {
     pub voters_wanted: usize,
     /// The leader's commit index: a learner that holds it is caught up.
     pub commit: u64,
+    /// The leader's id.
+    pub leader: u64,
+    /// The roles the operator chose in this shard: (node, voter).
+    pub chosen: &'a [(u64, bool)],
 }
 
 /// Decides the next change (pure: the leader's view in, one change out). Removals first (a gone
@@ -72,13 +84,45 @@ pub fn plan(members: &Members<'_>, progress: impl Fn(u64) -> Option<MemberProgre
     if let Some(new) = members.target.iter().find(|node| !is_member(node)) {
         return MembershipPlan::Change(ConfChangeType::AddLearnerNode, *new);
     }
-    if members.voters.len() < members.voters_wanted {
+    if let Some(change) = plan_chosen_roles(members, &progress) {
+        return change;
+    }
+    if members.chosen.is_empty() && members.voters.len() < members.voters_wanted {
         let caught_up = |node: &&u64| progress(**node).is_some_and(|progress| progress.active && progress.matched >= members.commit);
         if let Some(learner) = members.learners.iter().filter(caught_up).min() {
             return MembershipPlan::Change(ConfChangeType::AddNode, *learner);
         }
     }
     MembershipPlan::Settled
+}
+
+/// The next change toward the operator's chosen roles, if one is due: a chosen voter that is a
+/// caught-up learner is promoted; a chosen learner that votes is demoted (raft-rs
+/// `AddLearnerNode` on a voter), when the voters left keep a live majority, after the leader
+/// handed over if it is the one demoted.
+fn plan_chosen_roles(members: &Members<'_>, progress: &impl Fn(u64) -> Option<MemberProgress>) -> Option<MembershipPlan> {
+    let caught_up = |node: u64| progress(node).is_some_and(|progress| progress.active && progress.matched >= members.commit);
+    for &(node, voter) in members.chosen {
+        if voter && members.learners.contains(&node) && caught_up(node) {
+            return Some(MembershipPlan::Change(ConfChangeType::AddNode, node));
+        }
+        if voter || !members.voters.contains(&node) {
+            continue;
+        }
+        let remaining: Vec<u64> = members.voters.iter().copied().filter(|other| *other != node).collect();
+        let live = remaining.iter().filter(|other| **other == members.leader || caught_up(**other)).count();
+        if remaining.is_empty() || live * 2 <= remaining.len() {
+            return Some(MembershipPlan::Held(format!(
+                "making voter {node:x} a learner would leave {} voters of which {live} are live and caught up: not a working majority",
+                remaining.len()
+            )));
+        }
+        if node == members.leader {
+            return remaining.iter().copied().find(|other| caught_up(*other)).map(MembershipPlan::HandOver);
+        }
+        return Some(MembershipPlan::Change(ConfChangeType::AddLearnerNode, node));
+    }
+    None
 }
 
 impl ShardWorker {
@@ -93,12 +137,15 @@ impl ShardWorker {
             return;
         }
         let (voters, learners) = (self.node.voters(), self.node.learners());
+        let chosen = self.chosen_roles();
         let members = Members {
             voters: &voters,
             learners: &learners,
             target: &target,
             voters_wanted: self.node_config.voters.len().max(1),
             commit: self.node.commit_index(),
+            leader: self.config.node_id,
+            chosen: &chosen,
         };
         let node = &self.node;
         let progress = |member: u64| node.member_progress(member).map(|(matched, active)| MemberProgress { matched, active });
@@ -110,6 +157,11 @@ impl ShardWorker {
                     tracing::warn!(shard = self.shard, %reason, "a membership change of the quorum shard is held back");
                 }
             }
+            MembershipPlan::HandOver(to) => {
+                if self.node.transfer_leadership(to) {
+                    tracing::info!(shard = self.shard, to = %format!("{to:x}"), "handing the shard's leadership over before this node stops voting");
+                }
+            }
             MembershipPlan::Change(kind, member) => {
                 let mut change = ConfChange { node_id: member, ..Default::default() };
                 change.set_change_type(kind);
@@ -119,6 +171,12 @@ impl ShardWorker {
                 }
             }
         }
+    }
+
+    /// The roles the operator chose in this shard: (node, voter).
+    pub(super) fn chosen_roles(&self) -> Vec<(u64, bool)> {
+        let roles = self.shard_roles.read();
+        roles.iter().filter(|((shard, _), _)| *shard == self.shard).map(|(&(_, node), &voter)| (node, voter)).collect()
     }
 
     /// The founding voters, learnt by a node that joined after its shards opened: a shard that
@@ -151,7 +209,8 @@ mod tests {
 
     #[test]
     fn a_joined_node_becomes_a_learner_and_is_not_promoted_while_the_voters_are_complete() {
-        let members = Members { voters: &[1, 2, 3], learners: &[], target: &[1, 2, 3, 4], voters_wanted: 3, commit: 10 };
+        let members =
+            Members { voters: &[1, 2, 3], learners: &[], target: &[1, 2, 3, 4], voters_wanted: 3, commit: 10, leader: 1, chosen: &[] };
         assert_eq!(plan(&members, |_| live(10)), MembershipPlan::Change(ConfChangeType::AddLearnerNode, 4));
         let members = Members { learners: &[4], ..members };
         assert_eq!(plan(&members, |_| live(10)), MembershipPlan::Settled);
@@ -160,7 +219,8 @@ mod tests {
     #[test]
     fn a_forgotten_voter_is_removed_then_a_caught_up_learner_promoted() {
         let progress = |node: u64| if node == 3 { Some(MemberProgress { matched: 4, active: false }) } else { live(10) };
-        let members = Members { voters: &[1, 2, 3], learners: &[4], target: &[1, 2, 4], voters_wanted: 3, commit: 10 };
+        let members =
+            Members { voters: &[1, 2, 3], learners: &[4], target: &[1, 2, 4], voters_wanted: 3, commit: 10, leader: 1, chosen: &[] };
         assert_eq!(plan(&members, progress), MembershipPlan::Change(ConfChangeType::RemoveNode, 3));
         let members = Members { voters: &[1, 2], ..members };
         assert_eq!(plan(&members, progress), MembershipPlan::Change(ConfChangeType::AddNode, 4));
@@ -171,13 +231,60 @@ mod tests {
     #[test]
     fn a_removal_that_leaves_no_live_majority_is_held() {
         let progress = |node: u64| if node == 1 { live(10) } else { Some(MemberProgress { matched: 4, active: false }) };
-        let members = Members { voters: &[1, 2, 3], learners: &[], target: &[1, 2], voters_wanted: 3, commit: 10 };
+        let members = Members { voters: &[1, 2, 3], learners: &[], target: &[1, 2], voters_wanted: 3, commit: 10, leader: 1, chosen: &[] };
         assert!(matches!(plan(&members, progress), MembershipPlan::Held(_)));
     }
 
     #[test]
+    fn a_chosen_learner_is_demoted_and_not_promoted_back_and_a_chosen_voter_promoted_once_caught_up() {
+        let members = Members {
+            voters: &[1, 2, 3],
+            learners: &[],
+            target: &[1, 2, 3],
+            voters_wanted: 3,
+            commit: 10,
+            leader: 1,
+            chosen: &[(3, false)],
+        };
+        assert_eq!(plan(&members, |_| live(10)), MembershipPlan::Change(ConfChangeType::AddLearnerNode, 3));
+        // Demoted: the shard is the operator's, the learner stays one.
+        let members = Members { voters: &[1, 2], learners: &[3], ..members };
+        assert_eq!(plan(&members, |_| live(10)), MembershipPlan::Settled);
+        let members = Members { chosen: &[(3, true)], ..members };
+        assert_eq!(plan(&members, |node| if node == 3 { live(9) } else { live(10) }), MembershipPlan::Settled);
+        assert_eq!(plan(&members, |_| live(10)), MembershipPlan::Change(ConfChangeType::AddNode, 3));
+    }
+
+    #[test]
+    fn a_demoted_leader_hands_over_first_and_a_demotion_without_a_live_majority_is_held() {
+        let members = Members {
+            voters: &[1, 2, 3],
+            learners: &[],
+            target: &[1, 2, 3],
+            voters_wanted: 3,
+            commit: 10,
+            leader: 1,
+            chosen: &[(1, false)],
+        };
+        assert_eq!(plan(&members, |_| live(10)), MembershipPlan::HandOver(2));
+        let members = Members { leader: 2, chosen: &[(1, false)], ..members };
+        let dead_third = |node: u64| if node == 3 { Some(MemberProgress { matched: 4, active: false }) } else { live(10) };
+        assert!(matches!(plan(&members, dead_third), MembershipPlan::Held(_)));
+        let members = Members { voters: &[1], target: &[1], chosen: &[(1, false)], leader: 1, ..members };
+        assert!(matches!(plan(&members, |_| live(10)), MembershipPlan::Held(_)));
+    }
+
+    #[test]
     fn a_forgotten_learner_is_removed_first() {
-        let members = Members { voters: &[1, 2, 3], learners: &[4, 5], target: &[1, 2, 3, 5, 6], voters_wanted: 3, commit: 10 };
+        let members = Members {
+            voters: &[1, 2, 3],
+            learners: &[4, 5],
+            target: &[1, 2, 3, 5, 6],
+            voters_wanted: 3,
+            commit: 10,
+            leader: 1,
+            chosen: &[],
+        };
         assert_eq!(plan(&members, |_| live(10)), MembershipPlan::Change(ConfChangeType::RemoveNode, 4));
     }
 }
