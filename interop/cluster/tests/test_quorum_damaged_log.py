@@ -8,10 +8,9 @@ import glob
 import os
 import signal
 
-import pika
-
 from cluster_harness import eventually
 from test_quorum_cluster import declare_quorum, leader_of, publish_confirmed, queue_info
+from test_quorum_membership import consume_acked
 
 QUEUE = "quorum.damaged-log"
 MESSAGES = 300
@@ -52,16 +51,5 @@ def test_a_damaged_shard_log_is_repaired_from_the_leader_and_loses_nothing_commi
     # The repaired node and the third one are the majority now.
     leader.kill(signal.SIGKILL)
     leader_of(cluster, QUEUE, among=[damaged_node, other])
-    connection = pika.BlockingConnection(pika.URLParameters(damaged_node.url()))
-    channel = connection.channel()
-    channel.basic_qos(prefetch_count=100)
-    received = []
-    for method, _, body in channel.consume(QUEUE, inactivity_timeout=30):
-        assert method is not None, f"only {len(received)} of {MESSAGES} delivered"
-        received.append(body)
-        channel.basic_ack(method.delivery_tag)
-        if len(received) == MESSAGES:
-            break
-    channel.cancel()
-    connection.close()
-    assert received == bodies
+    received = consume_acked(damaged_node, QUEUE, MESSAGES, prefetch=100, timeout_s=30)
+    assert received == [body.decode() for body in bodies]

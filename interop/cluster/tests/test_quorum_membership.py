@@ -18,13 +18,13 @@ from history import History, check, publish_until, read
 from test_quorum_cluster import declare_quorum, drain, leader_of, publish_confirmed, queue_info
 
 
-def consume_acked(node, queue, count):
-    """Consumes `count` messages through `node` (prefetch 5), acking each; their bodies in order."""
+def consume_acked(node, queue, count, prefetch=5, timeout_s=10):
+    """Consumes `count` messages through `node`, acking each; their bodies in order."""
     connection = pika.BlockingConnection(pika.URLParameters(node.url()))
     channel = connection.channel()
-    channel.basic_qos(prefetch_count=5)
+    channel.basic_qos(prefetch_count=prefetch)
     received = []
-    for method, _, body in channel.consume(queue, inactivity_timeout=10):
+    for method, _, body in channel.consume(queue, inactivity_timeout=timeout_s):
         assert method is not None, f"only {len(received)} of {count} delivered through {node.name}"
         received.append(body.decode())
         channel.basic_ack(method.delivery_tag)

@@ -7,10 +7,9 @@ import glob
 import os
 import signal
 
-import pika
-
 from cluster_harness import eventually
 from test_quorum_cluster import declare_quorum, leader_of, publish_confirmed, queue_info
+from test_quorum_membership import consume_acked
 
 QUEUE = "quorum.snapshot-transfer"
 LARGE_MESSAGES = 24
@@ -48,18 +47,7 @@ def test_a_member_behind_a_compacted_log_catches_up_by_a_snapshot_larger_than_a_
 
     # Without the third node, the leader and the restarted member are the majority.
     other.kill(signal.SIGKILL)
-    connection = pika.BlockingConnection(pika.URLParameters(behind.url()))
-    channel = connection.channel()
-    channel.basic_qos(prefetch_count=50)
-    large, small = [], []
-    for method, _, body in channel.consume(QUEUE, inactivity_timeout=30):
-        assert method is not None, f"only {len(large) + len(small)} of {total} delivered"
-        (large if len(body) == LARGE_BYTES else small).append(body)
-        channel.basic_ack(method.delivery_tag)
-        if len(large) + len(small) == total:
-            break
-    channel.cancel()
-    connection.close()
-    assert large == [large_body(index) for index in range(LARGE_MESSAGES)]
-    assert small == [f"small:{index}".encode() for index in range(SMALL_MESSAGES)]
+    received = consume_acked(behind, QUEUE, total, prefetch=50, timeout_s=30)
+    assert [body for body in received if len(body) == LARGE_BYTES] == [large_body(index).decode() for index in range(LARGE_MESSAGES)]
+    assert [body for body in received if len(body) != LARGE_BYTES] == [f"small:{index}" for index in range(SMALL_MESSAGES)]
     eventually(lambda: queue_info(leader, QUEUE)["messages"] == 0, what="the acks committed by the two")

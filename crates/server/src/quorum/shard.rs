@@ -504,7 +504,7 @@ impl ShardWorker {
     fn send_messages(&mut self) {
         for message in self.node.take_messages() {
             let (to, is_snapshot) = (message.to, message.get_msg_type() == replication::MessageType::MsgSnapshot);
-            let snapshot_mib = (message.get_snapshot().data.len() >> 20) as u64;
+            let snapshot_mib = if is_snapshot { (message.get_snapshot().data.len() >> 20) as u64 } else { 0 };
             let sent = self.transport.send(self.shard, message);
             if is_snapshot && !sent {
                 self.node.report_snapshot(to, false);
