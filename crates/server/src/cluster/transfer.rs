@@ -119,10 +119,9 @@ pub(super) fn take_part(slot: &mut Option<IncomingTransfer>, part: Part) -> Part
     if (incoming.joined.len() as u64) < incoming.total {
         return PartTaken::Partial;
     }
-    match slot.take() {
-        Some(whole) => PartTaken::Whole { group: whole.group, message: whole.joined.freeze() },
-        None => PartTaken::Partial,
-    }
+    let (group, message) = (incoming.group, std::mem::take(&mut incoming.joined).freeze());
+    *slot = None;
+    PartTaken::Whole { group, message }
 }
 
 #[cfg(test)]
