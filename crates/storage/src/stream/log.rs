@@ -10,6 +10,7 @@
 use super::chunk::{self, ChunkHeader, ChunkType, EntryBatch, AMQP_CHUNK_BYTES_TARGET, CHUNK_ENTRIES_MAX, CHUNK_HEADER_BYTES};
 use super::index::{self, IndexEntry, FILE_HEADER_BYTES, INDEX_ENTRY_BYTES, INDEX_HEADER, SEGMENT_HEADER};
 use super::recovery::{self, StreamRecovery};
+pub(crate) use super::replica::UNREPLICATED_CHUNKS_MAX;
 use super::tracking::{self, Tracking};
 use super::{Retention, StreamError, StreamSettings, EPOCH};
 use crate::file_cache::{FileCache, FileHandle};
@@ -61,6 +62,8 @@ pub(crate) struct SegmentState {
     pub next_offset: u64,
     pub first_timestamp_ms: Option<i64>,
     pub last_timestamp_ms: i64,
+    /// The epoch of its last chunk (0 while it has none).
+    pub last_epoch: u64,
 }
 
 impl SegmentState {
@@ -73,20 +76,21 @@ impl SegmentState {
             next_offset: first_offset,
             first_timestamp_ms: None,
             last_timestamp_ms: i64::MIN,
+            last_epoch: 0,
         }
     }
 }
 
 /// Bytes appended to one segment and its index, to be written at these positions.
 #[derive(Debug)]
-struct PendingWrite {
-    segment: u64,
+pub(crate) struct PendingWrite {
+    pub segment: u64,
     /// The segment's files are to be created (with their headers) first.
-    create: bool,
-    data_position: u64,
-    data: Vec<u8>,
-    index_position: u64,
-    index: Vec<u8>,
+    pub create: bool,
+    pub data_position: u64,
+    pub data: Vec<u8>,
+    pub index_position: u64,
+    pub index: Vec<u8>,
 }
 
 /// The chunk AMQP 0-9-1 records go into until it is cut.
@@ -108,27 +112,33 @@ pub(crate) struct StreamState {
     pub segments: VecDeque<SegmentState>,
     /// The offset the next record takes.
     pub next_offset: u64,
-    last_timestamp_ms: i64,
+    pub last_timestamp_ms: i64,
     open_chunk: Option<OpenChunk>,
-    pending: Vec<PendingWrite>,
+    pub(crate) pending: Vec<PendingWrite>,
     pub tracking: Tracking,
+    /// What readers see and confirms wait for: what was synced here, and, for a replicated
+    /// stream, also committed by the cluster.
     pub committed: CommitPoint,
+    /// The epoch this node writes its chunks with (a replicated stream's leader's term).
+    pub epoch: u64,
+    /// A replicated stream's local sync point and its chunks not yet committed by the cluster.
+    pub(crate) replication: Option<super::replica::ReplicationState>,
     /// The last user chunk appended (committed or not).
-    last_user_chunk: Option<ChunkPoint>,
+    pub(crate) last_user_chunk: Option<ChunkPoint>,
     pub deleted: bool,
     /// Segments deleted by retention, so far.
     pub segments_retired: u64,
     /// An append rolled a segment: retention is due.
-    rolled: bool,
+    pub(crate) rolled: bool,
 }
 
 /// The syncer's side: the files being written, and what was written but not synced yet.
 #[derive(Debug, Default)]
-struct WriterState {
+pub(crate) struct WriterState {
     /// The segment last written, with its data and index files in the cache.
-    files: Option<(u64, FileHandle, FileHandle)>,
-    unsynced: Vec<Arc<dyn StorageFile>>,
-    directory_unsynced: bool,
+    pub files: Option<(u64, FileHandle, FileHandle)>,
+    pub unsynced: Vec<Arc<dyn StorageFile>>,
+    pub directory_unsynced: bool,
 }
 
 /// A segment's data file and index file.
@@ -164,9 +174,9 @@ pub struct StreamInfo {
 pub struct Stream {
     directory: PathBuf,
     cache: Arc<FileCache>,
-    file_system: SharedFileSystem,
+    pub(crate) file_system: SharedFileSystem,
     pub(crate) state: Mutex<StreamState>,
-    writer: Mutex<WriterState>,
+    pub(crate) writer: Mutex<WriterState>,
     listener: Mutex<Option<CommitListener>>,
 }
 
@@ -216,6 +226,8 @@ impl Stream {
             pending: Vec::new(),
             tracking: recovered.tracking,
             committed: recovered.committed,
+            epoch: recovered.last_epoch.max(EPOCH),
+            replication: None,
             last_user_chunk: recovered.committed.last_user_chunk,
             deleted: false,
             segments_retired: 0,
@@ -305,7 +317,7 @@ impl Stream {
     }
 
     /// Applies retention when the append just made rolled a segment (unlinking outside the lock).
-    fn retire_after_roll(&self, mut state: parking_lot::MutexGuard<'_, StreamState>, now_ms: i64) {
+    pub(crate) fn retire_after_roll(&self, mut state: parking_lot::MutexGuard<'_, StreamState>, now_ms: i64) {
         if !std::mem::take(&mut state.rolled) {
             return;
         }
@@ -407,7 +419,7 @@ impl Stream {
         }
     }
 
-    fn write_all(&self, writer: &mut WriterState, writes: &[PendingWrite]) -> Result<(), StreamError> {
+    pub(crate) fn write_all(&self, writer: &mut WriterState, writes: &[PendingWrite]) -> Result<(), StreamError> {
         for write in writes {
             let (data_file, index_file) = self.files_for(writer, write)?;
             let segment_path = self.directory.join(index::segment_file_name(write.segment));
@@ -456,16 +468,32 @@ impl Stream {
         Ok((data, index))
     }
 
-    /// Makes everything up to `point` readable (and tells the listener). Only moves forward.
+    /// Makes everything up to `point` readable (and tells the listener), once synced here: for
+    /// a replicated stream, only as far as the cluster committed too. Only moves forward.
     pub fn commit(&self, point: CommitPoint) {
         let next_offset = {
             let mut state = self.state.lock();
-            if point.next_offset < state.committed.next_offset || state.deleted {
+            if state.deleted {
                 return;
             }
-            state.committed = point;
-            point.next_offset
+            if state.replication.is_some() {
+                match state.note_synced(point) {
+                    Some(next_offset) => next_offset,
+                    None => return,
+                }
+            } else {
+                if point.next_offset < state.committed.next_offset {
+                    return;
+                }
+                state.committed = point;
+                point.next_offset
+            }
         };
+        self.tell_listener(next_offset);
+    }
+
+    /// Wakes the readers waiting for offsets below `next_offset`.
+    pub(crate) fn tell_listener(&self, next_offset: u64) {
         let listener = self.listener.lock().clone();
         if let Some(listener) = listener {
             listener(next_offset);
@@ -529,9 +557,12 @@ impl Stream {
 }
 
 impl StreamState {
-    fn check_open(&self) -> Result<(), StreamError> {
+    pub(crate) fn check_open(&self) -> Result<(), StreamError> {
         if self.deleted {
             return Err(StreamError::Deleted);
+        }
+        if self.replication.as_ref().is_some_and(|replication| replication.chunk_ends.len() >= UNREPLICATED_CHUNKS_MAX) {
+            return Err(StreamError::ReplicationBehind { chunks: UNREPLICATED_CHUNKS_MAX });
         }
         Ok(())
     }
@@ -543,12 +574,12 @@ impl StreamState {
         self.last_timestamp_ms
     }
 
-    fn active(&self) -> &SegmentState {
+    pub(crate) fn active(&self) -> &SegmentState {
         self.segments.back().expect("a stream always has a segment")
     }
 
     /// Adds a new (empty) segment starting at `first_offset`, its files to be created.
-    fn plan_segment(&mut self, first_offset: u64) {
+    pub(crate) fn plan_segment(&mut self, first_offset: u64) {
         self.segments.push_back(SegmentState::empty(first_offset));
         self.pending.push(PendingWrite {
             segment: first_offset,
@@ -584,7 +615,7 @@ impl StreamState {
     }
 
     /// The pending write that continues at `position` of `segment`, or a new one there.
-    fn pending_for(&mut self, segment: u64, position: u64) -> &mut PendingWrite {
+    pub(crate) fn pending_for(&mut self, segment: u64, position: u64) -> &mut PendingWrite {
         let continues =
             self.pending.last().is_some_and(|last| last.segment == segment && last.data_position + last.data.len() as u64 == position);
         if !continues {
@@ -610,7 +641,7 @@ impl StreamState {
             entries,
             records,
             timestamp_ms: self.timestamp(now_ms),
-            epoch: EPOCH,
+            epoch: self.epoch,
             first_offset: self.next_offset,
             data_crc: chunk::data_crc(data),
             data_bytes: data.len() as u32,
@@ -628,7 +659,7 @@ impl StreamState {
 
     /// Counts a chunk whose bytes are in the pending write: its index entry, its segment's size,
     /// chunk count and timestamps, the last user chunk.
-    fn record_chunk(&mut self, header: &ChunkHeader, position: u64) {
+    pub(crate) fn record_chunk(&mut self, header: &ChunkHeader, position: u64) {
         let entry = IndexEntry::for_chunk(header, position);
         let write = self.pending.last_mut().expect("the chunk's write is pending");
         write.index.extend_from_slice(&entry.encode());
@@ -639,8 +670,19 @@ impl StreamState {
         segment.next_offset = header.next_offset();
         segment.first_timestamp_ms.get_or_insert(header.timestamp_ms);
         segment.last_timestamp_ms = header.timestamp_ms;
+        segment.last_epoch = header.epoch;
         if header.chunk_type == ChunkType::User {
             self.last_user_chunk = Some(ChunkPoint { chunk_id: header.first_offset, segment: segment.first_offset, position });
+        }
+        if let Some(replication) = self.replication.as_mut() {
+            let segment = self.segments.back().expect("a stream always has a segment");
+            replication.chunk_ends.push_back(CommitPoint {
+                next_offset: header.next_offset(),
+                segment: segment.first_offset,
+                end_position: position + header.chunk_bytes(),
+                index_end: segment.index_bytes,
+                last_user_chunk: self.last_user_chunk,
+            });
         }
     }
 
@@ -673,7 +715,7 @@ impl StreamState {
     }
 
     /// Finishes the open chunk: its header (counts, CRC) and its index entry.
-    fn close_open_chunk(&mut self) {
+    pub(crate) fn close_open_chunk(&mut self) {
         let Some(open) = self.open_chunk.take() else { return };
         let write = self.pending.last_mut().expect("the open chunk's write is pending");
         let data = &write.data[open.header_at + CHUNK_HEADER_BYTES..];
@@ -682,7 +724,7 @@ impl StreamState {
             entries: open.entries,
             records: open.records,
             timestamp_ms: open.timestamp_ms,
-            epoch: EPOCH,
+            epoch: self.epoch,
             first_offset: open.first_offset,
             data_crc: chunk::data_crc(data),
             data_bytes: data.len() as u32,
@@ -694,7 +736,7 @@ impl StreamState {
     }
 
     /// What a batch taking everything appended so far commits.
-    fn planned_point(&self) -> CommitPoint {
+    pub(crate) fn planned_point(&self) -> CommitPoint {
         let active = self.active();
         CommitPoint {
             next_offset: self.next_offset,

@@ -22,6 +22,9 @@ pub mod index;
 mod log;
 pub mod reader;
 pub mod recovery;
+mod replica;
+#[cfg(test)]
+mod replica_tests;
 #[cfg(test)]
 mod tests;
 pub mod tracking;
@@ -29,6 +32,7 @@ pub mod tracking;
 pub use log::{now_ms, ChunkPoint, CommitListener, CommitPoint, Stream, StreamInfo, StreamWritten};
 pub use reader::{ChunkLocation, ChunkSelector, OffsetSpec, StreamReader};
 pub use recovery::StreamRecovery;
+pub use replica::{StreamTail, UNREPLICATED_CHUNKS_MAX};
 
 use crate::StorageError;
 
@@ -109,6 +113,42 @@ pub enum StreamError {
     /// The stream was deleted.
     #[error("the stream was deleted")]
     Deleted,
+    /// A replicated stream holds [`UNREPLICATED_CHUNKS_MAX`] chunks the cluster has not
+    /// committed: its followers are behind.
+    #[error("{chunks} chunks wait for the stream's followers")]
+    ReplicationBehind {
+        /// The bound reached.
+        chunks: usize,
+    },
+    /// A chunk copied from a leader that does not continue this member's log.
+    #[error("a replicated chunk at offset {found}, expected {expected}")]
+    OutOfSequence {
+        /// Its first offset.
+        found: u64,
+        /// This log's next offset.
+        expected: u64,
+    },
+    /// An epoch older than the stream's last chunk's.
+    #[error("epoch {epoch} is older than the stream's last epoch {last}")]
+    StaleEpoch {
+        /// The epoch given.
+        epoch: u64,
+        /// The last chunk's.
+        last: u64,
+    },
+    /// A cut that would remove committed chunks, or not at a chunk's start.
+    #[error("cannot cut the stream at offset {offset} (readable below {readable}, next {next})")]
+    BadTruncation {
+        /// Where the cut was asked for.
+        offset: u64,
+        /// The readable end.
+        readable: u64,
+        /// The log's end.
+        next: u64,
+    },
+    /// Replication set up on a stream in the wrong state.
+    #[error("cannot replicate the stream: {0}")]
+    ReplicationSetup(&'static str),
     /// A chunk a reader expected is not there or is damaged.
     #[error("{path}: damaged chunk at byte {position}: {defect}")]
     Damaged {

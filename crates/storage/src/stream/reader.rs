@@ -47,6 +47,16 @@ pub enum ChunkSelector {
     All,
 }
 
+/// How far a reader reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadBound {
+    /// What is committed: readable by consumers.
+    Committed,
+    /// What this node has fdatasynced (for a replicated stream, committed by the cluster or
+    /// not): what a leader sends its followers.
+    Synced,
+}
+
 /// A committed chunk, where it is.
 #[derive(Debug, Clone)]
 pub struct ChunkLocation {
@@ -66,6 +76,22 @@ impl ChunkLocation {
         self.position + self.header.data_start()
     }
 
+    /// Whether it is the first chunk of its segment (a follower starts a segment there too).
+    pub fn starts_segment(&self) -> bool {
+        self.position == FILE_HEADER_BYTES
+    }
+
+    /// Reads the whole chunk, header to trailer, into `bytes` (resized to it) and checks its
+    /// data against the header: what a leader sends a follower.
+    pub fn read_whole(&self, bytes: &mut Vec<u8>) -> Result<(), ChunkDefect> {
+        bytes.resize(self.header.chunk_bytes() as usize, 0);
+        if self.file.read_exact_at(bytes, self.position).is_err() || bytes[..CHUNK_HEADER_BYTES] != self.header_bytes {
+            return Err(ChunkDefect::Truncated);
+        }
+        let data_start = self.header.data_start() as usize;
+        chunk::check_data(&self.header, &bytes[data_start..data_start + self.header.data_bytes as usize])
+    }
+
     /// Reads its data entries into `data` (resized to them) and checks them against the header.
     pub fn read_data(&self, data: &mut Vec<u8>) -> Result<(), ChunkDefect> {
         data.resize(self.header.data_bytes as usize, 0);
@@ -80,6 +106,7 @@ impl ChunkLocation {
 pub struct StreamReader {
     stream: Arc<Stream>,
     selector: ChunkSelector,
+    bound: ReadBound,
     segment: u64,
     position: u64,
     /// The chunk id expected next.
@@ -112,19 +139,10 @@ struct Start {
 impl Stream {
     /// A reader starting where `spec` says, among committed chunks.
     pub fn reader(self: &Arc<Self>, spec: OffsetSpec, selector: ChunkSelector) -> Result<StreamReader, StreamError> {
-        let start = self.resolve(spec)?;
-        Ok(StreamReader {
-            stream: self.clone(),
-            selector,
-            segment: start.segment,
-            position: start.position,
-            next_offset: start.chunk_id,
-            start_offset: start.offset,
-            file: None,
-        })
+        StreamReader::new(self, spec, selector, ReadBound::Committed)
     }
 
-    fn resolve(&self, spec: OffsetSpec) -> Result<Start, StreamError> {
+    fn resolve(&self, spec: OffsetSpec, bound: ReadBound) -> Result<Start, StreamError> {
         let (first, next, last, target) = {
             let state = self.state.lock();
             if state.deleted {
@@ -137,7 +155,7 @@ impl Stream {
                 chunk_id: front.first_offset,
                 offset: front.first_offset,
             };
-            let committed = state.committed;
+            let committed = state.bound_point(bound);
             let next = Start {
                 segment: committed.segment,
                 position: committed.end_position,
@@ -238,6 +256,25 @@ impl Stream {
 }
 
 impl StreamReader {
+    fn new(stream: &Arc<Stream>, spec: OffsetSpec, selector: ChunkSelector, bound: ReadBound) -> Result<StreamReader, StreamError> {
+        let start = stream.resolve(spec, bound)?;
+        Ok(StreamReader {
+            stream: stream.clone(),
+            selector,
+            bound,
+            segment: start.segment,
+            position: start.position,
+            next_offset: start.chunk_id,
+            start_offset: start.offset,
+            file: None,
+        })
+    }
+
+    /// A reader of every chunk up to `bound`, from the chunk holding `offset`.
+    pub(crate) fn exact(stream: &Arc<Stream>, offset: u64, bound: ReadBound) -> Result<StreamReader, StreamError> {
+        StreamReader::new(stream, OffsetSpec::Offset(offset), ChunkSelector::All, bound)
+    }
+
     /// The offset the reader's specification resolved to: records before it (in its first
     /// chunk) were not asked for.
     pub fn start_offset(&self) -> u64 {
@@ -299,7 +336,7 @@ impl StreamReader {
         if state.deleted {
             return Err(StreamError::Deleted);
         }
-        let committed = state.committed;
+        let committed = state.bound_point(self.bound);
         loop {
             if self.next_offset >= committed.next_offset {
                 return Ok(false);

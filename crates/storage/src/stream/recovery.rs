@@ -57,6 +57,8 @@ pub(crate) struct Recovered {
     pub segments: VecDeque<SegmentState>,
     pub next_offset: u64,
     pub last_timestamp_ms: i64,
+    /// The epoch of the newest chunk (0 in an empty stream).
+    pub last_epoch: u64,
     pub tracking: Tracking,
     pub committed: CommitPoint,
     pub report: StreamRecovery,
@@ -99,6 +101,7 @@ pub(crate) fn recover(file_system: &dyn FileSystem, directory: &Path) -> Result<
             segments,
             next_offset: 0,
             last_timestamp_ms: i64::MIN,
+            last_epoch: 0,
             tracking,
             committed: CommitPoint {
                 next_offset: 0,
@@ -121,7 +124,8 @@ pub(crate) fn recover(file_system: &dyn FileSystem, directory: &Path) -> Result<
     report.next_offset = active.next_offset;
     report.segments = segments.len();
     let last_timestamp_ms = segments.iter().map(|segment| segment.last_timestamp_ms).max().unwrap_or(i64::MIN);
-    Ok(Recovered { next_offset: active.next_offset, last_timestamp_ms, tracking, committed, segments, report })
+    let last_epoch = segments.iter().rev().find(|segment| segment.chunks > 0).map_or(0, |segment| segment.last_epoch);
+    Ok(Recovered { next_offset: active.next_offset, last_timestamp_ms, last_epoch, tracking, committed, segments, report })
 }
 
 /// The segments of a directory by first offset (whether each has its index); indexes without a
@@ -223,7 +227,7 @@ fn recover_segment(
 }
 
 /// The valid entries of an index file (none when it is missing or its header is wrong).
-fn read_index(file_system: &dyn FileSystem, path: &Path) -> Result<Option<Vec<IndexEntry>>, StreamError> {
+pub(crate) fn read_index(file_system: &dyn FileSystem, path: &Path) -> Result<Option<Vec<IndexEntry>>, StreamError> {
     let file = match file_system.open(path, OpenMode::Read) {
         Ok(file) => file,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -263,6 +267,7 @@ fn summarize(first_offset: u64, entries: &[IndexEntry]) -> RecoveredSegment {
         state.next_offset = entry.next_offset();
         state.first_timestamp_ms.get_or_insert(entry.timestamp_ms);
         state.last_timestamp_ms = entry.timestamp_ms;
+        state.last_epoch = entry.epoch;
         if entry.chunk_type == ChunkType::User {
             last_user_chunk = Some(ChunkPoint { chunk_id: entry.chunk_id, segment: first_offset, position: u64::from(entry.position) });
         }
@@ -399,7 +404,7 @@ fn read_chunk(file: &dyn StorageFile, position: u64, file_bytes: u64, expected: 
 }
 
 /// Applies the tracking a checked chunk carries (its body: filter, data, trailer).
-fn apply_tracking(tracking: &mut Tracking, header: &ChunkHeader, body: &[u8]) -> Result<(), ChunkDefect> {
+pub(crate) fn apply_tracking(tracking: &mut Tracking, header: &ChunkHeader, body: &[u8]) -> Result<(), ChunkDefect> {
     let filter = usize::from(header.filter_bytes);
     let data = &body[filter..filter + header.data_bytes as usize];
     match header.chunk_type {
