@@ -1,7 +1,8 @@
 // The console's cluster page (#/cluster) and a quorum queue's replica facts against a real
-// cluster: three `lepus server` processes on loopback (ports 26800-26899), the page opened on the
-// first. What the page shows is compared with the management API of that node; then the third
-// node is killed (SIGKILL) and the page must show it not running and the queue's member offline.
+// cluster: three `lepus server` processes on loopback (ports 26800-26899, or INTEROP_PORTS), the
+// page opened on the first. What the page shows is compared with the management API of that node;
+// then the third node is killed (SIGKILL) and the page must show it not running and the queue's
+// member offline.
 // Run through ../run.sh (node --test runs every file of tests/).
 import {test} from 'node:test';
 import assert from 'node:assert/strict';

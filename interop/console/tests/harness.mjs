@@ -28,9 +28,12 @@ export const cleanups = [];
 // kernel handed out for a moment could be taken by another test's outgoing connection before the
 // broker binds it (CI runs the RabbitMQ reference suites beside this one: seen as "cannot listen
 // on 127.0.0.1:44129 for the RabbitMQ Stream protocol").
-const PORT_FIRST = 10000;
-const PORT_COUNT = 20000;
-const PORT_ATTEMPTS_MAX = 100;
+// INTEROP_PORTS=FIRST-LAST takes every port from that range instead (a machine shared with other
+// runs), the cluster file's too.
+const CONFIGURED_PORTS = (process.env.INTEROP_PORTS || '').match(/^(\d+)-(\d+)$/);
+const PORT_FIRST = CONFIGURED_PORTS ? Number(CONFIGURED_PORTS[1]) : 10000;
+const PORT_COUNT = CONFIGURED_PORTS ? Number(CONFIGURED_PORTS[2]) - PORT_FIRST + 1 : 20000;
+const PORT_ATTEMPTS_MAX = 200;
 const handedOut = new Set();
 
 function bindable(port) {
@@ -160,8 +163,8 @@ export function useBrokerAndBrowser() {
 // ------------------------------------------------------------------ a cluster of real nodes
 
 // The cluster file's ports: its own range, apart from the random ports of the single-broker files.
-const CLUSTER_PORT_FIRST = 26800;
-const CLUSTER_PORT_LAST = 26899;
+const CLUSTER_PORT_FIRST = CONFIGURED_PORTS ? PORT_FIRST : 26800;
+const CLUSTER_PORT_LAST = CONFIGURED_PORTS ? PORT_FIRST + PORT_COUNT - 1 : 26899;
 const CLUSTER_FORM_MS = 60000;
 
 export let clusterNodes = []; // [{name, process, amqpPort, httpPort, clusterPort, log}]
