@@ -284,6 +284,26 @@ test('connection and channel pages show what the API answers, linked from the li
   await page.waitForSelector('[data-not-found]');
 });
 
+test('a node started without a cluster port says it is not clustered, and a quorum queue page shows it as the one member', async () => {
+  const overview = (await api('GET', '/overview')).body;
+  assert.equal((await api('GET', '/lepus/cluster')).body.clustered, false);
+  await open('#/cluster');
+  await page.waitForSelector('[data-not-clustered]');
+  assert.deepEqual(await rowKeys('cluster-nodes'), [overview.node]);
+  assert.equal(await cell('cluster-nodes', overview.node, 'running'), 'running');
+  assert.equal(await cell('cluster-nodes', overview.node, 'role'), 'not clustered');
+  assert.equal(await page.locator('table[data-table="quorum-shards"] tbody tr[data-row]').count(), 0);
+  await shot('cluster-not-clustered');
+
+  const queue = unique('single-qq');
+  assert.equal((await api('PUT', `/queues/%2F/${queue}`, {durable: true, arguments: {'x-queue-type': 'quorum'}})).status, 201);
+  await open(`#/queues/%2F/${queue}`);
+  await waitFor('the quorum queue\'s replica facts', async () => (await factText('leader')) === overview.node);
+  assert.equal(await factText('members'), overview.node);
+  assert.equal(await factText('online'), overview.node);
+  await api('DELETE', `/queues/%2F/${queue}`);
+});
+
 test('the detail pages had no script errors', async () => {
   assert.deepEqual(pageErrors, []);
 });

@@ -31,6 +31,17 @@ pub enum ShardSelection {
     One(ShardId),
 }
 
+impl ShardSelection {
+    /// Whether this selection takes `shard`, which has `voters` voters.
+    pub fn takes(self, shard: ShardId, voters: usize) -> bool {
+        match self {
+            ShardSelection::All => true,
+            ShardSelection::Even => voters.is_multiple_of(2),
+            ShardSelection::One(one) => one == shard,
+        }
+    }
+}
+
 /// Why a role change was refused or did not complete (RabbitMQ's errors, by node name).
 #[derive(Debug, thiserror::Error)]
 pub enum ShardRoleError {
@@ -84,13 +95,8 @@ impl Cluster {
         }
         let Some(broker) = self.broker() else { return Err(ShardRoleError::NotCommitted("the broker is shutting down".to_string())) };
         let shard_members = broker.quorum.shard_member_ids();
-        let shards: Vec<ShardId> = (0..shard_members.len() as ShardId)
-            .filter(|shard| match selection {
-                ShardSelection::All => true,
-                ShardSelection::Even => shard_members[*shard as usize].0.len() % 2 == 0,
-                ShardSelection::One(one) => one == *shard,
-            })
-            .collect();
+        let shards: Vec<ShardId> =
+            (0..shard_members.len() as ShardId).filter(|shard| selection.takes(*shard, shard_members[*shard as usize].0.len())).collect();
         if !voter {
             for &shard in &shards {
                 let voters = &shard_members[shard as usize].0;

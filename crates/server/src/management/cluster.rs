@@ -10,6 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
+use broker_core::vhost::QueueType;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 
@@ -103,12 +104,23 @@ pub(super) async fn status(State(api): State<Api>) -> Answer {
     .into_response())
 }
 
-/// Every quorum shard's leader, voters and learners (a quorum queue's members are its shard's).
+/// Every quorum shard's leader, voters and learners (a quorum queue's members are its shard's),
+/// with the quorum queues it holds: the console's cluster page shows which queues share a shard.
 fn quorum_shards_json(api: &Api) -> Vec<Value> {
     let shards = api.broker.quorum.shard_members();
+    let mut queues_of_shard: Vec<Vec<Value>> = vec![Vec::new(); shards.len()];
+    for queue in api.broker.list_queues().iter().filter(|queue| queue.queue_type == QueueType::Quorum) {
+        let shard = api.broker.quorum.shard_of_queue(&queue.vhost, &queue.name) as usize;
+        if let Some(queues) = queues_of_shard.get_mut(shard) {
+            queues.push(json!({"vhost": queue.vhost, "name": queue.name}));
+        }
+    }
     shards
         .iter()
-        .map(|shard| json!({"shard": shard.shard, "leader": shard.leader, "voters": shard.voters, "learners": shard.learners}))
+        .zip(queues_of_shard)
+        .map(|(shard, queues)| {
+            json!({"shard": shard.shard, "leader": shard.leader, "voters": shard.voters, "learners": shard.learners, "queues": queues})
+        })
         .collect()
 }
 

@@ -15,6 +15,8 @@ const APP_JS: &str = include_str!("console/app.js");
 /// The detail pages (exchange, connection, channel) and the queue page's consumers and chart,
 /// kept beside app.js so each script stays readable.
 const PAGES_JS: &str = include_str!("console/pages.js");
+/// The cluster page (nodes, metadata group, quorum shards) and a quorum queue's replica facts.
+const CLUSTER_JS: &str = include_str!("console/cluster.js");
 /// The style sheet.
 const STYLE_CSS: &str = include_str!("console/style.css");
 /// The tab icon.
@@ -40,6 +42,7 @@ fn asset(file: &str) -> Response {
         "index.html" => (INDEX_HTML, "text/html; charset=utf-8"),
         "app.js" => (APP_JS, "text/javascript; charset=utf-8"),
         "pages.js" => (PAGES_JS, "text/javascript; charset=utf-8"),
+        "cluster.js" => (CLUSTER_JS, "text/javascript; charset=utf-8"),
         "style.css" => (STYLE_CSS, "text/css; charset=utf-8"),
         "favicon.svg" => (FAVICON_SVG, "image/svg+xml"),
         _ => return (StatusCode::NOT_FOUND, "Not Found").into_response(),
@@ -70,5 +73,7 @@ mod tests {
         assert!(INDEX_HTML.contains("/console/app.js"));
         assert!(INDEX_HTML.contains("/console/pages.js"));
         assert_eq!(asset("pages.js").headers()[header::CONTENT_TYPE], "text/javascript; charset=utf-8");
+        assert!(INDEX_HTML.contains("/console/cluster.js"));
+        assert_eq!(asset("cluster.js").headers()[header::CONTENT_TYPE], "text/javascript; charset=utf-8");
     }
 }

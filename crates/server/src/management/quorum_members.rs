@@ -1,7 +1,11 @@
-//! Quorum shard membership by hand, on RabbitMQ's paths (3.10's management plugin): add and
-//! delete a queue's member, grow and shrink a node everywhere. A quorum queue's members are
-//! those of its shard, which many queues share: adding or deleting a member acts on the whole
-//! shard, and the answer says which shard and which queues it holds (docs/cluster.md).
+//! Quorum shard membership by hand over HTTP: add and delete a queue's member, grow and shrink a
+//! node everywhere, as `rabbitmq-queues add_member`, `delete_member`, `grow` and `shrink` do.
+//! These paths are Lepus's: RabbitMQ 3.10.8's management plugin serves none of them (measured:
+//! they fall to its static-file route, which answers POST and DELETE with 405), so their answers
+//! follow Lepus's API and `rabbit_quorum_queue`'s outcomes (docs/management.md). A quorum
+//! queue's members are those of its shard, which many queues share: adding or deleting a member
+//! acts on the whole shard, and the answer says which shard and which queues it holds
+//! (docs/cluster.md).
 
 use super::access::Caller;
 use super::routes::{body_json, find_queue, Answer};
@@ -12,6 +16,7 @@ use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::Json;
 use broker_core::vhost::QueueType;
+use replication::transport::ShardId;
 use serde_json::{json, Value};
 
 impl From<ShardRoleError> for ApiError {
@@ -29,15 +34,12 @@ impl From<ShardRoleError> for ApiError {
 /// Runs a role change off the async workers (it waits for commits) and answers the shards it
 /// acted on, with the quorum queues each holds.
 async fn change(api: Api, node: String, selection: ShardSelection, voter: bool) -> Answer {
-    let cluster = api
-        .broker
-        .cluster
-        .get()
-        .cloned()
-        .ok_or_else(|| ApiError::bad_request("this node is not clustered: its quorum queues have one member"))?;
-    let changed = tokio::task::spawn_blocking(move || cluster.choose_shard_role(&node, selection, voter))
-        .await
-        .map_err(|error| ApiError::internal(error.to_string()))??;
+    let changed = match api.broker.cluster.get().cloned() {
+        Some(cluster) => tokio::task::spawn_blocking(move || cluster.choose_shard_role(&node, selection, voter))
+            .await
+            .map_err(|error| ApiError::internal(error.to_string()))??,
+        None => unclustered_role(&api, &node, selection, voter)?,
+    };
     let queues = api.broker.list_queues();
     let shards: Vec<Value> = changed
         .iter()
@@ -53,6 +55,24 @@ async fn change(api: Api, node: String, selection: ShardSelection, voter: bool) 
         })
         .collect();
     Ok(Json(json!({"shards": shards})).into_response())
+}
+
+/// A node started without `--cluster-port` is the one voter of each of its shards. It answers as
+/// a clustered node would, and as RabbitMQ 3.10.8's `rabbit_quorum_queue` does on a single node
+/// (measured with `rabbitmq-queues`): making it a voter again succeeds and changes nothing
+/// (`add_member` of a member is `ok`), it cannot stop voting (`last_node`), and another node is
+/// not a member (RabbitMQ: `node_not_running`).
+fn unclustered_role(api: &Api, node: &str, selection: ShardSelection, voter: bool) -> Result<Vec<ShardId>, ShardRoleError> {
+    if node != api.node {
+        return Err(ShardRoleError::UnknownNode(node.to_string()));
+    }
+    // The node is the one voter of each shard, whatever members its shards list (none, alone).
+    let shards: Vec<ShardId> =
+        (0..api.broker.quorum.shard_member_ids().len() as ShardId).filter(|shard| selection.takes(*shard, 1)).collect();
+    match shards.first() {
+        Some(&shard) if !voter => Err(ShardRoleError::LastVoter { node: node.to_string(), shard }),
+        _ => Ok(shards),
+    }
 }
 
 fn node_of(body: &Bytes) -> Result<String, ApiError> {
