@@ -77,6 +77,12 @@ def test_a_stream_declared_on_one_node_is_copied_to_every_member_and_read_from_e
         info = node.get("/queues/%2F/events").json()
         assert info["type"] == "stream" and info["leader"] == first.name and info["node"] == first.name, info
         assert sorted(info["members"]) == names and sorted(info["online"]) == names, info
+    # Deleted through a member that does not lead it: gone everywhere.
+    connection = pika.BlockingConnection(pika.URLParameters(third.url()))
+    connection.channel().queue_delete("events")
+    connection.close()
+    for node in cluster.nodes:
+        eventually(lambda node=node: node.get("/queues/%2F/events").status_code == 404, what=f"the stream gone on {node.name}")
 
 
 def publish_through_any(cluster, queue, body, timeout=20):

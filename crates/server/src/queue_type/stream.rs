@@ -78,25 +78,22 @@ impl StreamStorage<'_> {
         recover: bool,
         setup: StreamReplicaSetup,
     ) -> Result<Queue, StreamError> {
+        use crate::stream::replication::marks;
         let path = stream_path(self.data_dir, vhost, definition);
-        let mut fence_path = path.clone().into_os_string();
-        fence_path.push(".fence");
-        let fence_path = PathBuf::from(fence_path);
         let settings = crate::stream::queue::settings(&definition.arguments, None);
-        let stream = if recover {
-            Stream::open(&path, settings, self.file_cache.clone())?.0
+        let (stream, committed) = if recover {
+            (Stream::open(&path, settings, self.file_cache.clone())?.0, marks::read_commit(&marks::paths(&path).1))
         } else {
-            // A fence of an older stream of the same name would refuse this one's first leader.
-            let _ = std::fs::remove_file(&fence_path);
-            Stream::create(&path, settings, self.file_cache.clone())?
+            // An older stream's fence would refuse this one's first leader.
+            marks::remove(&path);
+            (Stream::create(&path, settings, self.file_cache.clone())?, 0)
         };
-        stream.enable_replication(0)?;
+        stream.enable_replication(committed)?;
         let queue = start(StreamQueue::new(definition.clone(), vhost, stream.clone()));
         let key = crate::stream::replication::StreamKey { vhost: vhost.to_string(), name: definition.name.to_string_lossy() };
         let StreamReplicaSetup { leadership, live, transport, syncer } = setup;
-        let replication =
-            crate::stream::replication::StreamReplication::start(key, stream, transport, syncer, leadership, live, fence_path)
-                .map_err(|source| StreamError::Storage(storage::StorageError::Io { path: path.display().to_string(), source }))?;
+        let replication = crate::stream::replication::StreamReplication::start(key, stream, transport, syncer, leadership, live)
+            .map_err(|source| StreamError::Storage(storage::StorageError::Io { path: path.display().to_string(), source }))?;
         queue.set_replication(replication);
         Ok(Queue::Stream(queue))
     }

@@ -20,6 +20,7 @@
 //!   part (Kafka's leader-epoch rule) before it takes the leader's chunks.
 //! - One thread per replicated stream on each member runs its role: [`worker`].
 
+pub mod marks;
 pub mod wire;
 mod worker;
 
@@ -137,6 +138,7 @@ pub struct StreamReplication {
     waiters: Mutex<VecDeque<(u64, u64, CommitWaiter)>>,
     sync_requested: AtomicBool,
     fence_path: PathBuf,
+    commit_path: PathBuf,
     /// Publishes forwarded to the leader, by request number, until it answers.
     forwarded: Mutex<HashMap<u64, (Instant, CommitWaiter)>>,
     next_request: AtomicU64,
@@ -150,7 +152,8 @@ impl std::fmt::Debug for StreamReplication {
 
 impl StreamReplication {
     /// Starts replicating `stream` (opened, with replication enabled, not written to yet) under
-    /// `leadership`, with its worker thread. `fence_path` keeps the epoch it was fenced at.
+    /// `leadership`, with its worker thread; its marks ([`marks`]) are beside the stream's
+    /// directory.
     pub fn start(
         key: StreamKey,
         stream: Arc<Stream>,
@@ -158,9 +161,9 @@ impl StreamReplication {
         syncer: Syncer,
         leadership: Leadership,
         live: bool,
-        fence_path: PathBuf,
     ) -> std::io::Result<Arc<StreamReplication>> {
-        let fence = read_fence(&fence_path);
+        let (fence_path, commit_path) = marks::paths(stream.directory());
+        let fence = marks::read_fence(&fence_path);
         stream.set_writable(false);
         let (events, inbox) = sync_channel(EVENTS_MAX);
         let replication = Arc::new(StreamReplication {
@@ -173,6 +176,7 @@ impl StreamReplication {
             waiters: Mutex::new(VecDeque::new()),
             sync_requested: AtomicBool::new(false),
             fence_path,
+            commit_path,
             forwarded: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(1),
         });
@@ -278,7 +282,7 @@ impl StreamReplication {
     pub fn answer_tail(&self, epoch: u64) -> Result<StreamTail, String> {
         let mut view = self.view.lock();
         if epoch > view.fence {
-            write_fence(&self.fence_path, epoch).map_err(|error| format!("could not keep the fence: {error}"))?;
+            marks::write_fence(&self.fence_path, epoch).map_err(|error| format!("could not keep the fence: {error}"))?;
             view.fence = epoch;
             if view.leading.is_some_and(|leading| leading < epoch) {
                 // Replaced soon: its publishes could no longer be committed.
@@ -354,16 +358,4 @@ impl StreamReplication {
             waiter.settle(false);
         }
     }
-}
-
-/// The epoch a member was fenced at, from its file (0 when none).
-fn read_fence(path: &std::path::Path) -> u64 {
-    std::fs::read(path).ok().and_then(|bytes| bytes.try_into().ok()).map_or(0, u64::from_be_bytes)
-}
-
-fn write_fence(path: &std::path::Path, epoch: u64) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut file = std::fs::OpenOptions::new().create(true).write(true).truncate(false).open(path)?;
-    file.write_all(&epoch.to_be_bytes())?;
-    file.sync_all()
 }

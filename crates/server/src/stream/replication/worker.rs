@@ -29,8 +29,8 @@ const SUSPICION_MS: u64 = 500;
 /// random, so two members do not keep running theirs together).
 const ELECTION_RETRY_MS: u64 = 1_000;
 
-/// The tracking reference a new leader stores its epoch under: its first chunk of its own, so
-/// the chunks it inherited can be committed without waiting for a publish.
+/// The tracking reference a new leader stores its epoch under when it inherits chunks not known
+/// committed: its first chunk of its own, so they are committed without waiting for a publish.
 const LEADER_MARK: &[u8] = b"lepus-stream-leader-epoch";
 
 /// What the leader knows of one follower.
@@ -69,12 +69,15 @@ pub(super) struct Worker {
     leadership: Leadership,
     role: Role,
     chunk: Vec<u8>,
+    /// The commit offset last written to the stream's `.commit` mark, and when.
+    commit_mark: (u64, Instant),
 }
 
 impl Worker {
     pub(super) fn new(shared: Arc<StreamReplication>, inbox: Receiver<Event>, leadership: Leadership, live: bool) -> Worker {
         let role = Role::Follower { last_heard: Instant::now(), fetched_at: None, syncing: false, election_at: None, suspect_since: None };
-        let mut worker = Worker { shared, inbox, leadership: leadership.clone(), role, chunk: Vec::new() };
+        let mut worker =
+            Worker { shared, inbox, leadership: leadership.clone(), role, chunk: Vec::new(), commit_mark: (0, Instant::now()) };
         worker.follow(leadership, live);
         worker
     }
@@ -138,8 +141,11 @@ impl Worker {
         }
         let epoch_start = stream.tail().next_offset;
         stream.set_writable(true);
-        if let Err(error) = stream.store_offset(LEADER_MARK, epoch, now_ms()) {
-            tracing::warn!(stream = %self.shared.key.name, %error, "could not write the leader's first chunk");
+        // Only with an inherited tail not known committed: a new stream's offsets start at 0.
+        if epoch_start > stream.committed().next_offset {
+            if let Err(error) = stream.store_offset(LEADER_MARK, epoch, now_ms()) {
+                tracing::warn!(stream = %self.shared.key.name, %error, "could not write the leader's first chunk");
+            }
         }
         self.shared.view.lock().leading = Some(epoch);
         self.shared.request_sync();
@@ -180,6 +186,7 @@ impl Worker {
 
     fn tick(&mut self) {
         self.shared.expire_forwarded();
+        self.mark_commit();
         match &self.role {
             Role::Leader { .. } => {
                 self.commit();
@@ -202,6 +209,19 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Rewrites the `.commit` mark now and then, so a restart reads what it knew at once.
+    fn mark_commit(&mut self) {
+        let committed = self.shared.stream.committed().next_offset;
+        let (written, at) = self.commit_mark;
+        if committed <= written || at.elapsed() < Duration::from_millis(super::marks::COMMIT_MARK_INTERVAL_MS) {
+            return;
+        }
+        if let Err(error) = super::marks::write_commit(&self.shared.commit_path, committed) {
+            tracing::warn!(stream = %self.shared.key.name, %error, "could not write the stream's commit mark");
+        }
+        self.commit_mark = (committed, Instant::now());
     }
 
     /// Leader: publishes another member forwarded, answered once committed (or at once, not
