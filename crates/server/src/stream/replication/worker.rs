@@ -250,11 +250,13 @@ impl Worker {
         self.shared.when_committed(next_offset, epoch, super::CommitWaiter::Callback(Box::new(answer)));
     }
 
-    /// Leader: a follower's fetch, which also acknowledges what it synced.
+    /// Leader: a follower's fetch, which also acknowledges what it synced. A node that is not
+    /// one of the members (it joined the cluster later) is served a copy too, as a learner: its
+    /// acknowledgements count for nothing ([`Worker::commit`] counts the members').
     fn fetched(&mut self, from: u64, fetch: Fetch) {
         let fenced = self.shared.fence() > self.leadership.epoch;
         let Role::Leader { followers, .. } = &mut self.role else { return };
-        if fenced || fetch.epoch > self.leadership.epoch || !self.leadership.members.contains(&from) {
+        if fenced || fetch.epoch > self.leadership.epoch {
             return;
         }
         let end = match self.shared.stream.epoch_end(fetch.tail_epoch) {
