@@ -140,6 +140,23 @@ pub struct Overview {
 }
 
 impl Broker {
+    /// A replicated stream's leader, members and the members running, by node name.
+    fn stream_replicas(&self, vhost: &str, queue: &crate::queue_type::Queue) -> Option<crate::quorum::ReplicaInfo> {
+        let stream = queue.as_stream()?;
+        stream.replication()?;
+        let cluster = self.cluster.get()?;
+        let key = crate::stream::replication::StreamKey { vhost: vhost.to_string(), name: stream.name().to_string_lossy() };
+        let leadership = cluster.stream_leadership(&key)?;
+        let statuses = cluster.members();
+        let name = |id: u64| statuses.iter().find(|member| member.id == id).map(|member| member.name.clone());
+        let running = |id: &u64| statuses.iter().any(|member| member.id == *id && member.running);
+        Some(crate::quorum::ReplicaInfo {
+            leader: name(leadership.leader),
+            members: leadership.members.iter().filter_map(|id| name(*id)).collect(),
+            online: leadership.members.iter().filter(|id| running(id)).filter_map(|id| name(*id)).collect(),
+        })
+    }
+
     /// Every queue of every vhost, sorted by vhost and name.
     pub fn list_queues(&self) -> Vec<QueueInfo> {
         let mut queues = Vec::new();
@@ -157,7 +174,7 @@ impl Broker {
                     queue_type: definition.queue_type,
                     snapshot: queue.snapshot(),
                     policy: queue.policy(),
-                    replicas: queue.replicas(),
+                    replicas: queue.replicas().or_else(|| self.stream_replicas(&vhost_name, &queue)),
                     held_dead_letters: queue.held_dead_letters(),
                     home: queue.home_node().map(str::to_string),
                 });

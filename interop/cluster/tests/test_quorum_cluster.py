@@ -97,15 +97,6 @@ def test_a_quorum_queue_is_declared_published_and_consumed_through_any_node(clus
         eventually(lambda node=node: node.get("/queues/%2F/quorum.shared").status_code == 404, what=f"the queue gone on {node.name}")
 
 
-def test_a_stream_queue_is_refused_loudly_in_a_cluster(cluster):
-    connection = pika.BlockingConnection(pika.URLParameters(cluster.nodes[1].url()))
-    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as error:
-        connection.channel().queue_declare("cluster.stream", durable=True, arguments={"x-queue-type": "stream"})
-    assert error.value.reply_code == 540 and "stream" in error.value.reply_text, error.value.reply_text
-    for node in cluster.nodes:
-        assert node.get("/queues/%2F/cluster.stream").status_code == 404
-
-
 def drain(node, queue, history, consumer="c"):
     """Consumes everything through `node`, acking each message; the count."""
     connection = pika.BlockingConnection(pika.URLParameters(node.url()))

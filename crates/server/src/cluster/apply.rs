@@ -102,6 +102,11 @@ impl MetadataApplier {
                 }
                 Ok(Applied::Done)
             }
+            MetadataCommand::StreamLeader { vhost, name, epoch, leader, members } => {
+                let leadership = crate::stream::replication::Leadership { epoch, leader, members };
+                let key = crate::stream::replication::StreamKey { vhost, name };
+                Ok(Applied::Flag(self.cluster.apply_stream_leader(index, key, leadership)))
+            }
             command => {
                 self.cluster.state.lock().definition_changes += 1;
                 let Some(broker) = self.cluster.broker() else { return Err(AmqpError::internal("the broker is shutting down")) };
@@ -163,10 +168,12 @@ impl Applier for MetadataApplier {
     }
 
     fn image(&mut self, index: u64) -> MetadataImage {
-        let entries = match self.cluster.broker() {
+        let mut entries = match self.cluster.broker() {
             Some(broker) => super::snapshot::image_entries(&broker, index, &mut self.cluster.queue_declarations.lock()),
             None => Vec::new(),
         };
+        // After the queues: each applies to its stream's copy, made by the declaration.
+        entries.extend(self.cluster.stream_leader_commands().into_iter().map(|command| super::snapshot::ImageEntry { index, command }));
         let state = self.cluster.state.lock();
         MetadataImage {
             index,

@@ -201,12 +201,11 @@ impl Broker {
         let name = definition.name.clone();
         let queue_type = QueueType::from_arguments(&name, vhost, &definition.arguments)?;
         crate::queue_type::check_server_named(queue_type, server_named)?;
-        if queue_type == QueueType::Stream {
-            return Err(AmqpError::not_implemented(format!(
-                "stream queues are not replicated in a cluster yet: '{name}' cannot be declared on clustered node {}",
-                cluster.node_name()
-            )));
-        }
+        // A stream is held by every member this node knows of, led first by this node.
+        let stream_members = match queue_type {
+            QueueType::Stream => cluster.members().iter().map(|member| member.id).collect(),
+            _ => Vec::new(),
+        };
         let declaration = QueueDeclaration {
             vhost: vhost.to_string(),
             name: name.to_string_lossy(),
@@ -216,6 +215,7 @@ impl Broker {
             arguments_hex: table_to_hex(&definition.arguments),
             server_named,
             home: cluster.node_id,
+            stream_members,
         };
         cluster.propose(MetadataCommand::DeclareQueue(declaration))?;
         let queue = self.topology(vhost)?.read().queue(&name).map(|entry| entry.handle.clone());
@@ -306,7 +306,10 @@ impl Broker {
     pub fn apply_metadata(&self, index: u64, command: MetadataCommand, node_id: u64, cluster: &Cluster) -> Result<Applied, AmqpError> {
         let flag = Applied::Flag;
         match command {
-            MetadataCommand::CreateCluster { .. } | MetadataCommand::Member { .. } | MetadataCommand::ShardRole { .. } => Ok(Applied::Done),
+            MetadataCommand::CreateCluster { .. }
+            | MetadataCommand::Member { .. }
+            | MetadataCommand::ShardRole { .. }
+            | MetadataCommand::StreamLeader { .. } => Ok(Applied::Done),
             MetadataCommand::PutVhost { name, description, tags, default_queue_type } => {
                 let default_queue_type = default_queue_type.as_deref().and_then(QueueType::from_name);
                 self.put_vhost(&name, description, tags, default_queue_type).map(flag)
@@ -372,6 +375,7 @@ impl Broker {
                     // Its shard applied the deletion in an earlier run: not proposed again.
                     self.forget_replayed_quorum_queue(&vhost, &ShortStr::truncating(name.clone()));
                 }
+                cluster.forget_stream(&crate::stream::replication::StreamKey { vhost: vhost.clone(), name: name.clone() });
                 let (ready, consumers) = self.remove_queue_quietly(&vhost, &ShortStr::truncating(name), owner);
                 Ok(Applied::Removed { ready, consumers })
             }
@@ -425,7 +429,7 @@ impl Broker {
                     return self.quorum_queue_of_cluster(definition, vhost_name, replaying, index);
                 }
                 if definition.queue_type == QueueType::Stream {
-                    return Err(AmqpError::not_implemented("stream queues are not replicated in a cluster yet"));
+                    return self.stream_queue_of_cluster(definition, vhost_name, &declaration, replaying, cluster);
                 }
                 if !home_here {
                     let remote = RemoteQueue::new(definition.clone(), vhost_name, declaration.home, home_name.clone());
@@ -445,6 +449,39 @@ impl Broker {
             queue.apply_policy(self.policy_for_queue(vhost_name, queue.definition()));
         }
         Ok(Applied::Flag(created))
+    }
+
+    /// A stream queue's copy on this node: its first leader is the declaring node, in epoch 1,
+    /// unless the metadata group recorded a later one (a replay at start finds the latest by
+    /// the `StreamLeader` entries that follow).
+    fn stream_queue_of_cluster(
+        &self,
+        definition: &QueueDefinition,
+        vhost_name: &str,
+        declaration: &QueueDeclaration,
+        replaying: bool,
+        cluster: &Cluster,
+    ) -> Result<Queue, AmqpError> {
+        let key = crate::stream::replication::StreamKey { vhost: vhost_name.to_string(), name: declaration.name.clone() };
+        let mut members = declaration.stream_members.clone();
+        if members.is_empty() {
+            members = cluster.members().iter().map(|member| member.id).collect();
+        }
+        members.sort_unstable();
+        members.dedup();
+        let leadership = crate::stream::replication::Leadership { epoch: 1, leader: declaration.home, members };
+        cluster.record_new_stream(key, leadership.clone());
+        let Some(arc_cluster) = self.cluster.get() else { return Err(AmqpError::internal("the node is not clustered")) };
+        let setup = crate::queue_type::StreamReplicaSetup {
+            leadership,
+            live: !replaying,
+            transport: arc_cluster.stream_transport(),
+            syncer: self.syncer.clone(),
+        };
+        self.stream_storage().replicated(definition, vhost_name, replaying, setup).map_err(|error| {
+            tracing::error!(%error, queue = %definition.name, "creating a stream's copy failed");
+            AmqpError::internal(format!("could not create the stream: {error}"))
+        })
     }
 
     /// A quorum queue, on every node alike: a live declaration is proposed to its shard by every

@@ -34,8 +34,11 @@ pub struct QueueDeclaration {
     pub arguments_hex: String,
     /// Whether the name was chosen by the server (an `amq.` name is allowed then).
     pub server_named: bool,
-    /// The node that declared it: a classic queue lives there.
+    /// The node that declared it: a classic queue lives there (and a stream's first leader).
     pub home: u64,
+    /// A stream queue's members (node ids), chosen by the declaring node: every member it knew.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stream_members: Vec<u64>,
 }
 
 /// An exchange declaration as replicated.
@@ -76,6 +79,20 @@ pub enum MetadataCommand {
         shards: Vec<u32>,
         /// Voter (true) or learner (false).
         voter: bool,
+    },
+    /// A stream queue's leader, elected by a member when the last one fell silent (or given
+    /// by the snapshot): applied only if its epoch is above the one in force.
+    StreamLeader {
+        /// Vhost.
+        vhost: String,
+        /// Queue name.
+        name: String,
+        /// The new epoch.
+        epoch: u64,
+        /// The new leader's node id.
+        leader: u64,
+        /// The members.
+        members: Vec<u64>,
     },
     /// A member says who it is (its name and address), once it has a log.
     Member {
@@ -233,6 +250,7 @@ mod tests {
                 arguments_hex: String::new(),
                 server_named: false,
                 home: 9,
+                stream_members: Vec::new(),
             }),
         };
         assert_eq!(Proposal::decode(&proposal.encode()).expect("decodes"), proposal);

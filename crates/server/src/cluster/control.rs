@@ -19,6 +19,7 @@ use super::link::LinkHandler;
 use super::node_state::{random_id, seed_id, Membership, NodeState};
 use super::settings::ClusterSettings;
 use super::{Cluster, ClusterStartError};
+use crate::stream::replication::{StreamKey, STREAM_REPLICATION_CHANNEL};
 use bytes::Bytes;
 use protobuf::Message as _;
 use raft::eraftpb::{ConfChange, ConfChangeType};
@@ -45,6 +46,16 @@ pub enum ControlRequest {
         /// Its address.
         address: String,
     },
+    /// An election of a stream's leader asks for the end of this node's copy, and fences it
+    /// at `epoch` (stream replication).
+    StreamTail {
+        /// Vhost.
+        vhost: String,
+        /// Stream queue.
+        name: String,
+        /// The epoch being elected.
+        epoch: u64,
+    },
 }
 
 /// The answer.
@@ -60,6 +71,13 @@ pub enum ControlAnswer {
         /// The metadata index applied when the join was accepted (0 from a node before it).
         #[serde(default)]
         history_index: u64,
+    },
+    /// The end of a stream's copy: its last chunk's epoch and the offset after it.
+    StreamTail {
+        /// Last epoch.
+        last_epoch: u64,
+        /// Next offset.
+        next_offset: u64,
     },
     /// Refused, and why.
     Refused {
@@ -170,6 +188,7 @@ fn ask_to_join(cluster: &Cluster, peer: u64) -> Result<(u64, Vec<u64>, u64), Str
     match serde_json::from_slice(&answer).map_err(|error| error.to_string())? {
         ControlAnswer::Accepted { cluster_id, initial_voters, history_index } => Ok((cluster_id, initial_voters, history_index)),
         ControlAnswer::Refused { reason } => Err(reason),
+        ControlAnswer::StreamTail { .. } => Err("an answer to another question".to_string()),
     }
 }
 
@@ -369,6 +388,10 @@ impl LinkHandler for Handler {
     fn request(&self, from: u64, body: Bytes) -> Bytes {
         let answer = match (self.cluster.upgrade(), serde_json::from_slice::<ControlRequest>(&body)) {
             (Some(cluster), Ok(ControlRequest::Join { id, name, address })) if id == from => cluster.answer_join(id, name, address),
+            (Some(cluster), Ok(ControlRequest::StreamTail { vhost, name, epoch })) => match cluster.broker() {
+                Some(broker) => super::stream_links::answer_tail(&broker, &StreamKey { vhost, name }, epoch),
+                None => ControlAnswer::Refused { reason: "shutting down".to_string() },
+            },
             (_, Ok(_)) => ControlAnswer::Refused { reason: "a request on behalf of another node".to_string() },
             (None, _) => ControlAnswer::Refused { reason: "shutting down".to_string() },
             (_, Err(error)) => ControlAnswer::Refused { reason: format!("unknown request: {error}") },
@@ -376,8 +399,12 @@ impl LinkHandler for Handler {
         Bytes::from(serde_json::to_vec(&answer).unwrap_or_default())
     }
 
-    fn payload(&self, from: u64, channel: u8, _body: Bytes) {
-        tracing::debug!(from, channel, "a payload for a protocol this node does not run; dropped");
+    fn payload(&self, from: u64, channel: u8, body: Bytes) {
+        let broker = self.cluster.upgrade().and_then(|cluster| cluster.broker());
+        match (channel, broker) {
+            (STREAM_REPLICATION_CHANNEL, Some(broker)) => super::stream_links::receive(&broker, from, body),
+            _ => tracing::debug!(from, channel, "a payload for a protocol this node does not run; dropped"),
+        }
     }
 
     fn peer_up(&self, peer: &super::frame::Hello) {

@@ -526,6 +526,16 @@ impl Links {
         Ok(())
     }
 
+    /// Queues a payload of another protocol for `to`; false when it cannot be queued (the
+    /// protocol sends again).
+    pub fn send_payload(&self, to: u64, channel: u8, body: Bytes) -> bool {
+        if self.push(to, LinkFrame::Payload { channel, body }.to_bytes()).is_err() {
+            self.counters.sends_refused.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
     /// Sends a Raft message of `group` to `to`; dropped when it cannot be queued (Raft resends).
     /// Whether it was queued.
     pub fn send_raft(&self, to: u64, group: u32, message: Bytes) -> bool {

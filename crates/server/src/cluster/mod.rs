@@ -33,6 +33,7 @@ mod remote_queue;
 mod settings;
 mod shard_roles;
 mod snapshot;
+mod stream_links;
 mod transfer;
 
 pub use apply::Applied;
@@ -44,6 +45,7 @@ pub use settings::ClusterSettings;
 pub use shard_roles::{ShardRoleError, ShardSelection};
 
 use crate::broker::Broker;
+use crate::stream::replication::{Leadership, StreamKey};
 use broker_core::AmqpError;
 use command::Proposal;
 use group::GroupEvent;
@@ -102,6 +104,8 @@ struct ClusterState {
     definition_changes: u64,
     /// The operator's choices of nodes' roles in quorum shards: (shard, node) -> voter.
     shard_roles: crate::quorum::ShardRoleMap,
+    /// Who leads each stream queue, and its members.
+    stream_leaders: BTreeMap<StreamKey, Leadership>,
 }
 
 /// A clustered node's cluster half.

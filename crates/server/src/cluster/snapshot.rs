@@ -381,6 +381,7 @@ mod tests {
             arguments_hex: String::new(),
             server_named: false,
             home,
+            stream_members: Vec::new(),
         })
     }
 

@@ -210,8 +210,7 @@ pub fn queue_json(queue: &QueueInfo, figures: &Figures<'_, { queue_field::COUNT 
     let mut value = queue_json_of_any_type(queue, figures, ranges, node);
     if queue.queue_type == broker_core::vhost::QueueType::Stream {
         stream_queue_fields(&mut value, queue, node);
-    }
-    if let Some(replicas) = &queue.replicas {
+    } else if let Some(replicas) = &queue.replicas {
         add_replica_fields(&mut value, replicas, queue.held_dead_letters.unwrap_or_default());
     }
     value
@@ -241,8 +240,21 @@ fn stream_queue_fields(value: &mut Value, queue: &QueueInfo, node: &str) {
     ] {
         fields.remove(key);
     }
-    fields.insert("members".to_string(), json!([node]));
-    fields.insert("online".to_string(), json!([node]));
+    match &queue.replicas {
+        // A replicated stream (a cluster's): RabbitMQ names its leader as the queue's node too.
+        Some(replicas) => {
+            if let Some(leader) = &replicas.leader {
+                fields.insert("node".to_string(), json!(leader));
+            }
+            fields.insert("leader".to_string(), json!(replicas.leader));
+            fields.insert("members".to_string(), json!(replicas.members));
+            fields.insert("online".to_string(), json!(replicas.online));
+        }
+        None => {
+            fields.insert("members".to_string(), json!([node]));
+            fields.insert("online".to_string(), json!([node]));
+        }
+    }
     fields.insert("readers".to_string(), json!({ node: queue.snapshot.consumers }));
     fields.insert("messages".to_string(), json!(queue.snapshot.ready));
     fields.insert("messages_unacknowledged".to_string(), json!(0));

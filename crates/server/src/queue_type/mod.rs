@@ -24,7 +24,7 @@ pub use classic::{is_queue_file_name, queue_file_name};
 pub use classic::{ClassicStorage, ClassicStorageError, LazyRecovery, RecoveredLog, EXPIRY_DIRECTORY};
 pub use quorum::QuorumStorage;
 pub use storage::syncer::{Confirm as PendingConfirm, ConfirmSink};
-pub use stream::StreamStorage;
+pub use stream::{StreamReplicaSetup, StreamStorage};
 
 use crate::policy::Policy;
 use crate::queue_runtime::QueueRuntime;

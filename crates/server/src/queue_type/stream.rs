@@ -55,6 +55,50 @@ impl StreamStorage<'_> {
     }
 }
 
+/// What a clustered node's copy of a stream queue replicates with.
+pub struct StreamReplicaSetup {
+    /// Its leadership in force.
+    pub leadership: crate::stream::replication::Leadership,
+    /// Whether the declaration is live (not a replay of the metadata log at start).
+    pub live: bool,
+    /// The cluster's links.
+    pub transport: Arc<dyn crate::stream::replication::ReplicaTransport>,
+    /// The node's syncer.
+    pub syncer: storage::syncer::Syncer,
+}
+
+impl StreamStorage<'_> {
+    /// A clustered node's copy of a stream queue: recovered (a replay at start, or a snapshot
+    /// restoring it) or new and empty, replicated under `setup`'s leadership. Nothing of a
+    /// recovered copy is readable until the leader says how far the cluster committed it.
+    pub fn replicated(
+        &self,
+        definition: &QueueDefinition,
+        vhost: &str,
+        recover: bool,
+        setup: StreamReplicaSetup,
+    ) -> Result<Queue, StreamError> {
+        use crate::stream::replication::marks;
+        let path = stream_path(self.data_dir, vhost, definition);
+        let settings = crate::stream::queue::settings(&definition.arguments, None);
+        let (stream, committed) = if recover {
+            (Stream::open(&path, settings, self.file_cache.clone())?.0, marks::read_commit(&marks::paths(&path).1))
+        } else {
+            // An older stream's fence would refuse this one's first leader.
+            marks::remove(&path);
+            (Stream::create(&path, settings, self.file_cache.clone())?, 0)
+        };
+        stream.enable_replication(committed)?;
+        let queue = start(StreamQueue::new(definition.clone(), vhost, stream.clone()));
+        let key = crate::stream::replication::StreamKey { vhost: vhost.to_string(), name: definition.name.to_string_lossy() };
+        let StreamReplicaSetup { leadership, live, transport, syncer } = setup;
+        let replication = crate::stream::replication::StreamReplication::start(key, stream, transport, syncer, leadership, live)
+            .map_err(|source| StreamError::Storage(storage::StorageError::Io { path: path.display().to_string(), source }))?;
+        queue.set_replication(replication);
+        Ok(Queue::Stream(queue))
+    }
+}
+
 /// Starts the queue's retention timer (by age), which ends with the queue.
 fn start(queue: Arc<StreamQueue>) -> Arc<StreamQueue> {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -83,5 +127,13 @@ pub(super) fn publish(queue: &Arc<StreamQueue>, message: &Arc<Message>) -> Publi
         Appended::Written => PublishOutcome::Accepted(ConfirmTicket::StreamCommitted(queue.stream.clone())),
         Appended::Deleted => PublishOutcome::Dropped,
         Appended::Refused => PublishOutcome::Rejected,
+        Appended::Forwarded(slot) => PublishOutcome::Accepted(ConfirmTicket::Committed(slot)),
+        Appended::Replicated { next_offset, epoch } => {
+            let slot = crate::quorum::CommitSlot::new();
+            if let Some(replication) = queue.replication() {
+                replication.when_committed(next_offset, epoch, crate::stream::replication::CommitWaiter::Slot(slot.clone()));
+            }
+            PublishOutcome::Accepted(ConfirmTicket::Committed(slot))
+        }
     }
 }

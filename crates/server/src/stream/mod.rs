@@ -8,11 +8,13 @@
 //! - [`record`] and [`amqp10`]: an AMQP 0-9-1 message as a stream record (AMQP 1.0, as RabbitMQ
 //!   stores it, so the RabbitMQ Stream protocol reads the same messages) and back.
 //! - [`arguments`]: `x-max-age`, `x-stream-offset`, `x-stream-max-segment-size-bytes`.
+//! - [`replication`]: a stream copied to the cluster's members, led by one of them.
 
 pub mod amqp10;
 pub mod arguments;
 pub mod consumer;
 pub mod queue;
 pub mod record;
+pub mod replication;
 
 pub use queue::StreamQueue;

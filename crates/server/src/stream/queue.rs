@@ -44,6 +44,8 @@ pub struct StreamQueue {
     /// Deliveries and acks, counted by the consumers.
     pub(super) delivered: AtomicU64,
     acked: AtomicU64,
+    /// In a cluster: the stream's copy on this node, led by one member.
+    replication: std::sync::OnceLock<Arc<super::replication::StreamReplication>>,
 }
 
 /// What a publish did at a stream queue.
@@ -54,6 +56,16 @@ pub enum Appended {
     Deleted,
     /// The append failed (a record too large for a chunk entry): nacked.
     Refused,
+    /// Forwarded to the leader of a replicated stream: confirmed when it answers.
+    Forwarded(Arc<crate::quorum::CommitSlot>),
+    /// Appended on the leader of a replicated stream in this epoch: confirmed once the cluster
+    /// commits it (the offset after it).
+    Replicated {
+        /// The offset after the message.
+        next_offset: u64,
+        /// The leader's epoch.
+        epoch: u64,
+    },
 }
 
 thread_local! {
@@ -75,11 +87,15 @@ impl StreamQueue {
             published: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
             acked: AtomicU64::new(0),
+            replication: std::sync::OnceLock::new(),
         });
         let weak: Weak<StreamQueue> = Arc::downgrade(&queue);
-        queue.stream.set_commit_listener(Arc::new(move |_next_offset| {
+        queue.stream.set_commit_listener(Arc::new(move |next_offset| {
             if let Some(queue) = weak.upgrade() {
                 queue.wake_consumers();
+                if let Some(replication) = queue.replication.get() {
+                    replication.release_waiters(next_offset);
+                }
             }
         }));
         queue.stream.set_settings(settings(&queue.definition.arguments, None));
@@ -91,8 +107,26 @@ impl StreamQueue {
         &self.definition.name
     }
 
-    /// Appends a published message to the stream.
+    /// Makes this a replicated stream's copy (once, as it is made).
+    pub fn set_replication(&self, replication: Arc<super::replication::StreamReplication>) {
+        let _ = self.replication.set(replication);
+    }
+
+    /// The stream's replication on this node, in a cluster.
+    pub fn replication(&self) -> Option<&Arc<super::replication::StreamReplication>> {
+        self.replication.get()
+    }
+
+    /// Appends a published message to the stream (in a cluster, on its leader: a member that
+    /// does not lead it forwards the message there).
     pub fn publish(&self, message: &Message) -> Appended {
+        let epoch = match self.replication.get() {
+            Some(replication) => match replication.leading_epoch() {
+                Some(epoch) => Some(epoch),
+                None => return self.forward(replication, message),
+            },
+            None => None,
+        };
         let appended = RECORD.with(|record| {
             let mut record = record.borrow_mut();
             record.clear();
@@ -104,17 +138,41 @@ impl StreamQueue {
             }
             appended
         });
-        match appended {
-            Ok(_) => {
+        match (appended, epoch) {
+            (Ok(offset), Some(epoch)) => {
+                self.published.fetch_add(1, Ordering::Relaxed);
+                if let Some(replication) = self.replication.get() {
+                    replication.request_sync();
+                }
+                Appended::Replicated { next_offset: offset + 1, epoch }
+            }
+            (Ok(_), None) => {
                 self.published.fetch_add(1, Ordering::Relaxed);
                 Appended::Written
             }
-            Err(StreamError::Deleted) => Appended::Deleted,
-            Err(error) => {
+            (Err(StreamError::Deleted), _) => Appended::Deleted,
+            (Err(error), _) => {
                 tracing::warn!(queue = %self.definition.name, %error, "a message could not be appended to its stream");
                 Appended::Refused
             }
         }
+    }
+
+    /// Sends a message to the stream's leader, on another member.
+    fn forward(&self, replication: &Arc<super::replication::StreamReplication>, message: &Message) -> Appended {
+        let record = RECORD.with(|record| {
+            let mut record = record.borrow_mut();
+            record.clear();
+            super::record::encode(message, &mut record);
+            bytes::Bytes::copy_from_slice(&record)
+        });
+        if record.len() > storage::stream::chunk::SIMPLE_ENTRY_BYTES_MAX {
+            return Appended::Refused;
+        }
+        self.published.fetch_add(1, Ordering::Relaxed);
+        let slot = crate::quorum::CommitSlot::new();
+        replication.forward(record, super::replication::CommitWaiter::Slot(slot.clone()));
+        Appended::Forwarded(slot)
     }
 
     /// basic.consume: starts a consumer reading from `offset`. `accepted` runs before its first
@@ -239,6 +297,9 @@ impl StreamQueue {
     /// Deletes the stream and its files; hands back its consumers, to tell of the cancel.
     pub fn delete(&self) -> (u32, Vec<Arc<ConsumerHandle>>) {
         self.deleted.store(true, Ordering::Release);
+        if let Some(replication) = self.replication.get() {
+            replication.stop();
+        }
         let count = self.message_count().min(u64::from(u32::MAX)) as u32;
         if let Err(error) = self.stream.delete() {
             tracing::error!(queue = %self.definition.name, %error, "deleting a stream's files failed");

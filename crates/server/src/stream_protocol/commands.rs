@@ -83,6 +83,11 @@ impl Session {
             None => Some(ResponseCode::PublisherDoesNotExist),
             Some(publisher) if !self.permitted(Access::Write, &publisher.stream) => Some(ResponseCode::AccessRefused),
             Some(publisher) if publisher.entry.is_deleted() => Some(ResponseCode::StreamNotAvailable),
+            // A replicated stream takes publishes on its leader only (as RabbitMQ's replicas
+            // refuse them): clients find the leader through `metadata`.
+            Some(publisher) if publisher.entry.queue.replication().is_some_and(|replication| replication.leading_epoch().is_none()) => {
+                Some(ResponseCode::StreamNotAvailable)
+            }
             Some(_) => None,
         };
         if let Some(code) = refusal {
@@ -124,15 +129,26 @@ impl Session {
         }
         let batch = EntryBatch { data: &data, entries: entries as u16, records: records as u32 };
         let tracked = reference.as_ref().map(|reference| (reference.as_bytes(), last_id));
+        let replication = publisher.entry.queue.replication().cloned();
+        let epoch = replication.as_ref().and_then(|replication| replication.leading_epoch());
         let appended = stream.append_batch(&batch, tracked, now_ms());
         self.scratch = data;
         match appended {
-            Ok(_) => {
+            Ok(first_offset) => {
                 let confirms = self.confirms.clone();
-                let callback = Box::new(move |durable: bool| {
+                let callback: Box<dyn FnOnce(bool) + Send> = Box::new(move |durable: bool| {
                     let _ = confirms.send(Confirmed { publisher_id, publishing_ids, durable });
                 });
-                self.node.broker.syncer.sync_with_streams(Vec::new(), vec![stream], Some(callback));
+                match (replication, epoch) {
+                    // Confirmed once the cluster commits it, not once it is on this disk.
+                    (Some(replication), Some(epoch)) => {
+                        replication.request_sync();
+                        let waiter = crate::stream::replication::CommitWaiter::Callback(callback);
+                        replication.when_committed(first_offset + records, epoch, waiter);
+                    }
+                    (Some(_), None) => callback(false),
+                    (None, _) => self.node.broker.syncer.sync_with_streams(Vec::new(), vec![stream], Some(callback)),
+                }
                 Flow::Continue
             }
             Err(error) => self.publish_failed(publisher_id, publishing_ids, error.to_string()),
@@ -255,7 +271,10 @@ impl Session {
             return Flow::Continue;
         };
         match entry.stream.store_offset(reference.as_bytes(), offset, now_ms()) {
-            Ok(()) => self.node.broker.syncer.sync_with_streams(Vec::new(), vec![entry.stream.clone()], None),
+            Ok(()) => match entry.queue.replication() {
+                Some(replication) => replication.request_sync(),
+                None => self.node.broker.syncer.sync_with_streams(Vec::new(), vec![entry.stream.clone()], None),
+            },
             Err(error) => tracing::warn!(peer = %self.peer, stream = %stream, %error, "offset not stored"),
         }
         Flow::Continue

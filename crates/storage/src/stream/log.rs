@@ -123,6 +123,8 @@ pub(crate) struct StreamState {
     pub epoch: u64,
     /// A replicated stream's local sync point and its chunks not yet committed by the cluster.
     pub(crate) replication: Option<super::replica::ReplicationState>,
+    /// Whether this node may append of its own (a replicated stream's follower may not).
+    pub(crate) writable: bool,
     /// The last user chunk appended (committed or not).
     pub(crate) last_user_chunk: Option<ChunkPoint>,
     pub deleted: bool,
@@ -228,6 +230,7 @@ impl Stream {
             committed: recovered.committed,
             epoch: recovered.last_epoch.max(EPOCH),
             replication: None,
+            writable: true,
             last_user_chunk: recovered.committed.last_user_chunk,
             deleted: false,
             segments_retired: 0,
@@ -274,7 +277,7 @@ impl Stream {
             return Err(StreamError::RecordTooLarge { bytes: record.len() });
         }
         let mut state = self.state.lock();
-        state.check_open()?;
+        state.check_writable()?;
         state.append_record(record, now_ms);
         let offset = state.next_offset - 1;
         self.retire_after_roll(state, now_ms);
@@ -291,7 +294,7 @@ impl Stream {
             tracking::seal_trailer(&mut trailer);
         }
         let mut state = self.state.lock();
-        state.check_open()?;
+        state.check_writable()?;
         let first_offset = state.push_chunk(ChunkType::User, batch.data, batch.entries, batch.records, &trailer, now_ms);
         if let Some((reference, sequence)) = publisher {
             state.tracking.set_sequence(reference, first_offset, sequence);
@@ -304,7 +307,7 @@ impl Stream {
     /// offset, as in RabbitMQ).
     pub fn store_offset(&self, reference: &[u8], offset: u64, now_ms: i64) -> Result<(), StreamError> {
         let mut state = self.state.lock();
-        state.check_open()?;
+        state.check_writable()?;
         state.tracking.check_offset(reference)?;
         let mut blocks = Vec::new();
         tracking::put_offset_block(&mut blocks, reference, offset);
@@ -557,6 +560,15 @@ impl Stream {
 }
 
 impl StreamState {
+    /// [`StreamState::check_open`], for this node's own appends.
+    fn check_writable(&self) -> Result<(), StreamError> {
+        self.check_open()?;
+        if !self.writable {
+            return Err(StreamError::NotWritable);
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_open(&self) -> Result<(), StreamError> {
         if self.deleted {
             return Err(StreamError::Deleted);

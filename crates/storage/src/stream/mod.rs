@@ -146,6 +146,9 @@ pub enum StreamError {
         /// The log's end.
         next: u64,
     },
+    /// A replicated stream this node follows: it takes the leader's chunks only.
+    #[error("this node does not lead the stream")]
+    NotWritable,
     /// Replication set up on a stream in the wrong state.
     #[error("cannot replicate the stream: {0}")]
     ReplicationSetup(&'static str),

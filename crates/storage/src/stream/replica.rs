@@ -124,6 +124,14 @@ impl Stream {
         Ok(())
     }
 
+    /// Whether this node may append of its own: only while it leads the stream (a follower
+    /// takes its leader's chunks, [`Stream::append_replicated`], and nothing else).
+    pub fn set_writable(&self, writable: bool) {
+        let mut state = self.state.lock();
+        state.close_open_chunk();
+        state.writable = writable;
+    }
+
     /// The cluster committed everything below `next_offset`: what is synced here up to it
     /// becomes readable (and the readers waiting for it are woken).
     pub fn commit_replicated(&self, next_offset: u64) {

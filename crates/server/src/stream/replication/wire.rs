@@ -1,0 +1,224 @@
+//! The messages of stream replication on the cluster links (payload channel
+//! [`STREAM_REPLICATION_CHANNEL`]), without I/O. A follower pulls: it sends a [`Fetch`] naming
+//! the end of its log and how far it has fdatasynced (its acknowledgement); the leader answers
+//! with [`Data`]: the chunks that follow (whole, as on disk), the cluster's commit offset, and,
+//! when the follower's log left the leader's, where to cut it first.
+
+use bytes::Bytes;
+use replication::codec::{DecodeError, Reader, Writer};
+
+/// The link payload channel of stream replication.
+pub const STREAM_REPLICATION_CHANNEL: u8 = 7;
+
+/// Chunk bytes in one [`Data`] at most (a chunk larger than this goes alone): well inside a
+/// peer's send queue (16 MiB by default) so other traffic keeps flowing beside it.
+pub const DATA_BYTES_MAX: usize = 4 << 20;
+
+const KIND_FETCH: u8 = 1;
+const KIND_DATA: u8 = 2;
+const KIND_PUBLISH: u8 = 3;
+const KIND_PUBLISHED: u8 = 4;
+
+/// No cut ([`Data::truncate_to`]).
+const NO_TRUNCATION: u64 = u64::MAX;
+
+/// Which stream: a stream queue's vhost and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamKey {
+    /// Vhost.
+    pub vhost: String,
+    /// Queue name.
+    pub name: String,
+}
+
+/// A follower asks for what follows its log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetch {
+    /// The epoch of the leader it follows.
+    pub epoch: u64,
+    /// The epoch of its last chunk.
+    pub tail_epoch: u64,
+    /// The offset after its last chunk.
+    pub tail_next: u64,
+    /// The offset below which its files are fdatasynced.
+    pub synced_next: u64,
+}
+
+/// A leader's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Data {
+    /// The leader's epoch.
+    pub epoch: u64,
+    /// The offset below which the cluster committed the stream.
+    pub commit: u64,
+    /// Cut the log before this offset first (chunks no majority held).
+    pub truncate_to: Option<u64>,
+    /// Whole chunks, each with whether it starts a segment.
+    pub chunks: Vec<(bool, Bytes)>,
+}
+
+/// One replication message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaMessage {
+    /// Follower to leader.
+    Fetch(StreamKey, Fetch),
+    /// Leader to follower.
+    Data(StreamKey, Data),
+    /// A member that does not lead the stream forwards its clients' publishes (AMQP records)
+    /// to the leader.
+    Publish(StreamKey, Forwarded),
+    /// The leader's answer: committed (confirm) or not (nack).
+    Published(StreamKey, Outcome),
+}
+
+/// Publishes a member forwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forwarded {
+    /// The forwarding member's number for them.
+    pub request: u64,
+    /// The records, in order.
+    pub records: Vec<Bytes>,
+}
+
+/// What became of forwarded publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// The forwarding member's number.
+    pub request: u64,
+    /// Committed by the cluster.
+    pub committed: bool,
+}
+
+impl ReplicaMessage {
+    /// Its bytes.
+    pub fn encode(&self) -> Bytes {
+        let mut out = Vec::new();
+        let mut writer = Writer(&mut out);
+        match self {
+            ReplicaMessage::Fetch(key, fetch) => {
+                writer.u8(KIND_FETCH);
+                put_key(&mut writer, key);
+                for value in [fetch.epoch, fetch.tail_epoch, fetch.tail_next, fetch.synced_next] {
+                    writer.u64(value);
+                }
+            }
+            ReplicaMessage::Data(key, data) => {
+                writer.u8(KIND_DATA);
+                put_key(&mut writer, key);
+                writer.u64(data.epoch);
+                writer.u64(data.commit);
+                writer.u64(data.truncate_to.unwrap_or(NO_TRUNCATION));
+                writer.u32(data.chunks.len() as u32);
+                for (starts_segment, bytes) in &data.chunks {
+                    writer.u8(u8::from(*starts_segment));
+                    writer.bytes(bytes);
+                }
+            }
+            ReplicaMessage::Publish(key, forwarded) => {
+                writer.u8(KIND_PUBLISH);
+                put_key(&mut writer, key);
+                writer.u64(forwarded.request);
+                writer.u32(forwarded.records.len() as u32);
+                for record in &forwarded.records {
+                    writer.bytes(record);
+                }
+            }
+            ReplicaMessage::Published(key, outcome) => {
+                writer.u8(KIND_PUBLISHED);
+                put_key(&mut writer, key);
+                writer.u64(outcome.request);
+                writer.u8(u8::from(outcome.committed));
+            }
+        }
+        Bytes::from(out)
+    }
+
+    /// Reads one from a peer's bytes.
+    pub fn decode(bytes: Bytes) -> Result<ReplicaMessage, DecodeError> {
+        let mut reader = Reader::new(bytes);
+        let message = match reader.u8()? {
+            KIND_FETCH => {
+                let key = key(&mut reader)?;
+                let fetch = Fetch { epoch: reader.u64()?, tail_epoch: reader.u64()?, tail_next: reader.u64()?, synced_next: reader.u64()? };
+                ReplicaMessage::Fetch(key, fetch)
+            }
+            KIND_DATA => {
+                let key = key(&mut reader)?;
+                let (epoch, commit, truncate_to) = (reader.u64()?, reader.u64()?, reader.u64()?);
+                let count = reader.u32()? as usize;
+                // Each chunk takes at least 5 bytes here: a count past that is a lie.
+                if count > reader.remaining() / 5 {
+                    return Err(DecodeError::Invalid { field: "stream replication chunk count", value: count as u64 });
+                }
+                let mut chunks = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let starts_segment = reader.u8()? != 0;
+                    chunks.push((starts_segment, reader.bytes()?));
+                }
+                let truncate_to = (truncate_to != NO_TRUNCATION).then_some(truncate_to);
+                ReplicaMessage::Data(key, Data { epoch, commit, truncate_to, chunks })
+            }
+            KIND_PUBLISH => {
+                let key = key(&mut reader)?;
+                let request = reader.u64()?;
+                let count = reader.u32()? as usize;
+                if count > reader.remaining() / 4 {
+                    return Err(DecodeError::Invalid { field: "forwarded record count", value: count as u64 });
+                }
+                let mut records = Vec::with_capacity(count);
+                for _ in 0..count {
+                    records.push(reader.bytes()?);
+                }
+                ReplicaMessage::Publish(key, Forwarded { request, records })
+            }
+            KIND_PUBLISHED => {
+                let key = key(&mut reader)?;
+                ReplicaMessage::Published(key, Outcome { request: reader.u64()?, committed: reader.u8()? != 0 })
+            }
+            kind => return Err(DecodeError::Invalid { field: "stream replication message kind", value: u64::from(kind) }),
+        };
+        if !reader.is_at_end() {
+            return Err(DecodeError::Invalid { field: "bytes after a stream replication message", value: reader.remaining() as u64 });
+        }
+        Ok(message)
+    }
+}
+
+fn put_key(writer: &mut Writer<'_>, key: &StreamKey) {
+    writer.bytes(key.vhost.as_bytes());
+    writer.bytes(key.name.as_bytes());
+}
+
+fn key(reader: &mut Reader) -> Result<StreamKey, DecodeError> {
+    let text = |bytes: Bytes| {
+        let length = bytes.len() as u64;
+        String::from_utf8(bytes.to_vec()).map_err(|_| DecodeError::Invalid { field: "stream name (not UTF-8), bytes", value: length })
+    };
+    Ok(StreamKey { vhost: text(reader.bytes()?)?, name: text(reader.bytes()?)? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_read_back_as_written_and_garbage_is_refused() {
+        let key = StreamKey { vhost: "/".to_string(), name: "events".to_string() };
+        let fetch = ReplicaMessage::Fetch(key.clone(), Fetch { epoch: 3, tail_epoch: 2, tail_next: 100, synced_next: 90 });
+        assert_eq!(ReplicaMessage::decode(fetch.encode()), Ok(fetch));
+        let chunks = vec![(true, Bytes::from_static(b"chunk one")), (false, Bytes::from_static(b"two"))];
+        for truncate_to in [None, Some(42)] {
+            let data = ReplicaMessage::Data(key.clone(), Data { epoch: 3, commit: 77, truncate_to, chunks: chunks.clone() });
+            let encoded = data.encode();
+            assert_eq!(ReplicaMessage::decode(encoded.clone()), Ok(data));
+            for cut in 0..encoded.len() {
+                assert!(ReplicaMessage::decode(encoded.slice(..cut)).is_err(), "a message cut at {cut} was taken");
+            }
+        }
+        let publish = ReplicaMessage::Publish(key.clone(), Forwarded { request: 5, records: vec![Bytes::from_static(b"record")] });
+        assert_eq!(ReplicaMessage::decode(publish.encode()), Ok(publish));
+        let published = ReplicaMessage::Published(key.clone(), Outcome { request: 5, committed: true });
+        assert_eq!(ReplicaMessage::decode(published.encode()), Ok(published));
+        assert!(ReplicaMessage::decode(Bytes::from_static(&[9, 0, 0])).is_err());
+    }
+}
