@@ -95,6 +95,9 @@ pub struct ReplicaNode {
     undecodable_entries: u64,
     /// Membership changes applied since the node opened.
     membership_changes: u64,
+    /// Snapshots received from a leader and installed since the node opened: the entries each
+    /// covered were never applied here, so no outcome came out of them.
+    snapshots_installed: u64,
 }
 
 mod checks;
@@ -147,6 +150,7 @@ impl ReplicaNode {
             outcomes: Vec::new(),
             undecodable_entries: 0,
             membership_changes: 0,
+            snapshots_installed: 0,
         };
         node.draw_election_timeout();
         Ok((node, recovery))
@@ -413,6 +417,13 @@ impl ReplicaNode {
             Err(_) => self.undecodable_entries += 1,
         }
         Ok(())
+    }
+
+    /// Snapshots from a leader this node installed since it opened. The outcomes of the entries a
+    /// snapshot covers never come out here: their confirms and the deliveries to this node's
+    /// consumers are for the host to find in the machine (see `QueueStateMachine::checked_out_to`).
+    pub fn snapshots_installed(&self) -> u64 {
+        self.snapshots_installed
     }
 
     /// Membership changes this node applied since it opened (the host refreshes what it shows).

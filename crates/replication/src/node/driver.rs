@@ -21,6 +21,7 @@ impl ReplicaNode {
                 QueueStateMachine::decode_image(snapshot.data.clone()).map_err(|error| NodeError::Write(std::io::Error::other(error)))?;
             self.raw.mut_store().apply_snapshot(snapshot)?;
             self.machine = machine;
+            self.snapshots_installed += 1;
         }
         let appended = !ready.entries().is_empty();
         self.raw.mut_store().append(ready.entries())?;
