@@ -98,6 +98,9 @@ pub struct ReplicaNode {
     /// Snapshots received from a leader and installed since the node opened: the entries each
     /// covered were never applied here, so no outcome came out of them.
     snapshots_installed: u64,
+    /// The machine's image at the applied index where the log last passed the snapshot interval:
+    /// the next compaction goes up to it, not to the applied index then (see `maybe_compact`).
+    compaction_candidate: Option<(u64, Vec<u8>)>,
 }
 
 mod checks;
@@ -151,6 +154,7 @@ impl ReplicaNode {
             undecodable_entries: 0,
             membership_changes: 0,
             snapshots_installed: 0,
+            compaction_candidate: None,
         };
         node.draw_election_timeout();
         Ok((node, recovery))
