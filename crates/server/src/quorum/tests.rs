@@ -81,11 +81,18 @@ fn config(node: u64) -> HostConfig {
 
 impl Cluster {
     fn start() -> Cluster {
+        Cluster::start_with(|_| {})
+    }
+
+    /// A cluster whose nodes' configuration `adjust` changed.
+    fn start_with(adjust: impl Fn(&mut HostConfig)) -> Cluster {
         let network = Arc::new(Network::default());
         let mut hosts = BTreeMap::new();
         for node in NODES {
             let link = Arc::new(Link { network: network.clone(), from: node });
-            let host = QuorumHost::start(config(node), link, None).expect("a host starts");
+            let mut config = config(node);
+            adjust(&mut config);
+            let host = QuorumHost::start(config, link, None).expect("a host starts");
             for member in NODES {
                 host.set_member_name(member, format!("n{member}@localhost"));
             }
@@ -575,7 +582,9 @@ fn a_follower_that_installs_a_snapshot_performs_the_deliveries_and_confirms_the_
     // deliveries those entries made to its consumer used to be lost: unacked in the machine,
     // counted against the prefetch, never sent (a consumer at a few thousand messages a second,
     // or none). And its publish committed in them was nacked once a later one was confirmed.
-    let cluster = Cluster::start();
+    // The follower still answers heartbeats; on a loaded machine it may not for the usual 300 ms
+    // of `node_down_ticks`, and its consumer would be released as gone: given 10 s here.
+    let cluster = Cluster::start_with(|config| config.node_down_ticks = 1000);
     let key = super::queue::name_key("/", &ShortStr::from("q-behind"));
     let leader = cluster.leader_of(&key);
     let behind = NODES.iter().copied().find(|node| *node != leader).expect("a follower");
