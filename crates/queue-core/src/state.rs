@@ -503,6 +503,12 @@ impl<M: Payload> QueueState<M> {
         self.unacked.keys().copied()
     }
 
+    /// The unacked messages a consumer holds (basic.get's are left out), in no order: a replica
+    /// that skipped the entries which delivered them (a snapshot installed) performs them again.
+    pub fn unacked_held_by_consumers(&self) -> impl Iterator<Item = (u64, ConsumerId, &QueuedMessage<M>)> + '_ {
+        self.unacked.iter().filter_map(|(position, unacked)| unacked.consumer.map(|consumer| (*position, consumer, &unacked.queued)))
+    }
+
     /// Positions of the unacked messages `consumer` holds, in position order (a replicated
     /// queue requeues them when the consumer's node goes away).
     pub fn unacked_positions_held_by(&self, consumer: ConsumerId) -> Vec<u64> {

@@ -167,6 +167,11 @@ impl Batcher {
         commands
     }
 
+    /// Every command not confirmed yet (proposed, or still in the open window), in number order.
+    pub fn pending_commands(&self) -> impl Iterator<Item = &ProposedCommand> + '_ {
+        self.unconfirmed.iter().chain(self.open.iter())
+    }
+
     /// Commands proposed and not confirmed.
     pub fn unconfirmed_count(&self) -> usize {
         self.unconfirmed.len()

@@ -95,6 +95,12 @@ pub struct ReplicaNode {
     undecodable_entries: u64,
     /// Membership changes applied since the node opened.
     membership_changes: u64,
+    /// Snapshots received from a leader and installed since the node opened: the entries each
+    /// covered were never applied here, so no outcome came out of them.
+    snapshots_installed: u64,
+    /// The machine's image at the applied index where the log last passed the snapshot interval:
+    /// the next compaction goes up to it, not to the applied index then (see `maybe_compact`).
+    compaction_candidate: Option<(u64, Vec<u8>)>,
 }
 
 mod checks;
@@ -147,6 +153,8 @@ impl ReplicaNode {
             outcomes: Vec::new(),
             undecodable_entries: 0,
             membership_changes: 0,
+            snapshots_installed: 0,
+            compaction_candidate: None,
         };
         node.draw_election_timeout();
         Ok((node, recovery))
@@ -413,6 +421,13 @@ impl ReplicaNode {
             Err(_) => self.undecodable_entries += 1,
         }
         Ok(())
+    }
+
+    /// Snapshots from a leader this node installed since it opened. The outcomes of the entries a
+    /// snapshot covers never come out here: their confirms and the deliveries to this node's
+    /// consumers are for the host to find in the machine (see `QueueStateMachine::checked_out_to`).
+    pub fn snapshots_installed(&self) -> u64 {
+        self.snapshots_installed
     }
 
     /// Membership changes this node applied since it opened (the host refreshes what it shows).

@@ -174,6 +174,23 @@ pub(crate) struct ConsumerOwner {
     pub(crate) local: u64,
 }
 
+/// A message handed to a consumer and not settled yet (see [`QueueStateMachine::checked_out_to`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedOut {
+    /// Its queue.
+    pub queue: QueueId,
+    /// The owning proposer's name for the consumer.
+    pub consumer: u64,
+    /// Its position in the queue.
+    pub position: u64,
+    /// Whether the plan delivered it as a redelivery.
+    pub redelivered: bool,
+    /// How many times it came back before.
+    pub delivery_count: u32,
+    /// The message.
+    pub body: Bytes,
+}
+
 /// Every quorum queue of one Raft group.
 #[derive(Debug, Default)]
 pub struct QueueStateMachine {
@@ -269,6 +286,29 @@ impl QueueStateMachine {
     /// Whether a proposer owns a consumer or a basic.get's message.
     pub fn proposer_holds_anything(&self, proposer: u64) -> bool {
         self.consumers.values().any(|owner| owner.proposer == proposer) || self.get_holders.values().any(|holder| *holder == proposer)
+    }
+
+    /// Every message the delivery plan handed to a consumer of `proposer` and that is still
+    /// unacked, by queue and position. The node of that proposer performs deliveries from the
+    /// outcomes of the entries it applies; one that installed a snapshot skipped the entries it
+    /// covers, and finds here the deliveries it never performed.
+    pub fn checked_out_to(&self, proposer: u64) -> Vec<CheckedOut> {
+        let mut checked_out = Vec::new();
+        for (queue, replicated) in &self.queues {
+            for (position, consumer, queued) in replicated.core.messages().unacked_held_by_consumers() {
+                let Some(owner) = self.consumers.get(&consumer).filter(|owner| owner.proposer == proposer) else { continue };
+                checked_out.push(CheckedOut {
+                    queue: *queue,
+                    consumer: owner.local,
+                    position,
+                    redelivered: queued.redelivered,
+                    delivery_count: queued.delivery_count,
+                    body: queued.message.0.clone(),
+                });
+            }
+        }
+        checked_out.sort_unstable_by_key(|message| (message.queue, message.position));
+        checked_out
     }
 
     /// Marks an entry without commands (a leader's empty entry, a configuration change) applied.

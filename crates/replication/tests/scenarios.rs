@@ -128,6 +128,33 @@ fn a_follower_behind_the_compacted_log_catches_up_by_snapshot() {
     assert_checks_pass(&mut cluster);
 }
 
+/// A follower down for fewer entries than the snapshot interval, each time while the leader
+/// passes a compaction point, catches up from the log: the leader keeps an interval of entries
+/// past its snapshot. Compacting up to the applied index sent it the whole machine every time.
+#[test]
+fn a_follower_briefly_behind_a_compaction_catches_up_from_the_log() {
+    let mut cluster = Cluster::new(11, 10);
+    declare(&mut cluster, true);
+    let leader = cluster.leader().expect("a leader");
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let applied = |cluster: &Cluster| cluster.node(leader).expect("up").machine().applied_index();
+    for _ in 0..6 {
+        run(&mut cluster, 20);
+        cluster.crash(follower, PowerCut::LoseUnsynced);
+        let down_at = applied(&cluster);
+        while applied(&cluster) < down_at + 8 {
+            cluster.publish(1);
+            run(&mut cluster, 1);
+        }
+        cluster.start(follower);
+    }
+    run(&mut cluster, 50);
+    let first_index = cluster.node(leader).expect("up").store().snapshot_ref().get_metadata().index;
+    assert!(first_index > 0, "the leader compacted its log");
+    assert_eq!(cluster.coverage.snapshots_delivered, 0, "no snapshot was sent");
+    assert_checks_pass(&mut cluster);
+}
+
 /// A follower acknowledged entries that a second node never got, then its log was damaged on
 /// disk (a bit flipped in a synced record). With the leader down, the damaged node and the node
 /// that missed the entries could elect a leader without them and lose confirmed messages (the

@@ -60,6 +60,30 @@ fn replicas_applying_the_same_log_agree_on_state_and_deliveries() {
 }
 
 #[test]
+fn a_machine_restored_from_its_image_tells_what_is_checked_out_to_a_proposers_consumers() {
+    // What a node that installed a snapshot finds there: the deliveries the skipped entries made.
+    let batches = vec![
+        batch(1_000, vec![declare(), enqueue("a", None), enqueue("b", None), enqueue("c", None), enqueue("d", None)]),
+        batch(1_010, vec![QueueCommand::AddConsumer { consumer: 5, priority: 0, prefetch: 2 }]),
+        batch(1_020, vec![QueueCommand::AddConsumer { consumer: 6, priority: 0, prefetch: 1 }, QueueCommand::Settle { position: 0 }]),
+    ];
+    let (machine, outcomes) = replay(&batches);
+    let restored = QueueStateMachine::decode_image(Bytes::from(machine.encode_image())).expect("decodes");
+    let checked_out = restored.checked_out_to(9);
+    assert_eq!(checked_out.iter().map(|message| (message.consumer, message.position)).collect::<Vec<_>>(), vec![(5, 1), (6, 2), (5, 3)]);
+    assert_eq!(checked_out, machine.checked_out_to(9));
+    assert_eq!(checked_out.len(), machine.queue(1).expect("declared").messages().unacked_count());
+    for message in &checked_out {
+        let last_delivery = outcomes.iter().rev().find_map(|outcome| match outcome {
+            Outcome::Delivered { position, consumer, body, .. } if *position == message.position => Some((*consumer, body.clone())),
+            _ => None,
+        });
+        assert_eq!(last_delivery, Some((message.consumer, message.body.clone())), "{message:?}");
+    }
+    assert!(restored.checked_out_to(8).is_empty(), "another proposer's consumers hold nothing");
+}
+
+#[test]
 fn expiry_uses_the_batch_time_not_a_clock() {
     let batches = vec![
         batch(1_000, vec![declare(), enqueue("short", Some(100)), enqueue("long", Some(10_000))]),

@@ -21,6 +21,8 @@ impl ReplicaNode {
                 QueueStateMachine::decode_image(snapshot.data.clone()).map_err(|error| NodeError::Write(std::io::Error::other(error)))?;
             self.raw.mut_store().apply_snapshot(snapshot)?;
             self.machine = machine;
+            self.snapshots_installed += 1;
+            self.compaction_candidate = None;
         }
         let appended = !ready.entries().is_empty();
         self.raw.mut_store().append(ready.entries())?;
@@ -56,14 +58,22 @@ impl ReplicaNode {
         }
     }
 
+    /// Each time the applied log passes the snapshot interval, the machine's image is taken there
+    /// and the log compacted up to the image taken the time before, so the log keeps at least an
+    /// interval of entries. Compacting up to the applied index (as this did) left a follower only
+    /// a few entries behind (a busy node) to be sent the whole machine as a snapshot as soon as the
+    /// leader probed it again (an election, a leadership hand-over): megabytes with a backlog.
     fn maybe_compact(&mut self) -> Result<(), NodeError> {
         let applied = self.machine.applied_index();
         let snapshot_index = self.raw.store().snapshot_ref().get_metadata().index;
-        if applied < snapshot_index + self.config.snapshot_entries_interval {
+        let since = self.compaction_candidate.as_ref().map_or(snapshot_index, |(index, _)| *index);
+        if applied < since + self.config.snapshot_entries_interval {
             return Ok(());
         }
-        let image = self.machine.encode_image();
-        self.raw.mut_store().compact(applied, image)?;
+        let candidate = (applied, self.machine.encode_image());
+        if let Some((index, image)) = self.compaction_candidate.replace(candidate) {
+            self.raw.mut_store().compact(index, image)?;
+        }
         Ok(())
     }
 }

@@ -24,7 +24,7 @@ use queue_core::{DeadLetterReason, Reply};
 use replication::command::{QueueCommand, QueueId};
 use replication::state_machine::CommandResult;
 use replication::state_machine::{HeldDeadLetters, QueueStateMachine};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -79,6 +79,11 @@ struct Local {
     consumers: BTreeMap<u64, LocalConsumer>,
     /// basic.gets by the address of their channel.
     gets: HashMap<usize, GetState>,
+    /// Positions the plan handed to this node's consumers (held, sent, or acked by the client)
+    /// whose settle, requeue or reject the shard has not taken yet. A node that installed a
+    /// snapshot performs the plan's deliveries it skipped: those it finds checked out to its
+    /// consumers and not here (`QuorumQueue::was_handed`).
+    handed: HashSet<u64>,
 }
 
 /// The queue's counts as of the last commit this node applied.
@@ -604,9 +609,11 @@ impl QuorumQueue {
     ) -> Result<Option<Dispatched>, u64> {
         {
             let mut local = self.local.lock();
+            let local = &mut *local;
             let Some(entry) = local.consumers.get_mut(&consumer) else {
                 return Err(consumer);
             };
+            local.handed.insert(position);
             entry.held.push_back(HeldDelivery { position, redelivered, delivery_count, body });
             if !entry.accepted {
                 return Ok(None);
@@ -621,6 +628,18 @@ impl QuorumQueue {
             }
         }
         Ok(Some(self.dispatch_now()))
+    }
+
+    /// The shard took the settle, requeue or reject of `position`: from now on the batcher holds
+    /// it until its commit.
+    pub(crate) fn forget_handed(&self, position: u64) {
+        self.local.lock().handed.remove(&position);
+    }
+
+    /// Whether the plan's delivery of `position` reached this node's consumers and was not
+    /// settled through the shard yet.
+    pub(crate) fn was_handed(&self, position: u64) -> bool {
+        self.local.lock().handed.contains(&position)
     }
 
     fn send(&self, consumer: &Arc<ConsumerHandle>, held: HeldDelivery) -> LocalDelivery {

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 mod apply;
 pub(crate) mod delayed;
+mod installed_snapshot;
 mod membership;
 mod peers;
 mod rejoin;
@@ -66,6 +67,10 @@ pub struct ShardFigures {
     /// The latest sample of the time from this node's proposal of a batch to its commit, in
     /// microseconds (0: none yet). One batch at a time is timed (see `ShardWorker::latency_probe`).
     pub commit_latency_us: AtomicU64,
+    /// Snapshots from the leader this node installed (entries it never applied itself).
+    pub snapshots_installed: AtomicU64,
+    /// Deliveries to this node's consumers that installed snapshots had skipped, performed after.
+    pub deliveries_after_snapshot: AtomicU64,
     /// The leader this node knows of (0: none).
     pub leader: AtomicU64,
     /// Whether this node leads the shard.
@@ -245,6 +250,9 @@ pub(crate) struct ShardWorker {
     delayed: Option<delayed::DelayedHook>,
     /// Snapshots sent and not yet taken, by member: when each is reported lost.
     snapshots_in_flight: HashMap<u64, Instant>,
+    /// Snapshots from the leader this node installed (`ReplicaNode::snapshots_installed`), as of
+    /// the last round: one more means entries were skipped (see `after_snapshot_installed`).
+    snapshots_installed: u64,
 }
 
 /// Opens shard `shard` of this node and makes its thread's state.
@@ -307,6 +315,7 @@ pub(crate) fn open(
         dead_letter_retry: super::dead_letter_retry::DeadLetterRetry::new(config.dead_letter_retry_interval_ms),
         delayed: None,
         snapshots_in_flight: HashMap::new(),
+        snapshots_installed: 0,
     };
     Ok((handle, worker))
 }
@@ -401,6 +410,13 @@ impl ShardWorker {
             return;
         }
         let Submission { queue, command, waiter } = submission;
+        if let QueueCommand::Settle { position }
+        | QueueCommand::Requeue { position }
+        | QueueCommand::RequeueToTail { position }
+        | QueueCommand::Reject { position } = command
+        {
+            queue.forget_handed(position);
+        }
         match self.batcher.push(id, command) {
             Ok(sequence) => self.proposed.push_back(Proposed { sequence, queue, waiter }),
             Err(_) => {
@@ -492,6 +508,11 @@ impl ShardWorker {
         }
         self.send_messages();
         let outcomes = self.node.take_outcomes();
+        if self.node.snapshots_installed() != self.snapshots_installed {
+            self.snapshots_installed = self.node.snapshots_installed();
+            self.handle.figures.snapshots_installed.store(self.snapshots_installed, Ordering::Relaxed);
+            self.after_snapshot_installed(&outcomes);
+        }
         if !outcomes.is_empty() {
             self.apply(outcomes);
         }

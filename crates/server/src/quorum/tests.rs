@@ -25,6 +25,9 @@ use tokio::sync::mpsc;
 struct Network {
     hosts: RwLock<BTreeMap<u64, Weak<QuorumHost>>>,
     cut: Mutex<HashSet<u64>>,
+    /// Nodes the leaders' appends do not reach (a busy node falling behind); every other
+    /// message, heartbeats and snapshots included, still does.
+    appends_lost: Mutex<HashSet<u64>>,
 }
 
 /// One node's side of the network.
@@ -40,6 +43,9 @@ impl PeerTransport for Link {
             return false;
         }
         drop(cut);
+        if message.get_msg_type() == replication::MessageType::MsgAppend && self.network.appends_lost.lock().contains(&message.to) {
+            return false;
+        }
         let Some(host) = self.network.hosts.read().get(&message.to).and_then(Weak::upgrade) else { return false };
         let frame = Bytes::from(encode_frame(shard, &message).expect("a raft message encodes"));
         let (shard, message) = decode_frame(frame).expect("a frame decodes");
@@ -75,11 +81,18 @@ fn config(node: u64) -> HostConfig {
 
 impl Cluster {
     fn start() -> Cluster {
+        Cluster::start_with(|_| {})
+    }
+
+    /// A cluster whose nodes' configuration `adjust` changed.
+    fn start_with(adjust: impl Fn(&mut HostConfig)) -> Cluster {
         let network = Arc::new(Network::default());
         let mut hosts = BTreeMap::new();
         for node in NODES {
             let link = Arc::new(Link { network: network.clone(), from: node });
-            let host = QuorumHost::start(config(node), link, None).expect("a host starts");
+            let mut config = config(node);
+            adjust(&mut config);
+            let host = QuorumHost::start(config, link, None).expect("a host starts");
             for member in NODES {
                 host.set_member_name(member, format!("n{member}@localhost"));
             }
@@ -553,4 +566,61 @@ fn a_former_cluster_of_one_leaves_its_own_shards_and_joins_the_clusters_as_a_lea
     for queue in founding.values() {
         wait_for("every founding node applied them", || (queue.snapshot().ready == 10).then_some(()));
     }
+}
+
+/// Publishes one message without waiting: its confirm slot.
+fn publish_unconfirmed(queue: &QuorumQueue, body: &str) -> Arc<super::tickets::CommitSlot> {
+    match queue.publish(message(body.to_string())) {
+        crate::queue_type::PublishOutcome::Accepted(crate::queue_type::ConfirmTicket::Committed(slot)) => slot,
+        other => panic!("a publish to a quorum queue waits for its commit, not {other:?}"),
+    }
+}
+
+#[test]
+fn a_follower_that_installs_a_snapshot_performs_the_deliveries_and_confirms_the_snapshot_skipped() {
+    // A follower behind the leader's compacted log gets a snapshot instead of the entries. The
+    // deliveries those entries made to its consumer used to be lost: unacked in the machine,
+    // counted against the prefetch, never sent (a consumer at a few thousand messages a second,
+    // or none). And its publish committed in them was nacked once a later one was confirmed.
+    // The follower still answers heartbeats; on a loaded machine it may not for the usual 300 ms
+    // of `node_down_ticks`, and its consumer would be released as gone: given 10 s here.
+    let cluster = Cluster::start_with(|config| config.node_down_ticks = 1000);
+    let key = super::queue::name_key("/", &ShortStr::from("q-behind"));
+    let leader = cluster.leader_of(&key);
+    let behind = NODES.iter().copied().find(|node| *node != leader).expect("a follower");
+    let queues = queue_on_every_node(&cluster, leader, "q-behind");
+    let (handle, mut receiver) = consumer("behind", 5);
+    queues[&behind].consume(handle.clone(), false, || {}).expect("the consumer is added");
+    cluster.network.appends_lost.lock().insert(behind);
+    // The plan hands the consumer its prefetch in entries the follower does not get, one of
+    // them holds the follower's own publish, and the leader compacts past them all (every 64
+    // entries here): one entry per publish.
+    publish_confirmed(&queues[&leader], (0..5).map(|number| format!("m{number:03}")));
+    let early = publish_unconfirmed(&queues[&behind], "early");
+    for number in 5..200 {
+        publish_confirmed(&queues[&leader], std::iter::once(format!("m{number:03}")));
+    }
+    let shard = cluster.hosts[&behind].shard_for(&key);
+    let installed = || shard.figures.snapshots_installed.load(std::sync::atomic::Ordering::Relaxed);
+    cluster.network.appends_lost.lock().remove(&behind);
+    wait_for("the follower installs a snapshot", || (installed() > 0).then_some(()));
+    let late = publish_unconfirmed(&queues[&behind], "late");
+    for slot in [&early, &late] {
+        wait_for("a confirm of the follower's publish", || slot.outcome());
+    }
+    assert_eq!((early.outcome(), late.outcome()), (Some(SlotOutcome::Accepted), Some(SlotOutcome::Accepted)), "neither is nacked");
+    // The consumer gets the five messages the skipped entries delivered to it, then the next
+    // five once it acks them.
+    let mut windows = Vec::new();
+    for _ in 0..2 {
+        let window = deliveries(&handle, &mut receiver, 5);
+        let positions: Vec<u64> = window.iter().map(|(_, _, position)| *position).collect();
+        handle.channel.ledger.lock().unacked.clear();
+        queues[&behind].settle(&positions, Settlement::Ack);
+        windows.push(window.into_iter().map(|(body, _, _)| body).collect::<Vec<_>>());
+    }
+    let skipped: Vec<String> = (0..5).map(|number| format!("m{number:03}")).collect();
+    assert_eq!(windows[0], skipped, "the deliveries the snapshot skipped, in order");
+    assert_eq!(windows[1].len(), 5, "the prefetch is whole again: {windows:?}");
+    assert!(windows[1].iter().all(|body| !skipped.contains(body)), "each once: {windows:?}");
 }

@@ -131,19 +131,18 @@ impl ShardWorker {
 
     /// A command of this node's proposer was committed (or found a duplicate of one that was).
     fn confirmed(&mut self, sequence: u64, result: CommandResult) {
-        while self.proposed.front().is_some_and(|front| front.sequence < sequence) {
-            // Commands are confirmed in number order; one skipped was a command without a waiter
-            // of its own queue's declaration, never a waiter: nothing to tell.
-            if let Some(skipped) = self.proposed.pop_front() {
-                tracing::error!(shard = self.shard, sequence = skipped.sequence, "a quorum command was confirmed out of order");
-                super::fail(skipped.waiter);
-            }
-        }
-        if self.proposed.front().is_none_or(|front| front.sequence != sequence) {
-            // A command without a waiter (the proposer's registration).
-            return;
-        }
-        let Some(Proposed { queue, waiter, .. }) = self.proposed.pop_front() else { return };
+        // Commands are confirmed in number order, but for those a snapshot installed here holds:
+        // their outcomes never came out, and they are confirmed when their retry comes back
+        // `Duplicate`, after later ones. Failing them then (as this did) nacked committed publishes.
+        let place = match self.proposed.front() {
+            Some(front) if front.sequence == sequence => 0,
+            _ => match self.proposed.binary_search_by_key(&sequence, |proposed| proposed.sequence) {
+                Ok(place) => place,
+                // A command without a waiter (the proposer's registration, a release).
+                Err(_) => return,
+            },
+        };
+        let Some(Proposed { queue, waiter, .. }) = self.proposed.remove(place) else { return };
         match result {
             CommandResult::Declared { queue: id } => self.bind(&queue, id),
             CommandResult::Superseded => {
@@ -151,6 +150,15 @@ impl ShardWorker {
                 // since. Its commands parked for the id (the deletion) now name no queue.
                 tracing::debug!(shard = self.shard, queue = %queue.name(), "a quorum queue's declaration was superseded by a later one");
                 queue.mark_superseded();
+            }
+            CommandResult::Duplicate if queue.id() == 0 => {
+                // Only a queue's declaration is proposed before its id is known: this one was
+                // applied in entries a snapshot installed here covered. Found by name instead.
+                let found =
+                    self.node.machine().queue_by_name(queue.name_key()).filter(|(_, incarnation)| queue.is_incarnation(*incarnation));
+                if let Some((id, _)) = found {
+                    self.bind(&queue, id);
+                }
             }
             _ => {}
         }
@@ -177,7 +185,15 @@ impl ShardWorker {
     }
 
     /// Hands a delivery of the plan to this node's consumer.
-    fn deliver(&mut self, id: QueueId, consumer: u64, position: u64, redelivered: bool, delivery_count: u32, body: bytes::Bytes) {
+    pub(super) fn deliver(
+        &mut self,
+        id: QueueId,
+        consumer: u64,
+        position: u64,
+        redelivered: bool,
+        delivery_count: u32,
+        body: bytes::Bytes,
+    ) {
         let Some(queue) = self.queue(id) else {
             // The queue is gone from this node (deleted here): its deletion takes the message too.
             return;
