@@ -249,10 +249,10 @@ def run_one_full_disk(cluster, disks, tmp_path, queue, full_is_leader):
     if full_is_leader:
         new_leader = leader_of(cluster, queue, among=others)
         assert new_leader is not full
-        # The node that stepped down says so too (its management API named itself the leader
-        # for as long as its rounds failed).
-        eventually(lambda: (queue_info(full, queue) or {}).get("leader") == new_leader.name, timeout=5,
-                   what="the full node naming the new leader")
+        # The node that stepped down says so too: it names the new leader or none (held, it
+        # cannot record the new term); before, it named itself for as long as its rounds failed.
+        eventually(lambda: (queue_info(full, queue) or {}).get("leader") in (new_leader.name, None), timeout=5,
+                   what="the full node no longer naming itself the leader")
     full_publisher_confirms = full_publisher.confirms
     time.sleep(max(0.0, filled_at + FULL_FOR_S - time.time()))
     assert full_publisher.confirms <= full_publisher_confirms + 1, "the blocked publisher kept getting confirms"

@@ -25,7 +25,7 @@ impl ShardWorker {
         }
         self.last_heard.insert(from, self.ticks);
         self.released.remove(&from);
-        if self.take_write_notice(&message) || self.refuse_leadership_while_held(&message) {
+        if self.take_write_notice(&message) || self.refuse_while_held(&message) {
             return;
         }
         if let Err(refused) = self.node.step_checked(message) {

@@ -6,6 +6,8 @@
 //! stepped down. While held the node:
 //! - does not campaign (its election timer does not run) and refuses a leadership transfer: a
 //!   node that cannot append must not lead, and each term it won would cost an election;
+//! - does not take the leader's appends and snapshots: each would fail again and cost a reopen
+//!   (heartbeats it takes: they write nothing);
 //! - tells the leader it is held, so the leader does not hand it the shard's leadership;
 //! - logs the failure once, then a summary at most every [`WRITE_FAILURE_LOG_INTERVAL_MS`] (a
 //!   disk full for an hour must not write a line per shard per second);
@@ -162,14 +164,22 @@ impl ShardWorker {
     }
 
     /// While held: a leader's offer of the leadership (`MsgTimeoutNow`) is refused, and the
-    /// leader told why. Returns whether `message` was refused.
-    pub(super) fn refuse_leadership_while_held(&self, message: &Message) -> bool {
-        if self.write_hold.is_none() || message.get_msg_type() != MessageType::MsgTimeoutNow {
+    /// leader told why; its appends and snapshots are not taken (they could not be written: each
+    /// try would cost a reopen, and the leader resends what it needs once told the node writes
+    /// again). Returns whether `message` was refused.
+    pub(super) fn refuse_while_held(&self, message: &Message) -> bool {
+        if self.write_hold.is_none() {
             return false;
         }
-        tracing::info!(shard = self.shard, "the shard's leadership was offered to this node, whose log cannot be written: refused");
-        self.tell(message.from, MessageType::MsgUnreachable);
-        true
+        match message.get_msg_type() {
+            MessageType::MsgTimeoutNow => {
+                tracing::info!(shard = self.shard, "the shard's leadership was offered to this node, whose log cannot be written: refused");
+                self.tell(message.from, MessageType::MsgUnreachable);
+                true
+            }
+            MessageType::MsgAppend | MessageType::MsgSnapshot => true,
+            _ => false,
+        }
     }
 
     /// A peer's held or writing-again notice, taken here (never stepped: raft-rs refuses local
