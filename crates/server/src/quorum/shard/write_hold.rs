@@ -36,7 +36,8 @@ pub const WRITE_PROBE_BYTES: usize = 256 << 10;
 /// The least time between two log lines about the same held shard's failures.
 pub const WRITE_FAILURE_LOG_INTERVAL_MS: u64 = 10_000;
 
-/// How long a leader believes a member that said it is held, unless it says it writes again.
+/// How long a leader believes a member that said it is held, unless it says it writes again (a
+/// held member says it again every probe).
 pub const PEER_HELD_TICKS: u64 = 100;
 
 /// The probe file, in the shard's directory.
@@ -133,6 +134,11 @@ impl ShardWorker {
             Err(_) => {
                 if let Some(hold) = self.write_hold.as_mut() {
                     hold.next_probe = Instant::now() + Duration::from_millis(WRITE_PROBE_INTERVAL_MS);
+                }
+                // Said again every probe, so the leader's note never runs out while the disk
+                // stays full (else it would offer this node the leadership every PEER_HELD_TICKS).
+                if let Some(leader) = self.node.leader() {
+                    self.tell(leader, MessageType::MsgUnreachable);
                 }
             }
         }
