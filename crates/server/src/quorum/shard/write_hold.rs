@@ -9,8 +9,9 @@
 //! - does not take the leader's appends and snapshots: each would fail again and cost a reopen
 //!   (heartbeats it takes: they write nothing);
 //! - tells the leader it is held, so the leader does not hand it the shard's leadership;
-//! - logs the failure once, then a summary at most every [`WRITE_FAILURE_LOG_INTERVAL_MS`] (a
-//!   disk full for an hour must not write a line per shard per second);
+//! - logs the failure once, then (failed writes and probes) a summary at most every
+//!   [`WRITE_FAILURE_LOG_INTERVAL_MS`] (a disk full for an hour must not write a line per shard
+//!   per second, and must still be said now and then);
 //! - probes the disk every [`WRITE_PROBE_INTERVAL_MS`] by writing and syncing
 //!   [`WRITE_PROBE_BYTES`] beside its log. Once that works it tells the leader, which sends again
 //!   at once a snapshot the node could not install (else raft-rs waits out the snapshot timeout,
@@ -72,19 +73,8 @@ impl ShardWorker {
                 self.write_hold = Some(WriteHold { since: now, failures: 1, failures_logged: 1, logged_at: now, next_probe, told: None });
             }
             Some(hold) => {
-                hold.failures += 1;
                 hold.next_probe = next_probe;
-                if now.duration_since(hold.logged_at) >= Duration::from_millis(WRITE_FAILURE_LOG_INTERVAL_MS) {
-                    tracing::error!(
-                        shard = self.shard,
-                        %error,
-                        failures = hold.failures - hold.failures_logged,
-                        held_s = hold.since.elapsed().as_secs(),
-                        "the quorum shard's log still cannot be written"
-                    );
-                    hold.failures_logged = hold.failures;
-                    hold.logged_at = now;
-                }
+                self.count_failure_while_held(error);
             }
         }
         if let Some(leader) = leader {
@@ -93,6 +83,22 @@ impl ShardWorker {
         if let Some(hold) = self.write_hold.as_mut() {
             hold.told = leader;
         }
+    }
+
+    /// Counts a failed write or probe while held; says so at most every
+    /// [`WRITE_FAILURE_LOG_INTERVAL_MS`], with how many failed since it last said.
+    fn count_failure_while_held(&mut self, error: &dyn std::fmt::Display) {
+        let shard = self.shard;
+        let Some(hold) = self.write_hold.as_mut() else { return };
+        hold.failures += 1;
+        let now = Instant::now();
+        if now.duration_since(hold.logged_at) < Duration::from_millis(WRITE_FAILURE_LOG_INTERVAL_MS) {
+            return;
+        }
+        let (failures, held_s) = (hold.failures - hold.failures_logged, hold.since.elapsed().as_secs());
+        tracing::error!(shard, %error, failures, held_s, "the quorum shard's log still cannot be written");
+        hold.failures_logged = hold.failures;
+        hold.logged_at = now;
     }
 
     /// Whether this node's shard is held (it does not tick its election timer).
@@ -131,10 +137,11 @@ impl ShardWorker {
                 self.write_hold = None;
                 self.writing_again_untold = true;
             }
-            Err(_) => {
+            Err(error) => {
                 if let Some(hold) = self.write_hold.as_mut() {
                     hold.next_probe = Instant::now() + Duration::from_millis(WRITE_PROBE_INTERVAL_MS);
                 }
+                self.count_failure_while_held(&error);
                 // Said again every probe, so the leader's note never runs out while the disk
                 // stays full (else it would offer this node the leadership every PEER_HELD_TICKS).
                 if let Some(leader) = self.node.leader() {
