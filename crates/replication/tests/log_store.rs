@@ -248,3 +248,23 @@ fn members_with_learners_survive_a_power_cut_and_a_compaction() {
     assert_eq!((store.conf_state().voters.clone(), store.conf_state().learners.clone(), store.conf_index()), (vec![1, 2, 3], vec![], 0));
     assert_eq!(store.hard_state().term, 3);
 }
+
+#[test]
+fn an_append_that_fails_on_a_full_disk_adds_nothing_and_the_same_entries_append_once_there_is_room() {
+    use storage::memory_file_system::FaultOperation;
+    const ENOSPC: i32 = 28;
+    let file_system = file_system();
+    let (mut store, _) = open(&file_system);
+    store.append(&entries(1..=5, 1)).expect("appended");
+    store.sync().expect("synced");
+    file_system.fail(FaultOperation::Write, ENOSPC, Path::new("/data/raft"), 1);
+    let error = store.append(&entries(6..=8, 1)).expect_err("the disk is full");
+    assert_eq!(error.raw_os_error(), Some(ENOSPC));
+    assert_eq!(store.last_index().expect("last"), 5, "a failed append adds nothing");
+    assert_eq!(all_entries(&store), entries(1..=5, 1));
+    store.append(&entries(6..=9, 1)).expect("appended once there is room");
+    store.sync().expect("synced");
+    let (store, recovery) = open(&file_system);
+    assert!(!recovery.damaged, "{recovery:?}");
+    assert_eq!(all_entries(&store), entries(1..=9, 1));
+}

@@ -26,6 +26,8 @@ fn encode_learners(writer: &mut Writer, conf_state: &ConfState) {
 impl LogStore {
     /// Appends entries from raft-rs (not synced: see [`LogStore::sync`]). Entries at or below the
     /// last index replace the log from there on: a new leader overwrote an unacknowledged suffix.
+    /// A write that fails (a full disk) leaves the store as it was before the write: the caller
+    /// may append the same entries again once there is room.
     pub fn append(&mut self, entries: &[Entry]) -> io::Result<()> {
         let Some(first) = entries.first() else { return Ok(()) };
         let snapshot_index = self.snapshot.get_metadata().index;
@@ -33,20 +35,32 @@ impl LogStore {
         assert!(first.index <= self.last_index_now() + 1, "append of entry {} leaves a gap after {}", first.index, self.last_index_now());
         let keep = (first.index - snapshot_index - 1) as usize;
         if keep < self.offsets.len() {
+            // The file first: when it cannot be cut, nothing changed.
+            self.log.set_len(self.offsets[keep])?;
             self.log_end = self.offsets[keep];
             self.offsets.truncate(keep);
             self.terms.truncate(keep);
             self.cache_drop_from(first.index);
-            self.log.set_len(self.log_end)?;
         }
         let mut buffer = Vec::new();
+        let mut offsets = Vec::with_capacity(entries.len());
         for entry in entries {
-            self.offsets.push(self.log_end + buffer.len() as u64);
-            self.terms.push(entry.term);
+            offsets.push(self.log_end + buffer.len() as u64);
             encode_record(&mut buffer, entry, self.checksum_seed);
+        }
+        if let Err(error) = self.log.write_all_at(&buffer, self.log_end) {
+            // Part of the records may have landed past the end: cut off, so the file ends where
+            // the store says (if even that fails, recovery cuts them as a torn tail). Before, the
+            // store counted the entries it had failed to write: its last index and its cache
+            // held entries that were on no disk.
+            let _ = self.log.set_len(self.log_end);
+            return Err(error);
+        }
+        self.offsets.extend(offsets);
+        self.terms.extend(entries.iter().map(|entry| entry.term));
+        for entry in entries {
             self.cache_push(entry.clone());
         }
-        self.log.write_all_at(&buffer, self.log_end)?;
         self.log_end += buffer.len() as u64;
         Ok(())
     }

@@ -23,6 +23,7 @@ mod installed_snapshot;
 mod membership;
 mod peers;
 mod rejoin;
+mod write_hold;
 
 /// The most bytes of commands one Raft entry carries (docs/replication.md: `batch_bytes_max`).
 pub const BATCH_BYTES_MAX: usize = 1 << 20;
@@ -253,6 +254,12 @@ pub(crate) struct ShardWorker {
     /// Snapshots from the leader this node installed (`ReplicaNode::snapshots_installed`), as of
     /// the last round: one more means entries were skipped (see `after_snapshot_installed`).
     snapshots_installed: u64,
+    /// Set while this node's log could not be written (`write_hold.rs`).
+    write_hold: Option<write_hold::WriteHold>,
+    /// The hold ended and the leader was not told yet (no leader known).
+    writing_again_untold: bool,
+    /// Members that said they cannot write their log, and the tick they said it.
+    peers_held: HashMap<u64, u64>,
 }
 
 /// Opens shard `shard` of this node and makes its thread's state.
@@ -316,6 +323,9 @@ pub(crate) fn open(
         delayed: None,
         snapshots_in_flight: HashMap::new(),
         snapshots_installed: 0,
+        write_hold: None,
+        writing_again_untold: false,
+        peers_held: HashMap::new(),
     };
     Ok((handle, worker))
 }
@@ -430,7 +440,12 @@ impl ShardWorker {
     /// One tick of Raft time, and what is due on ticks.
     fn tick(&mut self) {
         self.ticks += 1;
-        self.node.tick();
+        // A held follower's election timer stands still: it must not campaign (a group of one
+        // leads alone and ticks on: no other node could).
+        if !self.write_held() || self.node.is_leader() {
+            self.node.tick();
+        }
+        self.probe_while_held();
         let leader = self.node.leader();
         let term = self.node.term();
         let leader_changed = (leader, term) != self.proposed_to;
@@ -465,7 +480,9 @@ impl ShardWorker {
         }
         voters.sort_unstable();
         let preferred = voters[self.shard as usize % voters.len()];
-        if preferred != self.config.node_id && self.node.transfer_leadership(preferred) {
+        // A preferred node that cannot write its log would refuse, and the transfer would
+        // stall proposals for an election timeout.
+        if preferred != self.config.node_id && !self.peer_held(preferred) && self.node.transfer_leadership(preferred) {
             tracing::info!(shard = self.shard, to = preferred, "handing the shard's leadership to its preferred node");
         }
     }
@@ -559,9 +576,11 @@ impl ShardWorker {
     }
 
     /// A write or sync of the shard's log failed: nothing it could not persist was acknowledged.
-    /// The node is opened again from what is durable; its unconfirmed commands are proposed again.
+    /// The node is opened again from what is durable (a leader steps down so), and held until
+    /// its disk takes writes again (`write_hold.rs`); its unconfirmed commands are proposed again.
     fn restart_after(&mut self, error: NodeError) {
-        tracing::error!(shard = self.shard, %error, "the quorum shard's log could not be written; reopening it from disk");
+        let leader = self.node.leader().filter(|leader| *leader != self.config.node_id);
+        self.hold_after_write_failure(&error, leader);
         std::thread::sleep(Duration::from_millis(self.config.tick_ms.max(1) * 10));
         let directory = self.config.data_dir.join("raft").join(format!("shard-{}", self.shard));
         match ReplicaNode::open(self.node_config.clone(), self.config.file_system.clone(), &directory) {
@@ -574,6 +593,9 @@ impl ShardWorker {
             }
             Err(error) => tracing::error!(shard = self.shard, %error, "reopening the quorum shard failed; trying again"),
         }
+        // The failed round published nothing: without this a leader that stepped down went on
+        // showing itself the leader (management, metrics) for as long as its rounds failed.
+        self.publish_figures();
     }
 
     fn publish_figures(&self) {

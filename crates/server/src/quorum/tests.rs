@@ -63,7 +63,11 @@ struct Cluster {
 }
 
 fn config(node: u64) -> HostConfig {
-    let file_system = MemoryFileSystem::new();
+    config_on(node, &MemoryFileSystem::new())
+}
+
+/// A node's settings on a file system the test keeps (to fill its disk).
+fn config_on(node: u64, file_system: &MemoryFileSystem) -> HostConfig {
     HostConfig {
         node_id: node,
         voters: NODES.to_vec(),
@@ -623,4 +627,57 @@ fn a_follower_that_installs_a_snapshot_performs_the_deliveries_and_confirms_the_
     assert_eq!(windows[0], skipped, "the deliveries the snapshot skipped, in order");
     assert_eq!(windows[1].len(), 5, "the prefetch is whole again: {windows:?}");
     assert!(windows[1].iter().all(|body| !skipped.contains(body)), "each once: {windows:?}");
+}
+
+/// Three hosts, each on a file system the test keeps.
+fn start_with_disks() -> (Cluster, BTreeMap<u64, MemoryFileSystem>) {
+    let network = Arc::new(Network::default());
+    let mut hosts = BTreeMap::new();
+    let mut disks = BTreeMap::new();
+    for node in NODES {
+        let disk = MemoryFileSystem::new();
+        let link = Arc::new(Link { network: network.clone(), from: node });
+        let host = QuorumHost::start(config_on(node, &disk), link, None).expect("a host starts");
+        for member in NODES {
+            host.set_member_name(member, format!("n{member}@localhost"));
+        }
+        network.hosts.write().insert(node, Arc::downgrade(&host));
+        hosts.insert(node, host);
+        disks.insert(node, disk);
+    }
+    (Cluster { network, hosts }, disks)
+}
+
+#[test]
+fn a_leader_whose_disk_fills_steps_down_does_not_lead_again_and_catches_up_at_once_when_space_returns() {
+    use std::sync::atomic::Ordering;
+    use storage::memory_file_system::FaultOperation;
+    let (cluster, disks) = start_with_disks();
+    let key = super::queue::name_key("/", &ShortStr::from("q-full"));
+    let full = cluster.leader_of(&key);
+    let others: Vec<u64> = NODES.iter().copied().filter(|node| *node != full).collect();
+    let queues = queue_on_every_node(&cluster, others[0], "q-full");
+    publish_confirmed(&queues[&others[0]], (0..20).map(|number| format!("before{number:03}")));
+    // Every write under the full node's shard logs fails with ENOSPC from now on.
+    disks[&full].fail(FaultOperation::Write, libc::ENOSPC, std::path::Path::new("/data/raft"), u64::MAX);
+    // The two others are a majority: published through one of them, confirmed (past several
+    // snapshots: the full node will need one to catch up).
+    for round in 0..100 {
+        // A round at a time, so they are many entries, not a few large batches.
+        publish_confirmed(&queues[&others[0]], (0..3).map(|number| format!("during{round:03}.{number}")));
+    }
+    let figures = |node: u64| &cluster.hosts[&node].shard_for(&key).figures;
+    let held_until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < held_until {
+        assert!(!figures(full).is_leader.load(Ordering::Relaxed), "a node that cannot write its log leads");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let leader = others.iter().copied().find(|node| figures(*node).is_leader.load(Ordering::Relaxed)).expect("one of the others leads");
+    assert_ne!(leader, full);
+    disks[&full].clear_faults();
+    // Back: caught up through the leader's snapshot sent again at once, not after the lost
+    // snapshot's 10 s timeout.
+    let cleared_at = Instant::now();
+    wait_for("the node that was full to hold every message", || (queues[&full].snapshot().ready == 320).then_some(()));
+    assert!(cleared_at.elapsed() < Duration::from_secs(5), "caught up after {:?}", cleared_at.elapsed());
 }

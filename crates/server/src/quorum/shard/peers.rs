@@ -25,6 +25,9 @@ impl ShardWorker {
         }
         self.last_heard.insert(from, self.ticks);
         self.released.remove(&from);
+        if self.take_write_notice(&message) || self.refuse_while_held(&message) {
+            return;
+        }
         if let Err(refused) = self.node.step_checked(message) {
             tracing::warn!(shard = self.shard, from, %refused, "a raft message was refused");
         }
