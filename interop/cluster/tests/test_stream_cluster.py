@@ -22,6 +22,13 @@ def declare_stream(node, name):
     connection.close()
 
 
+def declare_everywhere(cluster, node, name):
+    """Declares stream `name` through `node`; returns once every node lists it."""
+    declare_stream(node, name)
+    for each in cluster.nodes:
+        eventually(lambda each=each: each.get(f"/queues/%2F/{name}").ok, what=f"the stream on {each.name}")
+
+
 def publish_confirmed(node, queue, bodies):
     """Publishes `bodies` through `node`, each confirmed before the next; a nack raises."""
     connection = pika.BlockingConnection(pika.URLParameters(node.url()))
@@ -56,9 +63,7 @@ def read_stream(node, queue, count, timeout=30):
 
 def test_a_stream_declared_on_one_node_is_copied_to_every_member_and_read_from_each(cluster):
     first, second, third = cluster.nodes
-    declare_stream(first, "events")
-    for node in cluster.nodes:
-        eventually(lambda node=node: node.get("/queues/%2F/events").ok, what=f"the stream on {node.name}")
+    declare_everywhere(cluster, first, "events")
     bodies = [f"event-{number}" for number in range(400)]
     publish_confirmed(first, "events", bodies)
     reads = {node.name: read_stream(node, "events", len(bodies)) for node in cluster.nodes}
@@ -103,9 +108,7 @@ def publish_through_any(cluster, queue, body, timeout=20, nodes=None):
 
 def test_kill_9_of_the_leaders_node_elects_another_member_and_nothing_confirmed_is_lost(cluster):
     first, second, third = cluster.nodes
-    declare_stream(first, "orders")
-    for node in cluster.nodes:
-        eventually(lambda node=node: node.get("/queues/%2F/orders").ok, what=f"the stream on {node.name}")
+    declare_everywhere(cluster, first, "orders")
     confirmed = [f"order-{number}" for number in range(300)]
     publish_confirmed(first, "orders", confirmed)
     first.kill()
@@ -138,9 +141,7 @@ def test_kill_9_of_the_leaders_node_elects_another_member_and_nothing_confirmed_
 
 def test_a_confirm_waits_for_a_majority_of_the_members(cluster):
     first, second, third = cluster.nodes
-    declare_stream(first, "audit")
-    for node in cluster.nodes:
-        eventually(lambda node=node: node.get("/queues/%2F/audit").ok, what=f"the stream on {node.name}")
+    declare_everywhere(cluster, first, "audit")
     publish_confirmed(first, "audit", ["before"])
     connection = pika.BlockingConnection(pika.URLParameters(first.url()))
     channel = connection.channel()
@@ -179,9 +180,7 @@ def test_a_confirm_waits_for_a_majority_of_the_members(cluster):
 def test_a_partitioned_leaders_chunks_no_majority_held_are_cut_once_it_follows_the_new_leader(proxied_cluster):
     cluster = proxied_cluster
     first, second, third = cluster.nodes
-    declare_stream(first, "ledger")
-    for node in cluster.nodes:
-        eventually(lambda node=node: node.get("/queues/%2F/ledger").ok, what=f"the stream on {node.name}")
+    declare_everywhere(cluster, first, "ledger")
     confirmed = [f"entry-{number}" for number in range(100)]
     publish_confirmed(first, "ledger", confirmed)
     cluster.proxy.partition([first.name], [second.name, third.name])

@@ -3,6 +3,7 @@
 //! majority held at the new leader's epoch end, and bad copies are refused.
 
 use super::chunk::{self, Entries, Entry, EntryBatch};
+use super::tests::{file_system, flush};
 use super::*;
 use crate::file_cache::FileCache;
 use crate::memory_file_system::MemoryFileSystem;
@@ -16,12 +17,6 @@ fn member_directory(name: &str) -> PathBuf {
     Path::new("/data/streams").join(name)
 }
 
-fn file_system() -> MemoryFileSystem {
-    let file_system = MemoryFileSystem::new();
-    file_system.create_durable_directory(Path::new("/data/streams"));
-    file_system
-}
-
 /// A member's stream, replicated, knowing the cluster committed below `committed`.
 fn open_member(file_system: &MemoryFileSystem, name: &str, committed: u64) -> Arc<Stream> {
     let cache = FileCache::with_file_system(16, file_system.shared());
@@ -29,17 +24,6 @@ fn open_member(file_system: &MemoryFileSystem, name: &str, committed: u64) -> Ar
     let (stream, _) = Stream::open(&member_directory(name), settings, cache).expect("open the stream");
     stream.enable_replication(committed).expect("replicate");
     stream
-}
-
-/// One group commit with `--sync always`.
-fn flush(stream: &Stream) {
-    let written = stream.write_pending(SyncDue::Now).expect("write");
-    for file in &written.sync_now {
-        file.sync().expect("sync");
-    }
-    if let Some(point) = written.commit {
-        stream.commit(point);
-    }
 }
 
 fn record(offset: u64) -> Vec<u8> {
@@ -63,17 +47,27 @@ fn write_some(stream: &Stream, rounds: u64, tag: &str) {
     }
 }
 
+/// Every chunk `stream` synced from `from`, whole, with whether it starts a segment: what a
+/// leader sends.
+fn synced_chunks(stream: &Arc<Stream>, from: u64) -> Vec<(bool, Vec<u8>)> {
+    let mut reader = stream.replication_reader(from).expect("replication reader");
+    let mut chunks = Vec::new();
+    while let Some(location) = reader.next_chunk().expect("next chunk") {
+        let mut bytes = Vec::new();
+        location.read_whole(&mut bytes).expect("read the chunk");
+        chunks.push((location.starts_segment(), bytes));
+    }
+    chunks
+}
+
 /// Sends the follower what the leader synced beyond the follower's end; returns the chunks sent.
 fn ship(leader: &Arc<Stream>, follower: &Stream) -> usize {
-    let mut reader = leader.replication_reader(follower.tail().next_offset).expect("replication reader");
-    let (mut bytes, mut sent) = (Vec::new(), 0);
-    while let Some(location) = reader.next_chunk().expect("next chunk") {
-        location.read_whole(&mut bytes).expect("read the chunk");
-        follower.append_replicated(&bytes, location.starts_segment(), NOW_MS).expect("append the copy");
-        sent += 1;
+    let chunks = synced_chunks(leader, follower.tail().next_offset);
+    for (starts_segment, bytes) in &chunks {
+        follower.append_replicated(bytes, *starts_segment, NOW_MS).expect("append the copy");
     }
     flush(follower);
-    sent
+    chunks.len()
 }
 
 fn read_all(stream: &Arc<Stream>) -> Vec<(u64, Vec<u8>)> {
@@ -200,13 +194,7 @@ fn a_copy_out_of_sequence_damaged_or_from_an_older_epoch_is_refused_and_changes_
     let follower = open_member(&file_system, "follower", 0);
     leader.set_epoch(3).expect("epoch");
     write_some(&leader, 2, "a");
-    let mut reader = leader.replication_reader(0).expect("reader");
-    let mut chunks = Vec::new();
-    while let Some(location) = reader.next_chunk().expect("chunk") {
-        let mut bytes = Vec::new();
-        location.read_whole(&mut bytes).expect("read");
-        chunks.push(bytes);
-    }
+    let chunks: Vec<Vec<u8>> = synced_chunks(&leader, 0).into_iter().map(|(_, bytes)| bytes).collect();
     assert!(matches!(follower.append_replicated(&chunks[1], false, NOW_MS), Err(StreamError::OutOfSequence { found: 3, expected: 0 })));
     let mut flipped = chunks[0].clone();
     *flipped.last_mut().expect("a byte") ^= 1;
@@ -230,11 +218,7 @@ fn single_chunk_of_epoch(file_system: &MemoryFileSystem, epoch: u64, offset: u64
     other.set_epoch(epoch).expect("epoch");
     other.append_record(b"late", NOW_MS).expect("append");
     flush(&other);
-    let mut reader = other.replication_reader(offset).expect("reader");
-    let location = reader.next_chunk().expect("chunk").expect("the chunk");
-    let mut bytes = Vec::new();
-    location.read_whole(&mut bytes).expect("read");
-    bytes
+    synced_chunks(&other, offset).into_iter().next().expect("the chunk").1
 }
 
 #[test]

@@ -20,7 +20,7 @@ fn directory() -> PathBuf {
     Path::new("/data/streams/s").to_path_buf()
 }
 
-fn file_system() -> MemoryFileSystem {
+pub(super) fn file_system() -> MemoryFileSystem {
     let file_system = MemoryFileSystem::new();
     file_system.create_durable_directory(Path::new("/data/streams"));
     file_system
@@ -40,7 +40,7 @@ fn small_segments(bytes: u64) -> StreamSettings {
 }
 
 /// What the syncer does for a stream in one group commit with `--sync always`.
-fn flush(stream: &Stream) {
+pub(super) fn flush(stream: &Stream) {
     let written = stream.write_pending(SyncDue::Now).expect("write");
     for file in &written.sync_now {
         file.sync().expect("sync");
