@@ -6,13 +6,14 @@
 # the run and its CPU microseconds per message (from /proc/PID/stat of the broker process).
 #
 # Usage: LEPUS=target/release/lepus RABBITMQ_STREAM_URL=rabbitmq-stream://guest:guest@127.0.0.1:5552/%2f \
-#          RABBITMQ_PID=1234 [PERF_TEST=/path/to/perfTest] [DURATION=20] [ROUNDS=2] bench/stream-protocol.sh
+#          RABBITMQ_PID=1234 [PERF_TEST=/path/to/perfTest] [DURATION=20] [ROUNDS=2] [SIZES="16 1024"] bench/stream-protocol.sh
 # RABBITMQ_PID is the beam.smp of that node (its CPU is measured the same way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lepus=${LEPUS:-target/release/lepus}
 duration=${DURATION:-20}
 rounds=${ROUNDS:-2}
+sizes=${SIZES:-16 1024}
 : "${RABBITMQ_STREAM_URL:?the RabbitMQ node's stream URL}" "${RABBITMQ_PID:?the RabbitMQ node's beam.smp pid}"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 data_dir=$(mktemp -d /tmp/lepus-stream-bench-XXXXXX)
@@ -54,7 +55,7 @@ PY
   rm -f "$json"
 }
 for round in $(seq 1 "$rounds"); do
-  for size in 16 1024; do
+  for size in $sizes; do
     run lepus "$lepus_url" "$lepus_pid" "$size" lepus
     run rabbitmq "$RABBITMQ_STREAM_URL" "$RABBITMQ_PID" "$size" lepus
     if [ -n "${PERF_TEST:-}" ]; then
