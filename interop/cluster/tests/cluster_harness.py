@@ -21,7 +21,7 @@ from free_ports import free_port  # noqa: E402  (interop/free_ports.py, shared b
 class Node:
     """One `lepus server` process."""
 
-    def __init__(self, directory, name, seeds, cluster_port, extra=()):
+    def __init__(self, directory, name, seeds, cluster_port, extra=(), stream=False):
         self.name = f"{name}@localhost"
         self.data_dir = os.path.join(directory, name)
         self.log_path = os.path.join(directory, f"{name}.log")
@@ -29,6 +29,8 @@ class Node:
         self.amqp_port = free_port()
         self.http_port = free_port()
         self.metrics_port = free_port()
+        # The stream protocol's listener, advertised on loopback (0: none).
+        self.stream_port = free_port() if stream else 0
         self.seeds = seeds
         self.extra = list(extra)
         self.process = None
@@ -37,8 +39,10 @@ class Node:
         arguments = [
             LEPUS_BIN, "server", "--node-name", self.name, "--data-dir", self.data_dir, "--bind", "127.0.0.1",
             "--amqp-port", str(self.amqp_port), "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port),
-            "--cluster-port", str(self.cluster_port), "--stream-port", "0",
+            "--cluster-port", str(self.cluster_port), "--stream-port", str(self.stream_port),
         ]
+        if self.stream_port:
+            arguments += ["--stream-advertised-host", "127.0.0.1"]
         if self.seeds:
             arguments += ["--cluster-seeds", ",".join(self.seeds)]
         log = open(self.log_path, "ab")
@@ -92,9 +96,10 @@ class Node:
 
 class Cluster:
     """Nodes started from one seed list. `proxied`: every link runs through a `LinkProxy` (the
-    seeds and advertised addresses are its ports), so tests can partition, cut and delay links."""
+    seeds and advertised addresses are its ports), so tests can partition, cut and delay links.
+    `streams`: each node listens for the stream protocol on a port of its own."""
 
-    def __init__(self, directory, size=3, proxied=False):
+    def __init__(self, directory, size=3, proxied=False, streams=False):
         self.directory = directory
         ports = [free_port() for _ in range(size)]
         self.proxy = None
@@ -110,7 +115,7 @@ class Cluster:
                 self.proxy.add(node.name, proxy_port, node.cluster_port)
         else:
             self.seeds = [f"127.0.0.1:{port}" for port in ports]
-            self.nodes = [Node(directory, f"n{index + 1}", self.seeds, port) for index, port in enumerate(ports)]
+            self.nodes = [Node(directory, f"n{index + 1}", self.seeds, port, stream=streams) for index, port in enumerate(ports)]
 
     def start(self):
         try:

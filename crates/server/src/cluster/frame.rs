@@ -18,7 +18,7 @@ pub const LINK_FRAME_BYTES_MAX: usize = replication::transport::FRAME_BYTES_MAX 
 pub const LINK_CHECKSUM_SEED: u32 = 0x4C45_5043;
 
 /// The version of this protocol; a peer speaking another is refused.
-pub const LINK_PROTOCOL_VERSION: u32 = 1;
+pub const LINK_PROTOCOL_VERSION: u32 = 2;
 
 /// Bytes before a frame's body.
 pub const FRAME_HEADER_BYTES: usize = 8;
@@ -38,6 +38,10 @@ pub struct Hello {
     pub node_id: u64,
     /// The address others dial to reach it.
     pub advertise: String,
+    /// The host its stream-protocol clients are told to connect to (version 2 on).
+    pub stream_host: String,
+    /// Its stream-protocol port, 0 when it has no stream listener (version 2 on).
+    pub stream_port: u16,
 }
 
 /// One frame.
@@ -121,6 +125,8 @@ fn write_hello(writer: &mut Writer, hello: &Hello) {
     write_text(writer, &hello.node_name);
     writer.u64(hello.node_id);
     write_text(writer, &hello.advertise);
+    write_text(writer, &hello.stream_host);
+    writer.u32(u32::from(hello.stream_port));
 }
 
 fn read_hello(reader: &mut Reader) -> Result<Hello, DecodeError> {
@@ -131,6 +137,11 @@ fn read_hello(reader: &mut Reader) -> Result<Hello, DecodeError> {
         node_name: read_text(reader, "node name")?,
         node_id: reader.u64()?,
         advertise: read_text(reader, "advertised address")?,
+        stream_host: read_text(reader, "stream host")?,
+        stream_port: {
+            let port = reader.u32()?;
+            u16::try_from(port).map_err(|_| DecodeError::Invalid { field: "stream port", value: u64::from(port) })?
+        },
     })
 }
 
@@ -261,6 +272,8 @@ mod tests {
             node_name: "n1@h".into(),
             node_id: 42,
             advertise: "h:25672".into(),
+            stream_host: "h".into(),
+            stream_port: 5552,
         }
     }
 

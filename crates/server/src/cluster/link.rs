@@ -619,6 +619,8 @@ mod tests {
             node_name: format!("n{node_id}@test"),
             node_id,
             advertise: format!("127.0.0.1:{node_id}"),
+            stream_host: String::new(),
+            stream_port: 0,
         }
     }
 

@@ -180,6 +180,8 @@ impl Cluster {
             node_name: settings.node_name.clone(),
             node_id: node_state.node_id,
             advertise: advertise.clone(),
+            stream_host: crate::stream_protocol::advertised_host(config),
+            stream_port: config.stream_port,
         };
         let links = Links::new(settings.clone(), hello, runtime.handle().clone());
         // Kept for the process's life: dropping a runtime inside another one's context panics.

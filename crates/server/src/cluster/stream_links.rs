@@ -74,6 +74,18 @@ pub fn replicated_stream(broker: &Broker, key: &StreamKey) -> Option<(Arc<Stream
 }
 
 impl Cluster {
+    /// Where each node's stream-protocol clients connect (host, port), by node id: this node's
+    /// and each linked peer's, as their handshakes said. A node without a stream listener, or
+    /// not linked now, is left out, as RabbitMQ leaves out a node it cannot reach.
+    pub fn stream_endpoints(&self) -> std::collections::HashMap<u64, (String, u16)> {
+        let peers = self.links.peers().into_iter().filter(|peer| peer.connected).map(|peer| peer.hello);
+        std::iter::once(self.links.local_hello())
+            .chain(peers)
+            .filter(|hello| hello.stream_port != 0)
+            .map(|hello| (hello.node_id, (hello.stream_host, hello.stream_port)))
+            .collect()
+    }
+
     /// A stream's leadership in force here.
     pub fn stream_leadership(&self, key: &StreamKey) -> Option<Leadership> {
         self.state.lock().stream_leaders.get(key).cloned()
@@ -138,7 +150,9 @@ pub fn receive(broker: &Broker, from: u64, body: Bytes) {
         ReplicaMessage::Fetch(key, _)
         | ReplicaMessage::Data(key, _)
         | ReplicaMessage::Publish(key, _)
-        | ReplicaMessage::Published(key, _) => key,
+        | ReplicaMessage::Published(key, _)
+        | ReplicaMessage::PublishEntries(key, _)
+        | ReplicaMessage::StoreOffset(key, _) => key,
     };
     match replicated_stream(broker, key) {
         Some((_, replication)) => replication.receive(from, message),

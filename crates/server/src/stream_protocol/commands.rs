@@ -5,6 +5,7 @@
 use super::registry::{CreateRefusal, StreamEntry};
 use super::session::{Flow, Session};
 use crate::auth::Access;
+use crate::stream::replication::{CommitWaiter, ForwardedEntry, StreamKey, StreamReplication};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use storage::stream::chunk::EntryBatch;
@@ -83,11 +84,6 @@ impl Session {
             None => Some(ResponseCode::PublisherDoesNotExist),
             Some(publisher) if !self.permitted(Access::Write, &publisher.stream) => Some(ResponseCode::AccessRefused),
             Some(publisher) if publisher.entry.is_deleted() => Some(ResponseCode::StreamNotAvailable),
-            // A replicated stream takes publishes on its leader only (as RabbitMQ's replicas
-            // refuse them): clients find the leader through `metadata`.
-            Some(publisher) if publisher.entry.queue.replication().is_some_and(|replication| replication.leading_epoch().is_none()) => {
-                Some(ResponseCode::StreamNotAvailable)
-            }
             Some(_) => None,
         };
         if let Some(code) = refusal {
@@ -97,6 +93,12 @@ impl Session {
             return Flow::Continue;
         }
         let Some(publisher) = self.publishers.get(&publisher_id) else { return Flow::Continue };
+        // A replicated stream is written by its leader: on another member the publish goes
+        // there, as RabbitMQ routes a publish from any node to the stream's leader.
+        if let Some(replication) = publisher.entry.queue.replication().filter(|replication| replication.leading_epoch().is_none()) {
+            let (replication, reference) = (replication.clone(), publisher.reference.clone());
+            return self.forward_publish(publisher_id, &replication, reference, messages);
+        }
         let stream = publisher.entry.stream.clone();
         let reference = publisher.reference.clone();
         // Deduplication: with a reference, an entry whose id is not above the last one stored is
@@ -143,7 +145,7 @@ impl Session {
                     // Confirmed once the cluster commits it, not once it is on this disk.
                     (Some(replication), Some(epoch)) => {
                         replication.request_sync();
-                        let waiter = crate::stream::replication::CommitWaiter::Callback(callback);
+                        let waiter = CommitWaiter::Callback(callback);
                         replication.when_committed(first_offset + records, epoch, waiter);
                     }
                     (Some(_), None) => callback(false),
@@ -153,6 +155,39 @@ impl Session {
             }
             Err(error) => self.publish_failed(publisher_id, publishing_ids, error.to_string()),
         }
+    }
+
+    /// Sends a publish to the stream's leader whole, publishing ids and all (the leader
+    /// deduplicates against its own tracking); confirmed once the leader says it is committed.
+    fn forward_publish(
+        &mut self,
+        publisher_id: u8,
+        replication: &StreamReplication,
+        reference: Option<Text>,
+        messages: PublishedMessages,
+    ) -> Flow {
+        let count = (messages.message_count as usize).min(65_536);
+        let (mut entries, mut publishing_ids, mut data) = (Vec::with_capacity(count), Vec::with_capacity(count), Vec::new());
+        for published in messages.iter() {
+            let raw = published.entry.raw();
+            publishing_ids.push(published.publishing_id);
+            // A frame's length is a u32: so is any entry's in it.
+            let length = u32::try_from(raw.len()).unwrap_or(u32::MAX);
+            entries.push(ForwardedEntry {
+                publishing_id: published.publishing_id,
+                records: u32::from(published.entry.record_count()),
+                length,
+            });
+            data.extend_from_slice(raw);
+        }
+        self.unconfirmed += publishing_ids.len() as u64;
+        let confirms = self.confirms.clone();
+        let waiter = CommitWaiter::Callback(Box::new(move |durable: bool| {
+            let _ = confirms.send(Confirmed { publisher_id, publishing_ids, durable });
+        }));
+        let reference = reference.map(|reference| bytes::Bytes::copy_from_slice(reference.as_bytes()));
+        replication.forward_entries(reference, entries, bytes::Bytes::from(data), waiter);
+        Flow::Continue
     }
 
     fn publish_failed(&mut self, publisher_id: u8, publishing_ids: Vec<u64>, why: String) -> Flow {
@@ -270,6 +305,13 @@ impl Session {
             tracing::warn!(peer = %self.peer, stream = %stream, "offset stored on a stream that does not exist");
             return Flow::Continue;
         };
+        // Only a replicated stream's leader writes it: another member sends the offset there.
+        if let Some(replication) = entry.queue.replication().filter(|replication| replication.leading_epoch().is_none()) {
+            if !replication.forward_stored_offset(bytes::Bytes::copy_from_slice(reference.as_bytes()), offset) {
+                tracing::warn!(peer = %self.peer, stream = %stream, "offset not stored: the stream's leader is not reachable");
+            }
+            return Flow::Continue;
+        }
         match entry.stream.store_offset(reference.as_bytes(), offset, now_ms()) {
             Ok(()) => match entry.queue.replication() {
                 Some(replication) => replication.request_sync(),
@@ -302,21 +344,66 @@ impl Session {
         streams.sort();
         streams.dedup();
         streams.reverse();
-        let exists = |name: &Text| self.node.registry.get(self.vhost(), &name.to_string_lossy()).is_some();
-        let any = streams.iter().any(exists);
-        let streams: Vec<StreamMetadata> = streams
+        let topologies: Vec<(Text, Option<Topology>)> = streams
             .into_iter()
-            .map(|stream| match exists(&stream) {
-                true => StreamMetadata { stream, code: ResponseCode::Ok, leader: 0, replicas: Vec::new() },
-                false => StreamMetadata { stream, code: ResponseCode::StreamDoesNotExist, leader: NO_LEADER, replicas: Vec::new() },
+            .map(|stream| {
+                let topology = self.topology(&stream);
+                (stream, topology)
             })
             .collect();
-        let brokers = if any {
-            vec![Broker { reference: 0, host: Text::from(self.node.advertised_host.as_str()), port: u32::from(self.node.advertised_port) }]
-        } else {
-            Vec::new()
-        };
+        // Every node named, once, each referred to by its place in the list.
+        let mut endpoints: Vec<Endpoint> = topologies
+            .iter()
+            .filter_map(|(_, topology)| topology.as_ref())
+            .flat_map(|topology| topology.leader.iter().chain(&topology.replicas).cloned())
+            .collect();
+        endpoints.sort();
+        endpoints.dedup();
+        let reference = |endpoint: &Endpoint| endpoints.binary_search(endpoint).map_or(NO_LEADER, |index| index as u16);
+        let streams: Vec<StreamMetadata> = topologies
+            .into_iter()
+            .map(|(stream, topology)| match topology {
+                Some(topology) => StreamMetadata {
+                    stream,
+                    code: ResponseCode::Ok,
+                    leader: topology.leader.as_ref().map_or(NO_LEADER, reference),
+                    replicas: topology.replicas.iter().map(reference).collect(),
+                },
+                None => StreamMetadata { stream, code: ResponseCode::StreamDoesNotExist, leader: NO_LEADER, replicas: Vec::new() },
+            })
+            .collect();
+        let brokers = endpoints
+            .iter()
+            .enumerate()
+            .map(|(index, (host, port))| Broker { reference: index as u16, host: Text::from(host.as_str()), port: u32::from(*port) })
+            .collect();
         self.send(&ServerCommand::MetadataResponse { correlation_id, brokers, streams });
         Flow::Continue
     }
+
+    /// Where a stream is led and copied, as its clients connect: `None` when it does not exist.
+    /// A replicated stream's members whose node is not linked now are left out (RabbitMQ leaves
+    /// out a node it cannot reach); its leader is unnamed while it has none reachable.
+    fn topology(&self, stream: &Text) -> Option<Topology> {
+        let entry = self.node.registry.get(self.vhost(), &stream.to_string_lossy())?;
+        let own = (self.node.advertised_host.clone(), self.node.advertised_port);
+        let cluster = self.node.broker.cluster.get().filter(|_| entry.queue.replication().is_some());
+        let key = StreamKey { vhost: self.vhost().to_string(), name: stream.to_string_lossy() };
+        let Some((cluster, leadership)) = cluster.and_then(|cluster| Some((cluster, cluster.stream_leadership(&key)?))) else {
+            return Some(Topology { leader: Some(own), replicas: Vec::new() });
+        };
+        let endpoints = cluster.stream_endpoints();
+        let endpoint = |id: u64| if id == cluster.node_id { Some(own.clone()) } else { endpoints.get(&id).cloned() };
+        let replicas = leadership.members.iter().filter(|&&id| id != leadership.leader).filter_map(|&id| endpoint(id)).collect();
+        Some(Topology { leader: endpoint(leadership.leader), replicas })
+    }
+}
+
+/// A node's stream endpoint: the host and port its clients connect to.
+type Endpoint = (String, u16);
+
+/// A stream's leader and replicas, as `metadata` names them.
+struct Topology {
+    leader: Option<Endpoint>,
+    replicas: Vec<Endpoint>,
 }

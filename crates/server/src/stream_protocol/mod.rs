@@ -62,11 +62,17 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
+/// The host this node's stream clients are told to connect to (`metadata`, peer properties),
+/// and its cluster peers too.
+pub fn advertised_host(config: &crate::config::ServerConfig) -> String {
+    config.stream_advertised_host.clone().unwrap_or_else(host_name)
+}
+
 /// Serves stream-protocol connections on `listener` until the runtime stops. Connections beyond `connection_max` wait in the kernel's backlog, as AMQP's do.
 pub async fn serve(broker: Arc<Broker>, listener: TcpListener) {
     let port = listener.local_addr().map(|address| address.port()).unwrap_or(broker.config.stream_port);
     let registry = Arc::new(StreamRegistry::new(broker.clone()));
-    let advertised_host = broker.config.stream_advertised_host.clone().unwrap_or_else(host_name);
+    let advertised_host = advertised_host(&broker.config);
     let node = Arc::new(Node { broker: broker.clone(), registry, advertised_host, advertised_port: port });
     let slots = Arc::new(Semaphore::new(broker.config.connection_max.min(Semaphore::MAX_PERMITS)));
     tracing::info!(port, "Lepus is accepting RabbitMQ Stream protocol connections");

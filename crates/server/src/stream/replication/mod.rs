@@ -20,6 +20,7 @@
 //!   part (Kafka's leader-epoch rule) before it takes the leader's chunks.
 //! - One thread per replicated stream on each member runs its role: [`worker`].
 
+mod forwarded;
 pub mod marks;
 pub mod wire;
 mod worker;
@@ -36,7 +37,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use storage::stream::{Stream, StreamTail};
 use storage::syncer::Syncer;
-pub use wire::{ReplicaMessage, StreamKey, STREAM_REPLICATION_CHANNEL};
+pub use wire::{ForwardedEntries, ForwardedEntry, ReplicaMessage, StoredOffset, StreamKey, STREAM_REPLICATION_CHANNEL};
 
 /// How long a follower waits without a word from its leader before it runs an election (a
 /// leader answers a waiting fetch at least every [`worker::HEARTBEAT_MS`]).
@@ -212,6 +213,27 @@ impl StreamReplication {
     /// A publish to a member that does not lead the stream: the record goes to the leader,
     /// which appends it and answers once it is committed (or not).
     pub fn forward(&self, record: bytes::Bytes, waiter: CommitWaiter) {
+        self.forward_with(waiter, |key, request| ReplicaMessage::Publish(key, wire::Forwarded { request, records: vec![record] }));
+    }
+
+    /// A stream-protocol publish to a member that does not lead: forwarded whole to the leader,
+    /// which deduplicates, appends and answers once it is committed (or not).
+    pub fn forward_entries(&self, reference: Option<Bytes>, entries: Vec<ForwardedEntry>, data: Bytes, waiter: CommitWaiter) {
+        self.forward_with(waiter, |key, request| {
+            ReplicaMessage::PublishEntries(key, ForwardedEntries { request, reference, entries, data })
+        });
+    }
+
+    /// A consumer's offset stored through a member that does not lead: written by the leader
+    /// (false when it could not be sent; the protocol has no answer to give).
+    pub fn forward_stored_offset(&self, reference: Bytes, offset: u64) -> bool {
+        let message = ReplicaMessage::StoreOffset(self.key.clone(), StoredOffset { reference, offset });
+        self.transport.send(self.leader(), message.encode())
+    }
+
+    /// Sends the message `build` makes under a new request number to the leader; `waiter` is
+    /// settled by its answer, or failed now when there is no leader to send it to.
+    fn forward_with(&self, waiter: CommitWaiter, build: impl FnOnce(StreamKey, u64) -> ReplicaMessage) {
         let leader = self.leader();
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         {
@@ -222,8 +244,7 @@ impl StreamReplication {
             }
             forwarded.insert(request, (Instant::now(), waiter));
         }
-        let message = ReplicaMessage::Publish(self.key.clone(), wire::Forwarded { request, records: vec![record] });
-        if !self.transport.send(leader, message.encode()) {
+        if !self.transport.send(leader, build(self.key.clone(), request).encode()) {
             self.fail_forwarded(|number| number == request);
         }
     }

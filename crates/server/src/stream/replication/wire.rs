@@ -18,6 +18,12 @@ const KIND_FETCH: u8 = 1;
 const KIND_DATA: u8 = 2;
 const KIND_PUBLISH: u8 = 3;
 const KIND_PUBLISHED: u8 = 4;
+const KIND_PUBLISH_ENTRIES: u8 = 5;
+const KIND_STORE_OFFSET: u8 = 6;
+
+/// Bytes one forwarded entry takes in [`ForwardedEntries`]' index: its publishing id, record
+/// count and length.
+const FORWARDED_ENTRY_INDEX_BYTES: usize = 16;
 
 /// No cut ([`Data::truncate_to`]).
 const NO_TRUNCATION: u64 = u64::MAX;
@@ -69,6 +75,48 @@ pub enum ReplicaMessage {
     Publish(StreamKey, Forwarded),
     /// The leader's answer: committed (confirm) or not (nack).
     Published(StreamKey, Outcome),
+    /// A member that does not lead the stream forwards a stream-protocol publish (entries as
+    /// the client sent them, with their publishing ids) to the leader, as RabbitMQ routes a
+    /// publish from any node to the stream's leader. Answered by `Published`.
+    PublishEntries(StreamKey, ForwardedEntries),
+    /// A member that does not lead the stream forwards a consumer's stored offset to the
+    /// leader (a tracking chunk only the leader can write). Not answered, as the protocol's
+    /// `store_offset` is not.
+    StoreOffset(StreamKey, StoredOffset),
+}
+
+/// One stream-protocol publish frame forwarded to the leader, which deduplicates it by the
+/// publisher's reference (its own tracking is the one that counts) before appending it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardedEntries {
+    /// The forwarding member's number for it.
+    pub request: u64,
+    /// The publisher's reference (deduplication), if it has one.
+    pub reference: Option<Bytes>,
+    /// Each entry's publishing id, record count and length, in order.
+    pub entries: Vec<ForwardedEntry>,
+    /// The entries' bytes (as the client sent them), one after the other.
+    pub data: Bytes,
+}
+
+/// One entry of [`ForwardedEntries`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardedEntry {
+    /// The publisher's id for it.
+    pub publishing_id: u64,
+    /// Records in it (1, or a sub-entry batch's count).
+    pub records: u32,
+    /// Its bytes in [`ForwardedEntries::data`].
+    pub length: u32,
+}
+
+/// A consumer's offset stored through a member that does not lead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredOffset {
+    /// The consumer's reference.
+    pub reference: Bytes,
+    /// The offset.
+    pub offset: u64,
 }
 
 /// Publishes a member forwards.
@@ -129,6 +177,17 @@ impl ReplicaMessage {
                 writer.u64(outcome.request);
                 writer.u8(u8::from(outcome.committed));
             }
+            ReplicaMessage::PublishEntries(key, forwarded) => {
+                writer.u8(KIND_PUBLISH_ENTRIES);
+                put_key(&mut writer, key);
+                put_forwarded_entries(&mut writer, forwarded);
+            }
+            ReplicaMessage::StoreOffset(key, stored) => {
+                writer.u8(KIND_STORE_OFFSET);
+                put_key(&mut writer, key);
+                writer.bytes(&stored.reference);
+                writer.u64(stored.offset);
+            }
         }
         Bytes::from(out)
     }
@@ -175,6 +234,14 @@ impl ReplicaMessage {
                 let key = key(&mut reader)?;
                 ReplicaMessage::Published(key, Outcome { request: reader.u64()?, committed: reader.u8()? != 0 })
             }
+            KIND_PUBLISH_ENTRIES => {
+                let key = key(&mut reader)?;
+                ReplicaMessage::PublishEntries(key, read_forwarded_entries(&mut reader)?)
+            }
+            KIND_STORE_OFFSET => {
+                let key = key(&mut reader)?;
+                ReplicaMessage::StoreOffset(key, StoredOffset { reference: reader.bytes()?, offset: reader.u64()? })
+            }
             kind => return Err(DecodeError::Invalid { field: "stream replication message kind", value: u64::from(kind) }),
         };
         if !reader.is_at_end() {
@@ -182,6 +249,38 @@ impl ReplicaMessage {
         }
         Ok(message)
     }
+}
+
+fn put_forwarded_entries(writer: &mut Writer<'_>, forwarded: &ForwardedEntries) {
+    writer.u64(forwarded.request);
+    // References are 1 to 255 bytes: empty says there is none.
+    writer.bytes(forwarded.reference.as_deref().unwrap_or_default());
+    writer.u32(forwarded.entries.len() as u32);
+    for entry in &forwarded.entries {
+        writer.u64(entry.publishing_id);
+        writer.u32(entry.records);
+        writer.u32(entry.length);
+    }
+    writer.bytes(&forwarded.data);
+}
+
+fn read_forwarded_entries(reader: &mut Reader) -> Result<ForwardedEntries, DecodeError> {
+    let request = reader.u64()?;
+    let reference = reader.bytes()?;
+    let count = reader.u32()? as usize;
+    if count > reader.remaining() / FORWARDED_ENTRY_INDEX_BYTES {
+        return Err(DecodeError::Invalid { field: "forwarded entry count", value: count as u64 });
+    }
+    let mut entries = Vec::with_capacity(count);
+    for _ in 0..count {
+        entries.push(ForwardedEntry { publishing_id: reader.u64()?, records: reader.u32()?, length: reader.u32()? });
+    }
+    let data = reader.bytes()?;
+    let indexed: u64 = entries.iter().map(|entry| u64::from(entry.length)).sum();
+    if indexed != data.len() as u64 {
+        return Err(DecodeError::Invalid { field: "forwarded entry bytes", value: indexed });
+    }
+    Ok(ForwardedEntries { request, reference: (!reference.is_empty()).then_some(reference), entries, data })
 }
 
 fn put_key(writer: &mut Writer<'_>, key: &StreamKey) {
@@ -220,5 +319,25 @@ mod tests {
         let published = ReplicaMessage::Published(key.clone(), Outcome { request: 5, committed: true });
         assert_eq!(ReplicaMessage::decode(published.encode()), Ok(published));
         assert!(ReplicaMessage::decode(Bytes::from_static(&[9, 0, 0])).is_err());
+    }
+
+    #[test]
+    fn forwarded_stream_publishes_read_back_and_a_lying_index_is_refused() {
+        let key = StreamKey { vhost: "/".to_string(), name: "events".to_string() };
+        let entries =
+            vec![ForwardedEntry { publishing_id: 7, records: 1, length: 5 }, ForwardedEntry { publishing_id: 8, records: 3, length: 2 }];
+        for reference in [None, Some(Bytes::from_static(b"producer-1"))] {
+            let forwarded = ForwardedEntries { request: 9, reference, entries: entries.clone(), data: Bytes::from_static(b"hello..") };
+            let message = ReplicaMessage::PublishEntries(key.clone(), forwarded);
+            let encoded = message.encode();
+            assert_eq!(ReplicaMessage::decode(encoded.clone()), Ok(message));
+            for cut in 0..encoded.len() {
+                assert!(ReplicaMessage::decode(encoded.slice(..cut)).is_err(), "a message cut at {cut} was taken");
+            }
+        }
+        let lying = ForwardedEntries { request: 9, reference: None, entries, data: Bytes::from_static(b"hello.") };
+        assert!(ReplicaMessage::decode(ReplicaMessage::PublishEntries(key.clone(), lying).encode()).is_err());
+        let stored = ReplicaMessage::StoreOffset(key, StoredOffset { reference: Bytes::from_static(b"consumer"), offset: 42 });
+        assert_eq!(ReplicaMessage::decode(stored.encode()), Ok(stored));
     }
 }

@@ -2,7 +2,7 @@
 //! followers' fetches and commits what a majority synced; as follower it fetches, copies,
 //! syncs and acknowledges, and runs an election when its leader falls silent.
 
-use super::wire::{Data, Fetch, Forwarded, Outcome, ReplicaMessage, DATA_BYTES_MAX};
+use super::wire::{Data, Fetch, ReplicaMessage, DATA_BYTES_MAX};
 use super::{Event, Leadership, StreamReplication, LEADER_SILENCE_MS};
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -165,7 +165,9 @@ impl Worker {
         match message {
             ReplicaMessage::Fetch(_, fetch) => self.fetched(from, fetch),
             ReplicaMessage::Data(_, data) => self.data(from, data),
-            ReplicaMessage::Publish(_, forwarded) => self.publish_forwarded(from, forwarded),
+            ReplicaMessage::Publish(_, forwarded) => self.shared.append_forwarded_records(from, forwarded),
+            ReplicaMessage::PublishEntries(_, forwarded) => self.shared.append_forwarded_entries(from, forwarded),
+            ReplicaMessage::StoreOffset(_, stored) => self.shared.store_forwarded_offset(stored),
             ReplicaMessage::Published(..) => {}
         }
     }
@@ -222,32 +224,6 @@ impl Worker {
             tracing::warn!(stream = %self.shared.key.name, %error, "could not write the stream's commit mark");
         }
         self.commit_mark = (committed, Instant::now());
-    }
-
-    /// Leader: publishes another member forwarded, answered once committed (or at once, not
-    /// taken, when this node does not lead).
-    fn publish_forwarded(&mut self, from: u64, forwarded: Forwarded) {
-        let key = self.shared.key.clone();
-        let transport = self.shared.transport.clone();
-        let request = forwarded.request;
-        let answer = move |committed: bool| {
-            transport.send(from, ReplicaMessage::Published(key, Outcome { request, committed }).encode());
-        };
-        let Some(epoch) = self.shared.leading_epoch() else { return answer(false) };
-        let mut next_offset = None;
-        for record in &forwarded.records {
-            match self.shared.stream.append_record(record, now_ms()) {
-                Ok(offset) => next_offset = Some(offset + 1),
-                Err(error) => {
-                    tracing::warn!(stream = %self.shared.key.name, %error, "a forwarded publish could not be appended");
-                    next_offset = None;
-                    break;
-                }
-            }
-        }
-        let Some(next_offset) = next_offset else { return answer(false) };
-        self.shared.request_sync();
-        self.shared.when_committed(next_offset, epoch, super::CommitWaiter::Callback(Box::new(answer)));
     }
 
     /// Leader: a follower's fetch, which also acknowledges what it synced. A node that is not
