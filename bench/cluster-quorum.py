@@ -17,6 +17,7 @@ environment: DURATION_S (20), WARMUP_S (5), FAILOVERS (20), RABBITMQ (1; 0: Lepu
 import json
 import os
 import shutil
+import shlex
 import signal
 import socket
 import statistics
@@ -24,9 +25,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 import base64
 import glob
+
+# interop/free_ports.py: ports below the ephemeral range, or from INTEROP_PORTS=FIRST-LAST on a
+# machine shared with other runs.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
+from free_ports import free_port  # noqa: E402
 
 LEPUS_BIN, OUT = sys.argv[1], sys.argv[2]
 DURATION_S = int(os.environ.get("DURATION_S", "20"))
@@ -40,12 +47,6 @@ WORKLOADS = [
     ("1p1c-1KiB", ["--message-size", "1024", "--producers", "1", "--consumers", "1"]),
     ("10q-10p10c-16B", ["--message-size", "16", "--producers", "1", "--consumers", "1", "--num-destinations", "10"]),
 ]
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def port_open(port):
@@ -80,20 +81,40 @@ def api(port, path, method="GET"):
         return json.loads(answer.read() or b"null")
 
 
+def stream_url(port):
+    return f"rabbitmq-stream://guest:guest@127.0.0.1:{port}/%2f"
+
+
+def wait_listening(ports, what, timeout=180):
+    deadline = time.time() + timeout
+    for port in ports:
+        while not port_open(port):
+            if time.time() > deadline:
+                raise RuntimeError(f"{what} did not listen on {port}")
+            time.sleep(0.5)
+
+
 class LepusCluster:
-    def __init__(self, directory):
+    """Three Lepus nodes; with `stream`, each also serves the stream protocol (advertising
+    127.0.0.1, so stream clients are sent to an address they can reach)."""
+
+    def __init__(self, directory, stream=False):
         self.directory = directory
         self.cluster_ports = [free_port() for _ in range(3)]
         self.amqp_ports = [free_port() for _ in range(3)]
         self.http_ports = [free_port() for _ in range(3)]
+        self.stream_ports = [free_port() for _ in range(3)] if stream else None
         self.seeds = ",".join(f"127.0.0.1:{port}" for port in self.cluster_ports)
         self.processes = [None] * 3
 
     def start_node(self, index):
-        arguments = [LEPUS_BIN, "server", "--node-name", f"n{index + 1}@localhost", "--data-dir", f"{self.directory}/n{index + 1}",
+        arguments = [LEPUS_BIN, "server", "--node-name", self.node_name(index), "--data-dir", f"{self.directory}/n{index + 1}",
                      "--bind", "127.0.0.1", "--amqp-port", str(self.amqp_ports[index]), "--http-port", str(self.http_ports[index]),
-                     "--metrics-port", "0", "--stream-port", "0", "--cluster-port", str(self.cluster_ports[index]),
-                     "--cluster-seeds", self.seeds]
+                     "--metrics-port", "0", "--cluster-port", str(self.cluster_ports[index]), "--cluster-seeds", self.seeds]
+        if self.stream_ports:
+            arguments += ["--stream-port", str(self.stream_ports[index]), "--stream-advertised-host", "127.0.0.1"]
+        else:
+            arguments += ["--stream-port", "0"]
         log = open(f"{self.directory}/n{index + 1}.log", "ab")
         self.processes[index] = subprocess.Popen(arguments, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "LEPUS_LOG": "warn"})
 
@@ -101,6 +122,8 @@ class LepusCluster:
         for index in range(3):
             self.start_node(index)
         self.wait_formed()
+        if self.stream_ports:
+            wait_listening(self.stream_ports, "a Lepus node's stream listener")
 
     def wait_formed(self, timeout=60):
         deadline = time.time() + timeout
@@ -117,6 +140,16 @@ class LepusCluster:
     def urls(self):
         return [f"amqp://guest:guest@127.0.0.1:{port}/%2F" for port in self.amqp_ports]
 
+    def stream_urls(self):
+        return [stream_url(port) for port in self.stream_ports]
+
+    def node_name(self, index):
+        return f"n{index + 1}@localhost"
+
+    def stream_leader(self, stream):
+        """The stream's leader as the first node's management API names it."""
+        return api(self.http_ports[0], f"/queues/%2F/{urllib.parse.quote(stream, safe='')}").get("leader")
+
     def pids(self):
         return [process.pid for process in self.processes if process and process.poll() is None]
 
@@ -127,12 +160,27 @@ class LepusCluster:
                 process.wait(timeout=60)
 
 
+def rabbitmq_tool(tool, *arguments):
+    """The command line of a RabbitMQ CLI tool. Debian links rabbitmqctl and a few others into
+    /usr/sbin through a wrapper that runs them as the rabbitmq user (whose Erlang cookie the
+    nodes share), but not rabbitmq-streams: that one is run the way the wrapper would."""
+    if shutil.which(tool):
+        return [tool, *arguments]
+    return ["su", "rabbitmq", "-s", "/bin/sh", "-c", shlex.join([f"/usr/lib/rabbitmq/bin/{tool}", *arguments])]
+
+
 class RabbitCluster:
-    def __init__(self, directory):
+    """Three RabbitMQ nodes; with `stream`, each runs the rabbitmq_stream plugin, listening on its
+    own port and advertising 127.0.0.1. Osiris, which copies a stream between nodes, listens on
+    a port of `replication_ports` (FIRST-LAST) per follower; RabbitMQ's default is 6000-6500."""
+
+    def __init__(self, directory, stream=False, replication_ports=None):
         self.directory = directory
         self.names = [f"lepus-cq{index}-{os.getpid()}@localhost" for index in range(3)]
         self.amqp_ports = [free_port() for _ in range(3)]
         self.dist_ports = [free_port() for _ in range(3)]
+        self.stream_ports = [free_port() for _ in range(3)] if stream else None
+        self.replication_ports = replication_ports
 
     def ctl(self, index, *arguments, check=True):
         return subprocess.run(["rabbitmqctl", "-n", self.names[index], *arguments], capture_output=True, text=True, timeout=120, check=check)
@@ -142,14 +190,12 @@ class RabbitCluster:
             base = f"{self.directory}/r{index}"
             os.makedirs(f"{base}/mnesia", exist_ok=True)
             os.makedirs(f"{base}/log", exist_ok=True)
-            with open(f"{base}/enabled_plugins", "w") as plugins:
-                plugins.write("[].\n")
-            with open(f"{base}/rabbitmq.conf", "w") as config:
-                config.write(f"listeners.tcp.default = {self.amqp_ports[index]}\nloopback_users = none\n")
-            subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", self.directory], check=False)
             environment = {**os.environ, "RABBITMQ_NODENAME": self.names[index], "RABBITMQ_DIST_PORT": str(self.dist_ports[index]),
                            "RABBITMQ_CONFIG_FILE": f"{base}/rabbitmq.conf", "RABBITMQ_MNESIA_BASE": f"{base}/mnesia",
-                           "RABBITMQ_LOG_BASE": f"{base}/log", "RABBITMQ_ENABLED_PLUGINS_FILE": f"{base}/enabled_plugins"}
+                           "RABBITMQ_LOG_BASE": f"{base}/log", "RABBITMQ_ENABLED_PLUGINS_FILE": f"{base}/enabled_plugins",
+                           "RABBITMQ_ADVANCED_CONFIG_FILE": f"{base}/advanced.config"}
+            self.write_configuration(index, base)
+            subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", self.directory], check=False)
             subprocess.Popen(["rabbitmq-server"], env=environment, stdout=open(f"{base}/server.out", "ab"), stderr=subprocess.STDOUT)
         for index in range(3):
             deadline = time.time() + 180
@@ -164,9 +210,43 @@ class RabbitCluster:
         running = self.ctl(0, "cluster_status").stdout
         if any(name not in running for name in self.names):
             raise RuntimeError(f"RabbitMQ nodes did not cluster: {running}")
+        if self.stream_ports:
+            # start_app after join_cluster starts the stream listener again.
+            wait_listening(self.stream_ports, "a RabbitMQ node's stream listener")
+
+    def write_configuration(self, index, base):
+        lines = [f"listeners.tcp.default = {self.amqp_ports[index]}", "loopback_users = none"]
+        plugins = "[]"
+        advanced = "[]"
+        if self.stream_ports:
+            plugins = "[rabbitmq_stream]"
+            lines += [f"stream.listeners.tcp.1 = {self.stream_ports[index]}", "stream.advertised_host = 127.0.0.1"]
+            if self.replication_ports:
+                # 3.10.8's rabbitmq.conf has no key for osiris's range: advanced.config sets it.
+                first, last = self.replication_ports
+                advanced = f"[{{osiris, [{{port_range, {{{first}, {last}}}}}]}}]"
+        with open(f"{base}/enabled_plugins", "w") as out:
+            out.write(plugins + ".\n")
+        with open(f"{base}/rabbitmq.conf", "w") as out:
+            out.write("\n".join(lines) + "\n")
+        with open(f"{base}/advanced.config", "w") as out:
+            out.write(advanced + ".\n")
 
     def urls(self):
         return [f"amqp://guest:guest@127.0.0.1:{port}/%2F" for port in self.amqp_ports]
+
+    def stream_urls(self):
+        return [stream_url(port) for port in self.stream_ports]
+
+    def node_name(self, index):
+        return self.names[index]
+
+    def stream_leader(self, stream):
+        """The member whose role is `writer` in `rabbitmq-streams stream_status`."""
+        answer = subprocess.run(rabbitmq_tool("rabbitmq-streams", "-n", self.names[0], "stream_status", stream, "--formatter", "json"),
+                                capture_output=True, text=True, timeout=120, check=True)
+        members = json.loads(answer.stdout)
+        return next((member.get("node") for member in members if member.get("role") == "writer"), None)
 
     def pids(self):
         pids = []
@@ -181,12 +261,12 @@ class RabbitCluster:
             self.ctl(index, "stop", check=False)
 
 
-def run_workload(broker, cluster, name, arguments):
+def run_workload(broker, cluster, name, arguments, queue_type="quorum"):
     step = f"{name}--{broker}"
     pids = cluster.pids()
     load_before = load_average()
     before = cpu_s(pids)
-    command = [LEPUS_BIN, "perf", "client", "--queue-type", "quorum", "--persistent", "--warmup", str(WARMUP_S), "--duration", str(DURATION_S),
+    command = [LEPUS_BIN, "perf", "client", "--queue-type", queue_type, "--persistent", "--warmup", str(WARMUP_S), "--duration", str(DURATION_S),
                "--json", f"{OUT}/{step}.json"]
     for url in cluster.urls():
         command += ["--url", url]
