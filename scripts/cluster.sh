@@ -25,7 +25,7 @@ start() {
     fi
     "$lepus" server --node-name "$name@localhost" --data-dir "$directory/$name" --bind 127.0.0.1 \
       --amqp-port $((5672 + offset + index)) --http-port $((15672 + offset + index)) --metrics-port $((15692 + offset + index)) \
-      --stream-port $((5552 + offset + index)) --cluster-port $((25672 + offset + index)) --cluster-seeds "$seeds" >>"$directory/$name.log" 2>&1 &
+      --stream-port $((5552 + offset + index)) --stream-advertised-host 127.0.0.1 --cluster-port $((25672 + offset + index)) --cluster-seeds "$seeds" >>"$directory/$name.log" 2>&1 &
     echo $! >"$directory/$name.pid"
     echo "$name: amqp://guest:guest@127.0.0.1:$((5672 + offset + index))/  http://127.0.0.1:$((15672 + offset + index))/  log $directory/$name.log"
   done

@@ -16,15 +16,16 @@ from cluster_harness import eventually
 STREAM = {"x-queue-type": "stream"}
 
 
-def declare_stream(node, name):
+def declare_stream(node, name, arguments=None):
     connection = pika.BlockingConnection(pika.URLParameters(node.url()))
-    connection.channel().queue_declare(name, durable=True, arguments=STREAM)
+    connection.channel().queue_declare(name, durable=True, arguments={**STREAM, **(arguments or {})})
     connection.close()
 
 
-def declare_everywhere(cluster, node, name):
-    """Declares stream `name` through `node`; returns once every node lists it."""
-    declare_stream(node, name)
+def declare_everywhere(cluster, node, name, arguments=None):
+    """Declares stream `name` through `node` (with `arguments` beside the type); returns once every
+    node lists it."""
+    declare_stream(node, name, arguments)
     for each in cluster.nodes:
         eventually(lambda each=each: each.get(f"/queues/%2F/{name}").ok, what=f"the stream on {each.name}")
 
@@ -139,21 +140,20 @@ def test_kill_9_of_the_leaders_node_elects_another_member_and_nothing_confirmed_
     assert "electing a stream leader" in second.log() + third.log()
 
 
-def test_a_confirm_waits_for_a_majority_of_the_members(cluster):
-    first, second, third = cluster.nodes
-    declare_everywhere(cluster, first, "audit")
-    publish_confirmed(first, "audit", ["before"])
-    connection = pika.BlockingConnection(pika.URLParameters(first.url()))
+def assert_confirm_held_until_resumed(publisher, queue, stopped, resumed):
+    """Publishes one message through `publisher` with every node of `stopped` SIGSTOPped: no
+    confirm for 3 s, then one once `resumed` (one of them) continues."""
+    connection = pika.BlockingConnection(pika.URLParameters(publisher.url()))
     channel = connection.channel()
     channel.confirm_delivery()
-    second.kill(signal.SIGSTOP)
-    third.kill(signal.SIGSTOP)
+    for node in stopped:
+        node.kill(signal.SIGSTOP)
     try:
         outcome = {}
 
         def publish():
             try:
-                channel.basic_publish("", "audit", b"while alone", pika.BasicProperties(delivery_mode=2))
+                channel.basic_publish("", queue, b"while alone", pika.BasicProperties(delivery_mode=2))
                 outcome["confirmed_at"] = time.time()
             except pika.exceptions.AMQPError as error:
                 outcome["error"] = error
@@ -165,16 +165,42 @@ def test_a_confirm_waits_for_a_majority_of_the_members(cluster):
         thread.start()
         thread.join(timeout=3)
         assert thread.is_alive() and not outcome, f"confirmed without a majority: {outcome}"
-        second.kill(signal.SIGCONT)
+        resumed.kill(signal.SIGCONT)
         resumed_at = time.time()
         thread.join(timeout=20)
         assert outcome.get("confirmed_at", 0) >= resumed_at, f"not confirmed once a majority was back: {outcome}"
         assert outcome["confirmed_at"] - stopped_at >= 3
     finally:
-        second.kill(signal.SIGCONT)
-        third.kill(signal.SIGCONT)
+        for node in stopped:
+            node.kill(signal.SIGCONT)
     connection.close()
+
+
+def test_a_confirm_waits_for_a_majority_of_the_members(cluster):
+    first, second, third = cluster.nodes
+    declare_everywhere(cluster, first, "audit")
+    publish_confirmed(first, "audit", ["before"])
+    assert_confirm_held_until_resumed(first, "audit", [second, third], second)
     assert [body for _, body in read_stream(second, "audit", 2)] == ["before", "while alone"]
+
+
+def test_x_initial_cluster_size_names_the_members_and_other_nodes_copy_without_counting(cluster):
+    """Two members of three (RabbitMQ's `x-initial-cluster-size`): management names two, the
+    commit needs both, and the third node, which keeps a copy as a learner, serves its readers
+    but does not count: with the other member stopped, nothing is confirmed."""
+    first, second, third = cluster.nodes
+    declare_everywhere(cluster, first, "sized", {"x-initial-cluster-size": 2})
+    info = first.get("/queues/%2F/sized").json()
+    assert info["leader"] == first.name and len(info["members"]) == 2 and first.name in info["members"], info
+    member = next(node for node in (second, third) if node.name in info["members"])
+    learner = third if member is second else second
+    publish_confirmed(first, "sized", ["one"])
+    assert_confirm_held_until_resumed(first, "sized", [member], member)
+    for node in cluster.nodes:
+        assert [body for _, body in read_stream(node, "sized", 2)] == ["one", "while alone"], node.name
+    # The learner forwards its publishes to the leader too.
+    publish_confirmed(learner, "sized", ["from the learner"])
+    assert [body for _, body in read_stream(learner, "sized", 3)] == ["one", "while alone", "from the learner"]
 
 
 def test_a_partitioned_leaders_chunks_no_majority_held_are_cut_once_it_follows_the_new_leader(proxied_cluster):

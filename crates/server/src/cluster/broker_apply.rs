@@ -201,9 +201,8 @@ impl Broker {
         let name = definition.name.clone();
         let queue_type = QueueType::from_arguments(&name, vhost, &definition.arguments)?;
         crate::queue_type::check_server_named(queue_type, server_named)?;
-        // A stream is held by every member this node knows of, led first by this node.
         let stream_members = match queue_type {
-            QueueType::Stream => cluster.members().iter().map(|member| member.id).collect(),
+            QueueType::Stream => stream_members_at_declaration(cluster, &definition.arguments),
             _ => Vec::new(),
         };
         let declaration = QueueDeclaration {
@@ -513,4 +512,16 @@ impl Broker {
             queue.forget_replayed_deletion();
         }
     }
+}
+
+/// A new stream's members, led first by this node: `x-initial-cluster-size` of them (every node
+/// without it, as RabbitMQ's default), this node and then the running nodes before the others,
+/// in id order. Every other node still keeps a copy, as a learner: it serves its own readers but
+/// does not count toward the commit and is never elected (docs/streams.md, "Replication").
+fn stream_members_at_declaration(cluster: &Cluster, arguments: &amqp_codec::FieldTable) -> Vec<u64> {
+    let mut nodes = cluster.members();
+    nodes.sort_by_key(|node| (node.id != cluster.node_id, !node.running, node.id));
+    // The argument was checked already: a positive integer.
+    let size = arguments.get("x-initial-cluster-size").and_then(|value| value.as_i64()).map_or(nodes.len(), |size| size.max(1) as usize);
+    nodes.into_iter().take(size).map(|node| node.id).collect()
 }
