@@ -2,7 +2,7 @@
 # The client suites against a three-node Lepus cluster: starts n1..n3 (scripts/cluster.sh, on
 # ports shifted by PORT_OFFSET, default 3000, data in a fresh temp directory), then runs each
 # suite named (default: python go) through n2, the way an application connects to any node.
-#   scripts/cluster-suites.sh [python] [go] [java]
+#   scripts/cluster-suites.sh [python] [go] [java] [go-stream] [java-stream]
 # Lifecycle tests (those that start their own broker) are left out: LEPUS_BIN is unset. What a
 # cluster does not do yet is deselected by name below, each with the reason, so every other test
 # must pass; the counts go in docs/cluster.md.
@@ -27,6 +27,9 @@ done
 amqp_port=$((5673 + offset))
 http_port=$((15673 + offset))
 export AMQP_URL="amqp://guest:guest@127.0.0.1:$amqp_port/"
+# The stream suites (go-stream, java-stream) connect through n2 too; their clients then follow
+# `metadata` to each stream's leader and replicas.
+export STREAM_URL="rabbitmq-stream://guest:guest@127.0.0.1:$((5553 + offset))/%2f" STREAM_FOLLOW_METADATA=1
 export LEPUS_MANAGEMENT_URL="http://guest:guest@127.0.0.1:$http_port/api" MANAGEMENT_URL="http://guest:guest@127.0.0.1:$http_port/api"
 unset LEPUS_BIN
 
@@ -51,6 +54,9 @@ for suite in $suites; do
     go) interop/go/run.sh -skip 'TestConnectionBlockedByMemoryAlarm' || failed=$((failed + 1)) ;;
     # The same two, in the Java suite: each needs a broker of its own (LEPUS_BIN).
     java) interop/java/run.sh '-Dtest=!ConnectionTest#memoryAlarmBlocksAPublishingConnectionWithConnectionBlocked,!QueueFeaturesTest#aConsumerTimeoutClosesTheChannelThatHeldADeliveryTooLong' || failed=$((failed + 1)) ;;
+    # It asserts a one-node stream's metadata (no replica); a cluster's is asserted by
+    # interop/cluster/tests/test_stream_protocol_cluster.py.
+    go-stream) interop/go-stream/run.sh -skip 'TestMetadataNamesThisBrokerAsLeader' || failed=$((failed + 1)) ;;
     *) "interop/$suite/run.sh" || failed=$((failed + 1)) ;;
   esac
 done

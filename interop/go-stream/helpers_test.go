@@ -52,7 +52,9 @@ func hostPort(t *testing.T, raw string) (string, int) {
 
 // environment opens an environment on rawURL, closed when the test ends. The address
 // resolver sends every connection (the locator's and the leader's) to the URL's address,
-// whatever host the broker advertises.
+// whatever host the broker advertises; with STREAM_FOLLOW_METADATA set (a cluster, whose nodes
+// advertise where they listen) the client connects where `metadata` says instead, producers to
+// a stream's leader and consumers to its replicas, as applications do.
 func environment(t *testing.T, rawURL string) *stream.Environment {
 	t.Helper()
 	env, err := openEnvironment(t, rawURL)
@@ -64,11 +66,12 @@ func environment(t *testing.T, rawURL string) *stream.Environment {
 
 func openEnvironment(t *testing.T, rawURL string) (*stream.Environment, error) {
 	t.Helper()
-	host, port := hostPort(t, rawURL)
-	env, err := stream.NewEnvironment(stream.NewEnvironmentOptions().
-		SetUri(rawURL).
-		SetAddressResolver(stream.AddressResolver{Host: host, Port: port}).
-		SetRPCTimeout(waitTimeout))
+	options := stream.NewEnvironmentOptions().SetUri(rawURL).SetRPCTimeout(waitTimeout)
+	if os.Getenv("STREAM_FOLLOW_METADATA") == "" {
+		host, port := hostPort(t, rawURL)
+		options = options.SetAddressResolver(stream.AddressResolver{Host: host, Port: port})
+	}
+	env, err := stream.NewEnvironment(options)
 	if err == nil {
 		t.Cleanup(func() { _ = env.Close() })
 	}
