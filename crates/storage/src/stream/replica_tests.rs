@@ -7,7 +7,7 @@ use super::index;
 use super::tests::{file_system, flush};
 use super::*;
 use crate::file_cache::FileCache;
-use crate::memory_file_system::{self, MemoryFileSystem};
+use crate::memory_file_system::{MemoryFileSystem, PowerCut};
 use crate::queue_log::SyncDue;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -340,7 +340,12 @@ fn a_crash_at_any_point_of_a_reset_and_its_first_copy_leaves_the_old_log_or_a_pa
         };
         assert!(outcome.is_err(), "the power cut at {point:?} went unnoticed");
         drop(follower);
-        let restarted = file_system.power_cut(memory_file_system::PowerCut::LoseUnsynced);
+        // Every other crash also lands the start of the last write (a torn chunk or index entry).
+        let cut = match crash_at % 2 {
+            0 => PowerCut::TearLastWrite { bytes_kept: 40 },
+            _ => PowerCut::LoseUnsynced,
+        };
+        let restarted = file_system.power_cut(cut);
         let follower = open_retained(&restarted, "follower", old_tail.next_offset);
         let tail = follower.tail();
         follower.commit_replicated(tail.next_offset);
