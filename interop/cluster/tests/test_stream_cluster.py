@@ -236,3 +236,90 @@ def test_a_partitioned_leaders_chunks_no_majority_held_are_cut_once_it_follows_t
     assert len({tuple(records) for records in reads.values()}) == 1, "the same messages at the same offsets everywhere"
     assert "cut chunks of an older epoch" in first.log(), "the old leader's uncommitted chunks were not cut"
     assert "no longer leading the stream" in first.log()
+
+
+class StreamTail(threading.Thread):
+    """A consumer of `queue` on `node` from `next`, on its own thread (pika's blocking connection
+    is not thread-safe): every (offset, body) it is delivered, until `stop` is set."""
+
+    def __init__(self, node, queue):
+        super().__init__(daemon=True)
+        self.node, self.queue = node, queue
+        self.records = []
+        self.ready = threading.Event()
+        self.stop = threading.Event()
+
+    def run(self):
+        connection = pika.BlockingConnection(pika.URLParameters(self.node.url()))
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=200)
+        for method, properties, body in channel.consume(self.queue, arguments={"x-stream-offset": "next"}, inactivity_timeout=0.5):
+            self.ready.set()
+            if method is not None:
+                self.records.append((properties.headers["x-stream-offset"], body.decode()))
+                channel.basic_ack(method.delivery_tag)
+            elif self.stop.is_set():
+                break
+        connection.close()
+
+
+def offsets_and_bodies(node, queue):
+    """Everything `node` serves of `queue` from `first`, read from its own copy."""
+    return read_stream(node, queue, 1, timeout=10)
+
+
+@pytest.mark.parametrize("away", ["stopped", "killed"])
+def test_a_follower_behind_the_leaders_retention_starts_again_at_its_first_offset(cluster, away):
+    """The third node is away (SIGSTOP, or kill -9 and a restart) while the leader's retention
+    deletes what it lacks."""
+    first, second, third = cluster.nodes
+    # Segments of a few messages, and a stream that keeps about ten of them.
+    declare_everywhere(cluster, first, "retained", {"x-max-length-bytes": 40_000, "x-stream-max-segment-size-bytes": 4_000})
+    bodies = [f"message-{number:05d}-" + "x" * 500 for number in range(400)]
+    publish_confirmed(first, "retained", bodies[:20])
+    eventually(lambda: len(offsets_and_bodies(third, "retained")) == 20, what="the first messages on the third node")
+    tail = StreamTail(third, "retained") if away == "stopped" else None
+    if tail:
+        tail.start()
+        assert tail.ready.wait(10), "the consumer on the third node did not start"
+    third_end = max(offset for offset, _ in offsets_and_bodies(third, "retained")) + 1
+    third.kill(signal.SIGSTOP if away == "stopped" else signal.SIGKILL)
+    try:
+        # Committed by the leader and the second node; the leader's retention deletes what the
+        # third node lacks.
+        publish_confirmed(first, "retained", bodies[20:])
+        leader_first = offsets_and_bodies(first, "retained")[0][0]
+        assert leader_first > third_end, f"retention kept offset {third_end}: the test needs it gone (first {leader_first})"
+    finally:
+        if away == "stopped":
+            third.kill(signal.SIGCONT)
+        else:
+            third.start()
+            third.wait_listening()
+            cluster.wait_formed(timeout=60)
+
+    def agree():
+        reads = {node.name: offsets_and_bodies(node, "retained") for node in cluster.nodes}
+        spans = {name: (records[0][0], records[-1][0], len(records)) for name, records in reads.items() if records}
+        return reads if len(spans) == 3 and len(set(spans.values())) == 1 and reads[third.name][-1][1] == bodies[-1] else None
+
+    reads = eventually(agree, timeout=60, what="the same first..last offsets on every node")
+    assert len({tuple(records) for records in reads.values()}) == 1, "the same messages at the same offsets everywhere"
+    assert [body for _, body in reads[third.name]] == bodies[-len(reads[third.name]):]
+    assert "starting again there" in third.log(), "the third node did not reset its copy"
+    if tail:
+        # Its consumer was at offsets retention deleted: it goes on from the new first offset.
+        eventually(lambda: tail.records and tail.records[-1][1] == bodies[-1], timeout=30, what="the last message at the consumer")
+        tail.stop.set()
+        tail.join(timeout=10)
+        delivered = [offset for offset, _ in tail.records]
+        assert delivered[0] > third_end and delivered == sorted(set(delivered)), delivered[:5]
+        assert delivered[-1] == reads[third.name][-1][0]
+    # A restart finds the new copy as it was left.
+    third.kill()
+    third.start()
+    third.wait_listening()
+    cluster.wait_formed(timeout=60)
+    again = eventually(lambda: (lambda records: records if records == offsets_and_bodies(first, "retained") else None)(
+        offsets_and_bodies(third, "retained")), timeout=60, what="the same copy on the restarted third node")
+    assert again[-1] == reads[first.name][-1]

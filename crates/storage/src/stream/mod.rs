@@ -146,6 +146,15 @@ pub enum StreamError {
         /// The log's end.
         next: u64,
     },
+    /// A reset to a leader's first offset asked of a log that does not end before it (or of
+    /// a stream that is not replicated): nothing it holds is to go.
+    #[error("cannot reset the stream to offset {first_offset}: its log goes on to {next}")]
+    NotBehind {
+        /// The leader's first offset.
+        first_offset: u64,
+        /// This log's next offset.
+        next: u64,
+    },
     /// A replicated stream this node follows: it takes the leader's chunks only.
     #[error("this node does not lead the stream")]
     NotWritable,

@@ -13,16 +13,19 @@
 //! epoch field). A member whose log ends in chunks no majority held (a leader that died before
 //! replicating them) finds where its log leaves the new leader's by Kafka's leader-epoch rule:
 //! the leader answers [`Stream::epoch_end`] of the member's last epoch, and the member cuts its
-//! log there ([`Stream::truncate_from`]) before it takes the leader's chunks.
+//! log there ([`Stream::truncate_from`]) before it takes the leader's chunks. A member whose
+//! log ends before the leader's first offset (the leader's retention deleted what it lacks)
+//! drops its log and starts again at that offset ([`Stream::reset_to`]).
 //!
 //! Nothing here touches the network; the cluster layer reads what to send with
 //! [`Stream::replication_reader`].
 
 use super::chunk::{self, ChunkHeader, ChunkType, CHUNK_HEADER_BYTES};
-use super::index::{self, IndexEntry, FILE_HEADER_BYTES, INDEX_ENTRY_BYTES};
-use super::log::{ChunkPoint, CommitPoint, StreamState};
+use super::index::{self, IndexEntry, FILE_HEADER_BYTES, INDEX_ENTRY_BYTES, SEGMENT_HEADER};
+use super::log::{ChunkPoint, CommitPoint, SegmentState, StreamState};
 use super::reader::{ReadBound, StreamReader};
 use super::recovery;
+use super::tracking::Tracking;
 use super::{Stream, StreamError};
 use crate::file_system::OpenMode;
 use crate::StorageError;
@@ -84,6 +87,35 @@ impl StreamState {
             (ReadBound::Synced, Some(replication)) => replication.synced,
             _ => self.committed,
         }
+    }
+
+    /// Forgets the whole log in memory (what was appended and not written too) and starts it
+    /// again, empty, at `first_offset`, in a segment whose files exist already; returns the
+    /// first offsets of the segments it held, oldest first.
+    fn restart_at(&mut self, first_offset: u64) -> Vec<u64> {
+        self.close_open_chunk();
+        self.pending.clear();
+        self.rolled = false;
+        let dropped: Vec<u64> = self.segments.drain(..).map(|segment| segment.first_offset).collect();
+        self.segments.push_back(SegmentState::empty(first_offset));
+        self.segments_retired += dropped.len() as u64;
+        self.next_offset = first_offset;
+        self.tracking = Tracking::default();
+        self.last_user_chunk = None;
+        let empty = CommitPoint {
+            next_offset: first_offset,
+            segment: first_offset,
+            end_position: FILE_HEADER_BYTES,
+            index_end: FILE_HEADER_BYTES,
+            last_user_chunk: None,
+        };
+        self.committed = empty;
+        if let Some(replication) = self.replication.as_mut() {
+            replication.synced = empty;
+            replication.cluster_commit = replication.cluster_commit.max(first_offset);
+            replication.chunk_ends.clear();
+        }
+        dropped
     }
 
     fn tail(&self) -> StreamTail {
@@ -271,6 +303,79 @@ impl Stream {
                 replication.synced = recovered.committed;
             }
         }
+        Ok(())
+    }
+
+    /// Drops this member's whole log and starts it again, empty, at `first_offset`: the leader's
+    /// first offset, when this log ends before it (the leader's retention deleted the offsets
+    /// this member lacks, so nothing here continues the leader's log), as osiris resets a
+    /// follower. The next chunk copied is the leader's first, which starts a segment named
+    /// `first_offset` here as there, so offsets and segment boundaries stay the same on every
+    /// member. Tracking starts empty and comes back with that chunk (a segment starts with a
+    /// tracking snapshot); readers in the old log go on from `first_offset`, as after
+    /// retention. Returns how many segments were dropped.
+    ///
+    /// Crash safety: the new segment's files are created and synced before any old file is
+    /// removed, and no chunk is written to them before the removals are synced. A restart that
+    /// finds old segments beside the new, empty one drops the empty one (recovery's rule for an
+    /// empty newest segment) and has the old log, or the whole segments of it that the crash
+    /// left (recovery takes each as it finds it: never an offset it does not hold), and is
+    /// reset again; one that finds the new one alone has the new log, empty at `first_offset`.
+    pub fn reset_to(&self, first_offset: u64) -> Result<usize, StreamError> {
+        let mut writer = self.writer.lock();
+        {
+            let state = self.state.lock();
+            if state.deleted {
+                return Err(StreamError::Deleted);
+            }
+            if state.replication.is_none() || first_offset <= state.next_offset {
+                return Err(StreamError::NotBehind { first_offset, next: state.next_offset });
+            }
+        }
+        self.create_empty_segment(first_offset)?;
+        let dropped = self.state.lock().restart_at(first_offset);
+        if let Some((_, data, index)) = writer.files.take() {
+            self.cache().remove(data);
+            self.cache().remove(index);
+        }
+        // Writes of the dropped segments: they are not to be synced, nor their directory
+        // entries, which the removals below sync.
+        writer.unsynced.clear();
+        writer.directory_unsynced = false;
+        self.remove_segments(&dropped)?;
+        Ok(dropped.len())
+    }
+
+    /// Creates the files of an empty segment starting at `first_offset` (headers only) and
+    /// makes them and their names durable.
+    fn create_empty_segment(&self, first_offset: u64) -> Result<(), StreamError> {
+        let files = [(index::segment_file_name(first_offset), SEGMENT_HEADER), (index::index_file_name(first_offset), index::INDEX_HEADER)];
+        for (name, header) in files {
+            let path = self.directory().join(name);
+            let file = self.file_system.open(&path, OpenMode::CreateReadWrite).map_err(|error| StorageError::io(&path, error))?;
+            file.write_all_at(&header, 0)
+                .and_then(|()| file.set_len(FILE_HEADER_BYTES))
+                .and_then(|()| file.sync_data())
+                .map_err(|error| StorageError::io(&path, error))?;
+        }
+        self.file_system.sync_directory(self.directory()).map_err(|error| StorageError::io(self.directory(), error))?;
+        Ok(())
+    }
+
+    /// Removes the files of `segments`, oldest first as retention does (each segment file
+    /// before its index, whose orphan recovery removes), then syncs the directory.
+    fn remove_segments(&self, segments: &[u64]) -> Result<(), StreamError> {
+        for &segment in segments {
+            for path in [self.directory().join(index::segment_file_name(segment)), self.directory().join(index::index_file_name(segment))] {
+                match self.file_system.remove_file(&path) {
+                    Ok(()) => {}
+                    // Never created (a segment planned, not written yet), or retired meanwhile.
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(error) => return Err(StorageError::io(&path, error).into()),
+                }
+            }
+        }
+        self.file_system.sync_directory(self.directory()).map_err(|error| StorageError::io(self.directory(), error))?;
         Ok(())
     }
 

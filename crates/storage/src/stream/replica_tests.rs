@@ -3,10 +3,11 @@
 //! majority held at the new leader's epoch end, and bad copies are refused.
 
 use super::chunk::{self, Entries, Entry, EntryBatch};
+use super::index;
 use super::tests::{file_system, flush};
 use super::*;
 use crate::file_cache::FileCache;
-use crate::memory_file_system::MemoryFileSystem;
+use crate::memory_file_system::{MemoryFileSystem, PowerCut};
 use crate::queue_log::SyncDue;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -243,4 +244,155 @@ fn a_leader_whose_followers_are_behind_refuses_appends_past_its_bound() {
     flush(&leader);
     leader.commit_replicated(leader.tail().next_offset);
     leader.append_record(b"one more", NOW_MS).expect("room again once committed");
+}
+
+/// Small segments, and retention that keeps about five of them.
+fn retained() -> StreamSettings {
+    StreamSettings {
+        segment_bytes_max: 600,
+        retention: Retention { max_bytes: Some(3_000), max_age_ms: None },
+        ..StreamSettings::default()
+    }
+}
+
+fn open_retained(file_system: &MemoryFileSystem, name: &str, committed: u64) -> Arc<Stream> {
+    let cache = FileCache::with_file_system(16, file_system.shared());
+    let (stream, _) = Stream::open(&member_directory(name), retained(), cache).expect("open the stream");
+    stream.enable_replication(committed).expect("replicate");
+    stream
+}
+
+/// A leader and a follower that copied its first rounds, then the leader alone went on until
+/// its retention deleted what the follower lacks. Returns them and the leader's first offset.
+fn follower_behind_retention(file_system: &MemoryFileSystem) -> (Arc<Stream>, Arc<Stream>, u64) {
+    let leader = open_retained(file_system, "leader", 0);
+    let follower = open_retained(file_system, "follower", 0);
+    leader.set_epoch(1).expect("epoch");
+    write_some(&leader, 3, "a");
+    ship(&leader, &follower);
+    let copied = follower.tail().next_offset;
+    follower.commit_replicated(copied);
+    write_some(&leader, 30, "b");
+    leader.commit_replicated(leader.tail().next_offset);
+    leader.evaluate_retention(NOW_MS);
+    let first_offset = leader.info().first_offset;
+    assert!(first_offset > copied, "retention kept offset {copied} (first {first_offset}): the test needs it gone");
+    (leader, follower, first_offset)
+}
+
+#[test]
+fn a_follower_behind_the_leaders_retention_drops_its_log_and_copies_from_the_leaders_first_offset() {
+    let file_system = file_system();
+    let (leader, follower, first_offset) = follower_behind_retention(&file_system);
+    let old_end = follower.tail().next_offset;
+    assert!(matches!(follower.reset_to(old_end), Err(StreamError::NotBehind { .. })), "a log reaching the first offset stays");
+    assert!(matches!(leader.reset_to(first_offset), Err(StreamError::NotBehind { .. })), "nor one going past it");
+    let mut waiting = follower.reader(OffsetSpec::Next, ChunkSelector::All).expect("reader at the end");
+    let mut from_first = follower.reader(OffsetSpec::First, ChunkSelector::All).expect("reader at the first");
+    assert_eq!(follower.query_offset(b"consumer-a"), Some(2));
+
+    let dropped = follower.reset_to(first_offset).expect("reset");
+    assert!(dropped >= 1);
+    assert_eq!(follower.tail(), StreamTail { last_epoch: 0, next_offset: first_offset });
+    assert_eq!((follower.info().first_offset, follower.synced_next_offset()), (first_offset, first_offset));
+    assert_eq!(follower.query_offset(b"consumer-a"), None, "tracking of the dropped log is gone");
+    assert!(from_first.next_chunk().expect("read").is_none(), "nothing readable below the new first offset");
+    let names: Vec<String> = files(&file_system, "follower").into_iter().map(|(name, _)| name).collect();
+    assert_eq!(names, [index::index_file_name(first_offset), index::segment_file_name(first_offset)], "nothing of the old log");
+
+    let sent = ship(&leader, &follower);
+    assert!(sent > 3);
+    assert!(same_segments(&file_system, &file_system, first_offset), "the same segments, byte for byte");
+    let end = leader.tail().next_offset;
+    follower.commit_replicated(end);
+    assert_eq!(read_all(&follower), read_all(&leader));
+    for reader in [&mut waiting, &mut from_first] {
+        let chunk = reader.next_chunk().expect("read").expect("a chunk");
+        assert_eq!(chunk.header.first_offset, first_offset, "a reader in the dropped log goes on from the new first offset");
+    }
+    assert_eq!(follower.query_offset(b"consumer-b"), leader.query_offset(b"consumer-b"), "tracking from the leader's snapshot");
+    assert_eq!(follower.publisher_sequence(b"b"), Some(29));
+
+    drop((waiting, from_first, follower));
+    let follower = open_retained(&file_system, "follower", end);
+    assert_eq!(read_all(&follower), read_all(&leader), "the reset log after a restart");
+    assert_eq!(follower.tail(), leader.tail());
+    assert_eq!(follower.publisher_sequence(b"b"), Some(29));
+}
+
+#[test]
+fn a_crash_at_any_point_of_a_reset_and_its_first_copy_leaves_the_old_log_or_a_part_of_the_new_one() {
+    let (mut old_logs, mut new_logs) = (0, 0);
+    for crash_at in 1..200 {
+        let file_system = file_system();
+        let (leader, follower, first_offset) = follower_behind_retention(&file_system);
+        let old_tail = follower.tail();
+        follower.commit_replicated(old_tail.next_offset);
+        let old_records = read_all(&follower);
+        let leader_records = read_all(&leader);
+        let chunks = synced_chunks(&leader, first_offset);
+        file_system.crash_at_operation(crash_at);
+        let outcome = reset_and_copy(&follower, first_offset, &chunks);
+        let Some(point) = file_system.crashed() else {
+            outcome.expect("a reset and copy without a crash");
+            assert!(old_logs > 0 && new_logs > 0, "crashes left {old_logs} old logs and {new_logs} new ones");
+            return;
+        };
+        assert!(outcome.is_err(), "the power cut at {point:?} went unnoticed");
+        drop(follower);
+        // Every other crash also lands the start of the last write (a torn chunk or index entry).
+        let cut = match crash_at % 2 {
+            0 => PowerCut::TearLastWrite { bytes_kept: 40 },
+            _ => PowerCut::LoseUnsynced,
+        };
+        let restarted = file_system.power_cut(cut);
+        let follower = open_retained(&restarted, "follower", old_tail.next_offset);
+        let tail = follower.tail();
+        follower.commit_replicated(tail.next_offset);
+        if tail == old_tail {
+            old_logs += 1;
+            assert_eq!(read_all(&follower), old_records, "crash at {point:?}: the old log, whole");
+            follower.reset_to(first_offset).expect("the reset done again");
+        } else {
+            new_logs += 1;
+            assert_eq!(follower.info().first_offset, first_offset, "crash at {point:?}: neither log ({tail:?})");
+            let held: Vec<_> = leader_records.iter().filter(|(offset, _)| *offset < tail.next_offset).cloned().collect();
+            assert_eq!(read_all(&follower), held, "crash at {point:?}: the new log holds what it claims");
+        }
+        let leader = reopen(&restarted, leader);
+        ship(&leader, &follower);
+        assert!(same_segments(&restarted, &restarted, first_offset), "crash at {point:?}: the copy after it");
+    }
+    panic!("the reset and copy never ran to their end");
+}
+
+/// What a follower's worker does with a leader's answer that resets it: the reset, the chunks
+/// appended, written and synced (as the syncer's group commit does).
+fn reset_and_copy(follower: &Stream, first_offset: u64, chunks: &[(bool, Vec<u8>)]) -> Result<(), String> {
+    follower.reset_to(first_offset).map_err(|error| error.to_string())?;
+    for (starts_segment, bytes) in chunks {
+        follower.append_replicated(bytes, *starts_segment, NOW_MS).map_err(|error| error.to_string())?;
+    }
+    let written = follower.write_pending(SyncDue::Now).map_err(|error| error.to_string())?;
+    for file in &written.sync_now {
+        file.sync().map_err(|error| error.to_string())?;
+    }
+    Ok(())
+}
+
+/// Whether the follower's files are the leader's from `first_offset` on (retention's removals
+/// of the leader's older files are the janitor's, in the background).
+fn same_segments(leader: &MemoryFileSystem, follower: &MemoryFileSystem, first_offset: u64) -> bool {
+    let held = |(name, _): &(String, Vec<u8>)| {
+        name.split('.').next().and_then(|stem| stem.parse::<u64>().ok()).is_some_and(|first| first >= first_offset)
+    };
+    let leader: Vec<_> = files(leader, "leader").into_iter().filter(held).collect();
+    !leader.is_empty() && leader == files(follower, "follower")
+}
+
+/// The leader again after a power cut, on the restarted file system.
+fn reopen(file_system: &MemoryFileSystem, leader: Arc<Stream>) -> Arc<Stream> {
+    let committed = leader.committed().next_offset;
+    drop(leader);
+    open_retained(file_system, "leader", committed)
 }

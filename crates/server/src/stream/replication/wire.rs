@@ -2,7 +2,8 @@
 //! [`STREAM_REPLICATION_CHANNEL`]), without I/O. A follower pulls: it sends a [`Fetch`] naming
 //! the end of its log and how far it has fdatasynced (its acknowledgement); the leader answers
 //! with [`Data`]: the chunks that follow (whole, as on disk), the cluster's commit offset, and,
-//! when the follower's log left the leader's, where to cut it first.
+//! when the follower's log left the leader's, where to cut it first, or, when it ends before
+//! the leader's first offset (retention deleted what it lacks), that offset to start again at.
 
 use bytes::Bytes;
 use replication::codec::{DecodeError, Reader, Writer};
@@ -27,6 +28,9 @@ const FORWARDED_ENTRY_INDEX_BYTES: usize = 16;
 
 /// No cut ([`Data::truncate_to`]).
 const NO_TRUNCATION: u64 = u64::MAX;
+
+/// No reset ([`Data::reset_to`]).
+const NO_RESET: u64 = u64::MAX;
 
 /// Which stream: a stream queue's vhost and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -59,6 +63,10 @@ pub struct Data {
     pub commit: u64,
     /// Cut the log before this offset first (chunks no majority held).
     pub truncate_to: Option<u64>,
+    /// The leader's log starts here, past the end of the follower's: the offsets it asked for
+    /// were deleted by retention. It drops its log and starts again empty at this offset; the
+    /// chunks sent start here.
+    pub reset_to: Option<u64>,
     /// Whole chunks, each with whether it starts a segment.
     pub chunks: Vec<(bool, Bytes)>,
 }
@@ -156,6 +164,7 @@ impl ReplicaMessage {
                 writer.u64(data.epoch);
                 writer.u64(data.commit);
                 writer.u64(data.truncate_to.unwrap_or(NO_TRUNCATION));
+                writer.u64(data.reset_to.unwrap_or(NO_RESET));
                 writer.u32(data.chunks.len() as u32);
                 for (starts_segment, bytes) in &data.chunks {
                     writer.u8(u8::from(*starts_segment));
@@ -203,7 +212,7 @@ impl ReplicaMessage {
             }
             KIND_DATA => {
                 let key = key(&mut reader)?;
-                let (epoch, commit, truncate_to) = (reader.u64()?, reader.u64()?, reader.u64()?);
+                let (epoch, commit, truncate_to, reset_to) = (reader.u64()?, reader.u64()?, reader.u64()?, reader.u64()?);
                 let count = reader.u32()? as usize;
                 // Each chunk takes at least 5 bytes here: a count past that is a lie.
                 if count > reader.remaining() / 5 {
@@ -215,7 +224,8 @@ impl ReplicaMessage {
                     chunks.push((starts_segment, reader.bytes()?));
                 }
                 let truncate_to = (truncate_to != NO_TRUNCATION).then_some(truncate_to);
-                ReplicaMessage::Data(key, Data { epoch, commit, truncate_to, chunks })
+                let reset_to = (reset_to != NO_RESET).then_some(reset_to);
+                ReplicaMessage::Data(key, Data { epoch, commit, truncate_to, reset_to, chunks })
             }
             KIND_PUBLISH => {
                 let key = key(&mut reader)?;
@@ -306,8 +316,8 @@ mod tests {
         let fetch = ReplicaMessage::Fetch(key.clone(), Fetch { epoch: 3, tail_epoch: 2, tail_next: 100, synced_next: 90 });
         assert_eq!(ReplicaMessage::decode(fetch.encode()), Ok(fetch));
         let chunks = vec![(true, Bytes::from_static(b"chunk one")), (false, Bytes::from_static(b"two"))];
-        for truncate_to in [None, Some(42)] {
-            let data = ReplicaMessage::Data(key.clone(), Data { epoch: 3, commit: 77, truncate_to, chunks: chunks.clone() });
+        for (truncate_to, reset_to) in [(None, None), (Some(42), None), (None, Some(1_000))] {
+            let data = ReplicaMessage::Data(key.clone(), Data { epoch: 3, commit: 77, truncate_to, reset_to, chunks: chunks.clone() });
             let encoded = data.encode();
             assert_eq!(ReplicaMessage::decode(encoded.clone()), Ok(data));
             for cut in 0..encoded.len() {

@@ -296,21 +296,31 @@ impl Worker {
             return;
         }
         let commit = self.shared.stream.committed().next_offset;
+        let first_offset = self.shared.stream.info().first_offset;
         let epoch = self.leadership.epoch;
         let Role::Leader { followers, .. } = &mut self.role else { return };
         let Some(progress) = followers.get_mut(&to) else { return };
-        let Some(wanted) = progress.wanted else { return };
+        let Some(mut wanted) = progress.wanted else { return };
+        // Retention deleted the offsets it asks for: it starts again at this log's first (a
+        // cut comes first; it never ends before the first offset).
+        let reset_to = (wanted < first_offset && progress.truncate_to.is_none()).then_some(first_offset);
+        if reset_to.is_some() {
+            tracing::info!(stream = %self.shared.key.name, follower = %format!("{to:x}"), wanted, first_offset,
+                "a follower wants offsets retention deleted here; it starts again at this log's first");
+            wanted = first_offset;
+            progress.wanted = Some(wanted);
+        }
         let chunks = match read_chunks(&self.shared, wanted, &mut self.chunk) {
             Ok(chunks) => chunks,
             Err(error) => return tracing::error!(stream = %self.shared.key.name, %error, "reading chunks for a follower failed"),
         };
         // A fetch with nothing new to answer waits (for chunks, a commit, or the heartbeat).
         let heartbeat_due = progress.answered_at.elapsed() >= Duration::from_millis(HEARTBEAT_MS);
-        let news = !chunks.is_empty() || commit > progress.told_commit || progress.truncate_to.is_some();
+        let news = !chunks.is_empty() || commit > progress.told_commit || progress.truncate_to.is_some() || reset_to.is_some();
         if !news && !heartbeat_due {
             return;
         }
-        let data = Data { epoch, commit, truncate_to: progress.truncate_to, chunks };
+        let data = Data { epoch, commit, truncate_to: progress.truncate_to, reset_to, chunks };
         if self.shared.transport.send(to, ReplicaMessage::Data(self.shared.key.clone(), data).encode()) {
             progress.wanted = None;
             progress.told_commit = commit;
@@ -354,6 +364,11 @@ impl Worker {
                 return;
             }
             tracing::info!(stream = %self.shared.key.name, offset = cut, "cut chunks of an older epoch the leader does not have");
+        }
+        if let Some(first_offset) = data.reset_to {
+            if !reset_copy(&self.shared, first_offset) {
+                return;
+            }
         }
         let mut appended = 0;
         for (starts_segment, bytes) in &data.chunks {
@@ -419,7 +434,8 @@ fn read_chunks(shared: &StreamReplication, from: u64, buffer: &mut Vec<u8>) -> R
     while bytes < DATA_BYTES_MAX {
         let Some(location) = reader.next_chunk()? else { break };
         if chunks.is_empty() && location.header.first_offset != from {
-            tracing::error!(stream = %shared.stream.directory().display(), wanted = from, found = location.header.first_offset,
+            // Retention ran since the answer was planned: the follower's next fetch is reset.
+            tracing::warn!(stream = %shared.stream.directory().display(), wanted = from, found = location.header.first_offset,
                 "a follower wants offsets this leader no longer holds (retention removed them)");
         }
         location.read_whole(buffer).map_err(|defect| StreamError::Damaged {
@@ -431,6 +447,28 @@ fn read_chunks(shared: &StreamReplication, from: u64, buffer: &mut Vec<u8>) -> R
         chunks.push((location.starts_segment(), bytes::Bytes::copy_from_slice(buffer)));
     }
     Ok(chunks)
+}
+
+/// Follower: the leader's log starts at `first_offset`, past the end of this copy (its
+/// retention deleted what this copy lacks): drops the copy and starts again there. Not when the
+/// copy reaches that far already (the answer to an older fetch): nothing of it is to go then,
+/// and chunks that do not follow on are refused and fetched again. False when the reset failed.
+fn reset_copy(shared: &StreamReplication, first_offset: u64) -> bool {
+    let next_offset = shared.stream.tail().next_offset;
+    if next_offset >= first_offset {
+        return true;
+    }
+    match shared.stream.reset_to(first_offset) {
+        Ok(segments) => {
+            tracing::warn!(stream = %shared.key.name, vhost = %shared.key.vhost, from = next_offset, to = first_offset, segments,
+                "this copy ended before the leader's first offset (its retention deleted the rest): dropped it, starting again there");
+            true
+        }
+        Err(error) => {
+            tracing::error!(stream = %shared.key.name, %error, offset = first_offset, "could not start the copy again at the leader's first offset");
+            false
+        }
+    }
 }
 
 fn log_refused_copy(name: &str, error: &StreamError) {
