@@ -12,6 +12,8 @@ four, and every commit would wait for it.
   a founding node is down and the metadata log holds ~10 MiB of definitions; definition changes
   through the founding nodes left commit throughout (none waits past `DEFINITION_STALL_BOUND_S`),
   the node is a learner while it catches up, then a voter.
+- A shard learner on a slow link under steady publishes is grown to voter within
+  `PROMOTION_BOUND_S` (the leader's current commit as the bar never let it vote).
 """
 
 import signal
@@ -158,8 +160,8 @@ def test_a_node_grown_into_a_shard_far_behind_votes_once_caught_up_and_confirms_
     eventually(lambda: any(member["name"] == late.name and member["running"] for member in leader.status()["members"]),
                timeout=30, what="the fourth node a running member")
     grown = grow(leader, late.name)
-    # grow waits 20 s for the role; a node still catching up past that is pending, not refused.
-    assert grown.returncode == 0 or "pending" in grown.stderr, grown.stderr
+    # grow waits 20 s for the role; a node still catching up past that is recorded, not refused.
+    assert grown.returncode == 0 or "the role is recorded" in grown.stderr, grown.stderr
 
     def voter_everywhere():
         entries = shards(leader)
@@ -241,3 +243,39 @@ def test_a_node_joining_over_a_slow_link_votes_in_the_metadata_group_once_caught
     # It caught up the whole log: every padded queue is known there.
     eventually(lambda: queue_info(late, f"padded.{PADDED_QUEUES - 1}") is not None, timeout=30,
                what="the last padded queue known on the fourth node")
+
+
+def test_a_shard_learner_on_a_slow_link_is_promoted_under_steady_publishes(proxied_cluster, tmp_path):
+    """A learner whose link is slower than the voters' always has the newest entries in flight
+    under steady publishes: it is promoted once it holds the commit of the leader's previous
+    check, not only in a lull (the current commit as the bar never let it vote here)."""
+    cluster = proxied_cluster
+    declare_quorum(cluster.nodes[0], QUEUE)
+    leader = leader_of(cluster, QUEUE)
+    other, down = [node for node in cluster.nodes if node is not leader]
+    down.kill(signal.SIGKILL)
+    publish_confirmed(leader, QUEUE, (bytes([index]) * (256 << 10) for index in range(16)))
+    proxy_port = free_port()
+    late = Node(str(tmp_path), "n4", cluster.seeds, free_port(), ["--cluster-advertise", f"127.0.0.1:{proxy_port}"])
+    cluster.proxy.add(late.name, proxy_port, late.cluster_port)
+    for node in cluster.nodes:
+        cluster.proxy.slow(late.name, node.name, SLOW_LINK_DELAY_MS)
+    cluster.nodes.append(late)
+    publisher = ConfirmedPublisher(other, QUEUE)
+    publisher.start()
+    late.start()
+    late.wait_listening()
+    eventually(lambda: any(member["name"] == late.name and member["running"] for member in leader.status()["members"]),
+               timeout=30, what="the fourth node a running member")
+    started = time.monotonic()
+    grown = grow(leader, late.name)
+    assert grown.returncode == 0 or "the role is recorded" in grown.stderr, grown.stderr
+    eventually(lambda: all(late.name in entry["voters"] for entry in shards(leader)), timeout=PROMOTION_BOUND_S,
+               what="the fourth node a voter of every shard under steady publishes")
+    promoted_s = time.monotonic() - started
+    time.sleep(1.0)
+    publisher.stopping.set()
+    publisher.join(timeout=30)
+    assert publisher.error is None, publisher.error
+    print(f"confirms {publisher.confirmed}, longest gap {publisher.longest_gap_s:.2f} s, grown to voter {promoted_s:.1f} s")
+    assert publisher.longest_gap_s < CONFIRM_GAP_BOUND_S, f"a confirm waited {publisher.longest_gap_s:.1f} s"
