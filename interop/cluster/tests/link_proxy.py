@@ -15,6 +15,8 @@ Faults, per unordered node pair:
   cut        connections are closed at once and new ones closed as soon as they name the pair
              (as a network that answers with resets).
   delay_ms   every chunk waits this long before it is forwarded (both ways, all pairs).
+  slow       as delay_ms, for one pair only: a chunk is at most READ_BYTES, so the pair's links
+             carry at most READ_BYTES per delay each way (a slow network to one node).
 """
 
 import asyncio
@@ -64,6 +66,7 @@ class LinkProxy:
         self.partitioned = set()
         self.cut_pairs = set()
         self.delay_ms = 0
+        self.slow_pairs = {}
         self.pipes = set()
         self.servers = []
         self.forwarded_bytes = 0
@@ -84,7 +87,7 @@ class LinkProxy:
 
     def _state(self, pair):
         with self.lock:
-            return pair in self.cut_pairs, pair in self.partitioned, self.delay_ms
+            return pair in self.cut_pairs, pair in self.partitioned, max(self.delay_ms, self.slow_pairs.get(pair, 0))
 
     async def _accept(self, reader, writer, target_name, target_port):
         try:
@@ -170,11 +173,17 @@ class LinkProxy:
         with self.lock:
             self.delay_ms = delay_ms
 
+    def slow(self, a, b, delay_ms):
+        """Delays every chunk between `a` and `b` by `delay_ms`, until healed."""
+        with self.lock:
+            self.slow_pairs[frozenset((a, b))] = delay_ms
+
     def heal(self):
         with self.lock:
             self.partitioned = set()
             self.cut_pairs = set()
             self.delay_ms = 0
+            self.slow_pairs = {}
 
     def close(self):
         async def stop():

@@ -151,7 +151,12 @@ impl Applier for MetadataApplier {
                     }
                     self.cluster.state.lock().members.insert(id, MemberRecord { name: context.name, address: context.address });
                 }
-                tracing::info!(index, node = %format!("{id:x}"), voters = ?members.voters, "a member joined the cluster");
+                match change.get_change_type() {
+                    ConfChangeType::AddLearnerNode => {
+                        tracing::info!(index, node = %format!("{id:x}"), learners = ?members.learners, "a member joined the cluster as a learner")
+                    }
+                    _ => tracing::info!(index, node = %format!("{id:x}"), voters = ?members.voters, "a member votes in the metadata group"),
+                }
             }
             ConfChangeType::RemoveNode => {
                 let name = self.cluster.state.lock().members.remove(&id).map(|member| member.name);

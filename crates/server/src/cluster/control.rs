@@ -9,9 +9,11 @@
 //!
 //! A fresh node that finds a formed cluster among its links asks to join: a founding seed that
 //! never held data takes its place as the voter it was meant to be; any other node is added as a
-//! new voter (raft-rs `AddNode`, with its name and address as the change's context). A fresh
-//! node whose id is a member that once held data (its disk was replaced) is refused until an
-//! operator forgets the old one: a voter that lost its log must not vote as if it had it.
+//! learner (raft-rs `AddLearnerNode`, with its name and address as the change's context), which
+//! the leader promotes to voter once it holds the commit index (`promotion.rs`): a voter still
+//! catching up would count toward the majority without being able to acknowledge. A fresh node
+//! whose id is a voter that once held data (its disk was replaced) is refused until an operator
+//! forgets the old one: a voter that lost its log must not vote as if it had it.
 
 use super::command::{MemberContext, MetadataCommand};
 use super::group::{GroupEvent, METADATA_GROUP};
@@ -218,8 +220,10 @@ impl Cluster {
         if let Some((other, _)) = members.iter().find(|(other, member)| member.name == name && **other != id) {
             return refused(format!("a node named {name} is a member already (id {other:x}): forget it first"));
         }
+        // A learner first: it votes once the leader saw it hold the commit index (a learner that
+        // asks again, its answer lost, is answered again: it never voted).
         let context = MemberContext { name, address };
-        if let Err(reason) = self.change_membership(ConfChangeType::AddNode, id, Some(context)) {
+        if let Err(reason) = self.change_membership(ConfChangeType::AddLearnerNode, id, Some(context)) {
             return refused(reason);
         }
         accepted()
@@ -236,7 +240,8 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_millis(MEMBERSHIP_CHANGE_TIMEOUT_MS);
         let done = |view: &super::GroupView| match kind {
             ConfChangeType::RemoveNode => !view.voters.contains(&id) && !view.learners.contains(&id),
-            _ => view.voters.contains(&id),
+            ConfChangeType::AddLearnerNode => view.voters.contains(&id) || view.learners.contains(&id),
+            ConfChangeType::AddNode => view.voters.contains(&id),
         };
         let mut next_try = Instant::now();
         while Instant::now() < deadline {
@@ -309,11 +314,13 @@ impl Cluster {
         }
         let view = self.group_view();
         let changes = self.state.lock().definition_changes;
-        if view.voters.len() > 1 || changes > 0 {
+        // A learner that joined this node's cluster is a member too.
+        let members = view.voters.len() + view.learners.len();
+        if members > 1 || changes > 0 {
             return Err(format!(
                 "this node is a member of cluster {:x} already (with {} members, {} definition changes); only a new node joins",
                 self.cluster_id(),
-                view.voters.len(),
+                members,
                 changes
             ));
         }

@@ -7,6 +7,7 @@
 //! change takes the broker's locks and creates queue logs.
 
 use super::link::Links;
+use super::promotion::{next_promotion, LearnerProgress, Promotion, LEARNER_BEHIND_LOG_MS, PROMOTION_CHECK_INTERVAL};
 use super::proposals::PendingProposals;
 use super::snapshot::{MetadataImage, METADATA_SNAPSHOT_BYTES_MAX};
 use parking_lot::Mutex;
@@ -153,6 +154,12 @@ pub struct GroupDriver<A: Applier> {
     snapshots_taken: u64,
     snapshots_installed: u64,
     snapshots_sent: u64,
+    /// When the leader last looked at its learners (learner first: `promotion.rs`).
+    promotion_checked_at: Instant,
+    /// When the leader last logged that a learner is not caught up.
+    learner_behind_logged_at: Option<Instant>,
+    /// As leader: the commit index at the previous look at the learners (`promotion.rs`).
+    commit_at_last_check: Option<u64>,
 }
 
 impl<A: Applier> GroupDriver<A> {
@@ -187,6 +194,9 @@ impl<A: Applier> GroupDriver<A> {
             snapshots_taken: 0,
             snapshots_installed: 0,
             snapshots_sent: 0,
+            promotion_checked_at: Instant::now(),
+            learner_behind_logged_at: None,
+            commit_at_last_check: None,
         }
     }
 
@@ -232,6 +242,7 @@ impl<A: Applier> GroupDriver<A> {
                 }
             }
             self.propose_pending();
+            self.promote_caught_up_learner();
             if let Err(error) = self.process_ready() {
                 tracing::error!(%error, "the metadata group's log could not be written");
                 return false;
@@ -326,6 +337,55 @@ impl<A: Applier> GroupDriver<A> {
                         self.pending_changes.remove(0);
                     }
                     Err(error) => tracing::warn!(%error, "a membership change was refused; retried"),
+                }
+            }
+        }
+    }
+
+    /// As leader, every [`PROMOTION_CHECK_INTERVAL`] while no membership change is in flight: the
+    /// lowest-id learner that holds the commit index of the previous look is promoted to voter
+    /// (a node joins as a learner, `control.rs`); one still behind stays a learner, said every
+    /// [`LEARNER_BEHIND_LOG_MS`].
+    fn promote_caught_up_learner(&mut self) {
+        let raft = &self.raw.raft;
+        if raft.state != StateRole::Leader {
+            self.commit_at_last_check = None;
+            return;
+        }
+        if self.promotion_checked_at.elapsed() < PROMOTION_CHECK_INTERVAL {
+            return;
+        }
+        self.promotion_checked_at = Instant::now();
+        let commit = raft.raft_log.committed;
+        // A new leader's first look has no earlier commit: the current one is the bar.
+        let caught_up_at = self.commit_at_last_check.replace(commit).unwrap_or(commit);
+        if raft.has_pending_conf() || !self.pending_changes.is_empty() || self.damage != Damage::None {
+            return;
+        }
+        let learners: Vec<u64> = raft.prs().conf().learners().iter().copied().collect();
+        let progress =
+            |node: u64| raft.prs().get(node).map(|progress| LearnerProgress { matched: progress.matched, active: progress.recent_active });
+        match next_promotion(&learners, caught_up_at, progress) {
+            Promotion::Nothing => {}
+            Promotion::Promote(learner) => {
+                let mut change = ConfChange { node_id: learner, ..Default::default() };
+                change.set_change_type(ConfChangeType::AddNode);
+                tracing::info!(node = %format!("{learner:x}"), caught_up_at, commit, "a metadata learner caught up: promoted to voter");
+                if let Err(error) = self.raw.propose_conf_change(Vec::new(), change) {
+                    tracing::warn!(%error, "promoting a metadata learner was refused; tried again later");
+                }
+            }
+            Promotion::Behind(behind) => {
+                let due = self.learner_behind_logged_at.is_none_or(|at| at.elapsed() >= Duration::from_millis(LEARNER_BEHIND_LOG_MS));
+                if due {
+                    self.learner_behind_logged_at = Some(Instant::now());
+                    let behind: Vec<String> =
+                        behind.iter().map(|(node, matched, active)| format!("{node:x} at {matched} (heard from: {active})")).collect();
+                    tracing::warn!(
+                        caught_up_at,
+                        ?behind,
+                        "a metadata learner is not caught up: it stays a learner until it holds the commit index"
+                    );
                 }
             }
         }

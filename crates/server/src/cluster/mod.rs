@@ -27,6 +27,7 @@ mod group;
 mod link;
 pub mod metrics;
 mod node_state;
+mod promotion;
 mod proposals;
 mod quorum_link;
 mod remote_queue;

@@ -87,6 +87,40 @@ fn status(client: &Client, arguments: &CtlArguments) -> Result<(), CtlError> {
             number("applied_index"),
             number("snapshot_index")
         );
+        // Joined nodes still catching up: they vote once promoted (docs/cluster.md, "Learner first").
+        println!("Learners: {}", names(metadata.get("learners")));
     }
+    print_quorum_shards(&status);
     Ok(())
+}
+
+/// One line per quorum shard: its leader, voters, learners, and the learners chosen as voters
+/// that are not promoted yet (still catching up).
+fn print_quorum_shards(status: &Value) {
+    let shards = status.get("quorum_shards").and_then(Value::as_array).cloned().unwrap_or_default();
+    if shards.is_empty() {
+        return;
+    }
+    println!("\nQuorum shards\n");
+    for shard in &shards {
+        println!(
+            "shard {}: leader {}; voters {}; learners {}; promotion pending {}",
+            shard.get("shard").and_then(Value::as_u64).unwrap_or(0),
+            shard.get("leader").and_then(Value::as_str).unwrap_or("none"),
+            names(shard.get("voters")),
+            names(shard.get("learners")),
+            names(shard.get("promotion_pending"))
+        );
+    }
+}
+
+/// A JSON array of names, comma-separated ("none" when empty or absent).
+fn names(value: Option<&Value>) -> String {
+    let names: Vec<&str> =
+        value.and_then(Value::as_array).map(|names| names.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    }
 }

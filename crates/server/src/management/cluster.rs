@@ -85,6 +85,8 @@ pub(super) async fn status(State(api): State<Api>) -> Answer {
             "commit_index": view.commit,
             "applied_index": view.applied,
             "last_index": view.last_index,
+            // Joined nodes not caught up yet: promoted to voter once they hold the commit index.
+            "learners": view.learners.iter().map(|id| cluster.member_name(*id)).collect::<Vec<_>>(),
             "elections": view.elections,
             "snapshot_index": view.snapshot_index,
             "snapshots_taken": view.snapshots_taken,
@@ -119,7 +121,14 @@ fn quorum_shards_json(api: &Api) -> Vec<Value> {
         .iter()
         .zip(queues_of_shard)
         .map(|(shard, queues)| {
-            json!({"shard": shard.shard, "leader": shard.leader, "voters": shard.voters, "learners": shard.learners, "queues": queues})
+            json!({
+                "shard": shard.shard,
+                "leader": shard.leader,
+                "voters": shard.voters,
+                "learners": shard.learners,
+                "promotion_pending": shard.promotion_pending,
+                "queues": queues,
+            })
         })
         .collect()
 }

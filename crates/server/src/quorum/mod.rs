@@ -136,6 +136,9 @@ pub struct ShardMembers {
     pub voters: Vec<String>,
     /// The members that replicate and apply the log without voting.
     pub learners: Vec<String>,
+    /// The learners the operator chose as voters (`grow`, `add_member`): the shard's leader
+    /// promotes each once it holds the leader's commit index; until then it stays a learner.
+    pub promotion_pending: Vec<String>,
 }
 
 /// The cluster's members as this node's metadata group last applied them: every shard's leader
@@ -404,11 +407,14 @@ impl QuorumHost {
             .map(|(shard, handle)| {
                 let leader = handle.figures.leader.load(std::sync::atomic::Ordering::Relaxed);
                 let (voters, learners) = handle.figures.members.lock().clone();
+                let chosen_voter = |node: &u64| self.shard_roles.read().get(&(shard as ShardId, *node)).copied().unwrap_or(false);
+                let promotion_pending = learners.iter().copied().filter(chosen_voter).collect();
                 ShardMembers {
                     shard: shard as ShardId,
                     leader: (leader != 0).then(|| self.member_name(leader)),
                     voters: name_all(voters),
                     learners: name_all(learners),
+                    promotion_pending: name_all(promotion_pending),
                 }
             })
             .collect()

@@ -244,6 +244,9 @@ pub(crate) struct ShardWorker {
     shard_roles: super::ShardRoles,
     /// The tick a membership change was last held back (its reason logged), to log it seldom.
     membership_held_at_tick: u64,
+    /// As leader: the commit index at the previous membership check, the bar a learner must
+    /// reach to be promoted (`shard/membership.rs`).
+    commit_at_membership_check: Option<u64>,
     stopping: bool,
     /// When held (at-least-once) dead letters are published again.
     dead_letter_retry: super::dead_letter_retry::DeadLetterRetry,
@@ -318,6 +321,7 @@ pub(crate) fn open(
         members_target,
         shard_roles,
         membership_held_at_tick: 0,
+        commit_at_membership_check: None,
         stopping: false,
         dead_letter_retry: super::dead_letter_retry::DeadLetterRetry::new(config.dead_letter_retry_interval_ms),
         delayed: None,

@@ -11,7 +11,8 @@ function runningBadge(running) {
     running ? 'running' : 'not running');
 }
 
-/** The role of a member in the metadata group: leader, voter or learner. */
+/** The role of a member in the metadata group: leader, voter or learner (a joined node that
+ * has not caught up yet: it votes once it has). */
 function metadataRole(member, leader) {
   if (member.name === leader) return h('span', {class: 'badge ok', 'data-metadata-leader': ''}, 'metadata leader');
   return member.voter ? 'voter' : 'learner';
@@ -41,6 +42,8 @@ function quorumShardsTable(runningByName) {
     {id: 'leader', title: 'Leader', cell: (s) => s.leader || h('span', {class: 'error'}, 'no leader')},
     {id: 'voters', title: 'Voters', cell: (s) => nodeList(s.voters, runningByName())},
     {id: 'learners', title: 'Learners', cell: (s) => nodeList(s.learners, runningByName())},
+    // Learners chosen as voters (grow, add_member) that have not caught up yet.
+    {id: 'promotion_pending', title: 'Promotion pending', cell: (s) => nodeList(s.promotion_pending, runningByName())},
     {id: 'queues', title: 'Quorum queues', cell: (s) => ((s.queues || []).length
       ? s.queues.flatMap((q, index) => [index ? ', ' : '', queueLink(q.vhost, q.name)]) : '–')},
   ], 'No quorum shards.');
@@ -84,7 +87,7 @@ function clusterView() {
       shards.update(status.quorum_shards || [], (s) => String(s.shard));
       shardsNote.textContent = 'Every quorum queue lives on one shard (by a hash of its vhost and name); '
         + 'its leader, members and online members are its shard\'s. Voters elect and commit; learners '
-        + 'copy the log and may be promoted (lepus ctl queues grow).';
+        + 'copy the log and may be promoted (lepus ctl queues grow), each only once it has caught up.';
     },
   };
 }

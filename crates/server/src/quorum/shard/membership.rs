@@ -5,6 +5,13 @@
 //! (a dead founding node replaced). The shard's leader makes the changes, one at a time (raft-rs
 //! `ConfChange`), and never one that leaves the voters without a live majority.
 //!
+//! Learner first: every change that makes a node a voter (a joined node making up the founding
+//! count, `grow`, `add_member`) promotes a learner, and only once it is caught up (it holds the
+//! commit index of the leader's previous check, and was heard from lately); a voter added while
+//! still catching up would count toward every commit it cannot acknowledge yet. A learner that
+//! never catches up stays one: logged every [`HELD_LOG_TICKS`], listed in the cluster status as
+//! the shard's learner (and `promotion_pending` when the operator chose it as a voter).
+//!
 //! An operator may choose a node's role in a shard (`lepus ctl queues grow`, `shrink`,
 //! `add_member`, `delete_member`; replicated through the metadata group): a chosen voter is
 //! promoted once caught up, a chosen learner demoted (the leader hands its leadership over first
@@ -40,6 +47,9 @@ pub enum MembershipPlan {
     Held(String),
     /// The leader is to be demoted: it hands the leadership to this voter first.
     HandOver(u64),
+    /// A learner due to vote does not hold the leader's commit index yet: it stays a learner
+    /// (never a voter that cannot acknowledge), and is promoted once it does.
+    Waiting(String),
 }
 
 /// The shard's members as they are and as the cluster wants them.
@@ -53,7 +63,10 @@ pub struct Members<'a> {
     pub target: &'a [u64],
     /// How many voters the shard should have (the founding nodes' count).
     pub voters_wanted: usize,
-    /// The leader's commit index: a learner that holds it is caught up.
+    /// The leader's commit index at its previous check ([`MEMBERSHIP_CHECK_TICKS`] before): a
+    /// learner that holds it is caught up, at most one check of commits behind. The current
+    /// commit would be too strict a bar: under steady load a learner whose link is slower than
+    /// the voters' always has the newest entries in flight, and would wait for a lull.
     pub commit: u64,
     /// The leader's id.
     pub leader: u64,
@@ -92,8 +105,23 @@ pub fn plan(members: &Members<'_>, progress: impl Fn(u64) -> Option<MemberProgre
         if let Some(learner) = members.learners.iter().filter(caught_up).min() {
             return MembershipPlan::Change(ConfChangeType::AddNode, *learner);
         }
+        if !members.learners.is_empty() {
+            return MembershipPlan::Waiting(behind(members.learners, members.commit, &progress));
+        }
     }
     MembershipPlan::Settled
+}
+
+/// Says how far each of `learners` is behind `commit`, for the log.
+fn behind(learners: &[u64], commit: u64, progress: &impl Fn(u64) -> Option<MemberProgress>) -> String {
+    let each: Vec<String> = learners
+        .iter()
+        .map(|node| match progress(*node) {
+            Some(progress) => format!("{node:x} holds {} (heard from lately: {})", progress.matched, progress.active),
+            None => format!("{node:x} not heard from"),
+        })
+        .collect();
+    format!("learners due to vote not caught up with the commit index {commit}: {}", each.join(", "))
 }
 
 /// The next change toward the operator's chosen roles, if one is due: a chosen voter that is a
@@ -102,9 +130,16 @@ pub fn plan(members: &Members<'_>, progress: impl Fn(u64) -> Option<MemberProgre
 /// handed over if it is the one demoted.
 fn plan_chosen_roles(members: &Members<'_>, progress: &impl Fn(u64) -> Option<MemberProgress>) -> Option<MembershipPlan> {
     let caught_up = |node: u64| progress(node).is_some_and(|progress| progress.active && progress.matched >= members.commit);
+    let mut waiting = Vec::new();
     for &(node, voter) in members.chosen {
-        if voter && members.learners.contains(&node) && caught_up(node) {
-            return Some(MembershipPlan::Change(ConfChangeType::AddNode, node));
+        if voter && members.learners.contains(&node) {
+            if caught_up(node) {
+                return Some(MembershipPlan::Change(ConfChangeType::AddNode, node));
+            }
+            // Not a voter before it holds the commit: it would count toward every commit
+            // while it cannot acknowledge one. A later chosen role may still be due.
+            waiting.push(node);
+            continue;
         }
         if voter || !members.voters.contains(&node) {
             continue;
@@ -122,14 +157,25 @@ fn plan_chosen_roles(members: &Members<'_>, progress: &impl Fn(u64) -> Option<Me
         }
         return Some(MembershipPlan::Change(ConfChangeType::AddLearnerNode, node));
     }
-    None
+    (!waiting.is_empty()).then(|| MembershipPlan::Waiting(behind(&waiting, members.commit, progress)))
 }
 
 impl ShardWorker {
     /// As leader, every [`MEMBERSHIP_CHECK_TICKS`]: one change toward the cluster's members,
     /// when none is pending and the leader has applied its log.
     pub(super) fn reconcile_membership(&mut self) {
-        if !self.node.is_leader() || !self.ticks.is_multiple_of(MEMBERSHIP_CHECK_TICKS) || self.node.membership_change_pending() {
+        if !self.node.is_leader() {
+            self.commit_at_membership_check = None;
+            return;
+        }
+        if !self.ticks.is_multiple_of(MEMBERSHIP_CHECK_TICKS) {
+            return;
+        }
+        // The bar a learner must reach: the commit of the previous check (a new leader's first
+        // check has none, and takes the current one).
+        let commit = self.node.commit_index();
+        let caught_up_at = self.commit_at_membership_check.replace(commit).unwrap_or(commit);
+        if self.node.membership_change_pending() {
             return;
         }
         let Some(target) = self.members_target.read().clone() else { return };
@@ -143,7 +189,7 @@ impl ShardWorker {
             learners: &learners,
             target: &target,
             voters_wanted: self.node_config.voters.len().max(1),
-            commit: self.node.commit_index(),
+            commit: caught_up_at,
             leader: self.config.node_id,
             chosen: &chosen,
         };
@@ -155,6 +201,12 @@ impl ShardWorker {
                 if self.membership_held_at_tick == 0 || self.ticks >= self.membership_held_at_tick + HELD_LOG_TICKS {
                     self.membership_held_at_tick = self.ticks;
                     tracing::warn!(shard = self.shard, %reason, "a membership change of the quorum shard is held back");
+                }
+            }
+            MembershipPlan::Waiting(reason) => {
+                if self.membership_held_at_tick == 0 || self.ticks >= self.membership_held_at_tick + HELD_LOG_TICKS {
+                    self.membership_held_at_tick = self.ticks;
+                    tracing::info!(shard = self.shard, %reason, "a learner of the quorum shard stays a learner until it catches up");
                 }
             }
             MembershipPlan::HandOver(to) => {
@@ -224,8 +276,8 @@ mod tests {
         assert_eq!(plan(&members, progress), MembershipPlan::Change(ConfChangeType::RemoveNode, 3));
         let members = Members { voters: &[1, 2], ..members };
         assert_eq!(plan(&members, progress), MembershipPlan::Change(ConfChangeType::AddNode, 4));
-        // A learner behind the commit is not promoted yet.
-        assert_eq!(plan(&members, |node| if node == 4 { live(9) } else { live(10) }), MembershipPlan::Settled);
+        // A learner behind the commit is not promoted yet: it stays a learner, said in the log.
+        assert!(matches!(plan(&members, |node| if node == 4 { live(9) } else { live(10) }), MembershipPlan::Waiting(_)));
     }
 
     #[test]
@@ -251,7 +303,10 @@ mod tests {
         let members = Members { voters: &[1, 2], learners: &[3], ..members };
         assert_eq!(plan(&members, |_| live(10)), MembershipPlan::Settled);
         let members = Members { chosen: &[(3, true)], ..members };
-        assert_eq!(plan(&members, |node| if node == 3 { live(9) } else { live(10) }), MembershipPlan::Settled);
+        assert!(matches!(plan(&members, |node| if node == 3 { live(9) } else { live(10) }), MembershipPlan::Waiting(_)));
+        // Nor while it was not heard from lately, even at the commit index.
+        let quiet = |node: u64| if node == 3 { Some(MemberProgress { matched: 10, active: false }) } else { live(10) };
+        assert!(matches!(plan(&members, quiet), MembershipPlan::Waiting(_)));
         assert_eq!(plan(&members, |_| live(10)), MembershipPlan::Change(ConfChangeType::AddNode, 3));
     }
 
@@ -272,6 +327,24 @@ mod tests {
         assert!(matches!(plan(&members, dead_third), MembershipPlan::Held(_)));
         let members = Members { voters: &[1], target: &[1], chosen: &[(1, false)], leader: 1, ..members };
         assert!(matches!(plan(&members, |_| live(10)), MembershipPlan::Held(_)));
+    }
+
+    #[test]
+    fn a_chosen_voter_still_catching_up_stays_a_learner_and_does_not_hold_back_another_change() {
+        let members = Members {
+            voters: &[1, 2, 3],
+            learners: &[4],
+            target: &[1, 2, 3, 4],
+            voters_wanted: 3,
+            commit: 5_000,
+            leader: 1,
+            chosen: &[(4, true), (3, false)],
+        };
+        let catching_up = |node: u64| if node == 4 { live(1_200) } else { live(5_000) };
+        assert_eq!(plan(&members, catching_up), MembershipPlan::Change(ConfChangeType::AddLearnerNode, 3));
+        let members = Members { voters: &[1, 2], learners: &[3, 4], ..members };
+        assert!(matches!(plan(&members, catching_up), MembershipPlan::Waiting(reason) if reason.contains("4 holds 1200")));
+        assert_eq!(plan(&members, |_| live(5_000)), MembershipPlan::Change(ConfChangeType::AddNode, 4));
     }
 
     #[test]

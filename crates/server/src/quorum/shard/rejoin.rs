@@ -80,6 +80,7 @@ impl ShardWorker {
         self.released.clear();
         self.latency_probe = None;
         self.membership_held_at_tick = 0;
+        self.commit_at_membership_check = None;
         self.dead_letter_retry = crate::quorum::dead_letter_retry::DeadLetterRetry::new(self.config.dead_letter_retry_interval_ms);
         tracing::info!(shard = self.shard, "left the quorum shard's one-node group; waiting for the joined cluster's voters");
         Ok(())
