@@ -6,7 +6,7 @@
 # the run and its CPU microseconds per message (from /proc/PID/stat of the broker process).
 #
 # Usage: LEPUS=target/release/lepus RABBITMQ_STREAM_URL=rabbitmq-stream://guest:guest@127.0.0.1:5552/%2f \
-#          RABBITMQ_PID=1234 [PERF_TEST=/path/to/perfTest] [DURATION=20] [ROUNDS=2] [SIZES="16 1024"] bench/stream-protocol.sh
+#          RABBITMQ_PID=1234 [PERF_TEST=/path/to/perfTest] [DURATION=20] [ROUNDS=2] [SIZES="16 1024"] [TOOLS="lepus perftest"] bench/stream-protocol.sh
 # RABBITMQ_PID is the beam.smp of that node (its CPU is measured the same way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,9 @@ lepus=${LEPUS:-target/release/lepus}
 duration=${DURATION:-20}
 rounds=${ROUNDS:-2}
 sizes=${SIZES:-16 1024}
+# The load generators: lepus perf, and perfTest when PERF_TEST names it (each run on a stream of
+# its own: perfTest's consumer reads from `first`, so a reused stream would be replayed whole).
+tools=${TOOLS:-lepus${PERF_TEST:+ perftest}}
 : "${RABBITMQ_STREAM_URL:?the RabbitMQ node's stream URL}" "${RABBITMQ_PID:?the RabbitMQ node's beam.smp pid}"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 data_dir=$(mktemp -d /tmp/lepus-stream-bench-XXXXXX)
@@ -48,7 +51,7 @@ print(f"lepus-perf {broker:8} {size:>5} B  {rate:>10.0f} msg/s confirmed, {s['re
 PY
   else
     timeout $((duration + 30)) "$PERF_TEST" silent --uris "$url" --publishers 1 --consumers 1 --fixed-body "$size" --no-color \
-      --streams "perftest-$size" --time "$duration" 2>&1 | tail -3
+      --streams "perftest-$size-$(date +%s%N)" --time "$duration" 2>&1 | tail -3
     after=$(cpu_s "$pid")
     echo "perfTest   $broker $size B broker CPU $(echo "$after - $before" | bc) s"
   fi
@@ -56,12 +59,10 @@ PY
 }
 for round in $(seq 1 "$rounds"); do
   for size in $sizes; do
-    run lepus "$lepus_url" "$lepus_pid" "$size" lepus
-    run rabbitmq "$RABBITMQ_STREAM_URL" "$RABBITMQ_PID" "$size" lepus
-    if [ -n "${PERF_TEST:-}" ]; then
-      run lepus "$lepus_url" "$lepus_pid" "$size" perftest
-      run rabbitmq "$RABBITMQ_STREAM_URL" "$RABBITMQ_PID" "$size" perftest
-    fi
+    for tool in $tools; do
+      run lepus "$lepus_url" "$lepus_pid" "$size" "$tool"
+      run rabbitmq "$RABBITMQ_STREAM_URL" "$RABBITMQ_PID" "$size" "$tool"
+    done
   done
 done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"

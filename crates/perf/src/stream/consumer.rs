@@ -10,7 +10,7 @@ use bytes::Bytes;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use stream_codec::{chunk_type, Chunk, ClientCommand, OffsetSpecification, ServerCommand, Text};
+use stream_codec::{chunk_type, Chunk, ClientCommand, OffsetSpecification, ResponseCode, ServerCommand, Text};
 use tokio::sync::oneshot;
 
 /// The subscription id every lepus perf consumer uses (one subscription per connection).
@@ -50,6 +50,12 @@ pub fn parse_offset(text: &str) -> Result<OffsetSpecification, String> {
     })
 }
 
+/// How long a subscription refused with STREAM_NOT_AVAILABLE is asked for again.
+const SUBSCRIBE_RETRY_MS: u64 = 10_000;
+
+/// The pause between those attempts.
+const SUBSCRIBE_RETRY_PAUSE_MS: u64 = 200;
+
 /// Runs one consumer until the control says stop or the server fails. `ready` fires once the
 /// subscription exists, so producers start only when every consumer can see what they send.
 pub async fn run_stream_consumer(
@@ -61,17 +67,31 @@ pub async fn run_stream_consumer(
 ) -> Result<(), StreamError> {
     let setup = async {
         let mut connection = StreamConnection::open(&spec.url, &spec.name).await?;
-        let stream = Text::from(spec.stream.as_str());
-        connection
-            .request("subscribe", |correlation_id| ClientCommand::Subscribe {
-                correlation_id,
-                subscription_id: SUBSCRIPTION_ID,
-                stream,
-                offset: spec.offset,
-                credit: spec.credit,
-                properties: Vec::new(),
-            })
-            .await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(SUBSCRIBE_RETRY_MS);
+        loop {
+            let stream = Text::from(spec.stream.as_str());
+            let subscribed = connection
+                .request("subscribe", |correlation_id| ClientCommand::Subscribe {
+                    correlation_id,
+                    subscription_id: SUBSCRIPTION_ID,
+                    stream,
+                    offset: spec.offset,
+                    credit: spec.credit,
+                    properties: Vec::new(),
+                })
+                .await;
+            match subscribed {
+                // A replica just created may not serve readers yet (RabbitMQ's answer until its
+                // member starts): asked again, as RabbitMQ's clients do.
+                Err(StreamError::Refused { code: ResponseCode::StreamNotAvailable, .. }) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(SUBSCRIBE_RETRY_PAUSE_MS)).await;
+                }
+                other => {
+                    other?;
+                    break;
+                }
+            }
+        }
         Ok::<_, StreamError>(connection.split())
     };
     let (reader, writer) = match setup.await {
