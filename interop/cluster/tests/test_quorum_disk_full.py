@@ -14,7 +14,6 @@ What an operator of RabbitMQ expects, checked here on real processes:
 
 import os
 import signal
-import subprocess
 import threading
 import time
 
@@ -23,7 +22,7 @@ import pytest
 
 from cluster_harness import Cluster, eventually
 from history import History, check, read
-from test_disk_full import fill
+from test_disk_full import fill, small_disks
 from test_quorum_cluster import declare_quorum, leader_of, queue_info
 
 DISK_BYTES = 64 << 20
@@ -40,17 +39,8 @@ SHARDS = 3
 @pytest.fixture
 def disks(tmp_path):
     """One small tmpfs per node; unmounted after the test."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (the test command runs as root)")
-    mounts = []
-    for index in range(3):
-        mount_point = tmp_path / f"disk-{index + 1}"
-        mount_point.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount_point)], check=True)
-        mounts.append(mount_point)
-    yield mounts
-    for mount_point in mounts:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+    with small_disks(tmp_path, DISK_BYTES) as mounts:
+        yield mounts
 
 
 @pytest.fixture
