@@ -164,12 +164,11 @@ impl WriteGuard {
         // A leader elected while this node was held learns it too (the node that was full may
         // have led itself, and told nobody).
         let other_leader = leader.filter(|leader| *leader != self.node_id);
-        let tell_new_leader = other_leader.is_some() && other_leader != hold.told;
-        if tell_new_leader {
+        if other_leader.is_some() && other_leader != hold.told {
             hold.told = other_leader;
+            notices.extend(other_leader.and_then(|to| notice(node_id, to, MessageType::MsgUnreachable, term)));
         }
         if Instant::now() < hold.next_probe {
-            notices.extend(other_leader.filter(|_| tell_new_leader).and_then(|to| notice(node_id, to, MessageType::MsgUnreachable, term)));
             return notices;
         }
         match probe_write(&self.file_system, &self.probe_path) {

@@ -71,10 +71,24 @@ def small_disk_cluster(tmp_path):
                 node.kill(signal.SIGKILL)
 
 
-def fill(directory):
-    """Writes a file until the disk says ENOSPC, in 1 MiB writes then in pages, so no room is left
-    even for a small record (a metadata change is a few hundred bytes); returns its path."""
+def fill(directory, to_the_last_byte=True):
+    """Writes a file until the disk says ENOSPC; returns its path. `to_the_last_byte`: then in
+    pages and bytes, so no room is left even for a small record (a metadata change is a few hundred
+    bytes); else by the MiB through a buffered file, as the quorum tests always have."""
     path = os.path.join(directory, "filler")
+    if not to_the_last_byte:
+        with open(path, "wb") as file:
+            try:
+                while True:
+                    file.write(b"\0" * (1 << 20))
+                    file.flush()
+            except OSError:
+                pass
+            try:
+                os.fsync(file.fileno())
+            except OSError:
+                pass
+        return path
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         for chunk in (b"\0" * (1 << 20), b"\0" * 4096, b"\0"):

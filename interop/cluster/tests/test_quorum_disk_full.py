@@ -229,7 +229,7 @@ def run_one_full_disk(cluster, disks, tmp_path, queue, full_is_leader):
     full_publisher = publishers[cluster.nodes.index(full)]
     other_publishers = [publisher for publisher in publishers if publisher is not full_publisher]
 
-    filler = fill(str(disks[cluster.nodes.index(full)]))
+    filler = fill(str(disks[cluster.nodes.index(full)]), to_the_last_byte=False)
     filled_at = time.time()
     eventually(lambda: full.get("/overview").json()["disk_free_alarm"], timeout=10, what="the full node's disk alarm")
     eventually(full_publisher.blocked.is_set, timeout=10, what="connection.blocked to the full node's publisher")
@@ -290,7 +290,7 @@ def test_two_full_disks_confirm_nothing_and_lose_nothing(small_disk_cluster, dis
     publishers, consumer = start_load(cluster, queue, history, roomy)
     roomy_publisher = publishers[cluster.nodes.index(roomy)]
 
-    fillers = [fill(str(disks[cluster.nodes.index(node)])) for node in full]
+    fillers = [fill(str(disks[cluster.nodes.index(node)]), to_the_last_byte=False) for node in full]
     for node in full:
         eventually(lambda node=node: node.get("/overview").json()["disk_free_alarm"], timeout=10, what=f"{node.name}'s disk alarm")
     # What was in flight when the disks filled may still commit; then nothing may.
