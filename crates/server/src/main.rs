@@ -31,6 +31,7 @@ mod tls;
 mod topic_permissions;
 mod url_path;
 mod vhost_limits;
+mod write_hold;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

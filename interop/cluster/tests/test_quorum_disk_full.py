@@ -14,7 +14,6 @@ What an operator of RabbitMQ expects, checked here on real processes:
 
 import os
 import signal
-import subprocess
 import threading
 import time
 
@@ -23,7 +22,7 @@ import pytest
 
 from cluster_harness import Cluster, eventually
 from history import History, check, read
-from test_disk_full import fill
+from test_disk_full import fill, small_disks
 from test_quorum_cluster import declare_quorum, leader_of, queue_info
 
 DISK_BYTES = 64 << 20
@@ -40,17 +39,8 @@ SHARDS = 3
 @pytest.fixture
 def disks(tmp_path):
     """One small tmpfs per node; unmounted after the test."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (the test command runs as root)")
-    mounts = []
-    for index in range(3):
-        mount_point = tmp_path / f"disk-{index + 1}"
-        mount_point.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount_point)], check=True)
-        mounts.append(mount_point)
-    yield mounts
-    for mount_point in mounts:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+    with small_disks(tmp_path, DISK_BYTES) as mounts:
+        yield mounts
 
 
 @pytest.fixture
@@ -239,7 +229,7 @@ def run_one_full_disk(cluster, disks, tmp_path, queue, full_is_leader):
     full_publisher = publishers[cluster.nodes.index(full)]
     other_publishers = [publisher for publisher in publishers if publisher is not full_publisher]
 
-    filler = fill(str(disks[cluster.nodes.index(full)]))
+    filler = fill(str(disks[cluster.nodes.index(full)]), to_the_last_byte=False)
     filled_at = time.time()
     eventually(lambda: full.get("/overview").json()["disk_free_alarm"], timeout=10, what="the full node's disk alarm")
     eventually(full_publisher.blocked.is_set, timeout=10, what="connection.blocked to the full node's publisher")
@@ -300,7 +290,7 @@ def test_two_full_disks_confirm_nothing_and_lose_nothing(small_disk_cluster, dis
     publishers, consumer = start_load(cluster, queue, history, roomy)
     roomy_publisher = publishers[cluster.nodes.index(roomy)]
 
-    fillers = [fill(str(disks[cluster.nodes.index(node)])) for node in full]
+    fillers = [fill(str(disks[cluster.nodes.index(node)]), to_the_last_byte=False) for node in full]
     for node in full:
         eventually(lambda node=node: node.get("/overview").json()["disk_free_alarm"], timeout=10, what=f"{node.name}'s disk alarm")
     # What was in flight when the disks filled may still commit; then nothing may.

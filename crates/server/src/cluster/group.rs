@@ -5,6 +5,9 @@
 //!
 //! Its own thread, not an async worker: it writes and syncs files, and applying a definition
 //! change takes the broker's locks and creates queue logs.
+//!
+//! A write that fails (a full disk) does not stop the node: the group reopens from what is
+//! durable and is held until its disk takes writes again (`group/write_hold.rs`).
 
 use super::link::Links;
 use super::promotion::{next_promotion, LearnerProgress, Promotion, LEARNER_BEHIND_LOG_MS, PROMOTION_CHECK_INTERVAL};
@@ -14,11 +17,17 @@ use parking_lot::Mutex;
 use protobuf::Message as _;
 use raft::eraftpb::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, Message, MessageType};
 use raft::{ProgressState, RawNode, SnapshotStatus, StateRole};
-use replication::log_store::LogStore;
+use replication::log_store::{LogStore, Recovery};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use storage::file_system::SharedFileSystem;
+
+#[cfg(test)]
+mod tests;
+mod write_hold;
 
 /// The metadata group's number on the links (quorum-queue shards count up from 0).
 pub const METADATA_GROUP: u32 = u32::MAX;
@@ -86,6 +95,66 @@ pub struct GroupView {
     pub snapshots_installed: u64,
     /// Snapshots this node sent to members behind its compacted log.
     pub snapshots_sent: u64,
+    /// This node's log could not be written and its disk takes no writes yet (`write_hold.rs`):
+    /// it takes part in no commit, so changes proposed through it are refused.
+    pub write_held: bool,
+}
+
+/// Why a round of the group failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RoundError {
+    /// The log, hard state or a snapshot could not be written (a full disk): the node is held
+    /// until its disk takes writes again.
+    #[error("{0}")]
+    Write(#[from] std::io::Error),
+    /// Something no disk explains (a bug, never input): the group cannot go on.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Where the group's durable state lives and how raft-rs is set up over it: the node opens it at
+/// start, and again after a write failed.
+#[derive(Clone)]
+pub struct GroupStorage {
+    /// `cluster/metadata` under the data directory.
+    pub directory: PathBuf,
+    /// Reads and writes the directory (the real disk; a test's in-memory one).
+    pub file_system: SharedFileSystem,
+    /// The log's checksum seed (the cluster's identity).
+    pub checksum_seed: u32,
+    /// The members a new log starts with.
+    pub initial_voters: Vec<u64>,
+    /// raft-rs's settings; its `applied` is set on each open.
+    pub config: raft::Config,
+}
+
+impl GroupStorage {
+    /// Opens the log and a raft-rs node over it. `applied`: none at start (the node applies from
+    /// its snapshot on); after a failed write, what was applied, as far as the durable commit
+    /// index goes (raft-rs refuses an applied index past its commit; the entries in between come
+    /// again and are skipped, see `apply_entries`).
+    pub fn open(&self, applied: Option<u64>) -> Result<(RawNode<LogStore>, Recovery), String> {
+        let (store, recovery) = LogStore::open(self.file_system.clone(), &self.directory, self.checksum_seed, &self.initial_voters)
+            .map_err(|error| error.to_string())?;
+        let snapshot_index = store.snapshot_ref().get_metadata().index;
+        let applied = applied.map_or(snapshot_index, |applied| applied.min(store.hard_state().commit).max(snapshot_index));
+        let config = raft::Config { applied, ..self.config.clone() };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raw = RawNode::new(&config, store, &logger).map_err(|error| error.to_string())?;
+        Ok((raw, recovery))
+    }
+}
+
+/// The group as opened at start.
+pub struct OpenedGroup {
+    /// raft-rs over the log.
+    pub raw: RawNode<LogStore>,
+    /// Where it was opened from (opened again after a failed write).
+    pub storage: GroupStorage,
+    /// Recovery found a damaged log.
+    pub damaged: bool,
+    /// The decoded image of the store's snapshot, if it has one (installed first).
+    pub start_image: Option<MetadataImage>,
 }
 
 /// What the group does with committed entries.
@@ -125,10 +194,14 @@ enum Damage {
     CatchingUpTo(u64),
 }
 
-/// Runs the group until [`GroupEvent::Stop`] or a write failure (after which it cannot promise
-/// anything: the node must restart from what is durable).
+/// Runs the group until [`GroupEvent::Stop`] or a failure no disk explains ([`RoundError::Invalid`]).
 pub struct GroupDriver<A: Applier> {
     raw: RawNode<LogStore>,
+    storage: GroupStorage,
+    /// Whether the log could not be written, and what the others said of theirs.
+    write_guard: crate::write_hold::WriteGuard,
+    /// Ticks since the thread started.
+    ticks: u64,
     links: Arc<Links>,
     applier: A,
     view: Arc<Mutex<GroupView>>,
@@ -163,20 +236,28 @@ pub struct GroupDriver<A: Applier> {
 }
 
 impl<A: Applier> GroupDriver<A> {
-    /// A driver for `raw`, sending through `links`; `damaged`: recovery found a damaged log;
-    /// `start_image`: the decoded image of the store's snapshot, if it has one (installed first).
+    /// A driver for the group `opened`, sending through `links`.
     pub fn new(
-        raw: RawNode<LogStore>,
+        opened: OpenedGroup,
         links: Arc<Links>,
         applier: A,
         view: Arc<Mutex<GroupView>>,
-        damaged: bool,
         snapshot_entries_interval: u64,
-        start_image: Option<MetadataImage>,
     ) -> GroupDriver<A> {
+        let OpenedGroup { raw, storage, damaged, start_image } = opened;
         let applied = raw.store().snapshot_ref().get_metadata().index;
+        let write_guard = crate::write_hold::WriteGuard::new(
+            "metadata group",
+            "metadata".to_string(),
+            storage.config.id,
+            &storage.directory,
+            storage.file_system.clone(),
+        );
         GroupDriver {
             raw,
+            storage,
+            write_guard,
+            ticks: 0,
             links,
             applier,
             view,
@@ -208,7 +289,7 @@ impl<A: Applier> GroupDriver<A> {
     }
 
     /// The thread's loop. Returns whether it stopped because it was asked to (true), or because
-    /// it could not go on (false: its log could not be written).
+    /// it could not go on (false: a failure no disk explains).
     pub fn run(mut self, events: Receiver<GroupEvent>) -> bool {
         if let Some(image) = self.start_image.take() {
             // The state the snapshot holds, before any entry after it is applied.
@@ -236,20 +317,23 @@ impl<A: Applier> GroupDriver<A> {
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + tick;
                 }
-                // A damaged node does not tick: it must not campaign.
-                if self.damage == Damage::None {
+                self.ticks += 1;
+                // A damaged node does not tick: it must not campaign; nor does a held one (a
+                // group of one ticks on: no other node could lead it).
+                if self.damage == Damage::None && (!self.write_guard.held() || self.sole_voter()) {
                     self.raw.tick();
                 }
+                self.probe_while_held();
             }
             self.propose_pending();
             self.promote_caught_up_learner();
-            if let Err(error) = self.process_ready() {
-                tracing::error!(%error, "the metadata group's log could not be written");
-                return false;
-            }
-            if let Err(error) = self.maybe_snapshot() {
-                tracing::error!(%error, "the metadata group's snapshot could not be written");
-                return false;
+            match self.process_ready().and_then(|()| self.maybe_snapshot()) {
+                Ok(()) => {}
+                Err(RoundError::Write(error)) => self.hold_after_write_failure(&error),
+                Err(RoundError::Invalid(error)) => {
+                    tracing::error!(%error, "the metadata group cannot go on");
+                    return false;
+                }
             }
             self.expire_snapshots_in_flight();
             let view = self.refresh_view();
@@ -267,6 +351,9 @@ impl<A: Applier> GroupDriver<A> {
                         tracing::error!(%error, from = %format!("{:x}", message.from), "a metadata snapshot from the leader was refused");
                         return;
                     }
+                }
+                if self.take_write_notice(&message) || self.refuse_while_held(&message) {
+                    return;
                 }
                 let Some(message) = self.guard_damaged(message) else { return };
                 // A message from a removed member, or for a term long gone: raft-rs refuses it.
@@ -439,7 +526,7 @@ impl<A: Applier> GroupDriver<A> {
 
     /// Takes a snapshot of the applied state and compacts the log up to it once the applied log
     /// has grown by `snapshot_entries_interval` entries past the latest one.
-    fn maybe_snapshot(&mut self) -> Result<(), String> {
+    fn maybe_snapshot(&mut self) -> Result<(), RoundError> {
         let snapshot_index = self.raw.store().snapshot_ref().get_metadata().index;
         let since = snapshot_index.max(self.snapshot_refused_at);
         let due = self.snapshot_due && self.applied > snapshot_index;
@@ -457,13 +544,13 @@ impl<A: Applier> GroupDriver<A> {
             }
         };
         let (index, entries, size) = (self.applied, image.entries.len(), bytes.len());
-        self.raw.mut_store().compact(index, bytes).map_err(|error| error.to_string())?;
+        self.raw.mut_store().compact(index, bytes)?;
         self.snapshots_taken += 1;
         tracing::info!(index, entries, bytes = size, "metadata snapshot taken; the log is compacted up to it");
         Ok(())
     }
 
-    fn process_ready(&mut self) -> Result<(), String> {
+    fn process_ready(&mut self) -> Result<(), RoundError> {
         if !self.raw.has_ready() {
             return Ok(());
         }
@@ -472,9 +559,9 @@ impl<A: Applier> GroupDriver<A> {
         if !ready.snapshot().is_empty() {
             let snapshot = ready.snapshot().clone();
             // Checked when it arrived; a failure here is a bug, not input.
-            let image = MetadataImage::decode(&snapshot.data).map_err(|error| error.to_string())?;
+            let image = MetadataImage::decode(&snapshot.data).map_err(|error| RoundError::Invalid(error.to_string()))?;
             let index = snapshot.get_metadata().index;
-            self.raw.mut_store().apply_snapshot(snapshot).map_err(|error| error.to_string())?;
+            self.raw.mut_store().apply_snapshot(snapshot)?;
             tracing::info!(index, entries = image.entries.len(), "metadata snapshot installed from the leader");
             self.applier.install(image);
             self.applied = index;
@@ -482,12 +569,12 @@ impl<A: Applier> GroupDriver<A> {
         }
         let appended = !ready.entries().is_empty();
         let store = self.raw.mut_store();
-        store.append(ready.entries()).map_err(|error| error.to_string())?;
+        store.append(ready.entries())?;
         if let Some(hard_state) = ready.hs() {
-            store.set_hard_state(hard_state).map_err(|error| error.to_string())?;
+            store.set_hard_state(hard_state)?;
         }
         if appended || ready.must_sync() {
-            self.raw.store().sync().map_err(|error| error.to_string())?;
+            self.raw.store().sync()?;
         }
         let committed = ready.take_committed_entries();
         self.apply_entries(committed)?;
@@ -504,12 +591,13 @@ impl<A: Applier> GroupDriver<A> {
         Ok(())
     }
 
-    fn apply_entries(&mut self, entries: Vec<Entry>) -> Result<(), String> {
+    /// Applies committed entries past the applied index (a node reopened after a failed write is
+    /// handed again those between its durable commit index and what it had applied: skipped).
+    fn apply_entries(&mut self, entries: Vec<Entry>) -> Result<(), RoundError> {
         for entry in entries {
             if entry.index <= self.applied {
                 continue;
             }
-            self.applied = entry.index;
             match entry.get_entry_type() {
                 EntryType::EntryNormal if entry.data.is_empty() => {}
                 EntryType::EntryNormal => {
@@ -517,17 +605,22 @@ impl<A: Applier> GroupDriver<A> {
                     self.applier.apply(entry.index, &entry.data);
                 }
                 EntryType::EntryConfChange => {
-                    let change = ConfChange::parse_from_bytes(&entry.data).map_err(|error| error.to_string())?;
-                    let members = self.raw.apply_conf_change(&change).map_err(|error| error.to_string())?;
-                    self.raw.mut_store().set_conf_state(members.clone()).map_err(|error| error.to_string())?;
+                    let change = ConfChange::parse_from_bytes(&entry.data).map_err(|error| RoundError::Invalid(error.to_string()))?;
+                    let members = self.raw.apply_conf_change(&change).map_err(|error| RoundError::Invalid(error.to_string()))?;
+                    // Not counted applied when the members could not be recorded: the node
+                    // reopened after the failure applies the change again.
+                    self.raw.mut_store().set_conf_state(members.clone())?;
                     let added = matches!(change.get_change_type(), ConfChangeType::AddNode | ConfChangeType::AddLearnerNode);
                     if added && self.raw.store().snapshot_ref().get_metadata().index > 0 {
                         self.snapshot_due = true;
                     }
                     self.applier.conf_changed(entry.index, &change, &members);
                 }
-                EntryType::EntryConfChangeV2 => return Err("a joint membership change, which this version does not make".to_string()),
+                EntryType::EntryConfChangeV2 => {
+                    return Err(RoundError::Invalid("a joint membership change, which this version does not make".to_string()))
+                }
             }
+            self.applied = entry.index;
         }
         Ok(())
     }
@@ -567,6 +660,7 @@ impl<A: Applier> GroupDriver<A> {
             snapshots_taken: self.snapshots_taken,
             snapshots_installed: self.snapshots_installed,
             snapshots_sent: self.snapshots_sent,
+            write_held: self.write_guard.held(),
         };
         *self.view.lock() = view.clone();
         view

@@ -60,6 +60,12 @@ pub fn register(registry: &mut Registry, cluster: &Cluster) {
     );
     group_gauge(
         registry,
+        "lepus_metadata_write_held",
+        "1 while this node's metadata log cannot be written (a full disk): it takes part in no commit until it can",
+        u64::from(view.write_held),
+    );
+    group_gauge(
+        registry,
         "lepus_metadata_raft_leader",
         "1 when this node leads the group",
         u64::from(view.leader == Some(cluster.node_id)),

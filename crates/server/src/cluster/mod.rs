@@ -299,6 +299,16 @@ impl Cluster {
                 self.settings.node_name
             )));
         };
+        if self.view.lock().write_held {
+            // This node could not make the change durable: it must not answer it as done, nor
+            // hand it on to commit without it. Answered as when no majority can commit.
+            return Err(AmqpError::internal(format!(
+                "the change was not made: the metadata log of node {} cannot be written (is its disk full?), so it takes \
+                 no part in committing changes with a majority of the cluster; make it through another node, or once this \
+                 one has room",
+                self.settings.node_name
+            )));
+        }
         let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = std::sync::mpsc::sync_channel(1);
         self.waiters.lock().insert(sequence, sender);
@@ -333,17 +343,30 @@ impl Cluster {
             broker.quorum.set_initial_voters(node_state.initial_voters.clone());
         }
         let directory = self.data_dir.join("cluster").join("metadata");
-        let file_system = storage::file_system::real();
-        let checksum_seed = (node_state.cluster_name.len() as u32).wrapping_mul(0x9E37_79B9) ^ 0x4D45_5441;
-        let (store, recovery) = replication::log_store::LogStore::open(file_system, &directory, checksum_seed, &node_state.initial_voters)
-            .map_err(|error| error.to_string())?;
-        self.last_index_at_start.store(store.last_index_now(), Ordering::Release);
-        let snapshot = store.snapshot_ref();
-        let snapshot_index = snapshot.get_metadata().index;
+        let config = raft::Config {
+            id: self.node_id,
+            election_tick: group::ELECTION_TICKS,
+            heartbeat_tick: group::HEARTBEAT_TICKS,
+            pre_vote: true,
+            check_quorum: true,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            ..raft::Config::default()
+        };
+        let storage = group::GroupStorage {
+            directory: directory.clone(),
+            file_system: storage::file_system::real(),
+            checksum_seed: (node_state.cluster_name.len() as u32).wrapping_mul(0x9E37_79B9) ^ 0x4D45_5441,
+            initial_voters: node_state.initial_voters.clone(),
+            config,
+        };
+        let (raw, recovery) = storage.open(None)?;
+        self.last_index_at_start.store(raw.store().last_index_now(), Ordering::Release);
+        let snapshot = raw.store().snapshot_ref();
         // A snapshot file that fails its checksum was refused by `LogStore::open`; an image that
         // does not decode (damaged before it was written, another version) is refused here: the
         // node must not start from definitions it cannot read.
-        let start_image = match snapshot_index {
+        let start_image = match snapshot.get_metadata().index {
             0 => None,
             _ => Some(
                 snapshot::MetadataImage::decode(&snapshot.data)
@@ -355,25 +378,13 @@ impl Cluster {
         } else if recovery.hard_state_copies_damaged > 0 {
             tracing::warn!(directory = %directory.display(), "a copy of the metadata group's hard state fails its checksum; the other copy was read");
         }
-        let config = raft::Config {
-            id: self.node_id,
-            election_tick: group::ELECTION_TICKS,
-            heartbeat_tick: group::HEARTBEAT_TICKS,
-            pre_vote: true,
-            check_quorum: true,
-            max_size_per_msg: 1 << 20,
-            max_inflight_msgs: 256,
-            applied: snapshot_index,
-            ..raft::Config::default()
-        };
-        let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let raw = raft::RawNode::new(&config, store, &logger).map_err(|error| error.to_string())?;
+        let opened = group::OpenedGroup { raw, storage, damaged: recovery.damaged, start_image };
         let (sender, receiver) = std::sync::mpsc::sync_channel(group::GROUP_EVENTS_MAX);
         let applier = apply::MetadataApplier::new(self.clone());
         let interval = self.settings.metadata_snapshot_entries_interval;
         let retry_window = Duration::from_millis(self.settings.metadata_commit_timeout_ms);
-        let driver = group::GroupDriver::new(raw, self.links.clone(), applier, self.view.clone(), recovery.damaged, interval, start_image)
-            .retry_proposals_for(retry_window);
+        let driver =
+            group::GroupDriver::new(opened, self.links.clone(), applier, self.view.clone(), interval).retry_proposals_for(retry_window);
         let runtime = tokio::runtime::Handle::try_current().ok();
         std::thread::Builder::new()
             .name("metadata-group".to_string())
@@ -383,7 +394,8 @@ impl Cluster {
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.run(receiver)));
                 if !matches!(run, Ok(true)) {
                     // A node without its metadata group would serve stale definitions and never
-                    // learn new ones: it stops, and restarts from what its log holds durably.
+                    // learn new ones: it stops, and restarts from what its log holds durably. (A
+                    // write that fails does not end the group: it is held, `group/write_hold.rs`.)
                     tracing::error!("the metadata group stopped on a failure: the node shuts down");
                     // SAFETY: signalling our own process; SIGTERM starts the graceful shutdown.
                     unsafe {

@@ -92,6 +92,7 @@ pub(super) async fn status(State(api): State<Api>) -> Answer {
             "snapshots_taken": view.snapshots_taken,
             "snapshots_installed": view.snapshots_installed,
             "snapshots_sent": view.snapshots_sent,
+            "write_held": view.write_held,
             "matched_index": view.matched.iter().map(|(id, matched)| json!({"node": cluster.member_name(*id), "matched_index": matched})).collect::<Vec<_>>(),
         },
         "quorum_shards": quorum_shards_json(&api),

@@ -257,12 +257,9 @@ pub(crate) struct ShardWorker {
     /// Snapshots from the leader this node installed (`ReplicaNode::snapshots_installed`), as of
     /// the last round: one more means entries were skipped (see `after_snapshot_installed`).
     snapshots_installed: u64,
-    /// Set while this node's log could not be written (`write_hold.rs`).
-    write_hold: Option<write_hold::WriteHold>,
-    /// The hold ended and the leader was not told yet (no leader known).
-    writing_again_untold: bool,
-    /// Members that said they cannot write their log, and the tick they said it.
-    peers_held: HashMap<u64, u64>,
+    /// Whether this node's log could not be written, and what the others said of theirs
+    /// (`write_hold.rs`).
+    write_guard: crate::write_hold::WriteGuard,
 }
 
 /// Opens shard `shard` of this node and makes its thread's state.
@@ -295,6 +292,8 @@ pub(crate) fn open(
     let (sender, inputs) = mpsc::channel();
     let handle = Arc::new(ShardHandle { sender: Mutex::new(sender), figures: ShardFigures::default() });
     let batcher = first_batcher(proposer, config.node_id);
+    let write_guard =
+        crate::write_hold::WriteGuard::new("quorum shard", shard.to_string(), config.node_id, &directory, config.file_system.clone());
     let worker = ShardWorker {
         shard,
         node,
@@ -327,9 +326,7 @@ pub(crate) fn open(
         delayed: None,
         snapshots_in_flight: HashMap::new(),
         snapshots_installed: 0,
-        write_hold: None,
-        writing_again_untold: false,
-        peers_held: HashMap::new(),
+        write_guard,
     };
     Ok((handle, worker))
 }
