@@ -45,60 +45,60 @@ PROMOTION_BOUND_S = 40.0
 SLOW_LINK_DELAY_MS = 30
 
 
-class ConfirmedPublisher(threading.Thread):
-    """Publishes through `node` until stopped, each message confirmed before the next, and notes
-    the longest wait for a confirm (from the previous confirm)."""
-
-    def __init__(self, node, queue):
-        super().__init__(daemon=True)
-        self.node, self.queue = node, queue
-        self.stopping = threading.Event()
-        self.confirmed = 0
-        self.longest_gap_s = 0.0
-        self.error = None
-
-    def run(self):
-        try:
-            connection = pika.BlockingConnection(pika.URLParameters(self.node.url()))
-            channel = connection.channel()
-            channel.confirm_delivery()
-            last = time.monotonic()
-            while not self.stopping.is_set():
-                channel.basic_publish("", self.queue, f"during:{self.confirmed}".encode(), pika.BasicProperties(delivery_mode=2))
-                now = time.monotonic()
-                self.longest_gap_s = max(self.longest_gap_s, now - last)
-                last = now
-                self.confirmed += 1
-            connection.close()
-        except Exception as error:  # noqa: BLE001 - reported by the test
-            self.error = error
-
-
-class DefinitionProber(threading.Thread):
-    """Declares and deletes a classic queue through `node` until stopped; notes the longest one."""
+class TimedLoop(threading.Thread):
+    """Runs `step(channel)` over one connection to `node` until stopped, counting the steps and
+    noting the longest one; an error ends it and is kept for the test to report."""
 
     def __init__(self, node):
         super().__init__(daemon=True)
         self.node = node
         self.stopping = threading.Event()
-        self.changes = 0
+        self.steps = 0
         self.longest_s = 0.0
         self.error = None
 
     def run(self):
         try:
             connection = pika.BlockingConnection(pika.URLParameters(self.node.url()))
-            channel = connection.channel()
+            channel = self.open(connection)
             while not self.stopping.is_set():
                 started = time.monotonic()
-                channel.queue_declare(f"probe.{self.changes}", durable=True)
-                channel.queue_delete(f"probe.{self.changes}")
+                self.step(channel)
                 self.longest_s = max(self.longest_s, time.monotonic() - started)
-                self.changes += 1
-                time.sleep(0.05)
+                self.steps += 1
             connection.close()
         except Exception as error:  # noqa: BLE001 - reported by the test
             self.error = error
+
+    def open(self, connection):
+        return connection.channel()
+
+
+class ConfirmedPublisher(TimedLoop):
+    """Publishes through `node` until stopped, each message confirmed before the next; the longest
+    step is the longest wait for a confirm."""
+
+    def __init__(self, node, queue):
+        super().__init__(node)
+        self.queue = queue
+
+    def open(self, connection):
+        channel = connection.channel()
+        channel.confirm_delivery()
+        return channel
+
+    def step(self, channel):
+        channel.basic_publish("", self.queue, f"during:{self.steps}".encode(), pika.BasicProperties(delivery_mode=2))
+
+
+class DefinitionProber(TimedLoop):
+    """Declares and deletes a classic queue through `node` until stopped; the longest step is the
+    longest such change (plus a 50 ms pause)."""
+
+    def step(self, channel):
+        channel.queue_declare(f"probe.{self.steps}", durable=True)
+        channel.queue_delete(f"probe.{self.steps}")
+        time.sleep(0.05)
 
 
 class RoleWatcher(threading.Thread):
@@ -173,13 +173,13 @@ def test_a_node_grown_into_a_shard_far_behind_votes_once_caught_up_and_confirms_
     watcher.stopping.set()
     publisher.join(timeout=30)
     watcher.join(timeout=30)
-    print(f"confirms {publisher.confirmed}, longest gap {publisher.longest_gap_s:.2f} s, "
+    print(f"confirms {publisher.steps}, longest gap {publisher.longest_s:.2f} s, "
           f"learner seen {watcher.seen_learner}, pending promotion seen {watcher.seen_pending}")
     assert watcher.seen_learner, "the fourth node was a learner of the backlog's shard while it caught up"
     assert publisher.error is None, publisher.error
-    assert publisher.confirmed > 0
-    assert publisher.longest_gap_s < CONFIRM_GAP_BOUND_S, f"a confirm waited {publisher.longest_gap_s:.1f} s"
-    total = backlog + publisher.confirmed
+    assert publisher.steps > 0
+    assert publisher.longest_s < CONFIRM_GAP_BOUND_S, f"a confirm waited {publisher.longest_s:.1f} s"
+    total = backlog + publisher.steps
     eventually(lambda: (queue_info(late, QUEUE) or {}).get("messages") == total, timeout=60,
                what=f"{total} messages on the fourth node")
     # Promoted by the shard's leader only once caught up: the leader's log says which changes it made.
@@ -233,9 +233,9 @@ def test_a_node_joining_over_a_slow_link_votes_in_the_metadata_group_once_caught
     prober.stopping.set()
     prober.join(timeout=30)
     assert prober.error is None, prober.error
-    assert prober.changes > 0
+    assert prober.steps > 0
     caught_up_s = seen["voter_at"] - seen["member_at"]
-    print(f"definition changes {prober.changes}, longest {prober.longest_s:.2f} s, member to voter {caught_up_s:.1f} s")
+    print(f"definition changes {prober.steps}, longest {prober.longest_s:.2f} s, member to voter {caught_up_s:.1f} s")
     assert prober.longest_s < DEFINITION_STALL_BOUND_S, f"a definition change took {prober.longest_s:.1f} s"
     assert seen["learner"], "the fourth node was a metadata learner while it caught up"
     # Promoted once it kept up with the commits, not only in a lull between definition changes.
@@ -277,5 +277,5 @@ def test_a_shard_learner_on_a_slow_link_is_promoted_under_steady_publishes(proxi
     publisher.stopping.set()
     publisher.join(timeout=30)
     assert publisher.error is None, publisher.error
-    print(f"confirms {publisher.confirmed}, longest gap {publisher.longest_gap_s:.2f} s, grown to voter {promoted_s:.1f} s")
-    assert publisher.longest_gap_s < CONFIRM_GAP_BOUND_S, f"a confirm waited {publisher.longest_gap_s:.1f} s"
+    print(f"confirms {publisher.steps}, longest gap {publisher.longest_s:.2f} s, grown to voter {promoted_s:.1f} s")
+    assert publisher.longest_s < CONFIRM_GAP_BOUND_S, f"a confirm waited {publisher.longest_s:.1f} s"
