@@ -45,6 +45,18 @@ PROMOTION_BOUND_S = 40.0
 SLOW_LINK_DELAY_MS = 30
 
 
+def slow_fourth_node(cluster, tmp_path):
+    """A fourth node (not started) whose links to every other node run through the proxy with
+    SLOW_LINK_DELAY_MS of delay; it is one of `cluster.nodes`."""
+    proxy_port = free_port()
+    late = Node(str(tmp_path), "n4", cluster.seeds, free_port(), ["--cluster-advertise", f"127.0.0.1:{proxy_port}"])
+    cluster.proxy.add(late.name, proxy_port, late.cluster_port)
+    for node in cluster.nodes:
+        cluster.proxy.slow(late.name, node.name, SLOW_LINK_DELAY_MS)
+    cluster.nodes.append(late)
+    return late
+
+
 class TimedLoop(threading.Thread):
     """Runs `step(channel)` over one connection to `node` until stopped, counting the steps and
     noting the longest one; an error ends it and is kept for the test to report."""
@@ -206,12 +218,7 @@ def test_a_node_joining_over_a_slow_link_votes_in_the_metadata_group_once_caught
     connection.close()
     down.kill(signal.SIGKILL)
 
-    proxy_port = free_port()
-    late = Node(str(tmp_path), "n4", cluster.seeds, free_port(), ["--cluster-advertise", f"127.0.0.1:{proxy_port}"])
-    cluster.proxy.add(late.name, proxy_port, late.cluster_port)
-    for node in cluster.nodes:
-        cluster.proxy.slow(late.name, node.name, SLOW_LINK_DELAY_MS)
-    cluster.nodes.append(late)
+    late = slow_fourth_node(cluster, tmp_path)
     prober = DefinitionProber(through)
     prober.start()
     late.start()
@@ -255,12 +262,7 @@ def test_a_shard_learner_on_a_slow_link_is_promoted_under_steady_publishes(proxi
     other, down = [node for node in cluster.nodes if node is not leader]
     down.kill(signal.SIGKILL)
     publish_confirmed(leader, QUEUE, (bytes([index]) * (256 << 10) for index in range(16)))
-    proxy_port = free_port()
-    late = Node(str(tmp_path), "n4", cluster.seeds, free_port(), ["--cluster-advertise", f"127.0.0.1:{proxy_port}"])
-    cluster.proxy.add(late.name, proxy_port, late.cluster_port)
-    for node in cluster.nodes:
-        cluster.proxy.slow(late.name, node.name, SLOW_LINK_DELAY_MS)
-    cluster.nodes.append(late)
+    late = slow_fourth_node(cluster, tmp_path)
     publisher = ConfirmedPublisher(other, QUEUE)
     publisher.start()
     late.start()
