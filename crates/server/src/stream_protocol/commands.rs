@@ -95,8 +95,8 @@ impl Session {
         let Some(publisher) = self.publishers.get(&publisher_id) else { return Flow::Continue };
         // A replicated stream is written by its leader: on another member the publish goes
         // there, as RabbitMQ routes a publish from any node to the stream's leader.
-        if let Some(replication) = publisher.entry.queue.replication().filter(|replication| replication.leading_epoch().is_none()) {
-            let (replication, reference) = (replication.clone(), publisher.reference.clone());
+        if let Some(replication) = led_elsewhere(&publisher.entry) {
+            let reference = publisher.reference.clone();
             return self.forward_publish(publisher_id, &replication, reference, messages);
         }
         let stream = publisher.entry.stream.clone();
@@ -306,7 +306,7 @@ impl Session {
             return Flow::Continue;
         };
         // Only a replicated stream's leader writes it: another member sends the offset there.
-        if let Some(replication) = entry.queue.replication().filter(|replication| replication.leading_epoch().is_none()) {
+        if let Some(replication) = led_elsewhere(&entry) {
             if !replication.forward_stored_offset(bytes::Bytes::copy_from_slice(reference.as_bytes()), offset) {
                 tracing::warn!(peer = %self.peer, stream = %stream, "offset not stored: the stream's leader is not reachable");
             }
@@ -397,6 +397,11 @@ impl Session {
         let replicas = leadership.members.iter().filter(|&&id| id != leadership.leader).filter_map(|&id| endpoint(id)).collect();
         Some(Topology { leader: endpoint(leadership.leader), replicas })
     }
+}
+
+/// The replication of a stream this node holds but does not lead (its writes go to the leader).
+fn led_elsewhere(entry: &StreamEntry) -> Option<Arc<StreamReplication>> {
+    entry.queue.replication().filter(|replication| replication.leading_epoch().is_none()).cloned()
 }
 
 /// A node's stream endpoint: the host and port its clients connect to.
